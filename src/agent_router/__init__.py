@@ -1,0 +1,76 @@
+"""agent-router: durable, receiver-state message routing between LLM agents on Celery."""
+
+from agent_router.domain import (
+    Agent,
+    AgentState,
+    Delivery,
+    EndOfTurn,
+    LedgerAction,
+    LedgerEvent,
+    Message,
+    MessageStatus,
+    MessageSubtype,
+    MessageType,
+    Question,
+    QuestionStatus,
+    RouteOutcome,
+    Team,
+    TurnStatus,
+    TurnTrigger,
+)
+from agent_router.errors import (
+    AgentRouterError,
+    AgentTerminatedError,
+    AskRefusedError,
+    ContentTooLargeError,
+    DuplicateDisplayNameError,
+    InvalidMessageError,
+    QuestionClosedError,
+    RefusedError,
+    StaleTurnError,
+    ToolCallsPendingError,
+    UnknownAgentError,
+    UnknownQuestionError,
+    UnknownTeamError,
+)
+from agent_router.router import Router
+from agent_router.settings import Settings
+from agent_router.turn import Turn
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "AgentRouterError",
+    "AgentState",
+    "AgentTerminatedError",
+    "AskRefusedError",
+    "ContentTooLargeError",
+    "Delivery",
+    "DuplicateDisplayNameError",
+    "EndOfTurn",
+    "InvalidMessageError",
+    "LedgerAction",
+    "LedgerEvent",
+    "Message",
+    "MessageStatus",
+    "MessageSubtype",
+    "MessageType",
+    "Question",
+    "QuestionClosedError",
+    "QuestionStatus",
+    "RefusedError",
+    "RouteOutcome",
+    "Router",
+    "Settings",
+    "StaleTurnError",
+    "Team",
+    "ToolCallsPendingError",
+    "Turn",
+    "TurnStatus",
+    "TurnTrigger",
+    "UnknownAgentError",
+    "UnknownQuestionError",
+    "UnknownTeamError",
+    "__version__",
+]

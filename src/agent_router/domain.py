@@ -1,0 +1,229 @@
+"""The nouns of the router: states, outcomes, message kinds, and the frozen values that cross
+the store boundary. ORM rows never leave :mod:`agent_router.store`; these do."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+LEAD_DISPLAY_NAME = "Team Leader"
+LEAD_ROLE = "Team Leader"
+
+
+class AgentState(str, enum.Enum):
+    """Where an agent is in its life; the router picks a delivery from it."""
+
+    IDLE = "idle"  # created, never ran (or stopped): a wake message starts a turn
+    SCHEDULED = "scheduled"  # a turn task for the current epoch is enqueued, not yet claimed
+    RUNNING = "running"  # a turn holds the agent and may call the model
+    WAITING = "waiting"  # blocked in an ask-style tool call (in a worker, or suspended)
+    COMPLETED = "completed"  # the last turn ended naturally; context kept
+    TERMINATED = "terminated"  # final: sends are refused, pending messages dropped
+
+
+#: States in which a wake message starts a new turn.
+RESTING_STATES = frozenset({AgentState.IDLE, AgentState.COMPLETED})
+#: States in which a turn owns the agent (it may write its transcript).
+TURN_STATES = frozenset({AgentState.RUNNING, AgentState.WAITING})
+
+
+class RouteOutcome(str, enum.Enum):
+    """How one accepted (or refused) message reached its receiver."""
+
+    RESOLVED = "resolved"  # became the result of the tool call the receiver is blocked in
+    INJECTED_INLINE = "injected_inline"  # receiver running: drained before its next model call
+    COALESCED = "coalesced"  # a turn is already scheduled: drained when it starts
+    TRIGGERED_NEW_TURN = "triggered_new_turn"  # receiver resting: exactly one turn enqueued
+    QUEUED = "queued"  # context-only notice (wake=False): seen at the next turn
+    REJECTED = "rejected"  # refused with a typed error; nothing written but a ledger event
+
+
+class MessageType(str, enum.Enum):
+    TASK = "task"
+    OUTPUT = "output"
+    ASK = "ask"
+    ANSWER = "answer"
+    MESSAGE = "message"
+    NOTICE = "notice"
+
+
+class MessageSubtype(str, enum.Enum):
+    PROGRESS_OUTPUT = "progress_output"
+    COMPLETION_REPORT = "completion_report"
+    ASK_MASTER = "ask_master"
+    ASK_OTHER = "ask_other"
+
+
+class MessageStatus(str, enum.Enum):
+    PENDING = "pending"  # in the target's mailbox
+    DELIVERED = "delivered"  # in the target's transcript (drained, or as a tool result)
+    DROPPED = "dropped"  # target terminated; drop_reason says why
+
+
+class QuestionStatus(str, enum.Enum):
+    OPEN = "open"
+    ANSWERED = "answered"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+#: Question states that can no longer take an answer.
+CLOSED_QUESTION_STATUSES = frozenset(
+    {QuestionStatus.ANSWERED, QuestionStatus.EXPIRED, QuestionStatus.CANCELLED}
+)
+
+
+class TurnTrigger(str, enum.Enum):
+    NEW = "new"  # a message woke a resting agent
+    FOLLOW_UP = "follow_up"  # the end-of-turn hook found wake messages pending
+    CONTINUATION = "continuation"  # a suspended ask was answered
+    RECOVERY = "recovery"  # the previous turn's worker died and its lease expired
+
+
+class TurnStatus(str, enum.Enum):
+    RUNNING = "running"
+    ENDED = "ended"  # ended naturally (reply without tool calls)
+    FAILED = "failed"  # the loop raised; the hook still ran
+    SUSPENDED = "suspended"  # ended while its ask stays open; a continuation resumes it
+    FENCED = "fenced"  # superseded by a newer epoch; can write nothing
+    STOPPED = "stopped"  # cooperative stop
+
+
+class OutboxKind(str, enum.Enum):
+    ENQUEUE_TURN = "enqueue_turn"  # publish run_agent_turn(agent_id, epoch)
+    WAKE_WAITER = "wake_waiter"  # push to the blocked asker's result key
+
+
+class LedgerAction(str, enum.Enum):
+    TEAM_CREATED = "team_created"
+    AGENT_CREATED = "agent_created"
+    ROUTE = "route"
+    SEND_REJECTED = "send_rejected"
+    DUPLICATE_SEND = "duplicate_send"
+    TURN_CLAIMED = "turn_claimed"
+    CLAIM_REFUSED = "claim_refused"
+    DRAIN = "drain"
+    TURN_ENDED = "turn_ended"
+    FOLLOW_UP = "follow_up"
+    ASK = "ask"
+    ASK_REFUSED = "ask_refused"
+    QUESTION_RESOLVED = "question_resolved"
+    TAKE_OVER = "take_over"
+    STALE_WRITE_REFUSED = "stale_write_refused"
+    SYNTHETIC_TOOL_RESULT = "synthetic_tool_result"
+    OUTBOX_PUBLISHED = "outbox_published"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Agent:
+    id: int
+    team_id: int
+    display_name: str
+    role: str
+    is_lead: bool
+    state: AgentState
+    suspended: bool
+    epoch: int
+    pending_trigger: TurnTrigger | None
+    mailbox_depth: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Team:
+    id: int
+    lead: Agent
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    id: int
+    team_id: int
+    seq: int
+    source_name: str
+    source_agent_id: int | None
+    target_agent_id: int
+    target_name: str
+    type: MessageType
+    subtype: MessageSubtype | None
+    content: str
+    question_id: int | None
+    wake: bool
+    dedup_key: str | None
+    created_at: datetime
+    outcome: RouteOutcome
+    status: MessageStatus
+    consumed_turn_id: int | None = None
+    drop_reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Delivery:
+    """What :meth:`Router.send` returns once the message is committed."""
+
+    message_id: int
+    outcome: RouteOutcome
+    target: str
+    seq: int
+    epoch: int
+    duplicate: bool = False  # a retried send with the same dedup_key: this is the first delivery
+
+
+@dataclass(frozen=True, kw_only=True)
+class Question:
+    id: int
+    team_id: int
+    asker_agent_id: int
+    target_agent_id: int
+    tool_call_id: str
+    status: QuestionStatus
+    waiting: bool  # the asker is still blocked on it (a waits-for edge)
+    deadline: datetime
+    answer_message_id: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnRecord:
+    id: int
+    agent_id: int
+    epoch: int
+    trigger: TurnTrigger
+    status: TurnStatus
+    started_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndOfTurn:
+    """Result of the end-of-turn hook."""
+
+    follow_up: bool  # one follow-up turn was scheduled for wake messages still pending
+    state: AgentState
+    epoch: int
+    synthetic_results: int = 0  # dangling tool calls closed with an `interrupted` result
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboxEntry:
+    id: int
+    kind: OutboxKind
+    agent_id: int
+    epoch: int
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerEvent:
+    id: int
+    team_id: int | None
+    agent_id: int | None
+    agent_name: str | None
+    action: LedgerAction
+    outcome: RouteOutcome | None
+    message_id: int | None
+    turn_id: int | None
+    epoch: int | None
+    detail: dict[str, Any]
+    created_at: datetime

@@ -1,0 +1,87 @@
+"""One root exception; each subclass's docstring is its default message."""
+
+from __future__ import annotations
+
+
+class AgentRouterError(Exception):
+    """An agent-router operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(AgentRouterError):
+    """Raised when settings are invalid or incomplete."""
+
+
+class StoreError(AgentRouterError):
+    """Raised when the database failed in a way that is not a domain refusal."""
+
+
+class RefusedError(AgentRouterError):
+    """Raised when input is refused; nothing but a ledger event was written."""
+
+
+class UnknownTeamError(RefusedError):
+    """Raised when a team id does not exist."""
+
+
+class UnknownAgentError(RefusedError):
+    """Raised when no agent of that display name or id exists in the team."""
+
+
+class AgentTerminatedError(RefusedError):
+    """Raised when the target agent is terminated and takes no more messages."""
+
+
+class InvalidMessageError(RefusedError):
+    """Raised when a message is malformed (empty content, wrong type, bad flags)."""
+
+
+class ContentTooLargeError(InvalidMessageError):
+    """Raised when message content exceeds the configured limit."""
+
+
+class DuplicateDisplayNameError(RefusedError):
+    """Raised when a display name is already taken in the team."""
+
+
+class QuestionError(RefusedError):
+    """Raised when an answer does not fit a question."""
+
+
+class UnknownQuestionError(QuestionError):
+    """Raised when the question id does not exist in the team."""
+
+
+class QuestionClosedError(QuestionError):
+    """Raised when the question was already answered, expired or cancelled."""
+
+
+class WrongQuestionError(QuestionError):
+    """Raised when the answer is not addressed to the agent that asked the question."""
+
+
+class AskRefusedError(RefusedError):
+    """Raised when an ask would deadlock: it asks oneself, closes a waits-for cycle, or targets a
+    terminated agent."""
+
+    def __init__(self, message: str | None = None, *, cycle: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.cycle = cycle or []
+
+
+class TurnError(AgentRouterError):
+    """Raised when a turn operation cannot proceed."""
+
+
+class StaleTurnError(TurnError):
+    """Raised when a turn's epoch was superseded: it can drain, append and end nothing."""
+
+
+class ToolCallsPendingError(TurnError):
+    """Raised when the transcript ends in assistant tool calls that still lack results."""
+
+
+class InvalidTranscriptEntryError(TurnError):
+    """Raised when an assistant message or tool result is malformed."""

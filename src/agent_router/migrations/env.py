@@ -1,0 +1,48 @@
+"""Alembic environment: the URL comes from the Config's ``sqlalchemy.url`` (set by
+:func:`agent_router.migrate.alembic_config`) or from ``AGENT_ROUTER_DATABASE_URL``."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import engine_from_config, pool
+
+from agent_router.models import Base
+from agent_router.settings import Settings
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url") or Settings().database_url
+target_metadata = Base.metadata
+
+
+def run_offline() -> None:
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connectable = config.attributes.get("connection")
+    if connectable is None:
+        engine = engine_from_config(
+            {"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool
+        )
+        with engine.connect() as connection:
+            _run(connection)
+    else:
+        _run(connectable)
+
+
+def _run(connection: object) -> None:
+    context.configure(
+        connection=connection,  # type: ignore[arg-type]
+        target_metadata=target_metadata,
+        render_as_batch=True,  # SQLite alters tables by copying them
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,215 @@
+"""SQLAlchemy 2 typed models. Only :mod:`agent_router.store` queries them."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from agent_router.domain import (
+    AgentState,
+    LedgerAction,
+    MessageStatus,
+    MessageSubtype,
+    MessageType,
+    OutboxKind,
+    QuestionStatus,
+    RouteOutcome,
+    TurnStatus,
+    TurnTrigger,
+)
+
+
+def utcnow() -> datetime:
+    """Naive UTC: SQLite keeps no zone, so both backends store the same thing."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _enum(cls: type[enum.Enum], name: str) -> sa.Enum:
+    return sa.Enum(
+        cls,
+        name=name,
+        values_callable=lambda members: [m.value for m in members],
+        create_constraint=True,
+        validate_strings=True,
+    )
+
+
+# One instance per enum type: PostgreSQL creates each named type once.
+AgentStateType = _enum(AgentState, "ar_agent_state")
+TurnTriggerType = _enum(TurnTrigger, "ar_turn_trigger")
+MessageTypeType = _enum(MessageType, "ar_message_type")
+MessageSubtypeType = _enum(MessageSubtype, "ar_message_subtype")
+RouteOutcomeType = _enum(RouteOutcome, "ar_route_outcome")
+MessageStatusType = _enum(MessageStatus, "ar_message_status")
+QuestionStatusType = _enum(QuestionStatus, "ar_question_status")
+TurnStatusType = _enum(TurnStatus, "ar_turn_status")
+OutboxKindType = _enum(OutboxKind, "ar_outbox_kind")
+LedgerActionType = _enum(LedgerAction, "ar_ledger_action")
+
+JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(
+        naming_convention={
+            "ix": "ix_%(column_0_label)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class TeamRow(Base):
+    __tablename__ = "ar_teams"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AgentRow(Base):
+    __tablename__ = "ar_agents"
+    __table_args__ = (
+        sa.UniqueConstraint("team_id", "display_name", name="uq_ar_agents_team_display_name"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    display_name: Mapped[str] = mapped_column(sa.String(200))
+    role: Mapped[str] = mapped_column(sa.String(200))
+    is_lead: Mapped[bool] = mapped_column(default=False)
+    state: Mapped[AgentState] = mapped_column(AgentStateType)
+    # A waiting agent either blocks in a worker (False) or holds no worker (True).
+    suspended: Mapped[bool] = mapped_column(default=False)
+    epoch: Mapped[int] = mapped_column(default=0)
+    pending_trigger: Mapped[TurnTrigger | None] = mapped_column(
+        TurnTriggerType
+    )
+    # Next per-target sequence number; bumped under the agent's row lock.
+    next_seq: Mapped[int] = mapped_column(default=1)
+    system_prompt: Mapped[str | None] = mapped_column(sa.Text)
+    scheduled_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class MessageRow(Base):
+    __tablename__ = "ar_messages"
+    __table_args__ = (
+        sa.UniqueConstraint("target_agent_id", "seq", name="uq_ar_messages_target_seq"),
+        sa.UniqueConstraint("target_agent_id", "dedup_key", name="uq_ar_messages_target_dedup"),
+        sa.Index("ix_ar_messages_mailbox", "target_agent_id", "status", "seq"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    seq: Mapped[int]
+    source_name: Mapped[str] = mapped_column(sa.String(200))
+    source_agent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    target_agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    type: Mapped[MessageType] = mapped_column(MessageTypeType)
+    subtype: Mapped[MessageSubtype | None] = mapped_column(
+        MessageSubtypeType
+    )
+    content: Mapped[str] = mapped_column(sa.Text)
+    question_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_questions.id"))
+    wake: Mapped[bool] = mapped_column(default=True)
+    dedup_key: Mapped[str | None] = mapped_column(sa.String(200))
+    outcome: Mapped[RouteOutcome] = mapped_column(RouteOutcomeType)
+    status: Mapped[MessageStatus] = mapped_column(MessageStatusType)
+    consumed_turn_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_turns.id"))
+    consumed_at: Mapped[datetime | None]
+    drop_reason: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class QuestionRow(Base):
+    __tablename__ = "ar_questions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    asker_agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"), index=True)
+    target_agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    tool_call_id: Mapped[str] = mapped_column(sa.String(200))
+    asker_epoch: Mapped[int]
+    status: Mapped[QuestionStatus] = mapped_column(QuestionStatusType)
+    # The asker is still blocked on this question: an edge of the team's waits-for graph.
+    waiting: Mapped[bool] = mapped_column(default=True)
+    answer_message_id: Mapped[int | None] = mapped_column(BigId)
+    deadline: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    closed_at: Mapped[datetime | None]
+
+
+class TurnRow(Base):
+    __tablename__ = "ar_turns"
+    # One claim per epoch: the database itself refuses a second turn for the same fence.
+    __table_args__ = (sa.UniqueConstraint("agent_id", "epoch", name="uq_ar_turns_agent_epoch"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    epoch: Mapped[int]
+    trigger: Mapped[TurnTrigger] = mapped_column(TurnTriggerType)
+    status: Mapped[TurnStatus] = mapped_column(TurnStatusType)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None]
+    lease_expires_at: Mapped[datetime | None]
+    error: Mapped[str | None] = mapped_column(sa.Text)
+
+
+class TranscriptEntryRow(Base):
+    __tablename__ = "ar_transcript_entries"
+    __table_args__ = (
+        sa.UniqueConstraint("agent_id", "position", name="uq_ar_transcript_agent_position"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    position: Mapped[int]
+    role: Mapped[str] = mapped_column(sa.String(20))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # A message enters a transcript at most once: the database refuses a second copy.
+    message_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey("ar_messages.id"), unique=True
+    )
+    tool_call_id: Mapped[str | None] = mapped_column(sa.String(200))
+    turn_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_turns.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class OutboxRow(Base):
+    __tablename__ = "ar_outbox"
+    __table_args__ = (sa.Index("ix_ar_outbox_unpublished", "published_at", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    kind: Mapped[OutboxKind] = mapped_column(OutboxKindType)
+    epoch: Mapped[int]
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    published_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(default=0)
+
+
+class LedgerRow(Base):
+    __tablename__ = "ar_ledger"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    agent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    action: Mapped[LedgerAction] = mapped_column(LedgerActionType)
+    outcome: Mapped[RouteOutcome | None] = mapped_column(RouteOutcomeType)
+    message_id: Mapped[int | None] = mapped_column(BigId)
+    turn_id: Mapped[int | None] = mapped_column(BigId)
+    epoch: Mapped[int | None]
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,293 @@
+"""The public facade: teams, agents, ``send``, turns, and reads that explain what happened."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agent_router import errors
+from agent_router.domain import (
+    Agent,
+    Delivery,
+    EndOfTurn,
+    LedgerEvent,
+    Message,
+    MessageSubtype,
+    MessageType,
+    OutboxEntry,
+    Question,
+    Team,
+    TurnRecord,
+)
+from agent_router.outbox import Publisher
+from agent_router.settings import Settings
+from agent_router.store import Effects, SendRequest, Store
+from agent_router.turn import Turn
+
+logger = logging.getLogger(__name__)
+
+
+class Router:
+    """Routes messages between the agents of a team by the receiver's state.
+
+    ``publisher`` turns committed side effects (enqueue a turn, wake a waiter) into signals; with
+    none, outbox rows stay unpublished until :meth:`publish_outbox` is given one.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        publisher: Publisher | None = None,
+        store: Store | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.store = store or Store(self.settings)
+        self.publisher = publisher
+
+    # ------------------------------------------------------------------ set-up
+
+    def create_schema(self) -> None:
+        """Create the tables directly (embedded use, tests). Production uses ``db upgrade``."""
+        self.store.create_schema()
+
+    def close(self) -> None:
+        self.store.dispose()
+
+    def create_team(self, *, lead_system_prompt: str | None = None) -> Team:
+        return self.store.create_team(lead_system_prompt=lead_system_prompt)
+
+    def create_agent(
+        self,
+        team_id: int,
+        *,
+        role: str,
+        display_name: str | None = None,
+        system_prompt: str | None = None,
+    ) -> Agent:
+        """Add a sub-agent; its display name is ``{role}_{n}`` unless given."""
+        if not isinstance(role, str):
+            raise errors.InvalidMessageError("role must be a string")
+        return self.store.create_agent(
+            team_id, role=role, display_name=display_name, system_prompt=system_prompt
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    def team(self, team_id: int) -> Team:
+        return self.store.team(team_id)
+
+    def agent(self, team_id: int, display_name: str) -> Agent:
+        return self.store.agent(team_id, display_name)
+
+    def agents(self, team_id: int) -> list[Agent]:
+        return self.store.agents(team_id)
+
+    def transcript(self, team_id: int, display_name: str) -> list[dict[str, Any]]:
+        return self.store.transcript(self.agent(team_id, display_name).id)
+
+    def ledger(self, team_id: int) -> list[LedgerEvent]:
+        return self.store.ledger(team_id)
+
+    def messages(self, team_id: int) -> list[Message]:
+        return self.store.messages(team_id)
+
+    def question(self, question_id: int) -> Question:
+        return self.store.question(question_id)
+
+    # ------------------------------------------------------------------ routing
+
+    def send(
+        self,
+        team_id: int,
+        *,
+        to: str,
+        content: str,
+        sender: str = "user",
+        type: MessageType | str = MessageType.MESSAGE,  # noqa: A002 - the public name
+        subtype: MessageSubtype | str | None = None,
+        question_id: int | None = None,
+        wake: bool = True,
+        dedup_key: str | None = None,
+    ) -> Delivery:
+        """Accept a message for ``to`` and deliver it by its state. Returns once committed.
+
+        Refusals raise a subclass of :class:`~agent_router.errors.RefusedError` and write only a
+        ledger event."""
+        request = self._validate(
+            team_id,
+            to=to,
+            content=content,
+            sender=sender,
+            type=type,
+            subtype=subtype,
+            question_id=question_id,
+            wake=wake,
+            dedup_key=dedup_key,
+        )
+        delivery, effects = self.store.route(request)
+        self._publish(effects)
+        return delivery
+
+    def _validate(
+        self,
+        team_id: int,
+        *,
+        to: Any,
+        content: Any,
+        sender: Any,
+        type: Any,  # noqa: A002
+        subtype: Any,
+        question_id: Any,
+        wake: Any,
+        dedup_key: Any,
+    ) -> SendRequest:
+        problem: errors.InvalidMessageError | None = None
+        msg_type: MessageType | None = None
+        msg_subtype: MessageSubtype | None = None
+        try:
+            msg_type = MessageType(type)
+            msg_subtype = MessageSubtype(subtype) if subtype is not None else None
+        except ValueError as exc:
+            problem = errors.InvalidMessageError(f"unknown message type or subtype: {exc}")
+        if problem is None:
+            problem = self._content_problem(content)
+        if problem is None:
+            if not isinstance(to, str) or not to:
+                problem = errors.InvalidMessageError("`to` must be a display name")
+            elif not isinstance(sender, str) or not sender:
+                problem = errors.InvalidMessageError("`sender` must be a non-empty string")
+            elif not isinstance(wake, bool):
+                problem = errors.InvalidMessageError("`wake` must be a bool")
+            elif question_id is not None and (
+                not isinstance(question_id, int) or isinstance(question_id, bool)
+            ):
+                problem = errors.InvalidMessageError("`question_id` must be an int")
+            elif dedup_key is not None and (
+                not isinstance(dedup_key, str) or not dedup_key or len(dedup_key) > 200
+            ):
+                problem = errors.InvalidMessageError("`dedup_key` must be 1-200 characters")
+        if problem is not None or msg_type is None:
+            assert problem is not None
+            if isinstance(team_id, int) and self.store.team_exists(team_id):
+                self.store.record_rejection(
+                    team_id, "invalid_message", error=str(problem), to=str(to)[:200]
+                )
+            raise problem
+        if not isinstance(team_id, int) or isinstance(team_id, bool):
+            raise errors.UnknownTeamError(f"unknown team {team_id!r}")
+        return SendRequest(
+            team_id=team_id,
+            to=to,
+            content=content,
+            sender=sender,
+            type=msg_type,
+            subtype=msg_subtype,
+            question_id=question_id,
+            wake=wake,
+            dedup_key=dedup_key,
+        )
+
+    def _content_problem(self, content: Any) -> errors.InvalidMessageError | None:
+        if not isinstance(content, str):
+            return errors.InvalidMessageError("content must be a string")
+        if not content.strip():
+            return errors.InvalidMessageError("content is empty")
+        size = len(content.encode("utf-8", errors="surrogatepass"))
+        if size > self.settings.max_content_bytes:
+            return errors.ContentTooLargeError(
+                f"content is {size} bytes; the limit is {self.settings.max_content_bytes}"
+            )
+        return None
+
+    # ------------------------------------------------------------------ turns
+
+    def claim_turn(self, team_id: int, display_name: str, *, epoch: int | None = None) -> Turn | None:
+        """Claim the agent's scheduled turn; ``None`` when there is nothing (or nothing current)
+        to claim."""
+        agent = self.agent(team_id, display_name)
+        return self.claim(agent.id, epoch)
+
+    def claim(self, agent_id: int, epoch: int | None = None) -> Turn | None:
+        """Claim by id and epoch, as a turn task does; duplicates and stale epochs get ``None``."""
+        record = self.store.claim_turn(agent_id, epoch)
+        if record is None:
+            return None
+        agent = self.store.agent_by_id(agent_id)
+        return Turn(self, record, agent.team_id, agent.display_name)
+
+    def turn_of(self, record: TurnRecord) -> Turn:
+        agent = self.store.agent_by_id(record.agent_id)
+        return Turn(self, record, agent.team_id, agent.display_name)
+
+    def end_turn(self, turn: Turn, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
+        result, effects = self.store.end_turn(turn.record, failed=failed, error=error)
+        self._publish(effects)
+        return result
+
+    def ask(
+        self,
+        turn: Turn,
+        target: str,
+        question: str,
+        *,
+        tool_call_id: str,
+        subtype: MessageSubtype | None = None,
+        timeout_seconds: float | None = None,
+    ) -> Question:
+        problem = self._content_problem(question)
+        if problem is not None:
+            raise problem
+        lead = self.team(turn.team_id).lead.display_name
+        q, _delivery, effects = self.store.ask(
+            turn.record,
+            target=target,
+            question=question,
+            tool_call_id=tool_call_id,
+            subtype=subtype
+            or (MessageSubtype.ASK_MASTER if target == lead else MessageSubtype.ASK_OTHER),
+            timeout_seconds=timeout_seconds,
+        )
+        self._publish(effects)
+        return q
+
+    def take_over(self, team_id: int, display_name: str, *, reason: str) -> int:
+        """Fence the agent's running turn (it can write nothing more) and schedule recovery."""
+        agent = self.agent(team_id, display_name)
+        epoch, effects = self.store.take_over(agent.id, reason=reason)
+        self._publish(effects)
+        return epoch
+
+    # ------------------------------------------------------------------ outbox
+
+    def _publish(self, effects: Effects) -> None:
+        if self.publisher is None or not effects.outbox:
+            return
+        self._publish_entries(self.publisher, effects.outbox)
+
+    def _publish_entries(self, publisher: Publisher, entries: list[OutboxEntry]) -> int:
+        published: list[int] = []
+        try:
+            for entry in entries:
+                publisher.publish(entry)
+                published.append(entry.id)
+        except Exception:
+            # The row stays unpublished; the sweeper publishes it again.
+            logger.exception("outbox publish failed", extra={"action": "publish"})
+        finally:
+            self.store.mark_published(published)
+        return len(published)
+
+    def publish_outbox(
+        self, publisher: Publisher | None = None, *, older_than_seconds: float = 0.0
+    ) -> int:
+        """Publish outbox rows still unpublished (those a crash or broker loss left behind)."""
+        target = publisher or self.publisher
+        if target is None:
+            raise errors.ConfigurationError("no publisher to publish the outbox with")
+        return self._publish_entries(
+            target, self.store.unpublished(older_than_seconds=older_than_seconds)
+        )
+
+    def outbox(self, team_id: int) -> list[OutboxEntry]:
+        return self.store.outbox(team_id)

@@ -1,0 +1,65 @@
+"""Settings, read from keyword arguments or ``AGENT_ROUTER_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///agent_router.db"
+
+
+class Settings(BaseSettings):
+    """Every knob of the router. Each field is also read from ``AGENT_ROUTER_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENT_ROUTER_", frozen=True, extra="ignore")
+
+    database_url: str = Field(
+        DEFAULT_DATABASE_URL,
+        description="SQLAlchemy URL: sqlite:///path.db (embedded) or postgresql+psycopg://...",
+    )
+    broker_url: str = Field(
+        "memory://",
+        description="Celery broker: memory:// runs turns on threads in this process; "
+        "redis://host:6379/0 or amqp://... for real workers.",
+    )
+    redis_url: str | None = Field(
+        None,
+        description="Redis for wake keys of blocked asks; in-process when unset.",
+    )
+    max_content_bytes: int = Field(
+        64 * 1024, gt=0, description="Largest message content accepted, in UTF-8 bytes."
+    )
+    drain_batch_size: int = Field(
+        1000, gt=0, description="Most messages one drain moves into a transcript."
+    )
+    ask_block_seconds: float = Field(
+        30.0, gt=0, description="How long a blocked ask holds a worker before it suspends."
+    )
+    question_timeout_seconds: float = Field(
+        3600.0, gt=0, description="Default deadline of a question; then it resolves `expired`."
+    )
+    lease_seconds: float = Field(
+        60.0, gt=0, description="A running turn's lease; a turn not renewed by then is taken over."
+    )
+    heartbeat_seconds: float = Field(10.0, gt=0, description="How often a turn renews its lease.")
+    sweep_seconds: float = Field(5.0, gt=0, description="Period of the beat-scheduled sweeper.")
+    sqlite_busy_timeout_seconds: float = Field(
+        30.0, gt=0, description="How long a SQLite writer waits for the write lock."
+    )
+    pool_size: int = Field(10, gt=0, description="Database connection pool size (PostgreSQL).")
+    max_turn_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="Longest turn; the Redis broker's visibility_timeout is set above it.",
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if not value.startswith(("sqlite", "postgresql")):
+            raise ValueError("database_url must be a sqlite:// or postgresql:// URL")
+        return value
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")

@@ -1,0 +1,1441 @@
+"""The only module that talks to the database.
+
+Every public method is one transition: one transaction, guarded by the target agent's row lock
+(PostgreSQL ``SELECT ... FOR UPDATE``; SQLite ``BEGIN IMMEDIATE``, which takes the database's write
+lock up front), and one or more ledger events. Locks are taken in one canonical order: the team
+row, then agent rows by ascending id. Side effects (enqueue a turn, wake a waiter) are written as
+outbox rows in the same transaction and returned to the caller to publish after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from agent_router import errors, formats
+from agent_router.domain import (
+    LEAD_DISPLAY_NAME,
+    LEAD_ROLE,
+    RESTING_STATES,
+    Agent,
+    AgentState,
+    Delivery,
+    EndOfTurn,
+    LedgerAction,
+    LedgerEvent,
+    Message,
+    MessageStatus,
+    MessageSubtype,
+    MessageType,
+    OutboxEntry,
+    OutboxKind,
+    Question,
+    QuestionStatus,
+    RouteOutcome,
+    Team,
+    TurnRecord,
+    TurnStatus,
+    TurnTrigger,
+)
+from agent_router.models import (
+    AgentRow,
+    Base,
+    LedgerRow,
+    MessageRow,
+    OutboxRow,
+    QuestionRow,
+    TeamRow,
+    TranscriptEntryRow,
+    TurnRow,
+    utcnow,
+)
+from agent_router.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Senders that are not agents of the team. ``job:<name>`` is a background job.
+EXTERNAL_SENDERS = frozenset({"user", "system"})
+EXTERNAL_PREFIX = "job:"
+INTERRUPTED_RESULT = "interrupted: the turn running this tool call ended before it returned"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendRequest:
+    team_id: int
+    to: str
+    content: str
+    sender: str
+    type: MessageType
+    subtype: MessageSubtype | None = None
+    question_id: int | None = None
+    wake: bool = True
+    dedup_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Effects:
+    """What a committed transition asks the caller to publish."""
+
+    outbox: list[OutboxEntry] = field(default_factory=list)
+
+
+class _Refused(Exception):
+    """Internal: abort the transaction, then record a ledger event and raise ``error``."""
+
+    def __init__(self, error: errors.AgentRouterError, action: LedgerAction, **ledger: Any) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.action = action
+        self.ledger = ledger
+
+
+def make_engine(settings: Settings) -> Engine:
+    if settings.is_sqlite:
+        engine = sa.create_engine(
+            settings.database_url,
+            connect_args={
+                "check_same_thread": False,
+                "timeout": settings.sqlite_busy_timeout_seconds,
+            },
+        )
+        busy_ms = int(settings.sqlite_busy_timeout_seconds * 1000)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Take transaction control away from pysqlite so that BEGIN IMMEDIATE below is ours.
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: sa.Connection) -> None:
+            # The write lock up front: two routers can never both read "idle" and both enqueue.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return sa.create_engine(
+        settings.database_url,
+        pool_size=settings.pool_size,
+        max_overflow=settings.pool_size,
+        pool_pre_ping=True,
+    )
+
+
+class Store:
+    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.engine = engine or make_engine(settings)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def create_schema(self) -> None:
+        Base.metadata.create_all(self.engine)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            with session.begin():
+                yield session
+        except _Refused as refused:
+            session.close()
+            self._write_ledger(refused.action, **refused.ledger)
+            raise refused.error from None
+        except errors.AgentRouterError:
+            raise
+        except DBAPIError as exc:
+            raise errors.StoreError(f"database error: {exc.orig!r}") from exc
+        finally:
+            session.close()
+
+    def _write_ledger(self, action: LedgerAction, **fields: Any) -> None:
+        with self._sessions() as session, session.begin():
+            self._ledger(session, action, **fields)
+
+    @staticmethod
+    def _ledger(
+        session: Session,
+        action: LedgerAction,
+        *,
+        team_id: int | None,
+        agent_id: int | None = None,
+        outcome: RouteOutcome | None = None,
+        message_id: int | None = None,
+        turn_id: int | None = None,
+        epoch: int | None = None,
+        **detail: Any,
+    ) -> None:
+        session.add(
+            LedgerRow(
+                team_id=team_id,
+                agent_id=agent_id,
+                action=action,
+                outcome=outcome,
+                message_id=message_id,
+                turn_id=turn_id,
+                epoch=epoch,
+                detail=detail,
+            )
+        )
+        logger.info(
+            action.value,
+            extra={
+                "action": action.value,
+                "team_id": team_id,
+                "agent_id": agent_id,
+                "outcome": outcome.value if outcome else None,
+                "message_id": message_id,
+                "epoch": epoch,
+            },
+        )
+
+    @staticmethod
+    def _outbox(
+        session: Session, effects: Effects, agent: AgentRow, kind: OutboxKind, **payload: Any
+    ) -> None:
+        row = OutboxRow(
+            team_id=agent.team_id, agent_id=agent.id, kind=kind, epoch=agent.epoch, payload=payload
+        )
+        session.add(row)
+        session.flush()
+        effects.outbox.append(
+            OutboxEntry(id=row.id, kind=kind, agent_id=agent.id, epoch=agent.epoch, payload=payload)
+        )
+
+    # ------------------------------------------------------------------ reads of rows
+
+    @staticmethod
+    def _team(session: Session, team_id: int, *, lock: bool = False) -> TeamRow:
+        stmt = sa.select(TeamRow).where(TeamRow.id == team_id)
+        if lock:
+            stmt = stmt.with_for_update()
+        team = session.scalars(stmt).one_or_none()
+        if team is None:
+            raise errors.UnknownTeamError(f"unknown team {team_id}")
+        return team
+
+    @staticmethod
+    def _agent_by_name(
+        session: Session, team_id: int, name: str, *, lock: bool = False
+    ) -> AgentRow | None:
+        stmt = sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.display_name == name)
+        if lock:
+            stmt = stmt.with_for_update()
+        return session.scalars(stmt).one_or_none()
+
+    @staticmethod
+    def _lock_agent(session: Session, agent_id: int) -> AgentRow | None:
+        stmt = sa.select(AgentRow).where(AgentRow.id == agent_id).with_for_update()
+        return session.scalars(stmt).one_or_none()
+
+    @staticmethod
+    def _mailbox_depth(session: Session, agent_id: int) -> int:
+        return session.scalar(
+            sa.select(sa.func.count())
+            .select_from(MessageRow)
+            .where(MessageRow.target_agent_id == agent_id, MessageRow.status == MessageStatus.PENDING)
+        ) or 0
+
+    @staticmethod
+    def _next_position(session: Session, agent_id: int) -> int:
+        last = session.scalar(
+            sa.select(sa.func.max(TranscriptEntryRow.position)).where(
+                TranscriptEntryRow.agent_id == agent_id
+            )
+        )
+        return 0 if last is None else last + 1
+
+    @staticmethod
+    def _waiting_question(session: Session, agent_id: int) -> QuestionRow | None:
+        return session.scalars(
+            sa.select(QuestionRow)
+            .where(QuestionRow.asker_agent_id == agent_id, QuestionRow.waiting.is_(True))
+            .with_for_update()
+        ).one_or_none()
+
+    @staticmethod
+    def _open_tool_calls(session: Session, agent_id: int) -> list[str]:
+        """Tool call ids of the last assistant message that have no result yet, in order."""
+        last_assistant = session.scalars(
+            sa.select(TranscriptEntryRow)
+            .where(TranscriptEntryRow.agent_id == agent_id, TranscriptEntryRow.role == "assistant")
+            .order_by(TranscriptEntryRow.position.desc())
+            .limit(1)
+        ).one_or_none()
+        if last_assistant is None:
+            return []
+        calls = [str(c["id"]) for c in last_assistant.payload.get("tool_calls") or []]
+        if not calls:
+            return []
+        answered = set(
+            session.scalars(
+                sa.select(TranscriptEntryRow.tool_call_id).where(
+                    TranscriptEntryRow.agent_id == agent_id,
+                    TranscriptEntryRow.position > last_assistant.position,
+                    TranscriptEntryRow.role == "tool",
+                )
+            )
+        )
+        return [c for c in calls if c not in answered]
+
+    def _append(
+        self,
+        session: Session,
+        agent_id: int,
+        payload: dict[str, Any],
+        *,
+        turn_id: int | None,
+        message_id: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        session.add(
+            TranscriptEntryRow(
+                agent_id=agent_id,
+                position=self._next_position(session, agent_id),
+                role=payload["role"],
+                payload=payload,
+                meta=meta,
+                message_id=message_id,
+                tool_call_id=payload.get("tool_call_id"),
+                turn_id=turn_id,
+            )
+        )
+        session.flush()
+
+    # ------------------------------------------------------------------ teams and agents
+
+    def create_team(self, *, lead_system_prompt: str | None = None) -> Team:
+        with self._tx() as session:
+            team = TeamRow()
+            session.add(team)
+            session.flush()
+            lead = AgentRow(
+                team_id=team.id,
+                display_name=LEAD_DISPLAY_NAME,
+                role=LEAD_ROLE,
+                is_lead=True,
+                state=AgentState.IDLE,
+                system_prompt=lead_system_prompt,
+            )
+            session.add(lead)
+            session.flush()
+            if lead_system_prompt:
+                self._append(
+                    session, lead.id, {"role": "system", "content": lead_system_prompt}, turn_id=None
+                )
+            self._ledger(session, LedgerAction.TEAM_CREATED, team_id=team.id, agent_id=lead.id)
+            return Team(id=team.id, lead=_agent(lead), created_at=team.created_at)
+
+    def create_agent(
+        self,
+        team_id: int,
+        *,
+        role: str,
+        display_name: str | None = None,
+        system_prompt: str | None = None,
+    ) -> Agent:
+        role = role.strip()
+        if not role or len(role) > 100 or any(c in role for c in '"\n\r<>'):
+            raise errors.InvalidMessageError(f"invalid role name {role!r}")
+        if display_name is not None:
+            _check_display_name(display_name)
+        try:
+            with self._tx() as session:
+                self._team(session, team_id, lock=True)
+                if display_name is None:
+                    # {Role}_{n}, n counted per role from 1; the team lock makes the count safe.
+                    taken = set(
+                        session.scalars(
+                            sa.select(AgentRow.display_name).where(
+                                AgentRow.team_id == team_id, AgentRow.role == role
+                            )
+                        )
+                    )
+                    n = 1
+                    while f"{role}_{n}" in taken:
+                        n += 1
+                    display_name = f"{role}_{n}"
+                if self._agent_by_name(session, team_id, display_name) is not None:
+                    raise _Refused(
+                        errors.DuplicateDisplayNameError(
+                            f"display name {display_name!r} is taken in team {team_id}"
+                        ),
+                        LedgerAction.SEND_REJECTED,
+                        team_id=team_id,
+                        reason="duplicate_display_name",
+                        display_name=display_name,
+                    )
+                agent = AgentRow(
+                    team_id=team_id,
+                    display_name=display_name,
+                    role=role,
+                    is_lead=False,
+                    state=AgentState.IDLE,
+                    system_prompt=system_prompt,
+                )
+                session.add(agent)
+                session.flush()
+                if system_prompt:
+                    self._append(
+                        session, agent.id, {"role": "system", "content": system_prompt}, turn_id=None
+                    )
+                self._ledger(
+                    session,
+                    LedgerAction.AGENT_CREATED,
+                    team_id=team_id,
+                    agent_id=agent.id,
+                    display_name=display_name,
+                    role=role,
+                )
+                return _agent(agent)
+        except IntegrityError as exc:  # pragma: no cover - the team lock makes this unreachable
+            raise errors.DuplicateDisplayNameError(str(exc.orig)) from exc
+
+    def team(self, team_id: int) -> Team:
+        with self._sessions() as session:
+            self._team(session, team_id)
+            lead = session.scalars(
+                sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.is_lead.is_(True))
+            ).one()
+            created = session.scalars(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
+            return Team(id=team_id, lead=_agent(lead), created_at=created.one())
+
+    def team_ids(self) -> list[int]:
+        with self._sessions() as session:
+            return list(session.scalars(sa.select(TeamRow.id).order_by(TeamRow.id)))
+
+    def agent(self, team_id: int, name: str) -> Agent:
+        with self._sessions() as session:
+            self._team(session, team_id)
+            row = self._agent_by_name(session, team_id, name)
+            if row is None:
+                raise errors.UnknownAgentError(f"no agent {name!r} in team {team_id}")
+            return _agent(row, self._mailbox_depth(session, row.id))
+
+    def agent_by_id(self, agent_id: int) -> Agent:
+        with self._sessions() as session:
+            row = session.get(AgentRow, agent_id)
+            if row is None:
+                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+            return _agent(row, self._mailbox_depth(session, row.id))
+
+    def agents(self, team_id: int) -> list[Agent]:
+        with self._sessions() as session:
+            self._team(session, team_id)
+            rows = session.scalars(
+                sa.select(AgentRow).where(AgentRow.team_id == team_id).order_by(AgentRow.id)
+            ).all()
+            return [_agent(r, self._mailbox_depth(session, r.id)) for r in rows]
+
+    # ------------------------------------------------------------------ routing
+
+    def route(self, req: SendRequest) -> tuple[Delivery, Effects]:
+        """Accept one message and deliver it by the receiver's state (DESIGN section 1)."""
+        effects = Effects()
+        with self._tx() as session:
+            delivery = self._route(session, req, effects)
+        return delivery, effects
+
+    def _reject(self, req: SendRequest, error: errors.AgentRouterError, reason: str) -> _Refused:
+        return _Refused(
+            error,
+            LedgerAction.SEND_REJECTED,
+            team_id=req.team_id,
+            outcome=RouteOutcome.REJECTED,
+            reason=reason,
+            to=req.to,
+            sender=req.sender,
+            error=str(error),
+        )
+
+    def _resolve_sender(self, session: Session, req: SendRequest) -> AgentRow | None:
+        source = self._agent_by_name(session, req.team_id, req.sender)
+        if source is not None:
+            if source.state is AgentState.TERMINATED:
+                raise self._reject(
+                    req,
+                    errors.AgentTerminatedError(f"sender {req.sender!r} is terminated"),
+                    "sender_terminated",
+                )
+            return source
+        if req.sender in EXTERNAL_SENDERS or (
+            req.sender.startswith(EXTERNAL_PREFIX) and len(req.sender) > len(EXTERNAL_PREFIX)
+        ):
+            return None
+        raise self._reject(
+            req,
+            errors.UnknownAgentError(
+                f"unknown sender {req.sender!r}: not an agent of team {req.team_id}, "
+                f"nor 'user', 'system' or 'job:<name>'"
+            ),
+            "unknown_sender",
+        )
+
+    def _route(self, session: Session, req: SendRequest, effects: Effects) -> Delivery:
+        self._team(session, req.team_id)
+        source = self._resolve_sender(session, req)
+        target = self._agent_by_name(session, req.team_id, req.to, lock=True)
+        if target is None:
+            raise self._reject(
+                req,
+                errors.UnknownAgentError(f"no agent {req.to!r} in team {req.team_id}"),
+                "unknown_target",
+            )
+        if source is not None and source.id == target.id:
+            raise self._reject(
+                req, errors.InvalidMessageError("an agent cannot message itself"), "self_send"
+            )
+        if target.state is AgentState.TERMINATED:
+            raise self._reject(
+                req, errors.AgentTerminatedError(f"agent {req.to!r} is terminated"), "terminated"
+            )
+        if req.dedup_key is not None:
+            first = session.scalars(
+                sa.select(MessageRow).where(
+                    MessageRow.target_agent_id == target.id, MessageRow.dedup_key == req.dedup_key
+                )
+            ).one_or_none()
+            if first is not None:
+                self._ledger(
+                    session,
+                    LedgerAction.DUPLICATE_SEND,
+                    team_id=req.team_id,
+                    agent_id=target.id,
+                    outcome=first.outcome,
+                    message_id=first.id,
+                    dedup_key=req.dedup_key,
+                )
+                return Delivery(
+                    message_id=first.id,
+                    outcome=first.outcome,
+                    target=target.display_name,
+                    seq=first.seq,
+                    epoch=target.epoch,
+                    duplicate=True,
+                )
+
+        state_before = target.state
+        answered: QuestionRow | None = None
+        if req.type is MessageType.ANSWER:
+            answered = self._question_for_answer(session, req, target)
+
+        waiting_on = (
+            self._waiting_question(session, target.id)
+            if target.state is AgentState.WAITING
+            else None
+        )
+        resolves = (
+            waiting_on is not None
+            and req.wake
+            and (answered is None or answered.id == waiting_on.id)
+        )
+
+        msg = MessageRow(
+            team_id=req.team_id,
+            seq=target.next_seq,
+            source_name=req.sender,
+            source_agent_id=source.id if source else None,
+            target_agent_id=target.id,
+            type=req.type,
+            subtype=req.subtype,
+            content=req.content,
+            question_id=req.question_id,
+            wake=req.wake,
+            dedup_key=req.dedup_key,
+            outcome=RouteOutcome.QUEUED,
+            status=MessageStatus.PENDING,
+        )
+        target.next_seq += 1
+        session.add(msg)
+        session.flush()
+
+        if answered is not None:
+            answered.status = QuestionStatus.ANSWERED
+            answered.answer_message_id = msg.id
+            answered.closed_at = utcnow()
+
+        if resolves:
+            assert waiting_on is not None
+            outcome = RouteOutcome.RESOLVED
+            self._resolve_waiter(session, target, waiting_on, msg, effects)
+        elif target.state in (AgentState.RUNNING, AgentState.WAITING):
+            outcome = RouteOutcome.INJECTED_INLINE
+        elif target.state is AgentState.SCHEDULED:
+            outcome = RouteOutcome.COALESCED
+        elif req.wake:  # resting
+            outcome = RouteOutcome.TRIGGERED_NEW_TURN
+            self._schedule(session, target, TurnTrigger.NEW, effects)
+        else:
+            outcome = RouteOutcome.QUEUED
+        msg.outcome = outcome
+        self._ledger(
+            session,
+            LedgerAction.ROUTE,
+            team_id=req.team_id,
+            agent_id=target.id,
+            outcome=outcome,
+            message_id=msg.id,
+            epoch=target.epoch,
+            seq=msg.seq,
+            type=req.type.value,
+            sender=req.sender,
+            wake=req.wake,
+            state_before=state_before.value,
+            state_after=target.state.value,
+        )
+        return Delivery(
+            message_id=msg.id,
+            outcome=outcome,
+            target=target.display_name,
+            seq=msg.seq,
+            epoch=target.epoch,
+        )
+
+    def _question_for_answer(
+        self, session: Session, req: SendRequest, target: AgentRow
+    ) -> QuestionRow:
+        if req.question_id is None:
+            raise self._reject(
+                req, errors.InvalidMessageError("an answer needs a question_id"), "no_question_id"
+            )
+        question = session.scalars(
+            sa.select(QuestionRow).where(QuestionRow.id == req.question_id).with_for_update()
+        ).one_or_none()
+        if question is None or question.team_id != req.team_id:
+            raise self._reject(
+                req,
+                errors.UnknownQuestionError(f"no question {req.question_id} in team {req.team_id}"),
+                "unknown_question",
+            )
+        if question.asker_agent_id != target.id:
+            raise self._reject(
+                req,
+                errors.WrongQuestionError(
+                    f"question {question.id} was not asked by {target.display_name!r}"
+                ),
+                "wrong_question",
+            )
+        if question.status is not QuestionStatus.OPEN:
+            raise self._reject(
+                req,
+                errors.QuestionClosedError(
+                    f"question {question.id} is already {question.status.value}"
+                ),
+                "question_closed",
+            )
+        return question
+
+    def _resolve_waiter(
+        self,
+        session: Session,
+        target: AgentRow,
+        question: QuestionRow,
+        msg: MessageRow,
+        effects: Effects,
+    ) -> None:
+        """The message becomes the blocked call's tool result, in this transaction."""
+        turn_id = session.scalar(
+            sa.select(TurnRow.id).where(
+                TurnRow.agent_id == target.id, TurnRow.epoch == question.asker_epoch
+            )
+        )
+        message = _message(msg, target.display_name)
+        self._append(
+            session,
+            target.id,
+            {
+                "role": "tool",
+                "tool_call_id": question.tool_call_id,
+                "content": formats.render(formats.envelope_of(message)),
+            },
+            turn_id=turn_id,
+            message_id=msg.id,
+            meta=formats.metadata(message),
+        )
+        msg.status = MessageStatus.DELIVERED
+        msg.consumed_turn_id = turn_id
+        msg.consumed_at = utcnow()
+        question.waiting = False
+        self._ledger(
+            session,
+            LedgerAction.QUESTION_RESOLVED,
+            team_id=target.team_id,
+            agent_id=target.id,
+            message_id=msg.id,
+            epoch=target.epoch,
+            question_id=question.id,
+            suspended=target.suspended,
+        )
+        if target.suspended:
+            target.suspended = False
+            self._schedule(session, target, TurnTrigger.CONTINUATION, effects)
+        else:
+            target.state = AgentState.RUNNING
+            self._outbox(
+                session, effects, target, OutboxKind.WAKE_WAITER, question_id=question.id
+            )
+
+    def _schedule(
+        self, session: Session, agent: AgentRow, trigger: TurnTrigger, effects: Effects
+    ) -> None:
+        """Fence a new epoch and enqueue exactly one turn task for it (through the outbox)."""
+        agent.epoch += 1
+        agent.state = AgentState.SCHEDULED
+        agent.pending_trigger = trigger
+        agent.scheduled_at = utcnow()
+        self._outbox(session, effects, agent, OutboxKind.ENQUEUE_TURN, trigger=trigger.value)
+
+    def record_rejection(self, team_id: int | None, reason: str, **detail: Any) -> None:
+        """Ledger a send refused before it reached the store (malformed input)."""
+        self._write_ledger(
+            LedgerAction.SEND_REJECTED,
+            team_id=team_id,
+            outcome=RouteOutcome.REJECTED,
+            reason=reason,
+            **detail,
+        )
+
+    def team_exists(self, team_id: int) -> bool:
+        with self._sessions() as session:
+            return session.get(TeamRow, team_id) is not None
+
+    # ------------------------------------------------------------------ turns
+
+    def claim_turn(self, agent_id: int, epoch: int | None = None) -> TurnRecord | None:
+        """Claim the scheduled turn of ``epoch`` (default: the current one); ``None`` if there is
+        nothing to claim: a duplicate or stale delivery, or no turn scheduled."""
+        with self._tx() as session:
+            agent = self._lock_agent(session, agent_id)
+            if agent is None:
+                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+            if agent.state is not AgentState.SCHEDULED or (
+                epoch is not None and epoch != agent.epoch
+            ):
+                self._ledger(
+                    session,
+                    LedgerAction.CLAIM_REFUSED,
+                    team_id=agent.team_id,
+                    agent_id=agent.id,
+                    epoch=epoch,
+                    current_epoch=agent.epoch,
+                    state=agent.state.value,
+                )
+                return None
+            trigger = agent.pending_trigger or TurnTrigger.NEW
+            agent.state = AgentState.RUNNING
+            agent.pending_trigger = None
+            now = utcnow()
+            turn = TurnRow(
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                epoch=agent.epoch,
+                trigger=trigger,
+                status=TurnStatus.RUNNING,
+                started_at=now,
+                lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds),
+            )
+            session.add(turn)
+            session.flush()
+            self._ledger(
+                session,
+                LedgerAction.TURN_CLAIMED,
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                turn_id=turn.id,
+                epoch=agent.epoch,
+                trigger=trigger.value,
+            )
+            return _turn(turn)
+
+    def _fenced(
+        self, session: Session, turn: TurnRecord, operation: str
+    ) -> tuple[AgentRow, TurnRow]:
+        """Lock the turn's agent and check the fence; a stale turn writes nothing."""
+        agent = self._lock_agent(session, turn.agent_id)
+        row = session.get(TurnRow, turn.id)
+        if (
+            agent is None
+            or row is None
+            or agent.epoch != turn.epoch
+            or row.status is not TurnStatus.RUNNING
+            or agent.state not in (AgentState.RUNNING, AgentState.WAITING)
+        ):
+            raise _Refused(
+                errors.StaleTurnError(
+                    f"turn {turn.id} (epoch {turn.epoch}) is no longer current: {operation} refused"
+                ),
+                LedgerAction.STALE_WRITE_REFUSED,
+                team_id=agent.team_id if agent else None,
+                agent_id=turn.agent_id,
+                turn_id=turn.id,
+                epoch=turn.epoch,
+                operation=operation,
+                current_epoch=agent.epoch if agent else None,
+            )
+        return agent, row
+
+    def drain(self, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:
+        """Move pending messages, in sequence order, into the transcript; consumed in this
+        transaction. Refused while the last assistant tool calls still lack results."""
+        batch = limit or self.settings.drain_batch_size
+        with self._tx() as session:
+            agent, _row = self._fenced(session, turn, "drain")
+            if agent.state is not AgentState.RUNNING:
+                raise _Refused(
+                    errors.TurnError(f"{agent.display_name} is {agent.state.value}: cannot drain"),
+                    LedgerAction.STALE_WRITE_REFUSED,
+                    team_id=agent.team_id,
+                    agent_id=agent.id,
+                    turn_id=turn.id,
+                    operation="drain",
+                )
+            dangling = self._open_tool_calls(session, agent.id)
+            if dangling:
+                raise _Refused(
+                    errors.ToolCallsPendingError(
+                        f"tool calls {dangling} have no result yet: a drain would split them "
+                        "from their assistant message"
+                    ),
+                    LedgerAction.STALE_WRITE_REFUSED,
+                    team_id=agent.team_id,
+                    agent_id=agent.id,
+                    turn_id=turn.id,
+                    operation="drain",
+                    dangling=dangling,
+                )
+            rows = session.scalars(
+                sa.select(MessageRow)
+                .where(
+                    MessageRow.target_agent_id == agent.id,
+                    MessageRow.status == MessageStatus.PENDING,
+                )
+                .order_by(MessageRow.seq)
+                .limit(batch)
+            ).all()
+            if not rows:
+                return []
+            now = utcnow()
+            position = self._next_position(session, agent.id)
+            delivered: list[Message] = []
+            for row in rows:
+                message = _message(row, agent.display_name)
+                session.add(
+                    TranscriptEntryRow(
+                        agent_id=agent.id,
+                        position=position,
+                        role="user",
+                        payload={
+                            "role": "user",
+                            "content": formats.render(formats.envelope_of(message)),
+                        },
+                        meta=formats.metadata(message),
+                        message_id=row.id,
+                        turn_id=turn.id,
+                    )
+                )
+                position += 1
+                row.status = MessageStatus.DELIVERED
+                row.consumed_turn_id = turn.id
+                row.consumed_at = now
+                delivered.append(_message(row, agent.display_name))
+            session.flush()
+            self._ledger(
+                session,
+                LedgerAction.DRAIN,
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                turn_id=turn.id,
+                epoch=turn.epoch,
+                count=len(rows),
+                first_seq=rows[0].seq,
+                last_seq=rows[-1].seq,
+            )
+            return delivered
+
+    def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
+        payload = _validate_assistant(message)
+        with self._tx() as session:
+            agent, _row = self._fenced(session, turn, "append_assistant")
+            dangling = self._open_tool_calls(session, agent.id)
+            if dangling:
+                raise _Refused(
+                    errors.ToolCallsPendingError(
+                        f"tool calls {dangling} need results before the next assistant message"
+                    ),
+                    LedgerAction.STALE_WRITE_REFUSED,
+                    team_id=agent.team_id,
+                    agent_id=agent.id,
+                    turn_id=turn.id,
+                    operation="append_assistant",
+                )
+            self._append(session, agent.id, payload, turn_id=turn.id)
+
+    def append_tool_result(self, turn: TurnRecord, tool_call_id: str, content: str) -> None:
+        if not isinstance(content, str):
+            raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
+        with self._tx() as session:
+            agent, _row = self._fenced(session, turn, "append_tool_result")
+            if tool_call_id not in self._open_tool_calls(session, agent.id):
+                raise _Refused(
+                    errors.InvalidTranscriptEntryError(
+                        f"{tool_call_id!r} is not an open tool call of the last assistant message"
+                    ),
+                    LedgerAction.STALE_WRITE_REFUSED,
+                    team_id=agent.team_id,
+                    agent_id=agent.id,
+                    turn_id=turn.id,
+                    operation="append_tool_result",
+                )
+            self._append(
+                session,
+                agent.id,
+                {"role": "tool", "tool_call_id": tool_call_id, "content": content},
+                turn_id=turn.id,
+            )
+
+    def open_tool_calls(self, agent_id: int) -> list[str]:
+        with self._sessions() as session:
+            return self._open_tool_calls(session, agent_id)
+
+    def _close_dangling(
+        self, session: Session, agent: AgentRow, turn_id: int | None, result: str, keep: str | None
+    ) -> int:
+        closed = 0
+        for call_id in self._open_tool_calls(session, agent.id):
+            if call_id == keep:
+                continue
+            self._append(
+                session,
+                agent.id,
+                {"role": "tool", "tool_call_id": call_id, "content": result},
+                turn_id=turn_id,
+                meta={"synthetic": result.split(":", 1)[0]},
+            )
+            self._ledger(
+                session,
+                LedgerAction.SYNTHETIC_TOOL_RESULT,
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                turn_id=turn_id,
+                tool_call_id=call_id,
+                result=result,
+            )
+            closed += 1
+        return closed
+
+    def end_turn(
+        self, turn: TurnRecord, *, failed: bool = False, error: str | None = None
+    ) -> tuple[EndOfTurn, Effects]:
+        """The end-of-turn hook: one follow-up if wake messages are pending, else completed."""
+        effects = Effects()
+        with self._tx() as session:
+            agent, row = self._fenced(session, turn, "end")
+            question = self._waiting_question(session, agent.id)
+            closed = self._close_dangling(
+                session,
+                agent,
+                turn.id,
+                INTERRUPTED_RESULT,
+                question.tool_call_id if question else None,
+            )
+            if question is not None:
+                # The turn ends while blocked (it failed): the ask stays open, suspended.
+                question_turn_ended = True
+                agent.state = AgentState.WAITING
+                agent.suspended = True
+            else:
+                question_turn_ended = False
+            row.status = TurnStatus.FAILED if failed else TurnStatus.ENDED
+            row.ended_at = utcnow()
+            row.error = error
+            follow_up = False
+            if not question_turn_ended:
+                pending_wake = session.scalar(
+                    sa.select(sa.func.count())
+                    .select_from(MessageRow)
+                    .where(
+                        MessageRow.target_agent_id == agent.id,
+                        MessageRow.status == MessageStatus.PENDING,
+                        MessageRow.wake.is_(True),
+                    )
+                )
+                if pending_wake:
+                    follow_up = True
+                    self._schedule(session, agent, TurnTrigger.FOLLOW_UP, effects)
+                else:
+                    agent.state = AgentState.COMPLETED
+            self._ledger(
+                session,
+                LedgerAction.TURN_ENDED,
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                turn_id=turn.id,
+                epoch=turn.epoch,
+                failed=failed,
+                error=error,
+                state=agent.state.value,
+                synthetic_results=closed,
+            )
+            if follow_up:
+                self._ledger(
+                    session,
+                    LedgerAction.FOLLOW_UP,
+                    team_id=agent.team_id,
+                    agent_id=agent.id,
+                    turn_id=turn.id,
+                    epoch=agent.epoch,
+                )
+            result = EndOfTurn(
+                follow_up=follow_up, state=agent.state, epoch=agent.epoch, synthetic_results=closed
+            )
+        return result, effects
+
+    def take_over(self, agent_id: int, *, reason: str) -> tuple[int, Effects]:
+        """Fence a running agent whose turn is presumed dead: bump the epoch so the old turn can
+        write nothing, then schedule a ``recovery`` turn, or, if it was blocked in an ask, leave
+        it suspended on that ask. Returns the new epoch."""
+        effects = Effects()
+        with self._tx() as session:
+            agent = self._lock_agent(session, agent_id)
+            if agent is None:
+                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+            if agent.state not in (AgentState.RUNNING, AgentState.WAITING) or agent.suspended:
+                raise errors.TurnError(
+                    f"{agent.display_name} is {agent.state.value}: nothing to take over"
+                )
+            old = session.scalars(
+                sa.select(TurnRow).where(TurnRow.agent_id == agent.id, TurnRow.epoch == agent.epoch)
+            ).one_or_none()
+            if old is not None:
+                old.status = TurnStatus.FENCED
+                old.ended_at = utcnow()
+                old.error = reason
+            question = self._waiting_question(session, agent.id)
+            if question is not None:
+                agent.state = AgentState.WAITING
+                agent.suspended = True
+                agent.epoch += 1
+                question.asker_epoch = agent.epoch
+            else:
+                self._close_dangling(
+                    session, agent, old.id if old else None, INTERRUPTED_RESULT, None
+                )
+                self._schedule(session, agent, TurnTrigger.RECOVERY, effects)
+            self._ledger(
+                session,
+                LedgerAction.TAKE_OVER,
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                turn_id=old.id if old else None,
+                epoch=agent.epoch,
+                reason=reason,
+                suspended=agent.suspended,
+            )
+            return agent.epoch, effects
+
+    # ------------------------------------------------------------------ asks
+
+    def ask(
+        self,
+        turn: TurnRecord,
+        *,
+        target: str,
+        question: str,
+        tool_call_id: str,
+        subtype: MessageSubtype,
+        timeout_seconds: float | None = None,
+    ) -> tuple[Question, Delivery, Effects]:
+        """Open a question from the turn's agent to ``target`` and put the asker in ``waiting``.
+
+        Refused (no wait, a ledger event) when it asks oneself, targets a terminated or unknown
+        agent, or would close a cycle in the team's waits-for graph."""
+        effects = Effects()
+        with self._tx() as session:
+            asker_probe = session.get(AgentRow, turn.agent_id)
+            if asker_probe is None:
+                raise errors.UnknownAgentError(f"no agent with id {turn.agent_id}")
+            team_id = asker_probe.team_id
+            # Canonical order: team (serializes wait-edge creation), then agents by id.
+            self._team(session, team_id, lock=True)
+            target_probe = self._agent_by_name(session, team_id, target)
+
+            def refuse(reason: str, message: str, cycle: list[str] | None = None) -> _Refused:
+                return _Refused(
+                    errors.AskRefusedError(message, cycle=cycle),
+                    LedgerAction.ASK_REFUSED,
+                    team_id=team_id,
+                    agent_id=turn.agent_id,
+                    turn_id=turn.id,
+                    epoch=turn.epoch,
+                    reason=reason,
+                    target=target,
+                    cycle=cycle or [],
+                )
+
+            if target_probe is None:
+                raise refuse("unknown_target", f"no agent {target!r} in this team")
+            for agent_id in sorted({turn.agent_id, target_probe.id}):
+                self._lock_agent(session, agent_id)
+            asker, _row = self._fenced(session, turn, "ask")
+            if target_probe.id == asker.id:
+                raise refuse("self", "an agent cannot ask itself")
+            if target_probe.state is AgentState.TERMINATED:
+                raise refuse("terminated", f"{target!r} is terminated")
+            if tool_call_id not in self._open_tool_calls(session, asker.id):
+                raise _Refused(
+                    errors.InvalidTranscriptEntryError(
+                        f"{tool_call_id!r} is not an open tool call of the last assistant message"
+                    ),
+                    LedgerAction.ASK_REFUSED,
+                    team_id=team_id,
+                    agent_id=asker.id,
+                    turn_id=turn.id,
+                    reason="bad_tool_call_id",
+                )
+            cycle = self._cycle_through(session, asker, target_probe)
+            if cycle:
+                raise refuse(
+                    "cycle", "this ask would deadlock: " + " -> ".join(cycle), cycle=cycle
+                )
+            timeout = timeout_seconds or self.settings.question_timeout_seconds
+            q = QuestionRow(
+                team_id=team_id,
+                asker_agent_id=asker.id,
+                target_agent_id=target_probe.id,
+                tool_call_id=tool_call_id,
+                asker_epoch=asker.epoch,
+                status=QuestionStatus.OPEN,
+                waiting=True,
+                deadline=utcnow() + timedelta(seconds=timeout),
+            )
+            session.add(q)
+            session.flush()
+            asker.state = AgentState.WAITING
+            asker.suspended = False
+            self._ledger(
+                session,
+                LedgerAction.ASK,
+                team_id=team_id,
+                agent_id=asker.id,
+                turn_id=turn.id,
+                epoch=asker.epoch,
+                question_id=q.id,
+                target=target,
+            )
+            delivery = self._route(
+                session,
+                SendRequest(
+                    team_id=team_id,
+                    to=target,
+                    content=question,
+                    sender=asker.display_name,
+                    type=MessageType.ASK,
+                    subtype=subtype,
+                    question_id=q.id,
+                ),
+                effects,
+            )
+            return _question(q), delivery, effects
+
+    @staticmethod
+    def _cycle_through(session: Session, asker: AgentRow, target: AgentRow) -> list[str]:
+        """The waits-for path target -> ... -> asker, if the new edge asker -> target closes one."""
+        names = {
+            a.id: a.display_name
+            for a in session.scalars(sa.select(AgentRow).where(AgentRow.team_id == asker.team_id))
+        }
+        edges = dict(
+            session.execute(
+                sa.select(QuestionRow.asker_agent_id, QuestionRow.target_agent_id).where(
+                    QuestionRow.team_id == asker.team_id, QuestionRow.waiting.is_(True)
+                )
+            ).all()
+        )
+        path = [asker.id, target.id]
+        current = target.id
+        while current in edges:
+            current = edges[current]
+            path.append(current)
+            if current == asker.id:
+                return [names[i] for i in path]
+            if len(path) > len(names) + 1:  # pragma: no cover - a cycle not through asker
+                break
+        return []
+
+    def question(self, question_id: int) -> Question:
+        with self._sessions() as session:
+            row = session.get(QuestionRow, question_id)
+            if row is None:
+                raise errors.UnknownQuestionError(f"no question {question_id}")
+            return _question(row)
+
+    def suspend(self, turn: TurnRecord) -> bool:
+        """A blocked asker gives up its worker. Decided under the agent lock: ``True`` if it is now
+        suspended (the answer will schedule a continuation), ``False`` if the answer already came
+        (the tool result is in the transcript and this turn continues)."""
+        with self._tx() as session:
+            agent, row = self._fenced(session, turn, "suspend")
+            if agent.state is not AgentState.WAITING:
+                return False
+            agent.suspended = True
+            row.status = TurnStatus.SUSPENDED
+            row.ended_at = utcnow()
+            self._ledger(
+                session,
+                LedgerAction.TURN_ENDED,
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                turn_id=turn.id,
+                epoch=turn.epoch,
+                state=agent.state.value,
+                suspended=True,
+            )
+            return True
+
+    # ------------------------------------------------------------------ outbox
+
+    def mark_published(self, ids: Sequence[int]) -> None:
+        if not ids:
+            return
+        with self._tx() as session:
+            session.execute(
+                sa.update(OutboxRow)
+                .where(OutboxRow.id.in_(ids), OutboxRow.published_at.is_(None))
+                .values(published_at=utcnow(), attempts=OutboxRow.attempts + 1)
+            )
+
+    def unpublished(self, *, older_than_seconds: float = 0.0, limit: int = 500) -> list[OutboxEntry]:
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(OutboxRow)
+                .where(OutboxRow.published_at.is_(None), OutboxRow.created_at <= cutoff)
+                .order_by(OutboxRow.id)
+                .limit(limit)
+            ).all()
+            return [
+                OutboxEntry(id=r.id, kind=r.kind, agent_id=r.agent_id, epoch=r.epoch, payload=r.payload)
+                for r in rows
+            ]
+
+    def outbox(self, team_id: int) -> list[OutboxEntry]:
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(OutboxRow).where(OutboxRow.team_id == team_id).order_by(OutboxRow.id)
+            ).all()
+            return [
+                OutboxEntry(id=r.id, kind=r.kind, agent_id=r.agent_id, epoch=r.epoch, payload=r.payload)
+                for r in rows
+            ]
+
+    # ------------------------------------------------------------------ reads for callers
+
+    def transcript(self, agent_id: int) -> list[dict[str, Any]]:
+        with self._sessions() as session:
+            return list(
+                session.scalars(
+                    sa.select(TranscriptEntryRow.payload)
+                    .where(TranscriptEntryRow.agent_id == agent_id)
+                    .order_by(TranscriptEntryRow.position)
+                )
+            )
+
+    def transcript_entries(self, agent_id: int) -> list[dict[str, Any]]:
+        """Transcript with provenance: each entry's payload plus its metadata and ids."""
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(TranscriptEntryRow)
+                .where(TranscriptEntryRow.agent_id == agent_id)
+                .order_by(TranscriptEntryRow.position)
+            ).all()
+            return [
+                {
+                    "position": r.position,
+                    "payload": r.payload,
+                    "meta": r.meta,
+                    "message_id": r.message_id,
+                    "turn_id": r.turn_id,
+                }
+                for r in rows
+            ]
+
+    def messages(self, team_id: int) -> list[Message]:
+        with self._sessions() as session:
+            names = dict(
+                session.execute(
+                    sa.select(AgentRow.id, AgentRow.display_name).where(AgentRow.team_id == team_id)
+                ).all()
+            )
+            rows = session.scalars(
+                sa.select(MessageRow).where(MessageRow.team_id == team_id).order_by(MessageRow.id)
+            ).all()
+            return [_message(r, names[r.target_agent_id]) for r in rows]
+
+    def turns(self, agent_id: int) -> list[TurnRecord]:
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(TurnRow).where(TurnRow.agent_id == agent_id).order_by(TurnRow.id)
+            ).all()
+            return [_turn(r) for r in rows]
+
+    def current_turn(self, agent_id: int) -> TurnRecord | None:
+        with self._sessions() as session:
+            agent = session.get(AgentRow, agent_id)
+            if agent is None:
+                return None
+            row = session.scalars(
+                sa.select(TurnRow).where(
+                    TurnRow.agent_id == agent_id,
+                    TurnRow.epoch == agent.epoch,
+                    TurnRow.status == TurnStatus.RUNNING,
+                )
+            ).one_or_none()
+            return _turn(row) if row else None
+
+    def ledger(self, team_id: int) -> list[LedgerEvent]:
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(LedgerRow, AgentRow.display_name)
+                .outerjoin(AgentRow, AgentRow.id == LedgerRow.agent_id)
+                .where(LedgerRow.team_id == team_id)
+                .order_by(LedgerRow.id)
+            ).all()
+            return [
+                LedgerEvent(
+                    id=r.id,
+                    team_id=r.team_id,
+                    agent_id=r.agent_id,
+                    agent_name=name,
+                    action=r.action,
+                    outcome=r.outcome,
+                    message_id=r.message_id,
+                    turn_id=r.turn_id,
+                    epoch=r.epoch,
+                    detail=dict(r.detail or {}),
+                    created_at=r.created_at,
+                )
+                for r, name in rows
+            ]
+
+
+# ---------------------------------------------------------------------- row -> value
+
+
+def _agent(row: AgentRow, mailbox_depth: int = 0) -> Agent:
+    return Agent(
+        id=row.id,
+        team_id=row.team_id,
+        display_name=row.display_name,
+        role=row.role,
+        is_lead=row.is_lead,
+        state=row.state,
+        suspended=row.suspended,
+        epoch=row.epoch,
+        pending_trigger=row.pending_trigger,
+        mailbox_depth=mailbox_depth,
+    )
+
+
+def _message(row: MessageRow, target_name: str) -> Message:
+    return Message(
+        id=row.id,
+        team_id=row.team_id,
+        seq=row.seq,
+        source_name=row.source_name,
+        source_agent_id=row.source_agent_id,
+        target_agent_id=row.target_agent_id,
+        target_name=target_name,
+        type=row.type,
+        subtype=row.subtype,
+        content=row.content,
+        question_id=row.question_id,
+        wake=row.wake,
+        dedup_key=row.dedup_key,
+        created_at=row.created_at,
+        outcome=row.outcome,
+        status=row.status,
+        consumed_turn_id=row.consumed_turn_id,
+        drop_reason=row.drop_reason,
+    )
+
+
+def _turn(row: TurnRow) -> TurnRecord:
+    return TurnRecord(
+        id=row.id,
+        agent_id=row.agent_id,
+        epoch=row.epoch,
+        trigger=row.trigger,
+        status=row.status,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+    )
+
+
+def _question(row: QuestionRow) -> Question:
+    return Question(
+        id=row.id,
+        team_id=row.team_id,
+        asker_agent_id=row.asker_agent_id,
+        target_agent_id=row.target_agent_id,
+        tool_call_id=row.tool_call_id,
+        status=row.status,
+        waiting=row.waiting,
+        deadline=row.deadline,
+        answer_message_id=row.answer_message_id,
+    )
+
+
+def _check_display_name(name: str) -> None:
+    if not name or len(name) > 200 or any(c in name for c in '"\n\r<>') or name != name.strip():
+        raise errors.InvalidMessageError(f"invalid display name {name!r}")
+
+
+def _validate_assistant(message: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        raise errors.InvalidTranscriptEntryError("an assistant message needs role 'assistant'")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise errors.InvalidTranscriptEntryError("assistant content must be a string or None")
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise errors.InvalidTranscriptEntryError("tool_calls must be a list")
+    seen: set[str] = set()
+    for call in calls:
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("id"), str)
+            or not call["id"]
+            or not isinstance(call.get("function"), dict)
+            or not isinstance(call["function"].get("name"), str)
+        ):
+            raise errors.InvalidTranscriptEntryError(f"malformed tool call {call!r}")
+        if call["id"] in seen:
+            raise errors.InvalidTranscriptEntryError(f"duplicate tool call id {call['id']!r}")
+        seen.add(call["id"])
+    if content is None and not calls:
+        raise errors.InvalidTranscriptEntryError("an assistant message needs content or tool calls")
+    payload: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        payload["tool_calls"] = calls
+    return payload
+
+
+__all__ = ["EXTERNAL_SENDERS", "Effects", "SendRequest", "Store", "make_engine", "utcnow"]

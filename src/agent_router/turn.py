@@ -1,0 +1,99 @@
+"""A claimed turn: the handle an agent loop (ours or a host's) writes its transcript through."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agent_router.domain import (
+    AgentState,
+    EndOfTurn,
+    Message,
+    MessageSubtype,
+    Question,
+    TurnRecord,
+    TurnTrigger,
+)
+
+if TYPE_CHECKING:
+    from agent_router.router import Router
+
+
+class Turn:
+    """One fenced run of an agent's loop. Every write is refused with
+    :class:`~agent_router.errors.StaleTurnError` once a newer epoch supersedes this one."""
+
+    def __init__(self, router: Router, record: TurnRecord, team_id: int, display_name: str) -> None:
+        self._router = router
+        self.record = record
+        self.team_id = team_id
+        self.display_name = display_name
+
+    @property
+    def id(self) -> int:
+        return self.record.id
+
+    @property
+    def agent_id(self) -> int:
+        return self.record.agent_id
+
+    @property
+    def epoch(self) -> int:
+        return self.record.epoch
+
+    @property
+    def trigger(self) -> TurnTrigger:
+        return self.record.trigger
+
+    def drain(self, *, limit: int | None = None) -> list[Message]:
+        """Move pending messages into the transcript (sequence order); returns them."""
+        return self._router.store.drain(self.record, limit=limit)
+
+    def append_assistant(self, message: dict[str, Any]) -> None:
+        self._router.store.append_assistant(self.record, message)
+
+    def append_tool_result(self, tool_call_id: str, content: str) -> None:
+        self._router.store.append_tool_result(self.record, tool_call_id, content)
+
+    def open_tool_calls(self) -> list[str]:
+        return self._router.store.open_tool_calls(self.agent_id)
+
+    def transcript(self) -> list[dict[str, Any]]:
+        return self._router.store.transcript(self.agent_id)
+
+    def ask(
+        self,
+        target: str,
+        question: str,
+        *,
+        tool_call_id: str,
+        subtype: MessageSubtype | None = None,
+        timeout_seconds: float | None = None,
+    ) -> Question:
+        """Open a question to ``target`` for the tool call ``tool_call_id`` and put this agent in
+        ``waiting``; the question message is routed like any message. Refused with
+        :class:`~agent_router.errors.AskRefusedError` if it would deadlock."""
+        return self._router.ask(
+            self,
+            target,
+            question,
+            tool_call_id=tool_call_id,
+            subtype=subtype,
+            timeout_seconds=timeout_seconds,
+        )
+
+    def suspend(self) -> bool:
+        """Give up the worker while blocked in an ask; ``False`` if the answer already came."""
+        return self._router.store.suspend(self.record)
+
+    def end(self, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
+        """The end-of-turn hook: exactly one follow-up when wake messages are pending."""
+        return self._router.end_turn(self, failed=failed, error=error)
+
+    def state(self) -> AgentState:
+        return self._router.store.agent_by_id(self.agent_id).state
+
+    def __repr__(self) -> str:
+        return (
+            f"Turn(team={self.team_id}, agent={self.display_name!r}, epoch={self.epoch}, "
+            f"trigger={self.trigger.value})"
+        )

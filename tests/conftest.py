@@ -1,0 +1,90 @@
+"""Fixtures shared by every tier. Real services only: a PostgreSQL or Redis that cannot be reached
+fails the test (``./dev test`` brings them up first); nothing is skipped for a missing service."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from agent_router import Router, Settings
+from agent_router.outbox import RecordingPublisher
+
+PG_ADMIN_URL = os.environ.get(
+    "AGENT_ROUTER_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("AGENT_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+BACKENDS = ("sqlite", "postgresql")
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped afterwards."""
+    name = f"ar_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL} (run ./dev test): {exc}")
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    yield url
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_schema_url(pg_url: str) -> str:
+    """The session database with the schema created once; tests isolate by team."""
+    Router(Settings(database_url=pg_url)).create_schema()
+    return pg_url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'router.db'}"
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'router.db'}"
+        Router(Settings(database_url=url)).create_schema()
+        return url
+    return str(request.getfixturevalue("pg_schema_url"))
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url)
+
+
+@pytest.fixture
+def publisher() -> RecordingPublisher:
+    return RecordingPublisher()
+
+
+@pytest.fixture
+def router(settings: Settings, publisher: RecordingPublisher) -> Iterator[Router]:
+    r = Router(settings, publisher=publisher)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"Redis is required at {REDIS_URL} (run ./dev test): {exc}")
+    finally:
+        client.close()
+    return REDIS_URL
