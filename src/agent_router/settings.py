@@ -63,3 +63,22 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    # Fields below were added for the Celery runtime (issue 3); kept at the end of the class.
+    queue: str = Field(
+        "agent_router",
+        min_length=1,
+        description="Celery queue that turn tasks are sent to and the standalone worker consumes.",
+    )
+    max_turn_steps: int = Field(
+        50, gt=0, description="Most model calls in one turn; a turn past it fails (runaway guard)."
+    )
+    work_seconds: float = Field(
+        0.2, ge=0, description="How long the built-in `do_work` tool takes (demo and tests)."
+    )
+    scripted_write_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="How long the ScriptedModel takes to write a sub-agent's final reply, so "
+        "that a message can arrive while the last output is being written (seed 3.4).",
+    )

@@ -1,0 +1,112 @@
+"""The standalone Celery app, its reliability configuration, and the outbox publisher.
+
+Run a worker with ``agent-router worker`` or ``celery -A agent_router.celery_app worker``.
+A host with its own Celery app instead adds ``include=["agent_router.tasks"]`` (the tasks are
+``shared_task``\\ s) and applies :func:`celery_config` (or its own equivalent) to its app.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+
+from agent_router.constants import RUN_AGENT_TURN
+from agent_router.domain import OutboxEntry, OutboxKind
+from agent_router.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: How often an idle in-process (``memory://``) consumer looks for work. Kombu's default of one
+#: second would add up to a second to every turn start in the embedded mode.
+MEMORY_POLLING_SECONDS = 0.02
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The configuration the router's guarantees rely on, one reason per line."""
+    transport_options: dict[str, Any] = {
+        # Redis (and SQS) redeliver an unacknowledged message after this long. With late acks a
+        # turn is acknowledged only when it ends, so this must outlast the longest turn plus its
+        # lease, or a healthy long turn would be delivered a second time (harmless, since turns
+        # are fenced, but noisy).
+        "visibility_timeout": int(settings.max_turn_seconds + settings.lease_seconds) + 60,
+    }
+    if settings.broker_url.startswith("memory://"):
+        transport_options["polling_interval"] = MEMORY_POLLING_SECONDS
+    return {
+        # JSON only: task arguments are ids, and no message can ever unpickle code in a worker.
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "event_serializer": "json",
+        # The outcome of a turn is in the database (turns, ledger); results would be dead weight.
+        "task_ignore_result": True,
+        # Acknowledge a turn task after it ran, not when it was received: a worker that dies
+        # mid-turn leaves the message on the broker to be redelivered.
+        "task_acks_late": True,
+        # ... including when the worker process is killed (OOM, SIGKILL), not only on a crash.
+        "task_reject_on_worker_lost": True,
+        # A worker reserves one message per free slot: a long turn never sits on queued turns
+        # that another worker could start now.
+        "worker_prefetch_multiplier": 1,
+        # Task events (received/started/succeeded, and sent by the publisher) so that Flower and
+        # `celery events` see every turn.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "broker_transport_options": transport_options,
+        # Our tasks go to our queue, whatever the host's default queue is.
+        "task_routes": {"agent_router.*": {"queue": settings.queue}},
+        # A worker that starts before the broker keeps retrying instead of exiting.
+        "broker_connection_retry_on_startup": True,
+        # On a lost broker connection keep running turns: their messages are redelivered, and
+        # the redelivered copy is refused by the turn fence while the original finishes.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+    }
+
+
+def create_app(settings: Settings | None = None, *, main: str = "agent_router") -> Celery:
+    """A Celery app for ``settings`` with :func:`celery_config` applied and our tasks included.
+
+    It is not made the process's current app: our code never relies on ``current_app``."""
+    settings = settings or Settings()
+    app = Celery(
+        main,
+        broker=settings.broker_url,
+        include=["agent_router.tasks"],
+        set_as_current=False,
+    )
+    app.conf.update(celery_config(settings))
+    # So that a bare `celery -A agent_router.celery_app worker` consumes our queue.
+    app.conf.task_default_queue = settings.queue
+    return app
+
+
+class CeleryPublisher:
+    """The outbox :class:`~agent_router.outbox.Publisher` for Celery.
+
+    ``send_task`` by name rather than ``run_agent_turn.apply_async``: the same message, but a
+    process that only sends (a web app) need not import the worker's task code, and the app is
+    explicit instead of Celery's thread-local current app."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def publish(self, entry: OutboxEntry) -> None:
+        if entry.kind is OutboxKind.ENQUEUE_TURN:
+            self.app.send_task(RUN_AGENT_TURN, args=(entry.agent_id, entry.epoch))
+            logger.debug(
+                "turn enqueued",
+                extra={"action": "publish", "agent_id": entry.agent_id, "epoch": entry.epoch},
+            )
+        elif entry.kind is OutboxKind.WAKE_WAITER:
+            # Waking a blocked asker arrives with the ask tools (issue 4); its timeout re-reads
+            # the database meanwhile, so nothing is lost by only logging here.
+            logger.info(
+                "wake signal not implemented yet",
+                extra={"action": "publish", "agent_id": entry.agent_id, "kind": entry.kind.value},
+            )
+
+
+#: The app of ``celery -A agent_router.celery_app worker``, configured from AGENT_ROUTER_* vars.
+app = create_app()

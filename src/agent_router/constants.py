@@ -1,0 +1,21 @@
+"""Names shared with the outside world: Celery task names and Redis key names.
+
+They live in one module so that a host app's routing rules, a Flower filter or a ``redis-cli``
+session can find them, and so that renaming one is a single, visible change.
+"""
+
+from __future__ import annotations
+
+#: Every task of ours is named under this prefix, so a host app can route ``agent_router.*``.
+TASK_PREFIX = "agent_router."
+
+#: Claims the fenced turn ``(agent_id, epoch)`` and runs the agent loop.
+RUN_AGENT_TURN = f"{TASK_PREFIX}run_agent_turn"
+
+#: Redis keys are namespaced so the router can share a Redis database with its host.
+REDIS_PREFIX = "agent_router:"
+
+
+def wake_key(question_id: int) -> str:
+    """The list a blocked asker ``BLPOP``s on until its question is answered."""
+    return f"{REDIS_PREFIX}wake:{question_id}"

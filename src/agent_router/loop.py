@@ -1,0 +1,208 @@
+"""The built-in agent loop: one claimed turn, from first drain to end-of-turn hook.
+
+Per step: drain (pending messages enter the transcript before every model call), call the model,
+append its reply, run its tool calls in order and append each result; stop at a reply without
+tool calls. A sub-agent's text goes to the lead: alongside tool calls as ``progress_output``
+(context only), as its final reply as ``completion_report`` (wakes the lead). The end-of-turn hook
+runs whatever happens; if the turn was fenced (a newer epoch took over) it stops and writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from agent_router import errors
+from agent_router.domain import (
+    Agent,
+    EndOfTurn,
+    MessageSubtype,
+    MessageType,
+)
+from agent_router.model import Model, ModelFactory
+from agent_router.router import Router
+from agent_router.tools import ToolContext, ToolRegistry
+from agent_router.turn import Turn
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Attempts at the end-of-turn hook when the database fails transiently. The turn is already
+#: claimed, so a Celery retry could not re-claim it; past these, lease expiry takes it over.
+END_ATTEMPTS = 3
+
+
+class TurnOutcome(enum.StrEnum):
+    ENDED = "ended"  # reply without tool calls; the hook ran
+    FAILED = "failed"  # the loop raised; the hook ran with failed=True and the lead was told
+    FENCED = "fenced"  # a newer epoch superseded this turn; it stopped and wrote nothing more
+
+
+class MaxStepsExceededError(errors.TurnError):
+    """Raised when a turn made more model calls than ``Settings.max_turn_steps``."""
+
+
+def run_turn(
+    router: Router, turn: Turn, *, models: ModelFactory, tools: ToolRegistry
+) -> TurnOutcome:
+    """Run a claimed turn to its end. Never leaves the agent ``running``: any exception of the
+    loop ends the turn as failed (and a follow-up still fires for pending wake messages)."""
+    agent = router.store.agent_by_id(turn.agent_id)
+    lead = router.team(turn.team_id).lead.display_name
+    try:
+        model = models(agent)
+        final = _steps(router, turn, agent, lead, model=model, tools=tools)
+        if not agent.is_lead:
+            # Before the hook, and deduplicated by turn: a retried end sends no second report.
+            _tell_lead(
+                router,
+                turn,
+                lead,
+                final,
+                subtype=MessageSubtype.COMPLETION_REPORT,
+                wake=True,
+                dedup_key=f"report:{turn.id}",
+            )
+        end = _with_retries(turn.end)
+        _log_end(turn, end, TurnOutcome.ENDED)
+        return TurnOutcome.ENDED
+    except errors.StaleTurnError:
+        logger.info("turn fenced", extra={"action": "turn_fenced", **_ids(turn)})
+        return TurnOutcome.FENCED
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:1000]
+        logger.exception("turn failed", extra={"action": "turn_failed", **_ids(turn)})
+        try:
+            end = _with_retries(lambda: turn.end(failed=True, error=error))
+        except errors.StaleTurnError:
+            return TurnOutcome.FENCED
+        _log_end(turn, end, TurnOutcome.FAILED)
+        if not agent.is_lead:  # the lead told about its own failure would fail again, forever
+            _notify_failure(router, turn, lead, error)
+        return TurnOutcome.FAILED
+
+
+def _steps(
+    router: Router, turn: Turn, agent: Agent, lead: str, *, model: Model, tools: ToolRegistry
+) -> str:
+    """The model/tool loop; returns the final reply's text."""
+    schemas = tools.schemas(agent)
+    ctx = ToolContext(router=router, turn=turn, agent=agent, settings=router.settings)
+    for step in range(router.settings.max_turn_steps):
+        _drain_all(router, turn)
+        reply = model.complete(turn.transcript(), schemas)
+        turn.append_assistant(reply)
+        calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
+        text = reply.get("content")
+        if not calls:
+            return str(text or "")
+        if text and not agent.is_lead:
+            _tell_lead(
+                router,
+                turn,
+                lead,
+                str(text),
+                subtype=MessageSubtype.PROGRESS_OUTPUT,
+                wake=False,
+                dedup_key=f"progress:{turn.id}:{step}",
+            )
+        for call in calls:
+            turn.append_tool_result(call["id"], _call_tool(tools, call, ctx))
+    raise MaxStepsExceededError(
+        f"no final reply after {router.settings.max_turn_steps} model calls"
+    )
+
+
+def _drain_all(router: Router, turn: Turn) -> None:
+    # A drain moves at most drain_batch_size messages; everything pending goes before the call.
+    while len(turn.drain()) >= router.settings.drain_batch_size:
+        pass
+
+
+def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> str:
+    function = call["function"]
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except json.JSONDecodeError as exc:
+        return f"error: arguments are not valid JSON: {exc}"
+    if not isinstance(arguments, dict):
+        return "error: arguments must be a JSON object"
+    return tools.call(str(function["name"]), arguments, ctx)
+
+
+def _tell_lead(
+    router: Router,
+    turn: Turn,
+    lead: str,
+    text: str,
+    *,
+    subtype: MessageSubtype,
+    wake: bool,
+    dedup_key: str,
+) -> None:
+    if not text.strip():
+        return
+    try:
+        router.send(
+            turn.team_id,
+            to=lead,
+            content=text,
+            sender=turn.display_name,
+            type=MessageType.OUTPUT,
+            subtype=subtype,
+            wake=wake,
+            dedup_key=dedup_key,
+        )
+    except errors.RefusedError as exc:  # the lead is gone: nobody to tell
+        logger.warning(
+            "output not delivered", extra={"action": "output_refused", "error": str(exc)}
+        )
+
+
+def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:
+    try:
+        router.send(
+            turn.team_id,
+            to=lead,
+            content=f"{turn.display_name}'s turn {turn.id} failed: {error}",
+            sender="system",
+            type=MessageType.NOTICE,
+            dedup_key=f"turn-failed:{turn.id}",
+        )
+    except errors.AgentRouterError:
+        logger.exception("failure notice not sent", extra={"action": "notice_failed"})
+
+
+def _with_retries(operation: Callable[[], T]) -> T:
+    for attempt in range(1, END_ATTEMPTS + 1):
+        try:
+            return operation()
+        except errors.StoreError:
+            if attempt == END_ATTEMPTS:
+                raise
+            logger.warning("end of turn: database error, retrying", extra={"action": "end_retry"})
+            time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _ids(turn: Turn) -> dict[str, Any]:
+    return {"agent_id": turn.agent_id, "turn_id": turn.id, "epoch": turn.epoch}
+
+
+def _log_end(turn: Turn, end: EndOfTurn, outcome: TurnOutcome) -> None:
+    logger.info(
+        "turn ended",
+        extra={
+            "action": "turn_end",
+            "outcome": outcome.value,
+            "follow_up": end.follow_up,
+            "state": end.state.value,
+            **_ids(turn),
+        },
+    )

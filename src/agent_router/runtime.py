@@ -1,0 +1,93 @@
+"""The process-wide pieces a turn task needs: the Router, the models, the tools.
+
+Built lazily from ``Settings()`` (``AGENT_ROUTER_*`` environment variables) the first time a task
+runs in a worker process, so a forked worker child builds its own database pool. The demo, the
+tests and a host call :func:`configure` to override any of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from celery import Celery
+
+from agent_router.celery_app import CeleryPublisher, create_app
+from agent_router.domain import Agent
+from agent_router.model import Model, ModelFactory, ScriptedModel
+from agent_router.router import Router
+from agent_router.settings import Settings
+from agent_router.tools import ToolRegistry, default_registry
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    router: Router
+    models: ModelFactory
+    tools: ToolRegistry
+    app: Celery
+
+
+class _Slot:
+    """The process's runtime, swapped under a lock (worker threads read it concurrently)."""
+
+    lock = threading.Lock()
+    runtime: Runtime | None = None
+
+
+def scripted_models(settings: Settings) -> ModelFactory:
+    """The default model factory: a :class:`ScriptedModel` per agent, by role."""
+
+    def factory(agent: Agent) -> Model:
+        return ScriptedModel.for_agent(agent, write_seconds=settings.scripted_write_seconds)
+
+    return factory
+
+
+def _build(
+    settings: Settings,
+    app: Celery | None,
+    models: ModelFactory | None,
+    tools: ToolRegistry | None,
+) -> Runtime:
+    app = app or create_app(settings)
+    return Runtime(
+        router=Router(settings, publisher=CeleryPublisher(app)),
+        models=models or scripted_models(settings),
+        tools=tools or default_registry(),
+        app=app,
+    )
+
+
+def configure(
+    settings: Settings | None = None,
+    *,
+    app: Celery | None = None,
+    models: ModelFactory | None = None,
+    tools: ToolRegistry | None = None,
+) -> Runtime:
+    """Replace the process's runtime. ``app`` is where the Router publishes turn tasks (default:
+    a new app for ``settings``). The previous Router's pool is closed."""
+    new = _build(settings or Settings(), app, models, tools)
+    with _Slot.lock:
+        old, _Slot.runtime = _Slot.runtime, new
+    if old is not None:
+        old.router.close()
+    return new
+
+
+def current(app: Celery | None = None) -> Runtime:
+    """The process's runtime, built from ``Settings()`` on first use. ``app`` (a task's own app)
+    is where turn tasks get published if the runtime has to be built now."""
+    with _Slot.lock:
+        if _Slot.runtime is None:
+            _Slot.runtime = _build(Settings(), app, None, None)
+        return _Slot.runtime
+
+
+def reset() -> None:
+    """Forget the runtime (closing its pool); the next :func:`current` builds a fresh one."""
+    with _Slot.lock:
+        old, _Slot.runtime = _Slot.runtime, None
+    if old is not None:
+        old.router.close()

@@ -1,0 +1,56 @@
+"""Celery tasks. Thin: decode ids, call the domain, turn transient errors into retries.
+
+Declared with ``shared_task`` so a host's own Celery app can ``include=["agent_router.tasks"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task, shared_task
+
+from agent_router import errors, runtime
+from agent_router.constants import RUN_AGENT_TURN
+from agent_router.loop import run_turn
+
+logger = logging.getLogger(__name__)
+
+#: Retries of a claim that hit a database error; the outbox sweeper re-publishes after that.
+CLAIM_RETRIES = 8
+
+
+@shared_task(bind=True, name=RUN_AGENT_TURN, max_retries=CLAIM_RETRIES)
+def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
+    """Claim the fenced turn ``(agent_id, epoch)`` and run the agent loop to its end.
+
+    A duplicate or stale delivery claims nothing (the store ledgers ``claim_refused``) and
+    returns. Once claimed, the loop always runs the end-of-turn hook, also when it raises."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (agent_id, epoch)):
+        # A malformed message will never become valid: drop it rather than retry forever.
+        logger.error(
+            "malformed turn task", extra={"action": "claim", "agent_id": agent_id, "epoch": epoch}
+        )
+        return "malformed"
+    rt = runtime.current(self.app)
+    try:
+        turn = rt.router.claim(agent_id, epoch)
+    except errors.StoreError as exc:
+        logger.warning(
+            "claim failed on a database error; retrying",
+            extra={"action": "claim_retry", "agent_id": agent_id, "epoch": epoch},
+        )
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 30)) from exc
+    except errors.UnknownAgentError:
+        logger.warning(
+            "turn task for an unknown agent",
+            extra={"action": "claim", "agent_id": agent_id, "epoch": epoch},
+        )
+        return "unknown_agent"
+    if turn is None:
+        logger.info(
+            "turn not claimed: duplicate or stale delivery",
+            extra={"action": "claim_refused", "agent_id": agent_id, "epoch": epoch},
+        )
+        return "refused"
+    return run_turn(rt.router, turn, models=rt.models, tools=rt.tools).value
