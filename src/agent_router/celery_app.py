@@ -70,9 +70,12 @@ def create_app(settings: Settings | None = None, *, main: str = "agent_router") 
 
     It is not made the process's current app: our code never relies on ``current_app``."""
     settings = settings or Settings()
+    broker = settings.broker_url
+    if broker == "memory://":
+        broker = "memory://localhost/"  # the same broker; kombu warns about a missing host
     app = Celery(
         main,
-        broker=settings.broker_url,
+        broker=broker,
         include=["agent_router.tasks"],
         set_as_current=False,
     )

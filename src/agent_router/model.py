@@ -74,6 +74,7 @@ class _Job:
 
     task: str
     planned: int  # do_work calls the plan needs (before steering)
+    from_task: bool  # a `task` started it (only those await guidance)
     done: int = 0
     guidance: list[str] = field(default_factory=list)
     wrap_up: bool = False
@@ -173,12 +174,12 @@ class ScriptedModel:
             content = env.content if env is not None else str(entry.get("content") or "")
             if kind is MessageType.TASK:
                 if job is None:
-                    job = _Job(task=content, planned=len(script.steps))
+                    job = _Job(task=content, planned=len(script.steps), from_task=True)
                 else:
                     job.planned += len(script.steps)
             elif kind in (MessageType.MESSAGE, MessageType.ANSWER):
                 if job is None:
-                    job = _Job(task=content, planned=1)
+                    job = _Job(task=content, planned=1, from_task=False)
                 else:
                     job.guidance.append(content)
             elif kind is MessageType.NOTICE and job is not None:
@@ -199,7 +200,12 @@ class ScriptedModel:
         fresh_guidance = [
             e.content for e in fresh if e.type in (MessageType.MESSAGE, MessageType.ANSWER)
         ]
-        waiting = script.await_guidance and not job.guidance and job.done < script.patience
+        waiting = (
+            script.await_guidance
+            and job.from_task
+            and not job.guidance
+            and job.done < script.patience
+        )
         # Guidance received so far adds one step per batch it arrived in; keep it simple: one.
         planned = job.planned + (1 if job.guidance else 0)
         if can_work and not job.wrap_up and (waiting or job.done < planned):
