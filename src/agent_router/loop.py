@@ -33,8 +33,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Attempts at the end-of-turn hook when the database fails transiently. The turn is already
-#: claimed, so a Celery retry could not re-claim it; past these, lease expiry takes it over.
+#: Attempts at a write of a claimed turn (outputs, the end-of-turn hook) when the database fails
+#: transiently. A Celery retry could not re-claim the turn; past these, lease expiry takes over.
 END_ATTEMPTS = 3
 
 
@@ -149,15 +149,18 @@ def _tell_lead(
     if not text.strip():
         return
     try:
-        router.send(
-            turn.team_id,
-            to=lead,
-            content=text,
-            sender=turn.display_name,
-            type=MessageType.OUTPUT,
-            subtype=subtype,
-            wake=wake,
-            dedup_key=dedup_key,
+        # Retrying is safe: the dedup key makes a second attempt return the first delivery.
+        _with_retries(
+            lambda: router.send(
+                turn.team_id,
+                to=lead,
+                content=text,
+                sender=turn.display_name,
+                type=MessageType.OUTPUT,
+                subtype=subtype,
+                wake=wake,
+                dedup_key=dedup_key,
+            )
         )
     except errors.RefusedError as exc:  # the lead is gone: nobody to tell
         logger.warning(
@@ -186,7 +189,7 @@ def _with_retries(operation: Callable[[], T]) -> T:
         except errors.StoreError:
             if attempt == END_ATTEMPTS:
                 raise
-            logger.warning("end of turn: database error, retrying", extra={"action": "end_retry"})
+            logger.warning("database error, retrying", extra={"action": "turn_write_retry"})
             time.sleep(0.5 * 2**attempt)
     raise AssertionError("unreachable")
 

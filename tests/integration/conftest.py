@@ -1,0 +1,126 @@
+"""Celery fixtures: real workers (in-process threads and a subprocess) on Redis + PostgreSQL.
+
+Each test gets its own Celery queue, so a worker never takes another test's (or another test
+session's) turn tasks from the shared Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from agent_router import Settings, runtime
+from agent_router.celery_app import create_app
+from agent_router.runtime import Runtime
+
+#: Worker threads: every agent of a test team can run at once.
+CONCURRENCY = 8
+WORKER_START_TIMEOUT = 60.0
+
+
+@pytest.fixture
+def celery_settings(pg_schema_url: str, redis_url: str) -> Settings:
+    return Settings(
+        database_url=pg_schema_url,
+        broker_url=redis_url,
+        queue=f"agent_router.test.{uuid.uuid4().hex[:10]}",
+        work_seconds=0.05,
+        # Long enough that the demo's 3.4 message lands while the final reply is written.
+        scripted_write_seconds=1.0,
+    )
+
+
+@pytest.fixture
+def celery_app(celery_settings: Settings) -> Iterator[Celery]:
+    app = create_app(celery_settings, main=f"agent_router_test_{uuid.uuid4().hex[:6]}")
+    yield app
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_delete(celery_settings.queue)
+    app.close()
+
+
+@pytest.fixture
+def inproc_worker(celery_settings: Settings, celery_app: Celery) -> Iterator[Runtime]:
+    """Celery's in-process testing worker (thread pool) consuming the test's queue; the process
+    runtime is configured so its Router publishes to the same app."""
+    rt = runtime.configure(celery_settings, app=celery_app)
+    try:
+        with start_worker(
+            celery_app,
+            pool="threads",
+            concurrency=CONCURRENCY,
+            perform_ping_check=False,
+            shutdown_timeout=60.0,
+            queues=[celery_settings.queue],
+        ):
+            yield rt
+    finally:
+        runtime.reset()
+
+
+def _worker_env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+    env.update(
+        AGENT_ROUTER_DATABASE_URL=settings.database_url,
+        AGENT_ROUTER_BROKER_URL=settings.broker_url,
+        AGENT_ROUTER_QUEUE=settings.queue,
+        AGENT_ROUTER_WORK_SECONDS=str(settings.work_seconds),
+        AGENT_ROUTER_SCRIPTED_WRITE_SECONDS=str(settings.scripted_write_seconds),
+    )
+    return env
+
+
+@pytest.fixture
+def subprocess_worker(
+    celery_settings: Settings, celery_app: Celery, tmp_path: Path
+) -> Iterator[Runtime]:
+    """``agent-router worker`` in its own process, configured only by AGENT_ROUTER_* variables.
+    The test process's runtime only publishes (no worker in this process)."""
+    hostname = f"ar-test-{uuid.uuid4().hex[:8]}@localhost"
+    log = (tmp_path / "worker.log").open("w")
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "agent-router"),
+            "worker",
+            f"--concurrency={CONCURRENCY}",
+            "--loglevel=INFO",
+            f"--hostname={hostname}",
+        ],
+        env=_worker_env(celery_settings),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    rt = runtime.configure(celery_settings, app=celery_app)
+    try:
+        _wait_for_worker(celery_app, hostname, proc, tmp_path / "worker.log")
+        yield rt
+    finally:
+        runtime.reset()
+        proc.send_signal(signal.SIGTERM)  # warm shutdown: running turns finish first
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _wait_for_worker(app: Celery, hostname: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    import time
+
+    deadline = time.monotonic() + WORKER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"agent-router worker exited with {proc.returncode}:\n{log.read_text()}")
+        if app.control.ping(destination=[hostname], timeout=0.5):
+            return
+    pytest.fail(f"agent-router worker did not answer a ping:\n{log.read_text()}")
