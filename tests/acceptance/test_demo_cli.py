@@ -1,0 +1,74 @@
+"""The README's first command: ``agent-router demo`` on a fresh machine (no servers), run as a
+user runs it, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+CLI = str(Path(sys.executable).parent / "agent-router")
+TIMEOUT = 240
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    # A clean environment: the embedded default must need no AGENT_ROUTER_* configuration.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+    return subprocess.run(
+        [CLI, "demo", *args], check=False, capture_output=True, text=True, timeout=TIMEOUT, env=env
+    )
+
+
+def test_demo_json_reports_every_outcome_and_passes() -> None:
+    proc = run_demo("--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records: list[dict[str, Any]] = [json.loads(line) for line in proc.stdout.splitlines()]
+    ledger = [r for r in records if r["event"] == "ledger"]
+    checks = [r for r in records if r["event"] == "check"]
+    assert records[-1] == {"event": "result", "team_id": records[-1]["team_id"], "ok": True}
+    assert len(checks) == 5 and all(c["ok"] for c in checks), checks
+    assert {c["name"][:3] for c in checks} >= {"3.1", "3.3", "3.4"}
+
+    # The timeline is the ledger: ids increase, every routing outcome of the scenarios shows.
+    assert [r["id"] for r in ledger] == sorted(r["id"] for r in ledger)
+    outcomes = {r["outcome"] for r in ledger if r["action"] == "route"}
+    assert {"triggered_new_turn", "injected_inline", "queued"} <= outcomes
+    agents = {r["agent"] for r in ledger}
+    assert {"Team Leader", "UI Operator_1", "Full-Stack Engineer_1"} <= agents
+    starts = [r for r in ledger if r["action"] == "turn_claimed"]
+    ends = [r for r in ledger if r["action"] == "turn_ended"]
+    assert len(starts) == len(ends) >= 5
+    follow_ups = [r for r in ledger if r["action"] == "follow_up"]
+    assert any(r["agent"] == "UI Operator_1" for r in follow_ups)
+    assert any(r["detail"].get("trigger") == "follow_up" for r in starts)
+
+
+def test_demo_timeline_is_readable() -> None:
+    proc = run_demo()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for text in (
+        "injected_inline",
+        "triggered_new_turn",
+        "one follow-up turn scheduled",
+        "turn 1 starts",
+        "PASS 3.1",
+        "PASS 3.3",
+        "PASS 3.4",
+        "all guarantees held",
+    ):
+        assert text in out, text
+    assert "FAIL" not in out
+
+
+def test_demo_help_documents_real_services() -> None:
+    env = {**os.environ, "COLUMNS": "300"}  # so that rich does not wrap the help text
+    proc = subprocess.run(
+        [CLI, "demo", "--help"], check=False, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0
+    for text in ("--database-url", "--broker-url", "agent-router worker", "--json"):
+        assert text in proc.stdout, text
