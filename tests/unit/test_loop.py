@@ -1,0 +1,134 @@
+"""The built-in agent loop on one claimed turn, synchronously (no broker): outputs to the lead,
+the end-of-turn hook on failure, the runaway guard, and a fenced turn that writes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_router import (
+    Agent,
+    MessageSubtype,
+    MessageType,
+    Router,
+    Settings,
+    TurnStatus,
+    TurnTrigger,
+)
+from agent_router.checks import check_team, tool_pairing_problems
+from agent_router.loop import TurnOutcome, run_turn
+from agent_router.model import Model, ScriptedModel
+from agent_router.outbox import RecordingPublisher
+from agent_router.tools import default_registry
+
+
+@pytest.fixture
+def router(tmp_path: Path) -> Iterator[Router]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'loop.db'}",
+        work_seconds=0,
+        scripted_write_seconds=0,
+        max_turn_steps=5,
+    )
+    r = Router(settings, publisher=RecordingPublisher())
+    r.create_schema()
+    yield r
+    r.close()
+
+
+def scripted(agent: Agent) -> Model:
+    return ScriptedModel.for_agent(agent)
+
+
+def start(router: Router, role: str = "Full-Stack Engineer") -> tuple[int, Agent]:
+    team = router.create_team()
+    agent = router.create_agent(team.id, role=role)
+    router.send(team.id, to=agent.display_name, content="Ship it.", sender="Team Leader",
+                type=MessageType.TASK)  # fmt: skip
+    return team.id, agent
+
+
+def test_sub_agent_turn_reports_progress_and_completion(router: Router) -> None:
+    team_id, agent = start(router)
+    turn = router.claim(agent.id)
+    assert turn is not None
+    assert run_turn(router, turn, models=scripted, tools=default_registry()) is TurnOutcome.ENDED
+
+    to_lead = [m for m in router.messages(team_id) if m.target_name == "Team Leader"]
+    assert [(m.type, m.subtype, m.wake) for m in to_lead] == [
+        (MessageType.OUTPUT, MessageSubtype.PROGRESS_OUTPUT, False),
+        (MessageType.OUTPUT, MessageSubtype.COMPLETION_REPORT, True),
+    ]
+    assert to_lead[1].dedup_key == f"report:{turn.id}"
+    transcript = router.transcript(team_id, agent.display_name)
+    assert [e["role"] for e in transcript] == ["user", "assistant", "tool", "assistant", "tool",
+                                               "assistant"]  # fmt: skip
+    assert router.agent(team_id, agent.display_name).state.value == "completed"
+    assert check_team(router, team_id).ok
+
+
+class Raises:
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        raise RuntimeError("boom")
+
+
+def test_failing_model_ends_turn_and_notifies_lead(router: Router) -> None:
+    team_id, agent = start(router)
+    turn = router.claim(agent.id)
+    assert turn is not None
+    assert run_turn(router, turn, models=lambda a: Raises(), tools=default_registry()) is (
+        TurnOutcome.FAILED
+    )
+    (record,) = router.store.turns(agent.id)
+    assert record.status is TurnStatus.FAILED
+    assert router.agent(team_id, agent.display_name).state.value == "completed"
+    (notice,) = [m for m in router.messages(team_id) if m.type is MessageType.NOTICE]
+    assert notice.source_name == "system" and "RuntimeError: boom" in notice.content
+
+
+class Loops:
+    """Always calls a tool: the runaway guard must stop it."""
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        call = {"id": f"c{len(messages)}", "type": "function",
+                "function": {"name": "do_work", "arguments": '{"step": "again"}'}}  # fmt: skip
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def test_max_steps_fails_the_turn_without_dangling_calls(router: Router) -> None:
+    team_id, agent = start(router)
+    turn = router.claim(agent.id)
+    assert turn is not None
+    assert run_turn(router, turn, models=lambda a: Loops(), tools=default_registry()) is (
+        TurnOutcome.FAILED
+    )
+    transcript = router.transcript(team_id, agent.display_name)
+    assert sum(e["role"] == "assistant" for e in transcript) == 5
+    assert tool_pairing_problems(transcript, open_allowed=False) == []
+    assert router.agent(team_id, agent.display_name).state.value == "completed"
+    assert check_team(router, team_id).ok
+
+
+def test_fenced_turn_stops_and_writes_nothing(router: Router) -> None:
+    team_id, agent = start(router)
+    turn = router.claim(agent.id)
+    assert turn is not None
+
+    class TakenOver:
+        def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+            # The worker looked dead: a newer epoch takes the agent over mid-call.
+            router.take_over(team_id, agent.display_name, reason="lease expired")
+            return {"role": "assistant", "content": "too late"}
+
+    assert run_turn(router, turn, models=lambda a: TakenOver(), tools=default_registry()) is (
+        TurnOutcome.FENCED
+    )
+    # Only the task it drained before the model call; the late reply was refused.
+    assert [e["role"] for e in router.transcript(team_id, agent.display_name)] == ["user"]
+    assert not [m for m in router.messages(team_id) if m.target_name == "Team Leader"]
+    turns = router.store.turns(agent.id)
+    assert turns[0].status is TurnStatus.FENCED
+    assert router.agent(team_id, agent.display_name).pending_trigger is TurnTrigger.RECOVERY
