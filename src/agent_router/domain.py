@@ -12,7 +12,7 @@ LEAD_DISPLAY_NAME = "Team Leader"
 LEAD_ROLE = "Team Leader"
 
 
-class AgentState(str, enum.Enum):
+class AgentState(enum.StrEnum):
     """Where an agent is in its life; the router picks a delivery from it."""
 
     IDLE = "idle"  # created, never ran (or stopped): a wake message starts a turn
@@ -29,7 +29,7 @@ RESTING_STATES = frozenset({AgentState.IDLE, AgentState.COMPLETED})
 TURN_STATES = frozenset({AgentState.RUNNING, AgentState.WAITING})
 
 
-class RouteOutcome(str, enum.Enum):
+class RouteOutcome(enum.StrEnum):
     """How one accepted (or refused) message reached its receiver."""
 
     RESOLVED = "resolved"  # became the result of the tool call the receiver is blocked in
@@ -40,7 +40,7 @@ class RouteOutcome(str, enum.Enum):
     REJECTED = "rejected"  # refused with a typed error; nothing written but a ledger event
 
 
-class MessageType(str, enum.Enum):
+class MessageType(enum.StrEnum):
     TASK = "task"
     OUTPUT = "output"
     ASK = "ask"
@@ -49,20 +49,20 @@ class MessageType(str, enum.Enum):
     NOTICE = "notice"
 
 
-class MessageSubtype(str, enum.Enum):
+class MessageSubtype(enum.StrEnum):
     PROGRESS_OUTPUT = "progress_output"
     COMPLETION_REPORT = "completion_report"
     ASK_MASTER = "ask_master"
     ASK_OTHER = "ask_other"
 
 
-class MessageStatus(str, enum.Enum):
+class MessageStatus(enum.StrEnum):
     PENDING = "pending"  # in the target's mailbox
     DELIVERED = "delivered"  # in the target's transcript (drained, or as a tool result)
     DROPPED = "dropped"  # target terminated; drop_reason says why
 
 
-class QuestionStatus(str, enum.Enum):
+class QuestionStatus(enum.StrEnum):
     OPEN = "open"
     ANSWERED = "answered"
     EXPIRED = "expired"
@@ -75,14 +75,14 @@ CLOSED_QUESTION_STATUSES = frozenset(
 )
 
 
-class TurnTrigger(str, enum.Enum):
+class TurnTrigger(enum.StrEnum):
     NEW = "new"  # a message woke a resting agent
     FOLLOW_UP = "follow_up"  # the end-of-turn hook found wake messages pending
     CONTINUATION = "continuation"  # a suspended ask was answered
     RECOVERY = "recovery"  # the previous turn's worker died and its lease expired
 
 
-class TurnStatus(str, enum.Enum):
+class TurnStatus(enum.StrEnum):
     RUNNING = "running"
     ENDED = "ended"  # ended naturally (reply without tool calls)
     FAILED = "failed"  # the loop raised; the hook still ran
@@ -91,12 +91,12 @@ class TurnStatus(str, enum.Enum):
     STOPPED = "stopped"  # cooperative stop
 
 
-class OutboxKind(str, enum.Enum):
+class OutboxKind(enum.StrEnum):
     ENQUEUE_TURN = "enqueue_turn"  # publish run_agent_turn(agent_id, epoch)
     WAKE_WAITER = "wake_waiter"  # push to the blocked asker's result key
 
 
-class LedgerAction(str, enum.Enum):
+class LedgerAction(enum.StrEnum):
     TEAM_CREATED = "team_created"
     AGENT_CREATED = "agent_created"
     ROUTE = "route"
@@ -114,6 +114,9 @@ class LedgerAction(str, enum.Enum):
     STALE_WRITE_REFUSED = "stale_write_refused"
     SYNTHETIC_TOOL_RESULT = "synthetic_tool_result"
     OUTBOX_PUBLISHED = "outbox_published"
+    TERMINATED = "terminated"
+    MESSAGE_DROPPED = "message_dropped"
+    QUESTION_CANCELLED = "question_cancelled"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,7 +60,7 @@ def parse(text: str) -> Envelope:
     """Inverse of :func:`render`; raises ``ValueError`` on anything else."""
     head, sep, rest = text.partition("\n")
     match = _OPEN.match(head)
-    if not sep or match is None or not rest.endswith("\n" + _CLOSE) and rest != _CLOSE:
+    if not sep or match is None or (not rest.endswith("\n" + _CLOSE) and rest != _CLOSE):
         raise ValueError("not an agent-message envelope")
     content = "" if rest == _CLOSE else rest[: -len(_CLOSE) - 1]
     attrs = dict(_ATTR.findall(match.group(1)))

@@ -89,9 +89,7 @@ class AgentRow(Base):
     # A waiting agent either blocks in a worker (False) or holds no worker (True).
     suspended: Mapped[bool] = mapped_column(default=False)
     epoch: Mapped[int] = mapped_column(default=0)
-    pending_trigger: Mapped[TurnTrigger | None] = mapped_column(
-        TurnTriggerType
-    )
+    pending_trigger: Mapped[TurnTrigger | None] = mapped_column(TurnTriggerType)
     # Next per-target sequence number; bumped under the agent's row lock.
     next_seq: Mapped[int] = mapped_column(default=1)
     system_prompt: Mapped[str | None] = mapped_column(sa.Text)
@@ -114,9 +112,7 @@ class MessageRow(Base):
     source_agent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_agents.id"))
     target_agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
     type: Mapped[MessageType] = mapped_column(MessageTypeType)
-    subtype: Mapped[MessageSubtype | None] = mapped_column(
-        MessageSubtypeType
-    )
+    subtype: Mapped[MessageSubtype | None] = mapped_column(MessageSubtypeType)
     content: Mapped[str] = mapped_column(sa.Text)
     question_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_questions.id"))
     wake: Mapped[bool] = mapped_column(default=True)
@@ -177,9 +173,7 @@ class TranscriptEntryRow(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONType)
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     # A message enters a transcript at most once: the database refuses a second copy.
-    message_id: Mapped[int | None] = mapped_column(
-        sa.ForeignKey("ar_messages.id"), unique=True
-    )
+    message_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_messages.id"), unique=True)
     tool_call_id: Mapped[str | None] = mapped_column(sa.String(200))
     turn_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_turns.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

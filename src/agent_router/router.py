@@ -104,7 +104,7 @@ class Router:
         to: str,
         content: str,
         sender: str = "user",
-        type: MessageType | str = MessageType.MESSAGE,  # noqa: A002 - the public name
+        type: MessageType | str = MessageType.MESSAGE,
         subtype: MessageSubtype | str | None = None,
         question_id: int | None = None,
         wake: bool = True,
@@ -136,7 +136,7 @@ class Router:
         to: Any,
         content: Any,
         sender: Any,
-        type: Any,  # noqa: A002
+        type: Any,
         subtype: Any,
         question_id: Any,
         wake: Any,
@@ -193,7 +193,12 @@ class Router:
             return errors.InvalidMessageError("content must be a string")
         if not content.strip():
             return errors.InvalidMessageError("content is empty")
-        size = len(content.encode("utf-8", errors="surrogatepass"))
+        if "\x00" in content:
+            return errors.InvalidMessageError("content contains a NUL character")
+        try:
+            size = len(content.encode("utf-8"))
+        except UnicodeEncodeError:
+            return errors.InvalidMessageError("content is not valid Unicode (lone surrogate)")
         if size > self.settings.max_content_bytes:
             return errors.ContentTooLargeError(
                 f"content is {size} bytes; the limit is {self.settings.max_content_bytes}"
@@ -202,7 +207,9 @@ class Router:
 
     # ------------------------------------------------------------------ turns
 
-    def claim_turn(self, team_id: int, display_name: str, *, epoch: int | None = None) -> Turn | None:
+    def claim_turn(
+        self, team_id: int, display_name: str, *, epoch: int | None = None
+    ) -> Turn | None:
         """Claim the agent's scheduled turn; ``None`` when there is nothing (or nothing current)
         to claim."""
         agent = self.agent(team_id, display_name)
@@ -257,6 +264,11 @@ class Router:
         epoch, effects = self.store.take_over(agent.id, reason=reason)
         self._publish(effects)
         return epoch
+
+    def terminate(self, team_id: int, display_name: str, *, reason: str) -> None:
+        """Final: later sends are refused, pending messages dropped with ``reason``."""
+        agent = self.agent(team_id, display_name)
+        self._publish(self.store.terminate(agent.id, reason=reason))
 
     # ------------------------------------------------------------------ outbox
 

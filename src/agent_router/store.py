@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -26,7 +26,6 @@ from agent_router import errors, formats
 from agent_router.domain import (
     LEAD_DISPLAY_NAME,
     LEAD_ROLE,
-    RESTING_STATES,
     Agent,
     AgentState,
     Delivery,
@@ -89,7 +88,7 @@ class Effects:
     outbox: list[OutboxEntry] = field(default_factory=list)
 
 
-class _Refused(Exception):
+class _Refused(Exception):  # noqa: N818 - control flow, never escapes the store
     """Internal: abort the transaction, then record a ledger event and raise ``error``."""
 
     def __init__(self, error: errors.AgentRouterError, action: LedgerAction, **ledger: Any) -> None:
@@ -226,7 +225,7 @@ class Store:
     def _team(session: Session, team_id: int, *, lock: bool = False) -> TeamRow:
         stmt = sa.select(TeamRow).where(TeamRow.id == team_id)
         if lock:
-            stmt = stmt.with_for_update()
+            stmt = stmt.with_for_update(key_share=True)
         team = session.scalars(stmt).one_or_none()
         if team is None:
             raise errors.UnknownTeamError(f"unknown team {team_id}")
@@ -238,21 +237,27 @@ class Store:
     ) -> AgentRow | None:
         stmt = sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.display_name == name)
         if lock:
-            stmt = stmt.with_for_update()
+            stmt = stmt.with_for_update(key_share=True)
         return session.scalars(stmt).one_or_none()
 
     @staticmethod
     def _lock_agent(session: Session, agent_id: int) -> AgentRow | None:
-        stmt = sa.select(AgentRow).where(AgentRow.id == agent_id).with_for_update()
+        stmt = sa.select(AgentRow).where(AgentRow.id == agent_id).with_for_update(key_share=True)
         return session.scalars(stmt).one_or_none()
 
     @staticmethod
     def _mailbox_depth(session: Session, agent_id: int) -> int:
-        return session.scalar(
-            sa.select(sa.func.count())
-            .select_from(MessageRow)
-            .where(MessageRow.target_agent_id == agent_id, MessageRow.status == MessageStatus.PENDING)
-        ) or 0
+        return (
+            session.scalar(
+                sa.select(sa.func.count())
+                .select_from(MessageRow)
+                .where(
+                    MessageRow.target_agent_id == agent_id,
+                    MessageRow.status == MessageStatus.PENDING,
+                )
+            )
+            or 0
+        )
 
     @staticmethod
     def _next_position(session: Session, agent_id: int) -> int:
@@ -268,7 +273,7 @@ class Store:
         return session.scalars(
             sa.select(QuestionRow)
             .where(QuestionRow.asker_agent_id == agent_id, QuestionRow.waiting.is_(True))
-            .with_for_update()
+            .with_for_update(key_share=True)
         ).one_or_none()
 
     @staticmethod
@@ -339,7 +344,10 @@ class Store:
             session.flush()
             if lead_system_prompt:
                 self._append(
-                    session, lead.id, {"role": "system", "content": lead_system_prompt}, turn_id=None
+                    session,
+                    lead.id,
+                    {"role": "system", "content": lead_system_prompt},
+                    turn_id=None,
                 )
             self._ledger(session, LedgerAction.TEAM_CREATED, team_id=team.id, agent_id=lead.id)
             return Team(id=team.id, lead=_agent(lead), created_at=team.created_at)
@@ -395,7 +403,10 @@ class Store:
                 session.flush()
                 if system_prompt:
                     self._append(
-                        session, agent.id, {"role": "system", "content": system_prompt}, turn_id=None
+                        session,
+                        agent.id,
+                        {"role": "system", "content": system_prompt},
+                        turn_id=None,
                     )
                 self._ledger(
                     session,
@@ -463,7 +474,7 @@ class Store:
             reason=reason,
             to=req.to,
             sender=req.sender,
-            error=str(error),
+            message=str(error),
         )
 
     def _resolve_sender(self, session: Session, req: SendRequest) -> AgentRow | None:
@@ -617,7 +628,9 @@ class Store:
                 req, errors.InvalidMessageError("an answer needs a question_id"), "no_question_id"
             )
         question = session.scalars(
-            sa.select(QuestionRow).where(QuestionRow.id == req.question_id).with_for_update()
+            sa.select(QuestionRow)
+            .where(QuestionRow.id == req.question_id)
+            .with_for_update(key_share=True)
         ).one_or_none()
         if question is None or question.team_id != req.team_id:
             raise self._reject(
@@ -684,14 +697,7 @@ class Store:
             question_id=question.id,
             suspended=target.suspended,
         )
-        if target.suspended:
-            target.suspended = False
-            self._schedule(session, target, TurnTrigger.CONTINUATION, effects)
-        else:
-            target.state = AgentState.RUNNING
-            self._outbox(
-                session, effects, target, OutboxKind.WAKE_WAITER, question_id=question.id
-            )
+        self._continue_waiter(session, target, question, effects)
 
     def _schedule(
         self, session: Session, agent: AgentRow, trigger: TurnTrigger, effects: Effects
@@ -1051,6 +1057,135 @@ class Store:
             )
             return agent.epoch, effects
 
+    def terminate(self, agent_id: int, *, reason: str) -> Effects:
+        """Final: fence any running turn, drop pending messages with ``reason``, cancel the
+        questions it asked, and release agents blocked on a question to it."""
+        effects = Effects()
+        with self._tx() as session:
+            probe = session.get(AgentRow, agent_id)
+            if probe is None:
+                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+            self._team(session, probe.team_id, lock=True)
+            waiters = session.scalars(
+                sa.select(QuestionRow).where(
+                    QuestionRow.target_agent_id == agent_id,
+                    QuestionRow.status == QuestionStatus.OPEN,
+                )
+            ).all()
+            for locked_id in sorted({agent_id, *(q.asker_agent_id for q in waiters)}):
+                self._lock_agent(session, locked_id)
+            agent = session.get(AgentRow, agent_id)
+            assert agent is not None
+            if agent.is_lead:
+                raise errors.InvalidMessageError("the Team Leader cannot be terminated")
+            if agent.state is AgentState.TERMINATED:
+                raise errors.AgentTerminatedError(f"{agent.display_name!r} is already terminated")
+            now = utcnow()
+            running = session.scalars(
+                sa.select(TurnRow).where(
+                    TurnRow.agent_id == agent.id, TurnRow.status == TurnStatus.RUNNING
+                )
+            ).all()
+            for turn in running:
+                turn.status = TurnStatus.FENCED
+                turn.ended_at = now
+                turn.error = f"terminated: {reason}"
+            self._close_dangling(
+                session, agent, None, f"cancelled: agent terminated ({reason})", None
+            )
+            dropped = cast(
+                "sa.CursorResult[Any]",
+                session.execute(
+                    sa.update(MessageRow)
+                    .where(
+                        MessageRow.target_agent_id == agent.id,
+                        MessageRow.status == MessageStatus.PENDING,
+                    )
+                    .values(
+                        status=MessageStatus.DROPPED, drop_reason=f"target terminated: {reason}"
+                    )
+                ),
+            ).rowcount
+            for own in session.scalars(
+                sa.select(QuestionRow).where(
+                    QuestionRow.asker_agent_id == agent.id,
+                    QuestionRow.status == QuestionStatus.OPEN,
+                )
+            ):
+                own.status = QuestionStatus.CANCELLED
+                own.waiting = False
+                own.closed_at = now
+            for question in waiters:
+                asker = session.get(AgentRow, question.asker_agent_id)
+                assert asker is not None
+                question.status = QuestionStatus.CANCELLED
+                question.closed_at = now
+                if question.waiting:
+                    self._release(
+                        session,
+                        asker,
+                        question,
+                        f"cancelled: {agent.display_name} was terminated ({reason})",
+                        effects,
+                    )
+            agent.epoch += 1
+            agent.state = AgentState.TERMINATED
+            agent.suspended = False
+            agent.pending_trigger = None
+            self._ledger(
+                session,
+                LedgerAction.TERMINATED,
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                epoch=agent.epoch,
+                reason=reason,
+                dropped=dropped,
+            )
+        return effects
+
+    def _release(
+        self,
+        session: Session,
+        asker: AgentRow,
+        question: QuestionRow,
+        result: str,
+        effects: Effects,
+    ) -> None:
+        """End a wait without an answer: a synthetic tool result, then wake or continue."""
+        turn_id = session.scalar(
+            sa.select(TurnRow.id).where(
+                TurnRow.agent_id == asker.id, TurnRow.epoch == question.asker_epoch
+            )
+        )
+        self._append(
+            session,
+            asker.id,
+            {"role": "tool", "tool_call_id": question.tool_call_id, "content": result},
+            turn_id=turn_id,
+            meta={"synthetic": result.split(":", 1)[0], "question_id": question.id},
+        )
+        question.waiting = False
+        self._ledger(
+            session,
+            LedgerAction.QUESTION_CANCELLED,
+            team_id=asker.team_id,
+            agent_id=asker.id,
+            epoch=asker.epoch,
+            question_id=question.id,
+            result=result,
+        )
+        self._continue_waiter(session, asker, question, effects)
+
+    def _continue_waiter(
+        self, session: Session, asker: AgentRow, question: QuestionRow, effects: Effects
+    ) -> None:
+        if asker.suspended:
+            asker.suspended = False
+            self._schedule(session, asker, TurnTrigger.CONTINUATION, effects)
+        else:
+            asker.state = AgentState.RUNNING
+            self._outbox(session, effects, asker, OutboxKind.WAKE_WAITER, question_id=question.id)
+
     # ------------------------------------------------------------------ asks
 
     def ask(
@@ -1112,9 +1247,7 @@ class Store:
                 )
             cycle = self._cycle_through(session, asker, target_probe)
             if cycle:
-                raise refuse(
-                    "cycle", "this ask would deadlock: " + " -> ".join(cycle), cycle=cycle
-                )
+                raise refuse("cycle", "this ask would deadlock: " + " -> ".join(cycle), cycle=cycle)
             timeout = timeout_seconds or self.settings.question_timeout_seconds
             q = QuestionRow(
                 team_id=team_id,
@@ -1222,7 +1355,9 @@ class Store:
                 .values(published_at=utcnow(), attempts=OutboxRow.attempts + 1)
             )
 
-    def unpublished(self, *, older_than_seconds: float = 0.0, limit: int = 500) -> list[OutboxEntry]:
+    def unpublished(
+        self, *, older_than_seconds: float = 0.0, limit: int = 500
+    ) -> list[OutboxEntry]:
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
         with self._sessions() as session:
             rows = session.scalars(
@@ -1232,7 +1367,9 @@ class Store:
                 .limit(limit)
             ).all()
             return [
-                OutboxEntry(id=r.id, kind=r.kind, agent_id=r.agent_id, epoch=r.epoch, payload=r.payload)
+                OutboxEntry(
+                    id=r.id, kind=r.kind, agent_id=r.agent_id, epoch=r.epoch, payload=r.payload
+                )
                 for r in rows
             ]
 
@@ -1242,7 +1379,9 @@ class Store:
                 sa.select(OutboxRow).where(OutboxRow.team_id == team_id).order_by(OutboxRow.id)
             ).all()
             return [
-                OutboxEntry(id=r.id, kind=r.kind, agent_id=r.agent_id, epoch=r.epoch, payload=r.payload)
+                OutboxEntry(
+                    id=r.id, kind=r.kind, agent_id=r.agent_id, epoch=r.epoch, payload=r.payload
+                )
                 for r in rows
             ]
 

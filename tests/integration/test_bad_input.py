@@ -1,0 +1,176 @@
+"""Bad input gets a typed error and changes nothing but (where a team exists) the ledger."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent_router import (
+    AgentRouterError,
+    ContentTooLargeError,
+    DuplicateDisplayNameError,
+    InvalidMessageError,
+    LedgerAction,
+    MessageType,
+    QuestionClosedError,
+    RefusedError,
+    Router,
+    Settings,
+    UnknownAgentError,
+    UnknownQuestionError,
+    UnknownTeamError,
+)
+from agent_router.errors import AskRefusedError, WrongQuestionError
+
+from .helpers import assistant, start_running, start_waiting, tool_call
+
+
+def _snapshot(router: Router, team_id: int) -> tuple[Any, ...]:
+    return (
+        router.messages(team_id),
+        router.agents(team_id),
+        router.outbox(team_id),
+        {
+            a.display_name: router.transcript(team_id, a.display_name)
+            for a in router.agents(team_id)
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"to": "Engineer_1", "content": ""}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "   \n"}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": 42}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": None}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "x" * 2049}, ContentTooLargeError),
+        ({"to": "Engineer_1", "content": "é" * 1025}, ContentTooLargeError),  # 2050 bytes
+        ({"to": "Engineer_1", "content": "nul\x00byte"}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "lone \ud800 surrogate"}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "hi", "type": "shout"}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "hi", "subtype": "whatever"}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "hi", "wake": "yes"}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "hi", "dedup_key": ""}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "hi", "question_id": "7"}, InvalidMessageError),
+        ({"to": 7, "content": "hi"}, InvalidMessageError),
+        ({"to": "Engineer_9", "content": "hi"}, UnknownAgentError),
+        ({"to": "Engineer_1", "content": "hi", "sender": "Team Leadr"}, UnknownAgentError),
+        ({"to": "Engineer_1", "content": "hi", "sender": "Engineer_1"}, InvalidMessageError),
+        ({"to": "Engineer_1", "content": "hi", "type": MessageType.ANSWER}, InvalidMessageError),
+        (
+            {
+                "to": "Engineer_1",
+                "content": "hi",
+                "type": MessageType.ANSWER,
+                "question_id": 999999,
+            },
+            UnknownQuestionError,
+        ),
+    ],
+)
+def test_malformed_send_is_refused_and_changes_nothing(
+    database_url: str, kwargs: dict[str, Any], error: type[AgentRouterError]
+) -> None:
+    router = Router(Settings(database_url=database_url, max_content_bytes=2048))
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    before = _snapshot(router, team.id)
+    ledger = len(router.ledger(team.id))
+    kwargs.setdefault("sender", "Team Leader")
+    with pytest.raises(error):
+        router.send(team.id, **kwargs)
+    assert _snapshot(router, team.id) == before
+    new_events = router.ledger(team.id)[ledger:]
+    assert [e.action for e in new_events] == [LedgerAction.SEND_REJECTED]
+    assert issubclass(error, RefusedError)
+    router.close()
+
+
+def test_unknown_team(router: Router) -> None:
+    with pytest.raises(UnknownTeamError):
+        router.send(987654, to="Team Leader", content="hi")
+    with pytest.raises(UnknownTeamError):
+        router.send("1", to="Team Leader", content="hi")  # type: ignore[arg-type]
+    with pytest.raises(UnknownTeamError):
+        router.create_agent(987654, role="Engineer")
+    with pytest.raises(UnknownTeamError):
+        router.agent(987654, "Team Leader")
+
+
+def test_duplicate_and_malformed_display_names(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer", display_name="Bob")
+    before = router.agents(team.id)
+    with pytest.raises(DuplicateDisplayNameError):
+        router.create_agent(team.id, role="Engineer", display_name="Bob")
+    with pytest.raises(DuplicateDisplayNameError):
+        router.create_agent(team.id, role="Engineer", display_name="Team Leader")
+    for bad in ("", ' quoted"', "new\nline"):
+        with pytest.raises(InvalidMessageError):
+            router.create_agent(team.id, role="Engineer", display_name=bad)
+    with pytest.raises(InvalidMessageError):
+        router.create_agent(team.id, role="")
+    assert router.agents(team.id) == before
+    # Counting per role skips a taken name.
+    router.create_agent(team.id, role="Engineer", display_name="Engineer_1")
+    assert router.create_agent(team.id, role="Engineer").display_name == "Engineer_2"
+    assert router.create_agent(team.id, role="Designer").display_name == "Designer_1"
+
+
+def test_answers_that_do_not_fit_are_refused(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    router.create_agent(team.id, role="Designer")
+    start_waiting(router, team.id, "Engineer_1", "Team Leader")
+    qid = next(m for m in router.messages(team.id) if m.type is MessageType.ASK).question_id
+    with pytest.raises(WrongQuestionError):
+        router.send(
+            team.id,
+            to="Designer_1",
+            content="a",
+            sender="Team Leader",
+            type=MessageType.ANSWER,
+            question_id=qid,
+        )
+    router.send(
+        team.id,
+        to="Engineer_1",
+        content="yes",
+        sender="Team Leader",
+        type=MessageType.ANSWER,
+        question_id=qid,
+    )
+    before = _snapshot(router, team.id)
+    with pytest.raises(QuestionClosedError):  # answering twice
+        router.send(
+            team.id,
+            to="Engineer_1",
+            content="yes again",
+            sender="Team Leader",
+            type=MessageType.ANSWER,
+            question_id=qid,
+        )
+    assert _snapshot(router, team.id) == before
+
+
+def test_refused_asks_change_nothing(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    router.create_agent(team.id, role="Designer")
+    turn = start_running(router, team.id, "Engineer_1")
+    turn.append_assistant(assistant(None, tool_call("q1", "ask_other_agent")))
+    before = _snapshot(router, team.id)
+    with pytest.raises(AskRefusedError):
+        turn.ask("Engineer_1", "me?", tool_call_id="q1")
+    with pytest.raises(AskRefusedError):
+        turn.ask("Nobody_3", "you?", tool_call_id="q1")
+    with pytest.raises(InvalidMessageError):
+        turn.ask("Designer_1", "", tool_call_id="q1")
+    assert _snapshot(router, team.id) == before
+    router.terminate(team.id, "Designer_1", reason="done")
+    before = _snapshot(router, team.id)
+    with pytest.raises(AskRefusedError):
+        turn.ask("Designer_1", "you?", tool_call_id="q1")
+    assert _snapshot(router, team.id) == before

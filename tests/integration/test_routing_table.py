@@ -1,0 +1,203 @@
+"""DESIGN section 1, row by row, through the public API, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_router import (
+    AgentState,
+    AgentTerminatedError,
+    LedgerAction,
+    MessageStatus,
+    MessageType,
+    RouteOutcome,
+    Router,
+    TurnTrigger,
+    UnknownAgentError,
+)
+from agent_router.domain import OutboxKind
+from agent_router.formats import parse
+from agent_router.outbox import RecordingPublisher
+
+from .helpers import assistant, start_running, start_waiting, tool_call
+
+
+def test_public_api_walkthrough(router: Router) -> None:
+    team = router.create_team()
+    assert team.lead.display_name == "Team Leader"
+    ui = router.create_agent(team.id, role="UI Operator")
+    assert ui.display_name == "UI Operator_1"
+    d = router.send(
+        team.id,
+        to="UI Operator_1",
+        content="build the page",
+        sender="Team Leader",
+        type=MessageType.TASK,
+    )
+    assert d.outcome is RouteOutcome.TRIGGERED_NEW_TURN
+    assert router.agent(team.id, "UI Operator_1").state is AgentState.SCHEDULED
+    turn = router.claim_turn(team.id, "UI Operator_1")
+    assert turn is not None
+    delivered = turn.drain()
+    assert [m.id for m in delivered] == [d.message_id]
+    turn.append_assistant(assistant(None, tool_call("c1")))
+    turn.append_tool_result("c1", "ok")
+    turn.append_assistant(assistant("done"))
+    end = turn.end()
+    assert end.follow_up is False
+    assert router.agent(team.id, "UI Operator_1").state is AgentState.COMPLETED
+    transcript = router.transcript(team.id, "UI Operator_1")
+    assert [e["role"] for e in transcript] == ["user", "assistant", "tool", "assistant"]
+    envelope = parse(transcript[0]["content"])
+    assert (envelope.type, envelope.sender, envelope.content) == (
+        MessageType.TASK,
+        "Team Leader",
+        "build the page",
+    )
+    actions = [e.action for e in router.ledger(team.id)]
+    assert actions[:2] == [LedgerAction.TEAM_CREATED, LedgerAction.AGENT_CREATED]
+    assert actions.count(LedgerAction.ROUTE) == 1
+    assert LedgerAction.TURN_CLAIMED in actions and LedgerAction.TURN_ENDED in actions
+
+
+@pytest.mark.parametrize("resting", [AgentState.IDLE, AgentState.COMPLETED])
+def test_resting_agent_gets_exactly_one_turn(
+    router: Router, publisher: RecordingPublisher, resting: AgentState
+) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    if resting is AgentState.COMPLETED:
+        start_running(router, team.id, "Engineer_1").end()
+    assert router.agent(team.id, "Engineer_1").state is resting
+    before = len(router.outbox(team.id))
+    d = router.send(team.id, to="Engineer_1", content="new task", sender="Team Leader")
+    assert d.outcome is RouteOutcome.TRIGGERED_NEW_TURN
+    agent = router.agent(team.id, "Engineer_1")
+    assert agent.state is AgentState.SCHEDULED and agent.pending_trigger is TurnTrigger.NEW
+    new_rows = router.outbox(team.id)[before:]
+    assert [(r.kind, r.epoch) for r in new_rows] == [(OutboxKind.ENQUEUE_TURN, agent.epoch)]
+    assert new_rows[-1].id in {e.id for e in publisher.entries}
+
+
+def test_scheduled_agent_coalesces(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    first = router.send(team.id, to="Engineer_1", content="one", sender="Team Leader")
+    outbox = len(router.outbox(team.id))
+    second = router.send(team.id, to="Engineer_1", content="two", sender="Team Leader")
+    assert (first.outcome, second.outcome) == (
+        RouteOutcome.TRIGGERED_NEW_TURN,
+        RouteOutcome.COALESCED,
+    )
+    assert len(router.outbox(team.id)) == outbox  # no second enqueue
+    turn = router.claim_turn(team.id, "Engineer_1")
+    assert turn is not None
+    assert [m.content for m in turn.drain()] == ["one", "two"]
+
+
+def test_running_agent_gets_message_inline_before_next_model_call(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="UI Operator")
+    turn = start_running(router, team.id, "UI Operator_1")
+    turn.append_assistant(assistant("I will create a new API", tool_call("c1")))
+    outbox = len(router.outbox(team.id))
+    d = router.send(
+        team.id, to="UI Operator_1", content="check the auth module first", sender="Team Leader"
+    )
+    assert d.outcome is RouteOutcome.INJECTED_INLINE
+    assert len(router.outbox(team.id)) == outbox
+    assert router.agent(team.id, "UI Operator_1").state is AgentState.RUNNING
+    turn.append_tool_result("c1", "created")
+    drained = turn.drain()
+    assert [m.id for m in drained] == [d.message_id]
+    transcript = router.transcript(team.id, "UI Operator_1")
+    assert [e["role"] for e in transcript[-3:]] == ["assistant", "tool", "user"]
+
+
+def test_waiting_agent_gets_message_as_tool_result(
+    router: Router, publisher: RecordingPublisher
+) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Full-Stack Engineer")
+    start_waiting(router, team.id, "Full-Stack Engineer_1", "Team Leader", call_id="ask-7")
+    assert router.agent(team.id, "Full-Stack Engineer_1").state is AgentState.WAITING
+    question = next(m for m in router.messages(team.id) if m.type is MessageType.ASK)
+    assert question.question_id is not None
+    d = router.send(
+        team.id,
+        to="Full-Stack Engineer_1",
+        content="reuse auth",
+        sender="Team Leader",
+        type=MessageType.ANSWER,
+        question_id=question.question_id,
+    )
+    assert d.outcome is RouteOutcome.RESOLVED
+    assert router.agent(team.id, "Full-Stack Engineer_1").state is AgentState.RUNNING
+    last = router.transcript(team.id, "Full-Stack Engineer_1")[-1]
+    assert last["role"] == "tool" and last["tool_call_id"] == "ask-7"
+    assert parse(last["content"]).content == "reuse auth"
+    msg = next(m for m in router.messages(team.id) if m.id == d.message_id)
+    assert msg.status is MessageStatus.DELIVERED
+    assert publisher.entries[-1].kind is OutboxKind.WAKE_WAITER
+
+
+def test_any_wake_message_resolves_a_wait_and_late_answer_is_delivered_normally(
+    router: Router,
+) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn = start_waiting(router, team.id, "Engineer_1", "Team Leader")
+    qid = next(m for m in router.messages(team.id) if m.type is MessageType.ASK).question_id
+    first = router.send(team.id, to="Engineer_1", content="stop and report", sender="user")
+    assert first.outcome is RouteOutcome.RESOLVED
+    late = router.send(
+        team.id,
+        to="Engineer_1",
+        content="the answer",
+        sender="Team Leader",
+        type=MessageType.ANSWER,
+        question_id=qid,
+    )
+    assert late.outcome is RouteOutcome.INJECTED_INLINE
+    drained = turn.drain()
+    assert [(m.id, m.question_id) for m in drained] == [(late.message_id, qid)]
+
+
+def test_context_only_notice_is_queued_without_a_turn(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    outbox = len(router.outbox(team.id))
+    d = router.send(
+        team.id,
+        to="Engineer_1",
+        content="FYI: build is green",
+        sender="system",
+        type=MessageType.NOTICE,
+        wake=False,
+    )
+    assert d.outcome is RouteOutcome.QUEUED
+    assert router.agent(team.id, "Engineer_1").state is AgentState.IDLE
+    assert len(router.outbox(team.id)) == outbox
+    # Seen at the next turn, before the message that woke it.
+    wake = router.send(team.id, to="Engineer_1", content="go", sender="Team Leader")
+    turn = router.claim_turn(team.id, "Engineer_1")
+    assert turn is not None
+    assert [m.id for m in turn.drain()] == [d.message_id, wake.message_id]
+
+
+def test_terminated_or_unknown_target_is_rejected_with_ledger_only(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    router.terminate(team.id, "Engineer_1", reason="test")
+    messages = len(router.messages(team.id))
+    with pytest.raises(AgentTerminatedError):
+        router.send(team.id, to="Engineer_1", content="hello", sender="Team Leader")
+    assert len(router.messages(team.id)) == messages
+    rejected = [e for e in router.ledger(team.id) if e.action is LedgerAction.SEND_REJECTED]
+    assert rejected and rejected[-1].outcome is RouteOutcome.REJECTED
+
+    unknown = len(router.ledger(team.id))
+    with pytest.raises(UnknownAgentError):
+        router.send(team.id, to="Nobody_1", content="hello", sender="Team Leader")
+    assert len(router.messages(team.id)) == messages
+    assert [e.action for e in router.ledger(team.id)[unknown:]] == [LedgerAction.SEND_REJECTED]

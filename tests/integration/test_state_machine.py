@@ -1,0 +1,211 @@
+"""Property-based test of the router's state machine: random interleavings of send, claim,
+drain, append, end, stale claims and take-overs, with guarantees 2-7 checked after every step."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from agent_router import (
+    AgentState,
+    RefusedError,
+    RouteOutcome,
+    Router,
+    StaleTurnError,
+    ToolCallsPendingError,
+    Turn,
+)
+from agent_router.checks import check_team
+from agent_router.domain import RESTING_STATES, MessageStatus, OutboxKind
+
+from .helpers import assistant, tool_call
+
+NAMES = ["Team Leader", "Engineer_1", "Designer_1"]
+SENDERS = ["user", "system", "job:build", *NAMES]
+EXPECTED = {
+    AgentState.IDLE: RouteOutcome.TRIGGERED_NEW_TURN,
+    AgentState.COMPLETED: RouteOutcome.TRIGGERED_NEW_TURN,
+    AgentState.SCHEDULED: RouteOutcome.COALESCED,
+    AgentState.RUNNING: RouteOutcome.INJECTED_INLINE,
+}
+
+
+def make_machine(router: Router) -> type[RuleBasedStateMachine]:
+    class RouterMachine(RuleBasedStateMachine):
+        @initialize()
+        def team(self) -> None:
+            self.team_id = router.create_team().id
+            router.create_agent(self.team_id, role="Engineer")
+            router.create_agent(self.team_id, role="Designer")
+            self.turns: dict[str, Turn] = {}
+            self.stale: list[Turn] = []
+            self.calls = itertools.count()
+            self.accepted = 0
+
+        def _state(self, name: str) -> AgentState:
+            return router.agent(self.team_id, name).state
+
+        @rule(
+            to=st.sampled_from(NAMES),
+            sender=st.sampled_from(SENDERS),
+            wake=st.booleans(),
+            content=st.text(
+                st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+                min_size=1,
+                max_size=40,
+            ).filter(str.strip),
+        )
+        def send(self, to: str, sender: str, wake: bool, content: str) -> None:
+            before = self._state(to)
+            try:
+                d = router.send(self.team_id, to=to, content=content, sender=sender, wake=wake)
+            except RefusedError:
+                assert sender == to
+                return
+            self.accepted += 1
+            expected = (
+                EXPECTED[before]
+                if wake
+                else (RouteOutcome.QUEUED if before in RESTING_STATES else EXPECTED[before])
+            )
+            assert d.outcome is expected, (before, wake, d.outcome)
+
+        @rule(name=st.sampled_from(NAMES))
+        def claim(self, name: str) -> None:
+            scheduled = self._state(name) is AgentState.SCHEDULED
+            turn = router.claim_turn(self.team_id, name)
+            assert (turn is not None) == scheduled
+            if turn is not None:
+                assert name not in self.turns
+                self.turns[name] = turn
+
+        @rule(name=st.sampled_from(NAMES), back=st.integers(min_value=1, max_value=3))
+        def stale_claim(self, name: str, back: int) -> None:
+            agent = router.agent(self.team_id, name)
+            assert router.claim(agent.id, agent.epoch - back) is None
+
+        @precondition(lambda self: bool(self.turns))
+        @rule(data=st.data())
+        def drain(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.turns)))
+            turn = self.turns[name]
+            pending = [
+                m
+                for m in router.messages(self.team_id)
+                if m.target_name == name and m.status is MessageStatus.PENDING
+            ]
+            try:
+                got = turn.drain()
+            except ToolCallsPendingError:
+                assert turn.open_tool_calls()
+                return
+            assert [m.id for m in got] == [m.id for m in sorted(pending, key=lambda m: m.seq)]
+
+        @precondition(lambda self: bool(self.turns))
+        @rule(data=st.data(), with_calls=st.integers(min_value=0, max_value=2))
+        def model_output(self, data: st.DataObject, with_calls: int) -> None:
+            name = data.draw(st.sampled_from(sorted(self.turns)))
+            turn = self.turns[name]
+            calls = [tool_call(f"c{next(self.calls)}") for _ in range(with_calls)]
+            try:
+                turn.append_assistant(assistant("thinking" if not calls else None, *calls))
+            except ToolCallsPendingError:
+                assert turn.open_tool_calls()
+
+        @precondition(lambda self: bool(self.turns))
+        @rule(data=st.data())
+        def tool_result(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.turns)))
+            turn = self.turns[name]
+            open_calls = turn.open_tool_calls()
+            if open_calls:
+                turn.append_tool_result(open_calls[0], "ok")
+
+        @precondition(lambda self: bool(self.turns))
+        @rule(data=st.data(), failed=st.booleans())
+        def end(self, data: st.DataObject, failed: bool) -> None:
+            name = data.draw(st.sampled_from(sorted(self.turns)))
+            turn = self.turns.pop(name)
+            pending_wake = any(
+                m.target_name == name and m.status is MessageStatus.PENDING and m.wake
+                for m in router.messages(self.team_id)
+            )
+            result = turn.end(failed=failed)
+            assert result.follow_up == pending_wake
+            assert result.state is (AgentState.SCHEDULED if pending_wake else AgentState.COMPLETED)
+            self.stale.append(turn)
+
+        @precondition(lambda self: bool(self.turns))
+        @rule(data=st.data())
+        def take_over(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.turns)))
+            turn = self.turns.pop(name)
+            router.take_over(self.team_id, name, reason="lease expired")
+            self.stale.append(turn)
+            assert self._state(name) is AgentState.SCHEDULED
+
+        @precondition(lambda self: bool(self.stale))
+        @rule(data=st.data())
+        def stale_write(self, data: st.DataObject) -> None:
+            turn = data.draw(st.sampled_from(self.stale))
+            op = data.draw(st.sampled_from(["drain", "append", "end"]))
+            with pytest.raises(StaleTurnError):
+                if op == "drain":
+                    turn.drain()
+                elif op == "append":
+                    turn.append_assistant(assistant("from the past"))
+                else:
+                    turn.end()
+
+        @invariant()
+        def guarantees_hold(self) -> None:
+            if not hasattr(self, "team_id"):
+                return
+            report = check_team(router, self.team_id)
+            assert report.ok, report.violations
+            assert report.messages == self.accepted + sum(
+                1 for m in router.messages(self.team_id) if m.type.value == "ask"
+            )
+            outbox = [e for e in router.outbox(self.team_id) if e.kind is OutboxKind.ENQUEUE_TURN]
+            keys = [(e.agent_id, e.epoch) for e in outbox]
+            assert len(keys) == len(set(keys)), "two turns enqueued for one epoch"
+            pending = router.messages(self.team_id)
+            for agent in router.agents(self.team_id):
+                wake_pending = any(
+                    m.target_agent_id == agent.id and m.wake and m.status is MessageStatus.PENDING
+                    for m in pending
+                )
+                if agent.state in RESTING_STATES:
+                    # Guarantee 6/9: a resting agent never sits on a message that should wake it.
+                    assert not wake_pending, f"{agent.display_name} rests with wake mail"
+                if agent.state is AgentState.SCHEDULED:
+                    assert (agent.id, agent.epoch) in keys
+                running = agent.state is AgentState.RUNNING
+                assert running == (agent.display_name in self.turns)
+
+    return RouterMachine
+
+
+@pytest.mark.slow
+def test_router_state_machine(router: Router) -> None:
+    run_state_machine_as_test(
+        make_machine(router),
+        settings=settings(
+            max_examples=int(os.environ.get("AGENT_ROUTER_HYPOTHESIS_EXAMPLES", "20")),
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
