@@ -4,6 +4,7 @@ Once a version is released, new labels need a new migration instead."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -19,8 +20,7 @@ enums = {
 }
 text = path.read_text()
 for name, labels in enums.items():
-    rendered = ", ".join(repr(label) for label in labels)
-    text = re.sub(
-        rf"sa\.Enum\([^)]*name='{name}'", f"sa.Enum({rendered}, name='{name}'", text
-    )
+    rendered = ", ".join(f'"{label}"' for label in labels)
+    text = re.sub(rf"sa\.Enum\([^)]*name=[\"']{name}[\"']", f'sa.Enum({rendered}, name="{name}"', text)
 path.write_text(text)
+subprocess.run(["ruff", "format", str(path)], check=True)

@@ -17,6 +17,7 @@ from agent_router.domain import (
     Team,
     TurnStatus,
     TurnTrigger,
+    WaitOutcome,
 )
 from agent_router.errors import (
     AgentRouterError,
@@ -72,5 +73,6 @@ __all__ = [
     "UnknownAgentError",
     "UnknownQuestionError",
     "UnknownTeamError",
+    "WaitOutcome",
     "__version__",
 ]

@@ -117,6 +117,7 @@ class LedgerAction(enum.StrEnum):
     TERMINATED = "terminated"
     MESSAGE_DROPPED = "message_dropped"
     QUESTION_CANCELLED = "question_cancelled"
+    QUESTION_EXPIRED = "question_expired"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,6 +186,13 @@ class Question:
     waiting: bool  # the asker is still blocked on it (a waits-for edge)
     deadline: datetime
     answer_message_id: int | None = None
+
+
+class WaitOutcome(enum.StrEnum):
+    """How a blocked ask ended, for the loop that called it."""
+
+    RESOLVED = "resolved"  # the tool result is in the transcript; this turn continues
+    SUSPENDED = "suspended"  # the turn gave up its worker; a continuation turn will resume
 
 
 @dataclass(frozen=True, kw_only=True)

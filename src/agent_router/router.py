@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from datetime import timedelta
 from typing import Any
 
 from agent_router import errors
@@ -15,14 +17,18 @@ from agent_router.domain import (
     MessageSubtype,
     MessageType,
     OutboxEntry,
+    OutboxKind,
     Question,
     Team,
     TurnRecord,
+    WaitOutcome,
 )
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
 from agent_router.store import Effects, SendRequest, Store
+from agent_router.store import utcnow as _utcnow
 from agent_router.turn import Turn
+from agent_router.waker import InProcessWaker, RedisWaker, Waker
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +36,9 @@ logger = logging.getLogger(__name__)
 class Router:
     """Routes messages between the agents of a team by the receiver's state.
 
-    ``publisher`` turns committed side effects (enqueue a turn, wake a waiter) into signals; with
-    none, outbox rows stay unpublished until :meth:`publish_outbox` is given one.
+    ``publisher`` turns committed turn enqueues into tasks; with none, those outbox rows stay
+    unpublished until :meth:`publish_outbox` is given one. ``waker`` carries the wake signals of
+    blocked asks (default: Redis when ``settings.redis_url`` is set, else in-process).
     """
 
     def __init__(
@@ -40,10 +47,14 @@ class Router:
         *,
         publisher: Publisher | None = None,
         store: Store | None = None,
+        waker: Waker | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.store = store or Store(self.settings)
         self.publisher = publisher
+        self.waker: Waker = waker or (
+            RedisWaker(self.settings.redis_url) if self.settings.redis_url else InProcessWaker()
+        )
 
     # ------------------------------------------------------------------ set-up
 
@@ -53,6 +64,8 @@ class Router:
 
     def close(self) -> None:
         self.store.dispose()
+        if isinstance(self.waker, RedisWaker):
+            self.waker.close()
 
     def create_team(self, *, lead_system_prompt: str | None = None) -> Team:
         return self.store.create_team(lead_system_prompt=lead_system_prompt)
@@ -258,6 +271,42 @@ class Router:
         self._publish(effects)
         return q
 
+    def wait_for(
+        self, turn: Turn, question: Question, *, block_seconds: float | None = None
+    ) -> WaitOutcome:
+        """Block the turn's worker until ``question`` stops blocking it (answered, released,
+        expired), for at most ``block_seconds`` (default ``Settings.ask_block_seconds``); then
+        suspend. The database decides: a wake signal only cuts a sleep short, and whether the
+        answer or the suspension came first is settled under the agent lock."""
+        block = self.settings.ask_block_seconds if block_seconds is None else block_seconds
+        give_up_at = time.monotonic() + block
+        try:
+            while True:
+                current = self.store.question(question.id)
+                if not current.waiting:
+                    return WaitOutcome.RESOLVED
+                until_deadline = (current.deadline - _utcnow()) / timedelta(seconds=1)
+                if until_deadline <= 0:
+                    self._publish(self.store.expire_questions(question_id=question.id)[1])
+                    continue
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0:
+                    if self.store.suspend(turn.record):
+                        return WaitOutcome.SUSPENDED
+                    continue  # the answer won the race: it is in the transcript
+                self.waker.wait(
+                    question.id,
+                    min(remaining, until_deadline, self.settings.wake_recheck_seconds),
+                )
+        finally:
+            self.waker.forget(question.id)
+
+    def expire_questions(self) -> int:
+        """Resolve every open question past its deadline with an ``expired`` result."""
+        count, effects = self.store.expire_questions()
+        self._publish(effects)
+        return count
+
     def take_over(self, team_id: int, display_name: str, *, reason: str) -> int:
         """Fence the agent's running turn (it can write nothing more) and schedule recovery."""
         agent = self.agent(team_id, display_name)
@@ -273,15 +322,22 @@ class Router:
     # ------------------------------------------------------------------ outbox
 
     def _publish(self, effects: Effects) -> None:
-        if self.publisher is None or not effects.outbox:
-            return
-        self._publish_entries(self.publisher, effects.outbox)
+        if effects.outbox:
+            self._publish_entries(self.publisher, effects.outbox)
 
-    def _publish_entries(self, publisher: Publisher, entries: list[OutboxEntry]) -> int:
+    def _publish_entries(self, publisher: Publisher | None, entries: list[OutboxEntry]) -> int:
+        """Wake signals go to the waker, turn tasks to the publisher; what was sent is marked
+        published. Without a publisher, turn rows stay unpublished for a later
+        :meth:`publish_outbox`."""
         published: list[int] = []
         try:
             for entry in entries:
-                publisher.publish(entry)
+                if entry.kind is OutboxKind.WAKE_WAITER:
+                    self.waker.notify(int(entry.payload["question_id"]))
+                elif publisher is not None:
+                    publisher.publish(entry)
+                else:
+                    continue
                 published.append(entry.id)
         except Exception:
             # The row stays unpublished; the sweeper publishes it again.

@@ -82,3 +82,9 @@ class Settings(BaseSettings):
         description="How long the ScriptedModel takes to write a sub-agent's final reply, so "
         "that a message can arrive while the last output is being written (seed 3.4).",
     )
+    wake_recheck_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="A blocked ask re-reads the database at least this often, so a lost wake "
+        "signal costs at most this long.",
+    )

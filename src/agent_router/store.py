@@ -1313,6 +1313,47 @@ class Store:
                 break
         return []
 
+    def expire_questions(self, *, question_id: int | None = None) -> tuple[int, Effects]:
+        """Resolve open questions past their deadline with an ``expired`` tool result; the asker
+        continues (woken if blocked, a continuation turn if suspended)."""
+        effects = Effects()
+        expired = 0
+        with self._tx() as session:
+            stmt = sa.select(QuestionRow.id, QuestionRow.team_id).where(
+                QuestionRow.status == QuestionStatus.OPEN, QuestionRow.deadline <= utcnow()
+            )
+            if question_id is not None:
+                stmt = stmt.where(QuestionRow.id == question_id)
+            overdue = session.execute(stmt.order_by(QuestionRow.team_id, QuestionRow.id)).all()
+            for qid, team_id in overdue:
+                question = session.get(QuestionRow, qid)
+                assert question is not None
+                asker = self._lock_agent(session, question.asker_agent_id)
+                assert asker is not None
+                session.refresh(question, with_for_update=True)
+                if question.status is not QuestionStatus.OPEN:
+                    continue
+                question.status = QuestionStatus.EXPIRED
+                question.closed_at = utcnow()
+                expired += 1
+                self._ledger(
+                    session,
+                    LedgerAction.QUESTION_EXPIRED,
+                    team_id=team_id,
+                    agent_id=asker.id,
+                    question_id=qid,
+                    waiting=question.waiting,
+                )
+                if question.waiting:
+                    self._release(
+                        session,
+                        asker,
+                        question,
+                        "expired: no answer arrived before the question's deadline",
+                        effects,
+                    )
+        return expired, effects
+
     def question(self, question_id: int) -> Question:
         with self._sessions() as session:
             row = session.get(QuestionRow, question_id)

@@ -12,6 +12,7 @@ from agent_router.domain import (
     Question,
     TurnRecord,
     TurnTrigger,
+    WaitOutcome,
 )
 
 if TYPE_CHECKING:
@@ -80,6 +81,11 @@ class Turn:
             subtype=subtype,
             timeout_seconds=timeout_seconds,
         )
+
+    def wait_for(self, question: Question, *, block_seconds: float | None = None) -> WaitOutcome:
+        """Block until the question is answered (its result is then in the transcript) or, after
+        ``block_seconds``, suspend: the caller must then return without ending the turn."""
+        return self._router.wait_for(self, question, block_seconds=block_seconds)
 
     def suspend(self) -> bool:
         """Give up the worker while blocked in an ask; ``False`` if the answer already came."""

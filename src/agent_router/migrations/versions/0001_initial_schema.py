@@ -118,6 +118,7 @@ def upgrade() -> None:
                 "terminated",
                 "message_dropped",
                 "question_cancelled",
+                "question_expired",
                 name="ar_ledger_action",
                 create_constraint=True,
             ),

@@ -1,0 +1,80 @@
+"""Wake signals for blocked asks: a per-question Redis list in production, an in-process event in
+the embedded mode. A signal only shortens a wait: the waiter always re-reads the database, so a
+lost signal costs a timeout, never an answer."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Protocol
+
+import redis
+
+from agent_router.constants import wake_key
+
+
+class Waker(Protocol):
+    def notify(self, question_id: int) -> None:
+        """Tell the asker blocked on ``question_id`` that its wait may be over."""
+
+    def wait(self, question_id: int, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for a notification; ``True`` if one came."""
+
+    def forget(self, question_id: int) -> None:
+        """Drop any notification left for ``question_id`` (the wait is over)."""
+
+
+class InProcessWaker:
+    """Events keyed by question id. A notification sent before the wait starts is kept, so the
+    order of notify and wait does not matter. Bounded: the oldest unclaimed events are dropped
+    (their waiters, if any, fall back to re-reading the database)."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._lock = threading.Lock()
+        self._events: OrderedDict[int, threading.Event] = OrderedDict()
+        self._capacity = capacity
+
+    def _event(self, question_id: int) -> threading.Event:
+        with self._lock:
+            event = self._events.get(question_id)
+            if event is None:
+                event = self._events[question_id] = threading.Event()
+                while len(self._events) > self._capacity:
+                    self._events.popitem(last=False)
+            return event
+
+    def notify(self, question_id: int) -> None:
+        self._event(question_id).set()
+
+    def wait(self, question_id: int, timeout: float) -> bool:
+        return self._event(question_id).wait(timeout)
+
+    def forget(self, question_id: int) -> None:
+        with self._lock:
+            self._events.pop(question_id, None)
+
+
+class RedisWaker:
+    """``RPUSH`` + ``EXPIRE`` to notify, ``BLPOP`` to wait, on ``agent_router:wake:<id>``. The list
+    outlives a notify sent before the waiter blocks; the expiry cleans up after nobody waits."""
+
+    def __init__(self, url: str, *, ttl_seconds: int = 24 * 3600) -> None:
+        self._client = redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30)
+        self._ttl = ttl_seconds
+
+    def notify(self, question_id: int) -> None:
+        key = wake_key(question_id)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, 1)
+            pipe.expire(key, self._ttl)
+            pipe.execute()
+
+    def wait(self, question_id: int, timeout: float) -> bool:
+        # BLPOP takes whole or fractional seconds; 0 would mean forever.
+        return self._client.blpop([wake_key(question_id)], timeout=max(timeout, 0.01)) is not None
+
+    def forget(self, question_id: int) -> None:
+        self._client.delete(wake_key(question_id))
+
+    def close(self) -> None:
+        self._client.close()
