@@ -99,7 +99,8 @@ class ScriptedModel:
 
     - a ``task`` starts a job (or extends the running one) worked through ``do_work`` calls; the
       first reply carries text (sent to the lead as progress output) along with its tool call;
-    - a ``message``/``answer`` while a job runs is guidance: acknowledged in text, one more step;
+    - a ``message``/``answer`` while a job runs is guidance: acknowledged in text with one more
+      step that acts on it (several drained at once: one step);
       with no job running it is a small job of one step;
     - a ``notice`` from the lead while a job runs means "wrap up": the next reply is final;
     - when the plan is done the final reply (no tool calls) takes ``write_seconds`` to "write",
@@ -206,9 +207,9 @@ class ScriptedModel:
             and not job.guidance
             and job.done < script.patience
         )
-        # Guidance received so far adds one step per batch it arrived in; keep it simple: one.
-        planned = job.planned + (1 if job.guidance else 0)
-        if can_work and not job.wrap_up and (waiting or job.done < planned):
+        # Fresh guidance always gets one step that acts on it, however far the plan got.
+        more = waiting or job.done < job.planned or bool(fresh_guidance)
+        if can_work and not job.wrap_up and more:
             return self._work_step(script, job, fresh_guidance, waiting, len(messages))
         return self._final(job)
 

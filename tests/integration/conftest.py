@@ -33,7 +33,9 @@ def celery_settings(pg_schema_url: str, redis_url: str) -> Settings:
         database_url=pg_schema_url,
         broker_url=redis_url,
         queue=f"agent_router.test.{uuid.uuid4().hex[:10]}",
-        work_seconds=0.05,
+        # UI Operator_1 checks in up to 40 times (0.1 s each) before it gives up waiting for
+        # the lead's steer: seconds of margin for the demo to send it.
+        work_seconds=0.1,
         # Long enough that the demo's 3.4 message lands while the final reply is written.
         scripted_write_seconds=1.0,
     )

@@ -111,11 +111,11 @@ def test_answer_racing_suspension_continues_exactly_once(router: Router) -> None
         outbox_before = len(router.outbox(team.id))
         barrier = threading.Barrier(2)
 
-        def suspend(turn: Turn = turn) -> bool:
+        def suspend(turn: Turn = turn, barrier: threading.Barrier = barrier) -> bool:
             barrier.wait()
             return turn.suspend()
 
-        def answer(qid: int = q.id, i: int = i) -> Any:
+        def answer(qid: int = q.id, i: int = i, barrier: threading.Barrier = barrier) -> Any:
             barrier.wait()
             return _answer(router, team.id, "Engineer_1", qid, f"answer {i}")
 
@@ -161,7 +161,7 @@ def test_concurrent_mutual_asks_one_waits_one_is_refused(router: Router) -> None
         tb.append_assistant(assistant(None, tool_call(f"b{i}", "ask_other_agent")))
         barrier = threading.Barrier(2)
 
-        def ask(turn: Turn, target: str, call: str) -> Any:
+        def ask(turn: Turn, target: str, call: str, barrier: threading.Barrier = barrier) -> Any:
             barrier.wait()
             try:
                 return turn.ask(target, "do you depend on me?", tool_call_id=call)
@@ -207,8 +207,8 @@ def test_three_agent_cycle_is_refused_and_names_the_cycle(router: Router) -> Non
     team = router.create_team()
     for role in ("A", "B", "C"):
         router.create_agent(team.id, role=role)
-    ta, _ = _asking(router, team.id, "A_1", "B_1")
-    tb, _ = _asking(router, team.id, "B_1", "C_1")
+    _asking(router, team.id, "A_1", "B_1")
+    _asking(router, team.id, "B_1", "C_1")
     tc = start_running(router, team.id, "C_1")
     tc.append_assistant(assistant(None, tool_call("c-ask", "ask_other_agent")))
     with pytest.raises(AskRefusedError) as refused:

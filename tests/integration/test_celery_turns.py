@@ -117,7 +117,7 @@ def test_seed_scenarios_embedded(tmp_path: Path) -> None:
         database_url=f"sqlite:///{tmp_path / 'embedded.db'}",
         broker_url="memory://",
         queue=f"agent_router.test.{tmp_path.name}",
-        work_seconds=0.05,
+        work_seconds=0.1,
         scripted_write_seconds=1.0,
     )
     app = create_app(settings)
