@@ -103,10 +103,10 @@ class CeleryPublisher:
                 extra={"action": "publish", "agent_id": entry.agent_id, "epoch": entry.epoch},
             )
         elif entry.kind is OutboxKind.WAKE_WAITER:
-            # Waking a blocked asker arrives with the ask tools (issue 4); its timeout re-reads
-            # the database meanwhile, so nothing is lost by only logging here.
+            # The Router hands wake signals to its waker and never here; should a host publish
+            # one through us anyway, the blocked asker's timeout re-reads the database.
             logger.info(
-                "wake signal not implemented yet",
+                "wake signal ignored: the router's waker carries it",
                 extra={"action": "publish", "agent_id": entry.agent_id, "kind": entry.kind.value},
             )
 
