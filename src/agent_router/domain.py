@@ -118,6 +118,7 @@ class LedgerAction(enum.StrEnum):
     MESSAGE_DROPPED = "message_dropped"
     QUESTION_CANCELLED = "question_cancelled"
     QUESTION_EXPIRED = "question_expired"
+    REENQUEUED = "reenqueued"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_router import errors
 from agent_router.domain import (
@@ -28,6 +28,9 @@ from agent_router.settings import Settings
 from agent_router.store import Effects, SendRequest, Store
 from agent_router.store import utcnow as _utcnow
 from agent_router.turn import Turn
+
+if TYPE_CHECKING:
+    from agent_router.sweeper import SweepReport
 from agent_router.waker import InProcessWaker, RedisWaker, Waker
 
 logger = logging.getLogger(__name__)
@@ -324,6 +327,19 @@ class Router:
     def _publish(self, effects: Effects) -> None:
         if effects.outbox:
             self._publish_entries(self.publisher, effects.outbox)
+
+    def publish_effects(self, effects: Effects) -> None:
+        """Publish what a store transition committed (for callers of :attr:`store`)."""
+        self._publish(effects)
+
+    def publish_entries(self, entries: list[OutboxEntry]) -> int:
+        return self._publish_entries(self.publisher, entries)
+
+    def sweep(self) -> SweepReport:
+        """One sweeper pass (see :mod:`agent_router.sweeper`)."""
+        from agent_router.sweeper import sweep
+
+        return sweep(self)
 
     def _publish_entries(self, publisher: Publisher | None, entries: list[OutboxEntry]) -> int:
         """Wake signals go to the waker, turn tasks to the publisher; what was sent is marked

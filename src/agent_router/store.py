@@ -1014,7 +1014,124 @@ class Store:
             )
         return result, effects
 
-    def take_over(self, agent_id: int, *, reason: str) -> tuple[int, Effects]:
+    def renew_lease(self, turn: TurnRecord) -> bool:
+        """Extend a running turn's lease; ``False`` if the turn was fenced (stop working)."""
+        with self._tx() as session:
+            renewed = cast(
+                "sa.CursorResult[Any]",
+                session.execute(
+                    sa.update(TurnRow)
+                    .where(
+                        TurnRow.id == turn.id,
+                        TurnRow.status == TurnStatus.RUNNING,
+                        TurnRow.epoch
+                        == sa.select(AgentRow.epoch)
+                        .where(AgentRow.id == turn.agent_id)
+                        .scalar_subquery(),
+                    )
+                    .values(
+                        lease_expires_at=utcnow() + timedelta(seconds=self.settings.lease_seconds)
+                    )
+                ),
+            ).rowcount
+            return bool(renewed)
+
+    def expired_leases(self) -> list[int]:
+        """Agents whose current turn's lease has run out (its worker is presumed dead)."""
+        with self._sessions() as session:
+            return list(
+                session.scalars(
+                    sa.select(AgentRow.id)
+                    .join(
+                        TurnRow,
+                        sa.and_(TurnRow.agent_id == AgentRow.id, TurnRow.epoch == AgentRow.epoch),
+                    )
+                    .where(
+                        TurnRow.status == TurnStatus.RUNNING,
+                        TurnRow.lease_expires_at < utcnow(),
+                        AgentRow.state.in_([AgentState.RUNNING, AgentState.WAITING]),
+                    )
+                    .order_by(AgentRow.id)
+                )
+            )
+
+    def take_over_expired(self, agent_id: int) -> tuple[int | None, Effects]:
+        """:meth:`take_over`, but only if the lease is still expired under the lock (a heartbeat
+        may have renewed it since it was listed)."""
+        with self._sessions() as session:
+            agent = session.get(AgentRow, agent_id)
+            turn = (
+                session.scalars(
+                    sa.select(TurnRow).where(
+                        TurnRow.agent_id == agent_id,
+                        TurnRow.epoch == agent.epoch,
+                        TurnRow.status == TurnStatus.RUNNING,
+                    )
+                ).one_or_none()
+                if agent
+                else None
+            )
+            if turn is None or turn.lease_expires_at is None or turn.lease_expires_at >= utcnow():
+                return None, Effects()
+        try:
+            return self.take_over(
+                agent_id, reason="lease expired", expected_turn_id=turn.id, lease_check=True
+            )
+        except errors.TurnError:
+            return None, Effects()
+
+    def stuck_scheduled(self, *, older_than_seconds: float) -> list[OutboxEntry]:
+        """Re-enqueue agents left ``scheduled`` whose turn task never started (the task was
+        lost after being published). Fenced claims make a duplicate harmless."""
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        entries: list[OutboxEntry] = []
+        with self._tx() as session:
+            agents = session.scalars(
+                sa.select(AgentRow)
+                .where(AgentRow.state == AgentState.SCHEDULED, AgentRow.scheduled_at < cutoff)
+                .order_by(AgentRow.id)
+                .with_for_update(skip_locked=True)
+            ).all()
+            for agent in agents:
+                unpublished = session.scalar(
+                    sa.select(sa.func.count())
+                    .select_from(OutboxRow)
+                    .where(
+                        OutboxRow.agent_id == agent.id,
+                        OutboxRow.epoch == agent.epoch,
+                        OutboxRow.published_at.is_(None),
+                    )
+                )
+                if unpublished:
+                    continue  # the outbox re-publisher covers it
+                effects = Effects()
+                agent.scheduled_at = utcnow()
+                self._outbox(
+                    session,
+                    effects,
+                    agent,
+                    OutboxKind.ENQUEUE_TURN,
+                    trigger=(agent.pending_trigger or TurnTrigger.NEW).value,
+                    reenqueued=True,
+                )
+                self._ledger(
+                    session,
+                    LedgerAction.REENQUEUED,
+                    team_id=agent.team_id,
+                    agent_id=agent.id,
+                    epoch=agent.epoch,
+                )
+                entries.extend(effects.outbox)
+        return entries
+
+    def take_over(
+        self,
+        agent_id: int,
+        *,
+        reason: str,
+        expected_turn_id: int | None = None,
+        lease_check: bool = False,
+    ) -> tuple[int, Effects]:
         """Fence a running agent whose turn is presumed dead: bump the epoch so the old turn can
         write nothing, then schedule a ``recovery`` turn, or, if it was blocked in an ask, leave
         it suspended on that ask. Returns the new epoch."""
@@ -1030,6 +1147,12 @@ class Store:
             old = session.scalars(
                 sa.select(TurnRow).where(TurnRow.agent_id == agent.id, TurnRow.epoch == agent.epoch)
             ).one_or_none()
+            if expected_turn_id is not None and (old is None or old.id != expected_turn_id):
+                raise errors.TurnError("the turn changed since it was found expired")
+            if lease_check and (
+                old is None or old.lease_expires_at is None or old.lease_expires_at >= utcnow()
+            ):
+                raise errors.TurnError("the lease was renewed")
             if old is not None:
                 old.status = TurnStatus.FENCED
                 old.ended_at = utcnow()

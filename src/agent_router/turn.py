@@ -87,6 +87,10 @@ class Turn:
         ``block_seconds``, suspend: the caller must then return without ending the turn."""
         return self._router.wait_for(self, question, block_seconds=block_seconds)
 
+    def heartbeat(self) -> bool:
+        """Renew this turn's lease; ``False`` once it has been fenced (stop working)."""
+        return self._router.store.renew_lease(self.record)
+
     def suspend(self) -> bool:
         """Give up the worker while blocked in an ask; ``False`` if the answer already came."""
         return self._router.store.suspend(self.record)

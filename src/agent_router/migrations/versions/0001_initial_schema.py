@@ -119,6 +119,7 @@ def upgrade() -> None:
                 "message_dropped",
                 "question_cancelled",
                 "question_expired",
+                "reenqueued",
                 name="ar_ledger_action",
                 create_constraint=True,
             ),

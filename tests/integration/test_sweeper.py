@@ -1,0 +1,163 @@
+"""The sweeper repairs what crashes and lost signals leave: expired leases, lost turn tasks,
+unpublished outbox rows, overdue questions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent_router import (
+    AgentState,
+    LedgerAction,
+    MessageType,
+    QuestionStatus,
+    Router,
+    Settings,
+    StaleTurnError,
+    TurnTrigger,
+)
+from agent_router.checks import check_team
+from agent_router.domain import OutboxKind
+from agent_router.outbox import RecordingPublisher
+
+from .helpers import assistant, start_running, tool_call
+
+FAST = {"lease_seconds": 0.3, "sweep_seconds": 0.1}
+
+
+@pytest.fixture
+def fast_router(database_url: str) -> Iterator[Router]:
+    router = Router(Settings(database_url=database_url, **FAST), publisher=RecordingPublisher())
+    yield router
+    router.close()
+
+
+def _wait_past(seconds: float) -> None:
+    time.sleep(seconds * 1.5)
+
+
+def _count(router: Router, team_id: int, action: LedgerAction) -> int:
+    # The sweeper is global (other tests' teams share the PostgreSQL database): count this team's.
+    return sum(1 for e in router.ledger(team_id) if e.action is action)
+
+
+def test_expired_lease_is_taken_over_and_recovered(fast_router: Router) -> None:
+    router = fast_router
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    dead = start_running(router, team.id, "Engineer_1")
+    dead.append_assistant(assistant(None, tool_call("c1")))
+    _wait_past(FAST["lease_seconds"])
+    router.sweep()
+    assert _count(router, team.id, LedgerAction.TAKE_OVER) == 1
+    agent = router.agent(team.id, "Engineer_1")
+    assert (agent.state, agent.pending_trigger) == (AgentState.SCHEDULED, TurnTrigger.RECOVERY)
+    with pytest.raises(StaleTurnError):
+        dead.append_tool_result("c1", "too late")
+    assert dead.heartbeat() is False
+    recovery = router.claim_turn(team.id, "Engineer_1")
+    assert recovery is not None and recovery.trigger is TurnTrigger.RECOVERY
+    assert router.transcript(team.id, "Engineer_1")[-1]["content"].startswith("interrupted")
+    recovery.append_assistant(assistant("recovered"))
+    recovery.end()
+    router.sweep()
+    assert _count(router, team.id, LedgerAction.TAKE_OVER) == 1
+    assert check_team(router, team.id, quiescent=True).ok
+
+
+def test_heartbeat_keeps_a_live_turn(fast_router: Router) -> None:
+    router = fast_router
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn = start_running(router, team.id, "Engineer_1")
+    for _ in range(4):
+        time.sleep(FAST["lease_seconds"] / 3)
+        assert turn.heartbeat() is True
+        router.sweep()
+        assert _count(router, team.id, LedgerAction.TAKE_OVER) == 0
+    assert router.agent(team.id, "Engineer_1").state is AgentState.RUNNING
+
+
+def test_dead_asker_is_suspended_and_resumed_by_the_answer(fast_router: Router) -> None:
+    router = fast_router
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn = start_running(router, team.id, "Engineer_1")
+    turn.append_assistant(assistant(None, tool_call("ask-1", "ask_master"), tool_call("c2")))
+    q = turn.ask("Team Leader", "which db?", tool_call_id="ask-1")
+    _wait_past(FAST["lease_seconds"])
+    router.sweep()
+    assert _count(router, team.id, LedgerAction.TAKE_OVER) == 1
+    agent = router.agent(team.id, "Engineer_1")
+    assert (agent.state, agent.suspended) == (AgentState.WAITING, True)
+    assert router.question(q.id).status is QuestionStatus.OPEN
+    # The blocked ask stays open; the call after it has not run, so it gets no result yet.
+    assert router.store.open_tool_calls(agent.id) == ["ask-1", "c2"]
+    router.send(
+        team.id,
+        to="Engineer_1",
+        content="postgres",
+        sender="Team Leader",
+        type=MessageType.ANSWER,
+        question_id=q.id,
+    )
+    cont = router.claim_turn(team.id, "Engineer_1")
+    assert cont is not None and cont.trigger is TurnTrigger.CONTINUATION
+    assert cont.open_tool_calls() == ["c2"]
+
+
+def test_lost_turn_task_is_reenqueued_once(fast_router: Router) -> None:
+    router = fast_router
+    publisher = router.publisher
+    assert isinstance(publisher, RecordingPublisher)
+    team = router.create_team()
+    agent = router.create_agent(team.id, role="Engineer")
+    router.send(team.id, to="Engineer_1", content="go", sender="Team Leader")
+    epoch = router.agent(team.id, "Engineer_1").epoch
+    published = len(publisher.entries)  # ...and the broker lost that task
+    router.sweep()
+    assert _count(router, team.id, LedgerAction.REENQUEUED) == 0  # too early: may be queued
+    _wait_past(FAST["lease_seconds"])
+    router.sweep()
+    assert _count(router, team.id, LedgerAction.REENQUEUED) == 1
+    again = [e for e in publisher.entries[published:] if e.agent_id == agent.id]
+    assert [(e.kind, e.agent_id, e.epoch) for e in again] == [
+        (OutboxKind.ENQUEUE_TURN, agent.id, epoch)
+    ]
+    assert router.claim(agent.id, epoch) is not None
+    assert router.claim(agent.id, epoch) is None  # the original, if it reappears, is a no-op
+
+
+def test_unpublished_outbox_rows_are_published_by_the_sweeper(database_url: str) -> None:
+    settings = Settings(database_url=database_url, **FAST)
+    offline = Router(settings)  # committed, but the process died before publishing
+    team = offline.create_team()
+    offline.create_agent(team.id, role="Engineer")
+    offline.send(team.id, to="Engineer_1", content="durable", sender="Team Leader")
+    offline.close()
+    publisher = RecordingPublisher()
+    sweeper = Router(settings, publisher=publisher)
+    _wait_past(FAST["sweep_seconds"])
+    sweeper.sweep()
+    mine = [e for e in publisher.entries if e.agent_id == sweeper.agent(team.id, "Engineer_1").id]
+    assert len(mine) == 1
+    assert all(e.id not in {u.id for u in sweeper.store.unpublished()} for e in mine)
+    sweeper.close()
+
+
+def test_overdue_questions_expire_on_sweep(fast_router: Router) -> None:
+    router = fast_router
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn = start_running(router, team.id, "Engineer_1")
+    turn.append_assistant(assistant(None, tool_call("ask-1", "ask_master")))
+    q = turn.ask("Team Leader", "hello?", tool_call_id="ask-1", timeout_seconds=0.1)
+    assert turn.suspend() is True
+    _wait_past(0.1)
+    router.sweep()
+    assert _count(router, team.id, LedgerAction.QUESTION_EXPIRED) == 1
+    assert router.question(q.id).status is QuestionStatus.EXPIRED
+    agent = router.agent(team.id, "Engineer_1")
+    assert (agent.state, agent.pending_trigger) == (AgentState.SCHEDULED, TurnTrigger.CONTINUATION)
