@@ -1,0 +1,33 @@
+"""The README's example runs as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def test_readme_starts_with_exactly_two_setup_commands() -> None:
+    text = README.read_text()
+    setup = text.split("## Set up", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in setup.strip().splitlines()]
+    assert commands == ["./dev demo", "./dev test"]
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "./dev test" in ci
+
+
+def test_readme_python_example_runs(tmp_path: Path) -> None:
+    block = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert block is not None
+    result = subprocess.run(
+        [sys.executable, "-c", block.group(1)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Build the login page." in result.stdout
