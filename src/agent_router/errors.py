@@ -30,6 +30,10 @@ class UnknownAgentError(RefusedError):
     """Raised when no agent of that display name or id exists in the team."""
 
 
+class UnknownMessageError(RefusedError):
+    """Raised when a message id does not exist."""
+
+
 class AgentTerminatedError(RefusedError):
     """Raised when the target agent is terminated and takes no more messages."""
 
@@ -85,3 +89,20 @@ class ToolCallsPendingError(TurnError):
 
 class InvalidTranscriptEntryError(TurnError):
     """Raised when an assistant message or tool result is malformed."""
+
+
+class ModelError(AgentRouterError):
+    """Raised when a model call failed: the server refused it, kept failing, or was unreachable."""
+
+    def __init__(
+        self, message: str | None = None, *, status_code: int | None = None, transient: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code  # the HTTP status, when the server answered
+        # The client's own retries are spent, yet the cause may pass (timeout, connection
+        # error, 408/409/429/5xx): a Celery task may retry the turn later.
+        self.transient = transient
+
+
+class MalformedModelResponseError(ModelError):
+    """Raised when a model's response does not fit the Chat Completions protocol."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///agent_router.db"
@@ -87,4 +87,46 @@ class Settings(BaseSettings):
         gt=0,
         description="A blocked ask re-reads the database at least this often, so a lost wake "
         "signal costs at most this long.",
+    )
+
+    # Fields below were added for the OpenAI-compatible model adapter (issue 5, item 6).
+    openai_model: str | None = Field(
+        None,
+        description="Model name sent to the Chat Completions endpoint; required by OpenAIModel.",
+    )
+    openai_base_url: str | None = Field(
+        None,
+        description="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1; "
+        "unset: the SDK's default (OPENAI_BASE_URL, else https://api.openai.com/v1).",
+    )
+    openai_api_key: str | None = Field(
+        None,
+        # The standard variable is honoured too, so a key already exported for other tools
+        # works here; ours wins when both are set.
+        validation_alias=AliasChoices(
+            "AGENT_ROUTER_OPENAI_API_KEY", "OPENAI_API_KEY", "openai_api_key"
+        ),
+        repr=False,  # kept out of reprs, logs and tracebacks
+        description="API key: AGENT_ROUTER_OPENAI_API_KEY, else OPENAI_API_KEY.",
+    )
+    openai_timeout_seconds: float = Field(
+        120.0, gt=0, description="Timeout of one model request (each retry gets its own)."
+    )
+    openai_max_retries: int = Field(
+        2,
+        ge=0,
+        description="Retries of a model request on connection errors, timeouts, 408/409/429 "
+        "and 5xx, with the SDK's exponential backoff (honouring the server's Retry-After).",
+    )
+    openai_temperature: float | None = Field(
+        None, ge=0, le=2, description="Sampling temperature; unset: the server's default."
+    )
+
+    # Fields below were added for operations (issue 7).
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port on which `agent-router worker` serves Prometheus metrics at /metrics; "
+        "unset: no metrics endpoint.",
     )

@@ -1,0 +1,287 @@
+"""A model served over the OpenAI Chat Completions protocol (OpenAI, vLLM, Ollama, LiteLLM, ...).
+
+Transport, retries and backoff are the official SDK's: it retries connection errors, timeouts,
+408/409/429 and 5xx up to ``openai_max_retries`` times with exponential backoff, honouring a
+server's ``Retry-After``. This module adds what the SDK does not do: it maps our transcript to a
+request, validates the reply strictly and maps it back, and turns every failure into a
+:class:`~agent_router.errors.ModelError`.
+
+The SDK is an optional extra and is imported only when an :class:`OpenAIModel` is built; the
+mapping functions are pure and need no SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agent_router.errors import (
+    ConfigurationError,
+    InvalidTranscriptEntryError,
+    MalformedModelResponseError,
+    ModelError,
+)
+from agent_router.settings import Settings
+
+if TYPE_CHECKING:
+    import openai
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'agent-router[openai]'"
+
+#: The keys the protocol defines per role. Entries may carry more (a host's bookkeeping), and
+#: strict servers reject unknown keys, so only these are sent.
+_REQUEST_KEYS: Mapping[str, tuple[str, ...]] = {
+    "system": ("content", "name"),
+    "developer": ("content", "name"),
+    "user": ("content", "name"),
+    "assistant": ("content", "name"),  # tool_calls are rebuilt separately
+    "tool": ("content", "tool_call_id"),
+}
+
+#: Longest excerpt of a bad body quoted in an error message.
+_EXCERPT = 200
+
+
+# ---------------------------------------------------------------------------- mapping: request
+
+
+def request_messages(transcript: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Our transcript as the request's ``messages``.
+
+    Keeps only the protocol's keys, drops an empty ``tool_calls`` list (servers reject it) and
+    sends tool call arguments as the JSON string the protocol wants (a host may have stored a
+    dict). Raises :class:`InvalidTranscriptEntryError` on an entry no server could accept.
+    """
+    out: list[dict[str, Any]] = []
+    for i, entry in enumerate(transcript):
+        role = entry.get("role")
+        if not isinstance(role, str) or role not in _REQUEST_KEYS:
+            raise InvalidTranscriptEntryError(f"transcript entry {i}: unknown role {role!r}")
+        message: dict[str, Any] = {"role": role}
+        message.update({k: entry[k] for k in _REQUEST_KEYS[role] if k in entry})
+        if role == "tool" and not isinstance(entry.get("tool_call_id"), str):
+            raise InvalidTranscriptEntryError(f"transcript entry {i}: tool result without id")
+        if role == "assistant":
+            calls = [_request_tool_call(i, call) for call in entry.get("tool_calls") or ()]
+            if calls:
+                message["tool_calls"] = calls
+            # The protocol requires the key on an assistant message, even when it is null.
+            message.setdefault("content", None)
+        out.append(message)
+    return out
+
+
+def _request_tool_call(i: int, call: Any) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if (
+        not isinstance(function, Mapping)
+        or not isinstance(call.get("id"), str)
+        or not isinstance(function.get("name"), str)
+    ):
+        raise InvalidTranscriptEntryError(f"transcript entry {i}: malformed tool call {call!r}")
+    arguments = function.get("arguments", "{}")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": call["id"],
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+
+
+# --------------------------------------------------------------------------- mapping: response
+
+
+def assistant_message(body: Any) -> dict[str, Any]:
+    """``choices[0].message`` of a Chat Completions response body as our assistant message:
+    ``{"role": "assistant", "content": str | None, "tool_calls": [...]}``, ``tool_calls``
+    omitted when there are none. Raises :class:`MalformedModelResponseError` when the body does
+    not fit the protocol, so a bad reply never reaches a transcript.
+    """
+    if not isinstance(body, Mapping):
+        raise _malformed("the body is not a JSON object", body)
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise _malformed("no choices", body)
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, Mapping) else None
+    if not isinstance(message, Mapping):
+        raise _malformed("choices[0] has no message", body)
+    if message.get("role") != "assistant":
+        raise _malformed(f"message role is {message.get('role')!r}, not 'assistant'", body)
+    content = message.get("content")
+    if content is None and isinstance(message.get("refusal"), str):
+        # A refusal is the model's answer: the agent (and its lead) should read it.
+        content = message["refusal"]
+    if content is not None and not isinstance(content, str):
+        raise _malformed("message content is neither a string nor null", body)
+    raw_calls = message.get("tool_calls")
+    if raw_calls is not None and not isinstance(raw_calls, list):
+        raise _malformed("tool_calls is not a list", body)
+    calls = [_response_tool_call(call, body) for call in raw_calls or ()]
+    ids = [call["id"] for call in calls]
+    if len(set(ids)) != len(ids):
+        raise _malformed("duplicate tool call ids", body)
+    if content is None and not calls:
+        reason = choice.get("finish_reason") if isinstance(choice, Mapping) else None
+        raise _malformed(f"neither content nor tool calls (finish_reason {reason!r})", body)
+    result: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        result["tool_calls"] = calls
+    return result
+
+
+def _response_tool_call(call: Any, body: Any) -> dict[str, Any]:
+    if not isinstance(call, Mapping):
+        raise _malformed("a tool call is not an object", body)
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        raise _malformed("a tool call has no id", body)
+    # Some compatible servers leave `type` out; anything but a function call is unusable here.
+    if call.get("type", "function") != "function":
+        raise _malformed(f"tool call {call_id!r} has type {call.get('type')!r}", body)
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise _malformed(f"tool call {call_id!r} has no function name", body)
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    if not isinstance(arguments, str):
+        raise _malformed(f"tool call {call_id!r} arguments are not a string", body)
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        # Truncated output (finish_reason "length") ends up here too.
+        raise _malformed(f"tool call {call_id!r} arguments are not a JSON object", body)
+    # The model's own string is kept: it is what the tool parses and what the model sees again.
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _malformed(reason: str, body: Any) -> MalformedModelResponseError:
+    text = json.dumps(body, ensure_ascii=False, default=str)
+    excerpt = text if len(text) <= _EXCERPT else text[: _EXCERPT - 1] + "…"
+    return MalformedModelResponseError(f"malformed model response: {reason}: {excerpt}")
+
+
+# ------------------------------------------------------------------------------------ the model
+
+
+def _is_transient(status_code: int) -> bool:
+    return status_code in (408, 409, 429) or status_code >= 500
+
+
+class OpenAIModel:
+    """A :class:`~agent_router.model.Model` calling an OpenAI-compatible Chat Completions server.
+
+    Everything comes from :class:`Settings` (``openai_*``). One instance holds one SDK client
+    (a connection pool); it is safe to share between threads. Raises
+    :class:`ConfigurationError` when the SDK is missing or the model or API key is unset.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        try:
+            import openai
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"OpenAIModel needs the openai package: {INSTALL_HINT}"
+            ) from exc
+        if not settings.openai_model:
+            raise ConfigurationError("no model name: set openai_model (AGENT_ROUTER_OPENAI_MODEL)")
+        if not settings.openai_api_key:
+            # Even servers that check no key need one: the SDK refuses to send without it.
+            raise ConfigurationError(
+                "no API key: set AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY"
+            )
+        self.model_name = settings.openai_model
+        self.temperature = settings.openai_temperature
+        self.timeout_seconds = settings.openai_timeout_seconds
+        self.max_retries = settings.openai_max_retries
+        self._client: openai.OpenAI = openai.OpenAI(
+            api_key=settings.openai_api_key,
+            base_url=settings.openai_base_url,
+            timeout=settings.openai_timeout_seconds,
+            max_retries=settings.openai_max_retries,
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenAIModel(model={self.model_name!r}, base_url={str(self._client.base_url)!r})"
+
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        request: dict[str, Any] = {
+            "model": self.model_name,
+            "messages": request_messages(messages),
+        }
+        if tools:  # some servers reject an empty list
+            request["tools"] = tools
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
+        raw = self._send(request)
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            excerpt = raw[:_EXCERPT].decode("utf-8", "replace")
+            raise MalformedModelResponseError(
+                f"malformed model response: the body is not JSON: {excerpt!r}"
+            ) from exc
+        return assistant_message(body)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    def _send(self, request: dict[str, Any]) -> bytes:
+        """POST the request (the SDK retries transient failures); the raw response body.
+
+        The raw body is read rather than the SDK's parsed object: without strict validation
+        the SDK builds objects from whatever JSON arrives, so validation happens here once.
+        """
+        import openai
+
+        try:
+            response = self._client.chat.completions.with_raw_response.create(**request)
+        except openai.OpenAIError as exc:
+            error = self._model_error(exc)
+            logger.warning(
+                "model call failed: %s",
+                error,
+                extra={
+                    "action": "model_call",
+                    "model": self.model_name,
+                    "status_code": error.status_code,
+                    "transient": error.transient,
+                },
+            )
+            raise error from exc
+        return response.http_response.content
+
+    def _model_error(self, exc: openai.OpenAIError) -> ModelError:
+        import openai
+
+        prefix = f"model {self.model_name!r}"
+        tries = f"tried {self.max_retries + 1} times"
+        if isinstance(exc, openai.APIStatusError):
+            return ModelError(
+                f"{prefix}: HTTP {exc.status_code}: {exc.message}",
+                status_code=exc.status_code,
+                transient=_is_transient(exc.status_code),
+            )
+        if isinstance(exc, openai.APITimeoutError):
+            return ModelError(
+                f"{prefix}: no response within {self.timeout_seconds} s ({tries})", transient=True
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            return ModelError(
+                f"{prefix}: cannot reach {self._client.base_url} ({tries}): {exc.__cause__ or exc}",
+                transient=True,
+            )
+        return ModelError(f"{prefix}: {exc}")
+
+
+__all__ = ["INSTALL_HINT", "OpenAIModel", "assistant_message", "request_messages"]

@@ -1,0 +1,227 @@
+"""A scriptable Chat Completions server on 127.0.0.1 for tests that drive the real SDK.
+
+It speaks real HTTP (stdlib ``http.server``, one thread per request), so the client under test
+is never patched. Each ``POST /v1/chat/completions`` is recorded and answered by the next
+queued :class:`Reply`, else by the ``responder`` callable. Failures are replies too: an error
+status, a malformed body, or a delay beyond the client's timeout.
+
+    with ChatServer() as server:
+        server.enqueue(error(500), completion("hello"))
+        ...  # point a client at server.base_url
+        assert len(server.requests) == 2
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordedRequest:
+    """One request as the server received it."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]  # names lower-cased
+    body: Any  # the decoded JSON, or None when the body was not JSON
+    raw: bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """What the server answers. A mapping body is sent as JSON; bytes or str as they are."""
+
+    status: int = 200
+    body: Mapping[str, Any] | bytes | str = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay_seconds: float = 0.0  # wait this long before answering (a slow model, a timeout)
+    content_type: str = "application/json"
+
+    def encoded(self) -> bytes:
+        if isinstance(self.body, bytes):
+            return self.body
+        if isinstance(self.body, str):
+            return self.body.encode()
+        return json.dumps(self.body).encode()
+
+
+#: Decides the reply to a request when the queue is empty.
+Responder = Callable[[RecordedRequest], Reply]
+
+
+def tool_call(call_id: str, name: str, arguments: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A tool call as a Chat Completions response carries it."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def completion(
+    content: str | None = None,
+    tool_calls: Iterable[Mapping[str, Any]] = (),
+    *,
+    model: str = "test-model",
+) -> Reply:
+    """A successful response with one choice."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = list(tool_calls)
+    if calls:
+        message["tool_calls"] = calls
+    return Reply(
+        body={
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if calls else "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    )
+
+
+def error(
+    status: int, message: str = "scripted failure", *, retry_after_ms: int | None = 1
+) -> Reply:
+    """An error response in OpenAI's shape. ``retry_after_ms`` is the server-directed backoff
+    that real servers send and the SDK honours: it keeps retries in tests short."""
+    headers = {} if retry_after_ms is None else {"retry-after-ms": str(retry_after_ms)}
+    return Reply(
+        status=status,
+        body={"error": {"message": message, "type": "test_error", "code": str(status)}},
+        headers=headers,
+    )
+
+
+class ChatServer:
+    """The server: start it (or use it as a context manager), script it, read what it got."""
+
+    def __init__(self, responder: Responder | None = None) -> None:
+        self.responder = responder
+        self._replies: deque[Reply] = deque()
+        self._requests: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
+        self._thread = threading.Thread(
+            # A short poll keeps stop() quick: shutdown waits for the next poll.
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="chat-server",
+            daemon=True,
+        )
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def enqueue(self, *replies: Reply) -> None:
+        """Answer the next requests with these, in order."""
+        with self._lock:
+            self._replies.extend(replies)
+
+    def fail_first(self, n: int, status: int = 500) -> None:
+        """Answer the next ``n`` requests with ``status`` errors."""
+        self.enqueue(*(error(status) for _ in range(n)))
+
+    def start(self) -> ChatServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # cuts short replies still waiting out their delay
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> ChatServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # Called from the handler threads.
+    def _record_and_reply(self, request: RecordedRequest) -> Reply:
+        with self._lock:
+            self._requests.append(request)
+            queued = self._replies.popleft() if self._replies else None
+        if request.path != CHAT_PATH or request.method != "POST":
+            return error(404, f"no route for {request.method} {request.path}")
+        if queued is not None:
+            return queued
+        if self.responder is not None:
+            return self.responder(request)
+        # 400, not 5xx: a test that forgot to script a reply must fail, not be retried.
+        return error(400, "chat_server: no scripted reply left")
+
+    def _wait(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+
+def _handler_class(server: ChatServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self._serve()
+
+        def do_GET(self) -> None:
+            self._serve()
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length)
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
+            reply = server._record_and_reply(
+                RecordedRequest(
+                    method=self.command,
+                    path=self.path,
+                    headers={k.lower(): v for k, v in self.headers.items()},
+                    body=body,
+                    raw=raw,
+                )
+            )
+            if reply.delay_seconds:
+                server._wait(reply.delay_seconds)
+            payload = reply.encoded()
+            try:
+                self.send_response(reply.status)
+                self.send_header("content-type", reply.content_type)
+                self.send_header("content-length", str(len(payload)))
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (its timeout): nothing left to answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep test output clean; `requests` is the record
+
+    return Handler
