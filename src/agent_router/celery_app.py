@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import Celery
 
-from agent_router.constants import RUN_AGENT_TURN
+from agent_router.constants import RUN_AGENT_TURN, SWEEP, SWEEP_SCHEDULE_ENTRY
 from agent_router.domain import OutboxEntry, OutboxKind
 from agent_router.settings import Settings
 
@@ -62,6 +62,38 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # On a lost broker connection keep running turns: their messages are redelivered, and
         # the redelivered copy is refused by the turn fence while the original finishes.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # Background jobs (Router.track_background) store their result so that the sweeper's
+        # poller can report a job whose link callback was lost. Our own tasks still ignore
+        # results (above); only a job started with ignore_result=False writes one. With a Redis
+        # broker the same Redis holds them; with memory:// there is no backend, and a lost
+        # callback is then reported only if the job's task reports itself.
+        **_result_backend(settings),
+        # The sweeper, for `celery beat` (see beat_schedule).
+        "beat_schedule": beat_schedule(settings),
+    }
+
+
+#: How long a background job's result stays in the result backend for the poller to read.
+RESULT_EXPIRES_SECONDS = 24 * 3600
+
+
+def _result_backend(settings: Settings) -> dict[str, Any]:
+    if settings.broker_url.startswith(("redis://", "rediss://")):
+        return {"result_backend": settings.broker_url, "result_expires": RESULT_EXPIRES_SECONDS}
+    return {}
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The standalone beat schedule: one sweeper pass every ``Settings.sweep_seconds``.
+
+    A pass that could not start before the next one is due is dropped (``expires``) rather than
+    piling up behind a stopped worker; every pass is idempotent, so two at once are harmless."""
+    return {
+        SWEEP_SCHEDULE_ENTRY: {
+            "task": SWEEP,
+            "schedule": settings.sweep_seconds,
+            "options": {"expires": max(settings.sweep_seconds, 1.0), "queue": settings.queue},
+        }
     }
 
 
@@ -97,7 +129,14 @@ class CeleryPublisher:
 
     def publish(self, entry: OutboxEntry) -> None:
         if entry.kind is OutboxKind.ENQUEUE_TURN:
-            self.app.send_task(RUN_AGENT_TURN, args=(entry.agent_id, entry.epoch))
+            # A countdown batches completions: notices of background jobs that finish within
+            # the window coalesce into the one turn this task starts.
+            countdown = entry.payload.get("countdown")
+            self.app.send_task(
+                RUN_AGENT_TURN,
+                args=(entry.agent_id, entry.epoch),
+                countdown=float(countdown) if countdown else None,
+            )
             logger.debug(
                 "turn enqueued",
                 extra={"action": "publish", "agent_id": entry.agent_id, "epoch": entry.epoch},

@@ -1,25 +1,35 @@
-"""The ``agent-router`` command: ``demo`` and ``worker``."""
+"""The ``agent-router`` command: ``demo``, ``worker``, ``beat``, ``flower``, and the operator's
+reads (``status``, ``ledger``, ``inspect``) and ``db upgrade``."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from celery import Celery
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
-from agent_router import runtime
+from agent_router import errors, runtime
 from agent_router.celery_app import create_app
-from agent_router.demo import DemoResult, LedgerTail, run_scenarios, setup_team
+from agent_router.demo import DemoResult, LedgerTail, event_record, run_scenarios, setup_team
+from agent_router.embedded import SweeperThread
+from agent_router.domain import AgentState, AgentStatus
 from agent_router.settings import Settings
+from agent_router.store import Store, utcnow
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 app = typer.Typer(
     help="Durable, receiver-state message routing between LLM agents running as Celery tasks.",
@@ -153,8 +163,10 @@ def demo(
         team = setup_team(router)
         tail = LedgerTail(router, team.team.id, sink).start()
         workers = embedded_worker(celery, EMBEDDED_CONCURRENCY) if in_process else None
+        # The embedded mode's beat: the sweeper on an in-process timer.
+        sweeper = SweeperThread(router) if in_process else contextlib.nullcontext()
         try:
-            with workers or contextlib.nullcontext():
+            with workers or contextlib.nullcontext(), sweeper:
                 result = run_scenarios(router, team, timeout=timeout)
         finally:
             tail.stop()
@@ -187,6 +199,380 @@ def worker(
             *ctx.args,
         ]
     )
+
+
+# ---------------------------------------------------------------------- operating (issue 7)
+#
+# Every option is also read from an AGENT_ROUTER_* variable; errors are one line on stderr and
+# exit 1 (the `_one_line_errors` boundary), never a traceback.
+
+DatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        envvar="AGENT_ROUTER_DATABASE_URL",
+        help="SQLAlchemy URL of the router's database.",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="JSON instead of a table.")
+]
+LoglevelOption = Annotated[
+    str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
+]
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line that says what went wrong, for any error the CLI boundary catches."""
+    import pydantic
+    import sqlalchemy.exc
+
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        text = f"invalid setting {where}: {first['msg']}"
+    elif isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
+        text = f"database error: {exc.orig}"
+    elif isinstance(exc, errors.AgentRouterError):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    line = " ".join(text.split())
+    return line[:500] or type(exc).__name__
+
+
+def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """The CLI boundary: our errors and driver errors become one line on stderr and exit 1."""
+    import kombu.exceptions
+    import pydantic
+    import redis
+    import sqlalchemy.exc
+
+    caught = (
+        errors.AgentRouterError,
+        sqlalchemy.exc.SQLAlchemyError,
+        pydantic.ValidationError,
+        redis.RedisError,
+        kombu.exceptions.OperationalError,
+        ConnectionError,
+    )
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except caught as exc:
+            print(f"agent-router: error: {_error_line(exc)}", file=sys.stderr)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _settings(database_url: str | None = None) -> Settings:
+    return Settings(database_url=database_url) if database_url else Settings()
+
+
+@contextlib.contextmanager
+def _store(database_url: str | None) -> Iterator[Store]:
+    """A store for one read; the pool is closed afterwards."""
+    store = Store(_settings(database_url))
+    try:
+        yield store
+    finally:
+        store.dispose()
+
+
+def _lease_text(expires: datetime | None, now: datetime) -> str:
+    if expires is None:
+        return "-"
+    left = (expires - now).total_seconds()
+    return f"{left:.0f}s left" if left >= 0 else f"expired {-left:.0f}s ago"
+
+
+def _state_text(status: AgentStatus) -> str:
+    agent = status.agent
+    if agent.state is AgentState.WAITING:
+        return f"waiting ({'suspended' if agent.suspended else 'blocking'})"
+    return agent.state.value
+
+
+def _ids_text(ids: tuple[int, ...]) -> str:
+    return ",".join(str(i) for i in ids) or "-"
+
+
+@app.command()
+@_one_line_errors
+def status(
+    team: Annotated[
+        int | None,
+        typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id; all teams when omitted."),
+    ] = None,
+    database_url: DatabaseUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Agents of a team (or of all teams): state, epoch, mailbox depth, open questions, lease."""
+    with _store(database_url) as store:
+        statuses = store.agent_statuses(team)
+    now = utcnow()
+    if as_json:
+        for s in statuses:
+            print(
+                json.dumps(
+                    {
+                        "team_id": s.agent.team_id,
+                        "agent_id": s.agent.id,
+                        "agent": s.agent.display_name,
+                        "role": s.agent.role,
+                        "state": s.agent.state.value,
+                        "suspended": s.agent.suspended,
+                        "epoch": s.agent.epoch,
+                        "mailbox_depth": s.agent.mailbox_depth,
+                        "open_questions": list(s.open_questions),
+                        "questions_to_answer": list(s.questions_to_answer),
+                        "turn_id": s.turn_id,
+                        "lease_expires_at": s.lease_expires_at.isoformat() + "Z"
+                        if s.lease_expires_at
+                        else None,
+                    }
+                )
+            )
+        return
+    table = Table(title=f"team {team}" if team is not None else "all teams", title_justify="left")
+    for column in ("team", "agent", "state", "epoch", "mailbox", "asked", "to answer", "turn"):
+        table.add_column(
+            column, justify="right" if column in ("team", "epoch", "mailbox") else "left"
+        )
+    table.add_column("lease")
+    for s in statuses:
+        table.add_row(
+            str(s.agent.team_id),
+            s.agent.display_name,
+            Text(_state_text(s), style=_STATE_STYLES.get(s.agent.state, "")),
+            str(s.agent.epoch),
+            str(s.agent.mailbox_depth),
+            _ids_text(s.open_questions),
+            _ids_text(s.questions_to_answer),
+            str(s.turn_id) if s.turn_id is not None else "-",
+            _lease_text(s.lease_expires_at, now),
+        )
+    Console(highlight=False).print(table)
+
+
+_STATE_STYLES = {
+    AgentState.RUNNING: "bold green",
+    AgentState.WAITING: "bold blue",
+    AgentState.SCHEDULED: "cyan",
+    AgentState.COMPLETED: "yellow",
+    AgentState.TERMINATED: "red",
+}
+
+
+@app.command()
+@_one_line_errors
+def ledger(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    database_url: DatabaseUrlOption = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON object per line."),
+    ] = False,
+    after: Annotated[
+        int, typer.Option(envvar="AGENT_ROUTER_AFTER", help="Only events after this ledger id.")
+    ] = 0,
+) -> None:
+    """The team's timeline: routing decisions (with outcomes) and turns, from the ledger."""
+    with _store(database_url) as store:
+        store.team(team)  # an unknown team is an error, not an empty timeline
+        events = store.ledger(team, after_id=after)
+        messages = {m.id: m for m in store.messages(team)}
+    console = Console(highlight=False)
+    t0 = events[0].created_at.timestamp() if events else 0.0
+    for event in events:
+        record = event_record(event, messages, t0)
+        if as_json:
+            print(json.dumps(record, default=str))
+        else:
+            _render(console, record)
+
+
+inspect_app = typer.Typer(help="Look at one message or one agent's transcript, with provenance.")
+app.add_typer(inspect_app, name="inspect")
+
+
+@inspect_app.command("message")
+@_one_line_errors
+def inspect_message(
+    message_id: Annotated[int, typer.Argument(help="Message id.")],
+    database_url: DatabaseUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A message: who sent it to whom, how it was routed, and where it entered a transcript."""
+    with _store(database_url) as store:
+        msg = store.message(message_id)
+        events = store.message_events(message_id)
+        entry = next(
+            (e for e in store.transcript_entries(msg.target_agent_id) if e["message_id"] == msg.id),
+            None,
+        )
+    record: dict[str, Any] = {
+        "id": msg.id,
+        "team_id": msg.team_id,
+        "from": msg.source_name,
+        "to": msg.target_name,
+        "type": msg.type.value,
+        "subtype": msg.subtype.value if msg.subtype else None,
+        "question_id": msg.question_id,
+        "wake": msg.wake,
+        "seq": msg.seq,
+        "dedup_key": msg.dedup_key,
+        "created_at": msg.created_at.isoformat() + "Z",
+        "outcome": msg.outcome.value,
+        "status": msg.status.value,
+        "consumed_by_turn": msg.consumed_turn_id,
+        "drop_reason": msg.drop_reason,
+        "transcript_position": entry["position"] if entry else None,
+        "transcript_role": entry["payload"]["role"] if entry else None,
+        "content": msg.content,
+        "ledger": [
+            {"id": e.id, "action": e.action.value, "agent": e.agent_name, "detail": e.detail}
+            for e in events
+        ],
+    }
+    if as_json:
+        print(json.dumps(record, default=str))
+        return
+    console = Console(highlight=False)
+    for key, value in record.items():
+        if key not in ("content", "ledger") and value is not None:
+            console.print(Text(f"{key:>20}  ", style="dim") + Text(str(value)))
+    for e in events:
+        console.print(Text(f"{'ledger':>20}  ", style="dim") + Text(f"#{e.id} {e.action.value}"))
+    console.rule("content")
+    console.print(Text(msg.content))
+
+
+@inspect_app.command("agent")
+@_one_line_errors
+def inspect_agent(
+    team: Annotated[int, typer.Argument(help="Team id.")],
+    name: Annotated[str, typer.Argument(help="Display name, e.g. 'UI Operator_1'.")],
+    database_url: DatabaseUrlOption = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON entry per line."),
+    ] = False,
+    full: Annotated[
+        bool,
+        typer.Option("--full", envvar="AGENT_ROUTER_FULL", help="Whole contents, not previews."),
+    ] = False,
+) -> None:
+    """An agent's transcript, entry by entry, with each entry's turn and provenance."""
+    with _store(database_url) as store:
+        agent = store.agent(team, name)
+        entries = store.transcript_entries(agent.id)
+    if as_json:
+        for e in entries:
+            print(json.dumps(e, default=str))
+        return
+    console = Console(highlight=False)
+    console.print(
+        Text(f"{agent.display_name} ", style="bold")
+        + Text(
+            f"(team {agent.team_id}, {agent.state.value}, epoch {agent.epoch}, "
+            f"{agent.mailbox_depth} pending)"
+        )  # fmt: skip
+    )
+    for e in entries:
+        payload = e["payload"]
+        head = Text(f"[{e['position']}] ", style="dim")
+        head.append(payload.get("role", "?"), style="bold")
+        head.append(f"  turn {e['turn_id'] if e['turn_id'] is not None else '-'}", style="dim")
+        meta = e["meta"] or {}
+        if e["message_id"] is not None:
+            head.append(
+                f"  <- {meta.get('type')}"
+                + (f"/{meta['subtype']}" if meta.get("subtype") else "")
+                + f" from {meta.get('from')} (message {e['message_id']}"
+                + (f", question {meta['question_id']}" if meta.get("question_id") else "")
+                + ")",
+                style="cyan",
+            )
+        if meta.get("synthetic"):
+            head.append(f"  synthetic {meta['synthetic']}", style="yellow")
+        if payload.get("tool_call_id"):
+            head.append(f"  result of {payload['tool_call_id']}", style="magenta")
+        console.print(head)
+        for call in payload.get("tool_calls") or []:
+            fn = call.get("function", {})
+            console.print(
+                Text(f"    call {call.get('id')}: {fn.get('name')}({fn.get('arguments')})")
+            )
+        content = payload.get("content")
+        if content:
+            text = str(content)
+            if not full and len(text) > 300:
+                text = text[:300] + f"… ({len(text)} chars; --full for all)"
+            console.print(Text("    " + text.replace("\n", "\n    ")))
+
+
+db_app = typer.Typer(help="The router's database schema (Alembic migrations).")
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+@_one_line_errors
+def db_upgrade(
+    database_url: DatabaseUrlOption = None,
+    revision: Annotated[
+        str, typer.Option(envvar="AGENT_ROUTER_REVISION", help="Target revision.")
+    ] = "head",
+) -> None:
+    """Apply the migrations up to ``revision`` (safe to run again: done ones are skipped)."""
+    from agent_router import migrate
+
+    settings = _settings(database_url)
+    migrate.upgrade(settings.database_url, revision)
+    print(f"database at {revision}", file=sys.stderr)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_one_line_errors
+def beat(
+    ctx: typer.Context,
+    loglevel: LoglevelOption = "INFO",
+    schedule_file: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_BEAT_SCHEDULE_FILE",
+            help="Where beat keeps its last-run times (default: celerybeat-schedule here).",
+        ),
+    ] = None,
+) -> None:
+    """Start `celery beat` with the router's schedule (the sweeper every sweep_seconds).
+
+    Run exactly one per deployment. Further arguments go to `celery beat` as they are."""
+    celery = create_app(Settings())
+    argv = ["beat", f"--loglevel={loglevel}"]
+    if schedule_file:
+        argv.append(f"--schedule={schedule_file}")
+    celery.start([*argv, *ctx.args])
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_one_line_errors
+def flower(
+    ctx: typer.Context,
+    port: Annotated[int, typer.Option(envvar="AGENT_ROUTER_FLOWER_PORT", help="HTTP port.")] = 5555,
+    address: Annotated[
+        str, typer.Option(envvar="AGENT_ROUTER_FLOWER_ADDRESS", help="Address to listen on.")
+    ] = "0.0.0.0",  # noqa: S104 - a dashboard, to be put behind auth (see docs/deployment.md)
+) -> None:
+    """Start Flower (`celery flower`, needs the `flower` package) on the router's broker.
+
+    Further arguments go to `celery flower` as they are (e.g. --basic-auth=user:pass)."""
+    celery = create_app(Settings())
+    celery.start(["flower", f"--port={port}", f"--address={address}", *ctx.args])
 
 
 def main() -> None:

@@ -19,3 +19,13 @@ REDIS_PREFIX = "agent_router:"
 def wake_key(question_id: int) -> str:
     """The list a blocked asker ``BLPOP``s on until its question is answered."""
     return f"{REDIS_PREFIX}wake:{question_id}"
+
+
+#: One sweeper pass (beat-scheduled every ``Settings.sweep_seconds``).
+SWEEP = f"{TASK_PREFIX}sweep"
+
+#: Link / link_error callback of a background job: its completion becomes a notice.
+BACKGROUND_DONE = f"{TASK_PREFIX}background_done"
+
+#: Name of the sweeper's entry in the beat schedule.
+SWEEP_SCHEDULE_ENTRY = "agent-router-sweep"

@@ -5,14 +5,16 @@ Declared with ``shared_task`` so a host's own Celery app can ``include=["agent_r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from celery import Task, shared_task
 
-from agent_router import errors, runtime
-from agent_router.constants import RUN_AGENT_TURN
+from agent_router import errors, runtime, task_events
+from agent_router.constants import RUN_AGENT_TURN, SWEEP
 from agent_router.loop import run_turn
+from agent_router.sweeper import sweep as sweep_once
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,12 @@ def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
         )
         return "malformed"
     rt = runtime.current(self.app)
+    # Routing and state changes of this turn become task events (Flower shows its progress).
+    with task_events.reporting(self):
+        return _claim_and_run(self, rt, agent_id, epoch)
+
+
+def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epoch: int) -> str:
     try:
         turn = rt.router.claim(agent_id, epoch)
     except errors.StoreError as exc:
@@ -40,7 +48,7 @@ def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
             "claim failed on a database error; retrying",
             extra={"action": "claim_retry", "agent_id": agent_id, "epoch": epoch},
         )
-        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 30)) from exc
+        raise task.retry(exc=exc, countdown=min(2**task.request.retries, 30)) from exc
     except errors.UnknownAgentError:
         logger.warning(
             "turn task for an unknown agent",
@@ -54,3 +62,11 @@ def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
         )
         return "refused"
     return run_turn(rt.router, turn, models=rt.models, tools=rt.tools).value
+
+
+@shared_task(bind=True, name=SWEEP, ignore_result=True)
+def sweep(self: Task[Any, Any]) -> dict[str, int]:
+    """One sweeper pass (beat runs it every ``Settings.sweep_seconds``). A database error fails
+    this pass only; the next tick tries again, and every step is idempotent."""
+    report = sweep_once(runtime.current(self.app).router)
+    return dataclasses.asdict(report)

@@ -1,0 +1,49 @@
+"""The embedded mode's stand-in for ``celery beat``: the sweeper on an in-process timer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from agent_router.router import Router
+from agent_router.sweeper import SweepReport
+
+logger = logging.getLogger(__name__)
+
+
+class SweeperThread:
+    """Runs :meth:`Router.sweep` every ``period`` seconds (default ``Settings.sweep_seconds``)
+    on a daemon thread until :meth:`stop`. A pass that raises is logged and the timer goes on:
+    the next pass repairs whatever this one could not."""
+
+    def __init__(self, router: Router, *, period: float | None = None) -> None:
+        self.router = router
+        self.period = router.settings.sweep_seconds if period is None else period
+        self.passes = 0
+        self.last_report: SweepReport | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agent-router-sweeper", daemon=True)
+
+    def start(self) -> SweeperThread:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop the timer and wait for a pass in progress to finish."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> SweeperThread:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.last_report = self.router.sweep()
+            except Exception:
+                logger.exception("sweep failed", extra={"action": "sweep_failed"})
+            self.passes += 1

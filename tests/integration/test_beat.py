@@ -1,0 +1,72 @@
+"""The sweeper as a beat-scheduled Celery task, and the embedded mode's in-process timer."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from agent_router import AgentState, LedgerAction, Router, Settings, TurnTrigger
+from agent_router.celery_app import beat_schedule, create_app
+from agent_router.constants import SWEEP, SWEEP_SCHEDULE_ENTRY
+from agent_router.demo import wait_quiescent, wait_until
+from agent_router.embedded import SweeperThread
+from agent_router.outbox import RecordingPublisher
+from agent_router.runtime import Runtime
+
+from .helpers import start_running
+
+TIMEOUT = 60.0
+
+
+def test_beat_schedule_ships_the_sweeper_with_its_period() -> None:
+    settings = Settings(sweep_seconds=2.5, queue="q1")
+    entry = beat_schedule(settings)[SWEEP_SCHEDULE_ENTRY]
+    assert (entry["task"], entry["schedule"]) == (SWEEP, 2.5)
+    assert entry["options"]["queue"] == "q1"
+    app = create_app(settings)
+    assert app.conf.beat_schedule == beat_schedule(settings)
+    app.loader.import_default_modules()  # what a worker does at start
+    assert SWEEP in app.tasks
+
+
+def test_redis_broker_gets_a_result_backend() -> None:
+    assert create_app(Settings(broker_url="redis://h:1/0")).conf.result_backend == "redis://h:1/0"
+    assert not create_app(Settings(broker_url="memory://")).conf.result_backend
+
+
+def test_sweeper_thread_takes_over_an_expired_lease(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    settings = Settings(database_url=url, lease_seconds=0.3, sweep_seconds=0.1)
+    router = Router(settings, publisher=RecordingPublisher())
+    router.create_schema()
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    start_running(router, team.id, "Engineer_1")  # ... and its worker dies: no heartbeat
+    with SweeperThread(router) as sweeper:
+        wait_until(
+            lambda: router.agent(team.id, "Engineer_1").state is AgentState.SCHEDULED,
+            "the sweeper thread to take the turn over",
+            timeout=TIMEOUT,
+        )
+    assert sweeper.passes >= 1
+    agent = router.agent(team.id, "Engineer_1")
+    assert agent.pending_trigger is TurnTrigger.RECOVERY
+    router.close()
+
+
+def test_sweep_task_publishes_a_lost_outbox_row(inproc_worker: Runtime) -> None:
+    settings = inproc_worker.router.settings
+    offline = Router(settings)  # committed, but the process died before publishing
+    team = offline.create_team()
+    offline.create_agent(team.id, role="Full-Stack Engineer")
+    offline.send(team.id, to="Full-Stack Engineer_1", content="durable", sender="Team Leader")
+    offline.close()
+    router = inproc_worker.router
+    time.sleep(settings.sweep_seconds)  # the sweeper leaves rows younger than a period alone
+    inproc_worker.app.send_task(SWEEP)
+    wait_until(
+        lambda: any(e.action is LedgerAction.TURN_CLAIMED for e in router.ledger(team.id)),
+        "the re-published turn to start",
+        timeout=TIMEOUT,
+    )
+    wait_quiescent(router, team.id, timeout=TIMEOUT)
