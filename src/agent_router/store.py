@@ -28,8 +28,11 @@ from agent_router.domain import (
     LEAD_ROLE,
     Agent,
     AgentState,
+    AgentStatus,
+    BackgroundJob,
     Delivery,
     EndOfTurn,
+    JobStatus,
     LedgerAction,
     LedgerEvent,
     Message,
@@ -39,6 +42,7 @@ from agent_router.domain import (
     OutboxEntry,
     OutboxKind,
     Question,
+    QuestionKind,
     QuestionStatus,
     RouteOutcome,
     Team,
@@ -48,6 +52,7 @@ from agent_router.domain import (
 )
 from agent_router.models import (
     AgentRow,
+    BackgroundJobRow,
     Base,
     LedgerRow,
     MessageRow,
@@ -66,6 +71,7 @@ logger = logging.getLogger(__name__)
 EXTERNAL_SENDERS = frozenset({"user", "system"})
 EXTERNAL_PREFIX = "job:"
 INTERRUPTED_RESULT = "interrupted: the turn running this tool call ended before it returned"
+STOPPED_RESULT = "cancelled: the agent was stopped before this tool call ran"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +216,10 @@ class Store:
     def _outbox(
         session: Session, effects: Effects, agent: AgentRow, kind: OutboxKind, **payload: Any
     ) -> None:
+        if kind is OutboxKind.ENQUEUE_TURN:
+            # Names for monitors (Flower shows the task as "UI Operator_1 (team 3) epoch 2"):
+            # carried here so that publishing needs no extra read.
+            payload = {"agent": agent.display_name, "team_id": agent.team_id, **payload}
         row = OutboxRow(
             team_id=agent.team_id, agent_id=agent.id, kind=kind, epoch=agent.epoch, payload=payload
         )
@@ -553,11 +563,7 @@ class Store:
             if target.state is AgentState.WAITING
             else None
         )
-        resolves = (
-            waiting_on is not None
-            and req.wake
-            and (answered is None or answered.id == waiting_on.id)
-        )
+        resolves = waiting_on is not None and _resolves(waiting_on, req, source, answered)
 
         msg = MessageRow(
             team_id=req.team_id,
@@ -586,6 +592,11 @@ class Store:
         if resolves:
             assert waiting_on is not None
             outcome = RouteOutcome.RESOLVED
+            if waiting_on.kind is QuestionKind.OUTPUT:
+                # The output is consumed by the wait: it is this wait's answer, delivered once.
+                waiting_on.status = QuestionStatus.ANSWERED
+                waiting_on.answer_message_id = msg.id
+                waiting_on.closed_at = utcnow()
             self._resolve_waiter(session, target, waiting_on, msg, effects)
         elif target.state in (AgentState.RUNNING, AgentState.WAITING):
             outcome = RouteOutcome.INJECTED_INLINE
@@ -643,6 +654,14 @@ class Store:
                 req,
                 errors.WrongQuestionError(
                     f"question {question.id} was not asked by {target.display_name!r}"
+                ),
+                "wrong_question",
+            )
+        if question.kind is not QuestionKind.ASK:
+            raise self._reject(
+                req,
+                errors.WrongQuestionError(
+                    f"{question.id} is not a question but a wait for output: nothing to answer"
                 ),
                 "wrong_question",
             )
@@ -827,8 +846,10 @@ class Store:
                     operation="drain",
                     dangling=dangling,
                 )
-            rows = session.scalars(
-                sa.select(MessageRow)
+            # Core rows and two set-based statements: a drain of a thousand messages is one
+            # SELECT, one multi-row INSERT and one UPDATE, not a unit of work per message.
+            rows = session.execute(
+                sa.select(MessageRow.__table__)
                 .where(
                     MessageRow.target_agent_id == agent.id,
                     MessageRow.status == MessageStatus.PENDING,
@@ -840,29 +861,40 @@ class Store:
                 return []
             now = utcnow()
             position = self._next_position(session, agent.id)
-            delivered: list[Message] = []
-            for row in rows:
-                message = _message(row, agent.display_name)
-                session.add(
-                    TranscriptEntryRow(
-                        agent_id=agent.id,
-                        position=position,
-                        role="user",
-                        payload={
+            delivered = [
+                _message_from(
+                    row._mapping,
+                    agent.display_name,
+                    status=MessageStatus.DELIVERED,
+                    consumed_turn_id=turn.id,
+                )
+                for row in rows
+            ]
+            session.execute(
+                sa.insert(TranscriptEntryRow),
+                [
+                    {
+                        "agent_id": agent.id,
+                        "position": position + k,
+                        "role": "user",
+                        "payload": {
                             "role": "user",
                             "content": formats.render(formats.envelope_of(message)),
                         },
-                        meta=formats.metadata(message),
-                        message_id=row.id,
-                        turn_id=turn.id,
-                    )
-                )
-                position += 1
-                row.status = MessageStatus.DELIVERED
-                row.consumed_turn_id = turn.id
-                row.consumed_at = now
-                delivered.append(_message(row, agent.display_name))
-            session.flush()
+                        "meta": formats.metadata(message),
+                        "message_id": message.id,
+                        "turn_id": turn.id,
+                        "created_at": now,
+                    }
+                    for k, message in enumerate(delivered)
+                ],
+            )
+            session.execute(
+                sa.update(MessageRow)
+                .where(MessageRow.id.in_([m.id for m in delivered]))
+                .values(status=MessageStatus.DELIVERED, consumed_turn_id=turn.id, consumed_at=now)
+                .execution_options(synchronize_session=False)
+            )
             self._ledger(
                 session,
                 LedgerAction.DRAIN,
@@ -870,9 +902,9 @@ class Store:
                 agent_id=agent.id,
                 turn_id=turn.id,
                 epoch=turn.epoch,
-                count=len(rows),
-                first_seq=rows[0].seq,
-                last_seq=rows[-1].seq,
+                count=len(delivered),
+                first_seq=delivered[0].seq,
+                last_seq=delivered[-1].seq,
             )
             return delivered
 
@@ -954,6 +986,9 @@ class Store:
         effects = Effects()
         with self._tx() as session:
             agent, row = self._fenced(session, turn, "end")
+            if agent.stop_requested and not failed:
+                self._stop_turn(session, agent, row, reason="stop requested by the lead")
+                return EndOfTurn(follow_up=False, state=agent.state, epoch=agent.epoch), effects
             question = self._waiting_question(session, agent.id)
             closed = self._close_dangling(
                 session,
@@ -1507,6 +1542,376 @@ class Store:
             )
             return True
 
+    # ------------------------------------------------------------------ stop and output waits
+
+    def request_stop(self, agent_id: int, *, reason: str) -> tuple[AgentState, Effects]:
+        """Stop a sub-agent cooperatively. A resting, scheduled or suspended agent stops at once
+        (a queued turn task is fenced); a running or blocked one is flagged and stops at its next
+        boundary (:meth:`finish_stop`). Questions it asked and questions asked of it are
+        cancelled (blocked askers get a ``cancelled`` result); its mailbox is kept. Returns the
+        state after the request (``idle``, or ``running`` while the stop is pending)."""
+        effects = Effects()
+        with self._tx() as session:
+            probe = session.get(AgentRow, agent_id)
+            if probe is None:
+                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+            self._team(session, probe.team_id, lock=True)
+            asked_of = session.scalars(
+                sa.select(QuestionRow).where(
+                    QuestionRow.target_agent_id == agent_id,
+                    QuestionRow.status == QuestionStatus.OPEN,
+                )
+            ).all()
+            for locked_id in sorted({agent_id, *(q.asker_agent_id for q in asked_of)}):
+                self._lock_agent(session, locked_id)
+            agent = session.get(AgentRow, agent_id)
+            assert agent is not None
+            if agent.is_lead:
+                raise errors.InvalidMessageError("the Team Leader cannot be stopped")
+            if agent.state is AgentState.TERMINATED:
+                raise errors.AgentTerminatedError(f"{agent.display_name!r} is terminated")
+            now = utcnow()
+            for question in asked_of:
+                question.status = QuestionStatus.CANCELLED
+                question.closed_at = now
+                if question.waiting:
+                    asker = session.get(AgentRow, question.asker_agent_id)
+                    assert asker is not None
+                    self._release(
+                        session,
+                        asker,
+                        question,
+                        f"cancelled: {agent.display_name} was stopped ({reason})",
+                        effects,
+                    )
+            state_before = agent.state
+            own = self._waiting_question(session, agent.id)
+            if agent.state is AgentState.RUNNING or (
+                agent.state is AgentState.WAITING and not agent.suspended
+            ):
+                agent.stop_requested = True
+                if own is not None:  # blocked in a worker: end the wait, the turn then stops
+                    own.status = QuestionStatus.CANCELLED
+                    own.closed_at = now
+                    self._release(
+                        session, agent, own, f"cancelled: stopped by the lead ({reason})", effects
+                    )
+                action = LedgerAction.STOP_REQUESTED
+            else:
+                if own is not None:  # suspended on a wait: its call gets the cancelled result
+                    own.status = QuestionStatus.CANCELLED
+                    own.closed_at = now
+                    own.waiting = False
+                self._close_dangling(
+                    session, agent, None, f"cancelled: stopped by the lead ({reason})", None
+                )
+                self._cancel_own_questions(session, agent, now)
+                if agent.state in (AgentState.SCHEDULED, AgentState.WAITING):
+                    agent.epoch += 1  # a queued turn task (or continuation) claims nothing
+                agent.state = AgentState.IDLE
+                agent.suspended = False
+                agent.pending_trigger = None
+                agent.stop_requested = False
+                action = LedgerAction.STOPPED
+            self._ledger(
+                session,
+                action,
+                team_id=agent.team_id,
+                agent_id=agent.id,
+                epoch=agent.epoch,
+                reason=reason,
+                state_before=state_before.value,
+                cancelled_questions=len(asked_of),
+            )
+            return agent.state, effects
+
+    def stop_requested(self, agent_id: int) -> bool:
+        with self._sessions() as session:
+            return bool(
+                session.scalar(sa.select(AgentRow.stop_requested).where(AgentRow.id == agent_id))
+            )
+
+    def finish_stop(self, turn: TurnRecord) -> None:
+        """The turn honours a stop at a boundary: the rest of its batch gets ``cancelled``
+        results, its open questions are cancelled, the agent is ``idle`` (mailbox kept)."""
+        with self._tx() as session:
+            agent, row = self._fenced(session, turn, "stop")
+            self._stop_turn(session, agent, row, reason="stop requested by the lead")
+
+    def _cancel_own_questions(self, session: Session, agent: AgentRow, now: Any) -> None:
+        for own in session.scalars(
+            sa.select(QuestionRow).where(
+                QuestionRow.asker_agent_id == agent.id, QuestionRow.status == QuestionStatus.OPEN
+            )
+        ):
+            own.status = QuestionStatus.CANCELLED
+            own.waiting = False
+            own.closed_at = now
+
+    def _stop_turn(self, session: Session, agent: AgentRow, row: TurnRow, *, reason: str) -> None:
+        now = utcnow()
+        closed = self._close_dangling(session, agent, row.id, STOPPED_RESULT, None)
+        self._cancel_own_questions(session, agent, now)
+        row.status = TurnStatus.STOPPED
+        row.ended_at = now
+        agent.state = AgentState.IDLE
+        agent.suspended = False
+        agent.stop_requested = False
+        self._ledger(
+            session,
+            LedgerAction.STOPPED,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            turn_id=row.id,
+            epoch=agent.epoch,
+            reason=reason,
+            cancelled_tool_calls=closed,
+        )
+
+    def wait_output(
+        self,
+        turn: TurnRecord,
+        *,
+        target: str,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> tuple[Question, Effects]:
+        """The lead waits for ``target``'s next output (a waits-for edge lead -> target, checked
+        for cycles like an ask). An output of ``target`` already in the lead's mailbox is
+        consumed at once; otherwise the lead is ``waiting`` until one arrives."""
+        effects = Effects()
+        with self._tx() as session:
+            lead_probe = session.get(AgentRow, turn.agent_id)
+            if lead_probe is None:
+                raise errors.UnknownAgentError(f"no agent with id {turn.agent_id}")
+            team_id = lead_probe.team_id
+            self._team(session, team_id, lock=True)
+            target_probe = self._agent_by_name(session, team_id, target)
+
+            def refuse(reason: str, message: str, cycle: list[str] | None = None) -> _Refused:
+                return _Refused(
+                    errors.AskRefusedError(message, cycle=cycle),
+                    LedgerAction.ASK_REFUSED,
+                    team_id=team_id,
+                    agent_id=turn.agent_id,
+                    turn_id=turn.id,
+                    epoch=turn.epoch,
+                    reason=reason,
+                    target=target,
+                    cycle=cycle or [],
+                    kind=QuestionKind.OUTPUT.value,
+                )
+
+            if target_probe is None:
+                raise refuse("unknown_target", f"no agent {target!r} in this team")
+            for agent_id in sorted({turn.agent_id, target_probe.id}):
+                self._lock_agent(session, agent_id)
+            lead, _row = self._fenced(session, turn, "wait_output")
+            if target_probe.id == lead.id:
+                raise refuse("self", "an agent cannot wait for its own output")
+            if target_probe.state is AgentState.TERMINATED:
+                raise refuse("terminated", f"{target!r} is terminated")
+            if tool_call_id not in self._open_tool_calls(session, lead.id):
+                raise _Refused(
+                    errors.InvalidTranscriptEntryError(
+                        f"{tool_call_id!r} is not an open tool call of the last assistant message"
+                    ),
+                    LedgerAction.ASK_REFUSED,
+                    team_id=team_id,
+                    agent_id=lead.id,
+                    turn_id=turn.id,
+                    reason="bad_tool_call_id",
+                )
+            cycle = self._cycle_through(session, lead, target_probe)
+            if cycle:
+                raise refuse(
+                    "cycle", "this wait would deadlock: " + " -> ".join(cycle), cycle=cycle
+                )
+            ready = session.scalars(
+                sa.select(MessageRow)
+                .where(
+                    MessageRow.target_agent_id == lead.id,
+                    MessageRow.source_agent_id == target_probe.id,
+                    MessageRow.type == MessageType.OUTPUT,
+                    MessageRow.status == MessageStatus.PENDING,
+                )
+                .order_by(MessageRow.seq)
+                .limit(1)
+            ).one_or_none()
+            if ready is None and target_probe.state in (AgentState.IDLE, AgentState.COMPLETED):
+                pending_work = session.scalar(
+                    sa.select(sa.func.count())
+                    .select_from(MessageRow)
+                    .where(
+                        MessageRow.target_agent_id == target_probe.id,
+                        MessageRow.status == MessageStatus.PENDING,
+                        MessageRow.wake.is_(True),
+                    )
+                )
+                if not pending_work:
+                    raise refuse(
+                        "not_working",
+                        f"{target!r} is {target_probe.state.value} with nothing to work on: "
+                        "it will produce no output until it is given a task",
+                    )
+            timeout = timeout_seconds or self.settings.question_timeout_seconds
+            q = QuestionRow(
+                team_id=team_id,
+                asker_agent_id=lead.id,
+                target_agent_id=target_probe.id,
+                tool_call_id=tool_call_id,
+                asker_epoch=lead.epoch,
+                status=QuestionStatus.OPEN,
+                kind=QuestionKind.OUTPUT,
+                waiting=True,
+                deadline=utcnow() + timedelta(seconds=timeout),
+            )
+            session.add(q)
+            session.flush()
+            lead.state = AgentState.WAITING
+            lead.suspended = False
+            self._ledger(
+                session,
+                LedgerAction.WAIT_OUTPUT,
+                team_id=team_id,
+                agent_id=lead.id,
+                turn_id=turn.id,
+                epoch=lead.epoch,
+                question_id=q.id,
+                target=target,
+                ready=ready is not None,
+            )
+            if ready is not None:
+                q.status = QuestionStatus.ANSWERED
+                q.answer_message_id = ready.id
+                q.closed_at = utcnow()
+                # The blocking path: state back to running, the wake signal unneeded but harmless.
+                self._resolve_waiter(session, lead, q, ready, effects)
+            return _question(q), effects
+
+    # ------------------------------------------------------------------ background jobs
+
+    def start_job(self, team_id: int, agent: str, *, name: str, task_id: str) -> BackgroundJob:
+        """Record a background job before its task is sent, so that a completion (or the
+        poller) always finds it."""
+        with self._tx() as session:
+            self._team(session, team_id)
+            row = self._agent_by_name(session, team_id, agent)
+            if row is None:
+                raise errors.UnknownAgentError(f"no agent {agent!r} in team {team_id}")
+            if row.state is AgentState.TERMINATED:
+                raise errors.AgentTerminatedError(f"agent {agent!r} is terminated")
+            job = BackgroundJobRow(
+                team_id=team_id,
+                agent_id=row.id,
+                name=name[:200],
+                task_id=task_id,
+                status=JobStatus.RUNNING,
+            )
+            session.add(job)
+            session.flush()
+            self._ledger(
+                session,
+                LedgerAction.JOB_STARTED,
+                team_id=team_id,
+                agent_id=row.id,
+                job_id=job.id,
+                name=job.name,
+                task_id=task_id,
+            )
+            return _job(job)
+
+    def finish_job(
+        self, job_id: int, *, ok: bool, result: str, batch_seconds: float = 0.0
+    ) -> tuple[BackgroundJob, Delivery | None, Effects]:
+        """Route a job's completion to its agent as a ``notice`` from ``job:<name>``, once: the
+        job's row lock orders the link callback against the poller, and the second finds the
+        job finished (the dedup key ``job:<id>`` guards the message as well).
+
+        If the notice wakes a resting agent, its turn task is published ``batch_seconds`` late:
+        completions arriving meanwhile coalesce into that one turn."""
+        effects = Effects()
+        with self._tx() as session:
+            job = session.get(BackgroundJobRow, job_id, with_for_update={"key_share": True})
+            if job is None:
+                raise errors.RefusedError(f"no background job {job_id}")
+            if job.status is not JobStatus.RUNNING:
+                return _job(job), None, effects
+            agent = session.get(AgentRow, job.agent_id)
+            assert agent is not None
+            job.status = JobStatus.SUCCEEDED if ok else JobStatus.FAILED
+            job.finished_at = utcnow()
+            job.result = result
+            delivery: Delivery | None = None
+            if agent.state is not AgentState.TERMINATED:
+                verb = "finished" if ok else "failed"
+                delivery = self._route(
+                    session,
+                    SendRequest(
+                        team_id=job.team_id,
+                        to=agent.display_name,
+                        content=f"Background job {job.name} ({job.task_id}) {verb}: {result}",
+                        sender=f"{EXTERNAL_PREFIX}{job.name}",
+                        type=MessageType.NOTICE,
+                        dedup_key=f"job:{job.id}",
+                    ),
+                    effects,
+                )
+                job.notice_message_id = delivery.message_id
+                if batch_seconds > 0 and delivery.outcome is RouteOutcome.TRIGGERED_NEW_TURN:
+                    self._delay_turn(session, effects, batch_seconds)
+            self._ledger(
+                session,
+                LedgerAction.JOB_FINISHED,
+                team_id=job.team_id,
+                agent_id=job.agent_id,
+                message_id=job.notice_message_id,
+                job_id=job.id,
+                status=job.status.value,
+                reported=delivery is not None,
+            )
+            return _job(job), delivery, effects
+
+    @staticmethod
+    def _delay_turn(session: Session, effects: Effects, seconds: float) -> None:
+        """Give the turn task just scheduled a countdown (published with it)."""
+        entry = effects.outbox[-1]
+        payload = {**entry.payload, "countdown": seconds}
+        row = session.get(OutboxRow, entry.id)
+        assert row is not None and entry.kind is OutboxKind.ENQUEUE_TURN
+        row.payload = payload
+        effects.outbox[-1] = OutboxEntry(
+            id=entry.id,
+            kind=entry.kind,
+            agent_id=entry.agent_id,
+            epoch=entry.epoch,
+            payload=payload,
+        )
+
+    def running_jobs(self, *, older_than_seconds: float, limit: int = 500) -> list[BackgroundJob]:
+        """Jobs with no completion seen yet, started at least ``older_than_seconds`` ago."""
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(BackgroundJobRow)
+                .where(
+                    BackgroundJobRow.status == JobStatus.RUNNING,
+                    BackgroundJobRow.created_at <= cutoff,
+                )
+                .order_by(BackgroundJobRow.created_at)
+                .limit(limit)
+            ).all()
+            return [_job(r) for r in rows]
+
+    def jobs(self, team_id: int) -> list[BackgroundJob]:
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(BackgroundJobRow)
+                .where(BackgroundJobRow.team_id == team_id)
+                .order_by(BackgroundJobRow.id)
+            ).all()
+            return [_job(r) for r in rows]
+
     # ------------------------------------------------------------------ outbox
 
     def mark_published(self, ids: Sequence[int]) -> None:
@@ -1548,6 +1953,38 @@ class Store:
                 )
                 for r in rows
             ]
+
+    def seed_mailbox(
+        self, agent_id: int, count: int, *, content: str, sender: str = "system"
+    ) -> None:
+        """Queue ``count`` context-only notices for an agent in bulk (benchmarks and load tests:
+        it bypasses routing decisions, so it never wakes anyone)."""
+        with self._tx() as session:
+            agent = self._lock_agent(session, agent_id)
+            if agent is None:
+                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+            first = agent.next_seq
+            agent.next_seq += count
+            now = utcnow()
+            for start in range(0, count, 10_000):
+                session.execute(
+                    sa.insert(MessageRow),
+                    [
+                        {
+                            "team_id": agent.team_id,
+                            "seq": first + i,
+                            "source_name": sender,
+                            "target_agent_id": agent.id,
+                            "type": MessageType.NOTICE,
+                            "content": content,
+                            "wake": False,
+                            "outcome": RouteOutcome.QUEUED,
+                            "status": MessageStatus.PENDING,
+                            "created_at": now,
+                        }
+                        for i in range(start, min(count, start + 10_000))
+                    ],
+                )
 
     # ------------------------------------------------------------------ reads for callers
 
@@ -1613,12 +2050,13 @@ class Store:
             ).one_or_none()
             return _turn(row) if row else None
 
-    def ledger(self, team_id: int) -> list[LedgerEvent]:
+    def ledger(self, team_id: int, *, after_id: int = 0) -> list[LedgerEvent]:
+        """The team's ledger in order; ``after_id``: only events after that one (tailing)."""
         with self._sessions() as session:
             rows = session.execute(
                 sa.select(LedgerRow, AgentRow.display_name)
                 .outerjoin(AgentRow, AgentRow.id == LedgerRow.agent_id)
-                .where(LedgerRow.team_id == team_id)
+                .where(LedgerRow.team_id == team_id, LedgerRow.id > after_id)
                 .order_by(LedgerRow.id)
             ).all()
             return [
@@ -1638,8 +2076,125 @@ class Store:
                 for r, name in rows
             ]
 
+    # ------------------------------------------------------------------ reads for operators
+
+    def agent_statuses(self, team_id: int | None = None) -> list[AgentStatus]:
+        """Every agent of a team (or of all teams, ``None``) with its mailbox depth, open
+        questions and running turn's lease: a handful of queries, whatever the team size."""
+        with self._sessions() as session:
+            agents_q = sa.select(AgentRow).order_by(AgentRow.team_id, AgentRow.id)
+            if team_id is not None:
+                self._team(session, team_id)
+                agents_q = agents_q.where(AgentRow.team_id == team_id)
+            rows = session.scalars(agents_q).all()
+            ids = [r.id for r in rows]
+            depth = dict(
+                session.execute(
+                    sa.select(MessageRow.target_agent_id, sa.func.count())
+                    .where(
+                        MessageRow.target_agent_id.in_(ids),
+                        MessageRow.status == MessageStatus.PENDING,
+                    )
+                    .group_by(MessageRow.target_agent_id)
+                ).all()
+            )
+            asked: dict[int, list[int]] = {}
+            to_answer: dict[int, list[int]] = {}
+            for qid, asker, target in session.execute(
+                sa.select(QuestionRow.id, QuestionRow.asker_agent_id, QuestionRow.target_agent_id)
+                .where(
+                    QuestionRow.status == QuestionStatus.OPEN,
+                    sa.or_(
+                        QuestionRow.asker_agent_id.in_(ids), QuestionRow.target_agent_id.in_(ids)
+                    ),
+                )
+                .order_by(QuestionRow.id)
+            ):
+                asked.setdefault(asker, []).append(qid)
+                to_answer.setdefault(target, []).append(qid)
+            running = {
+                t.agent_id: t
+                for t in session.scalars(
+                    sa.select(TurnRow).where(
+                        TurnRow.agent_id.in_(ids), TurnRow.status == TurnStatus.RUNNING
+                    )
+                )
+            }
+            statuses = []
+            for r in rows:
+                turn = running.get(r.id)
+                current = turn is not None and turn.epoch == r.epoch
+                statuses.append(
+                    AgentStatus(
+                        agent=_agent(r, depth.get(r.id, 0)),
+                        open_questions=tuple(asked.get(r.id, ())),
+                        questions_to_answer=tuple(to_answer.get(r.id, ())),
+                        turn_id=turn.id if turn is not None and current else None,
+                        lease_expires_at=turn.lease_expires_at
+                        if turn is not None and current
+                        else None,
+                    )
+                )
+            return statuses
+
+    def state_counts(self) -> dict[AgentState, tuple[int, int]]:
+        """Per agent state: (agents, pending messages to them), over every team (metrics)."""
+        with self._sessions() as session:
+            agents = dict(
+                session.execute(
+                    sa.select(AgentRow.state, sa.func.count()).group_by(AgentRow.state)
+                ).all()
+            )
+            pending = dict(
+                session.execute(
+                    sa.select(AgentRow.state, sa.func.count())
+                    .select_from(MessageRow)
+                    .join(AgentRow, AgentRow.id == MessageRow.target_agent_id)
+                    .where(MessageRow.status == MessageStatus.PENDING)
+                    .group_by(AgentRow.state)
+                ).all()
+            )
+            return {s: (agents.get(s, 0), pending.get(s, 0)) for s in set(agents) | set(pending)}
+
+    def message(self, message_id: int) -> Message:
+        """One message by id, with its delivery record."""
+        with self._sessions() as session:
+            row = session.get(MessageRow, message_id)
+            if row is None:
+                raise errors.UnknownMessageError(f"no message {message_id}")
+            target = session.get(AgentRow, row.target_agent_id)
+            assert target is not None
+            return _message(row, target.display_name)
+
+    def message_events(self, message_id: int) -> list[LedgerEvent]:
+        """Ledger events about one message (its routing, a duplicate send, a drop)."""
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(LedgerRow, AgentRow.display_name)
+                .outerjoin(AgentRow, AgentRow.id == LedgerRow.agent_id)
+                .where(LedgerRow.message_id == message_id)
+                .order_by(LedgerRow.id)
+            ).all()
+            return [_ledger_event(r, name) for r, name in rows]
+
 
 # ---------------------------------------------------------------------- row -> value
+
+
+def _ledger_event(r: LedgerRow, name: str | None) -> LedgerEvent:
+    return LedgerEvent(
+        id=r.id,
+        team_id=r.team_id,
+        agent_id=r.agent_id,
+        agent_name=name,
+        action=r.action,
+        outcome=r.outcome,
+        message_id=r.message_id,
+        turn_id=r.turn_id,
+        epoch=r.epoch,
+        detail=dict(r.detail or {}),
+        created_at=r.created_at,
+    )
 
 
 def _agent(row: AgentRow, mailbox_depth: int = 0) -> Agent:
@@ -1654,6 +2209,7 @@ def _agent(row: AgentRow, mailbox_depth: int = 0) -> Agent:
         epoch=row.epoch,
         pending_trigger=row.pending_trigger,
         mailbox_depth=mailbox_depth,
+        stop_requested=row.stop_requested,
     )
 
 
@@ -1680,6 +2236,32 @@ def _message(row: MessageRow, target_name: str) -> Message:
     )
 
 
+def _message_from(row: Any, target_name: str, **overrides: Any) -> Message:
+    """A :class:`Message` from a Core row mapping (the drain's set-based path)."""
+    fields = {
+        "id": row["id"],
+        "team_id": row["team_id"],
+        "seq": row["seq"],
+        "source_name": row["source_name"],
+        "source_agent_id": row["source_agent_id"],
+        "target_agent_id": row["target_agent_id"],
+        "target_name": target_name,
+        "type": row["type"],
+        "subtype": row["subtype"],
+        "content": row["content"],
+        "question_id": row["question_id"],
+        "wake": row["wake"],
+        "dedup_key": row["dedup_key"],
+        "created_at": row["created_at"],
+        "outcome": row["outcome"],
+        "status": row["status"],
+        "consumed_turn_id": row["consumed_turn_id"],
+        "drop_reason": row["drop_reason"],
+    }
+    fields.update(overrides)
+    return Message(**fields)
+
+
 def _turn(row: TurnRow) -> TurnRecord:
     return TurnRecord(
         id=row.id,
@@ -1703,6 +2285,37 @@ def _question(row: QuestionRow) -> Question:
         waiting=row.waiting,
         deadline=row.deadline,
         answer_message_id=row.answer_message_id,
+        kind=row.kind,
+    )
+
+
+def _resolves(
+    waiting_on: QuestionRow, req: SendRequest, source: AgentRow | None, answered: QuestionRow | None
+) -> bool:
+    """Does this message end the receiver's wait? An ask ends on any wake message (the seed's
+    rule) unless it answers another question; an output wait only on the awaited agent's output
+    (any other message to the waiting lead is queued as usual)."""
+    if waiting_on.kind is QuestionKind.OUTPUT:
+        return (
+            req.type is MessageType.OUTPUT
+            and source is not None
+            and source.id == waiting_on.target_agent_id
+        )
+    return req.wake and (answered is None or answered.id == waiting_on.id)
+
+
+def _job(row: BackgroundJobRow) -> BackgroundJob:
+    return BackgroundJob(
+        id=row.id,
+        team_id=row.team_id,
+        agent_id=row.agent_id,
+        name=row.name,
+        task_id=row.task_id,
+        status=row.status,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        result=row.result,
+        notice_message_id=row.notice_message_id,
     )
 
 

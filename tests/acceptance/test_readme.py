@@ -24,6 +24,7 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
     assert block is not None
     result = subprocess.run(
         [sys.executable, "-c", block.group(1)],
+        check=False,
         cwd=tmp_path,
         capture_output=True,
         text=True,

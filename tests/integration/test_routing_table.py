@@ -138,7 +138,13 @@ def test_waiting_agent_gets_message_as_tool_result(
     assert parse(last["content"]).content == "reuse auth"
     msg = next(m for m in router.messages(team.id) if m.id == d.message_id)
     assert msg.status is MessageStatus.DELIVERED
-    assert publisher.entries[-1].kind is OutboxKind.WAKE_WAITER
+    # The wake signal goes to the router's waker, not the turn publisher; its row is published.
+    wake = router.outbox(team.id)[-1]
+    assert (
+        wake.kind is OutboxKind.WAKE_WAITER and wake.payload["question_id"] == question.question_id
+    )
+    assert all(e.kind is OutboxKind.ENQUEUE_TURN for e in publisher.entries)
+    assert wake.id not in {u.id for u in router.store.unpublished()}
 
 
 def test_any_wake_message_resolves_a_wait_and_late_answer_is_delivered_normally(

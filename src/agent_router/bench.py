@@ -1,0 +1,471 @@
+"""``agent-router bench``: the figures of DESIGN section 7, each printed beside a floor measured
+in the same run on the same machine.
+
+Floors: one transaction that locks a row, inserts one and updates one (route); one Redis round
+trip plus the route (wake); one Celery round trip of a no-op task, send to execution start, on the
+same broker and worker (turn start); the same number of threads doing the floor transaction
+(throughput); one Celery task per message (burst). Nothing here is asserted: it reports.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import tracemalloc
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import redis
+import sqlalchemy as sa
+
+from agent_router.domain import MessageType
+from agent_router.router import Router
+from agent_router.settings import Settings
+from agent_router.store import make_engine
+from agent_router.turn import Turn
+from agent_router.waker import InProcessWaker, RedisWaker
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    figure: str
+    backend: str
+    ours: float
+    floor: float | None
+    ratio: float | None
+    unit: str
+
+
+def _row(figure: str, backend: str, ours: float, floor: float | None, unit: str) -> Row:
+    ratio = round(ours / floor, 2) if floor else None
+    return Row(
+        figure=figure,
+        backend=backend,
+        ours=round(ours, 3),
+        floor=None if floor is None else round(floor, 3),
+        ratio=ratio,
+        unit=unit,
+    )
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1000
+
+
+def _call(i: int, calls: str = "ask") -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"{calls}-{i}",
+                "type": "function",
+                "function": {"name": "ask_master", "arguments": "{}"},
+            }
+        ],
+    }
+
+
+class FloorTransaction:
+    """The cheapest transaction with the shape of a route: lock a row, insert one, update one."""
+
+    def __init__(self, settings: Settings, rows: int = 64) -> None:
+        self.engine = make_engine(settings)
+        self.tag = uuid.uuid4().hex[:8]
+        meta = sa.MetaData()
+        self.counter = sa.Table(
+            f"ar_bench_counter_{self.tag}",
+            meta,
+            sa.Column("id", sa.Integer, primary_key=True),
+            sa.Column("n", sa.Integer),
+        )
+        self.log = sa.Table(
+            f"ar_bench_log_{self.tag}",
+            meta,
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+            sa.Column("v", sa.Text),
+        )
+        self.meta = meta
+        meta.create_all(self.engine)
+        with self.engine.begin() as conn:
+            conn.execute(self.counter.insert(), [{"id": i, "n": 0} for i in range(rows)])
+
+    def run(self, row: int = 0) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.select(self.counter.c.n).where(self.counter.c.id == row).with_for_update()
+            )
+            conn.execute(self.log.insert().values(v="message"))
+            conn.execute(
+                sa.update(self.counter)
+                .where(self.counter.c.id == row)
+                .values(n=self.counter.c.n + 1)
+            )
+
+    def close(self) -> None:
+        self.meta.drop_all(self.engine)
+        self.engine.dispose()
+
+
+class Bench:
+    def __init__(self, settings: Settings, backend: str, *, samples: int, redis_url: str | None):
+        self.settings = settings
+        self.backend = backend
+        self.samples = samples
+        self.redis_url = redis_url
+        waker = RedisWaker(redis_url) if redis_url else InProcessWaker()
+        self.router = Router(settings, waker=waker)
+        self.router.create_schema()
+        self.floor = FloorTransaction(settings)
+        self.rows: list[Row] = []
+
+    def close(self) -> None:
+        self.floor.close()
+        self.router.close()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _team_with(self, n: int, role: str = "Bench") -> int:
+        team = self.router.create_team()
+        for _ in range(n):
+            self.router.create_agent(team.id, role=role)
+        return team.id
+
+    def _running(self, team_id: int, name: str) -> Turn:
+        self.router.send(team_id, to=name, content="start", sender="user")
+        turn = self.router.claim_turn(team_id, name)
+        assert turn is not None
+        turn.drain()
+        return turn
+
+    # ---------------------------------------------------------------- figures
+
+    def route_latency(self) -> float:
+        n = self.samples
+        floor = [_ms(self.floor.run) for _ in range(n)]
+        f50, f99 = statistics.median(floor), _pct(floor, 0.99)
+        team = self._team_with(n)
+        names = [f"Bench_{i + 1}" for i in range(n)]
+        idle = [
+            _ms(partial(self.router.send, team, to=name, content="hi", sender="user"))
+            for name in names
+        ]
+        team_r = self._team_with(1)
+        self._running(team_r, "Bench_1")
+        running = [
+            _ms(lambda: self.router.send(team_r, to="Bench_1", content="hi", sender="user"))
+            for _ in range(n)
+        ]
+        team_w = self._team_with(n)
+        questions = []
+        for i in range(n):
+            turn = self._running(team_w, f"Bench_{i + 1}")
+            turn.append_assistant(_call(i))
+            questions.append(turn.ask("Team Leader", "?", tool_call_id=f"ask-{i}"))
+        waiting = [
+            _ms(
+                partial(
+                    self.router.send,
+                    team_w,
+                    to=f"Bench_{i + 1}",
+                    content="answer",
+                    sender="Team Leader",
+                    type=MessageType.ANSWER,
+                    question_id=q.id,
+                )
+            )
+            for i, q in enumerate(questions)
+        ]
+        for label, samples in (("idle", idle), ("running", running), ("waiting", waiting)):
+            self.rows.append(
+                _row(f"route p50 ({label})", self.backend, statistics.median(samples), f50, "ms")
+            )
+            self.rows.append(
+                _row(f"route p99 ({label})", self.backend, _pct(samples, 0.99), f99, "ms")
+            )
+        return statistics.median(running)
+
+    def wake_latency(self, route_p50: float) -> None:
+        n = max(20, self.samples // 5)
+        if self.redis_url:
+            client = redis.Redis.from_url(self.redis_url)
+            rtt = statistics.median(_ms(client.ping) for _ in range(n))
+            client.close()
+        else:
+            rtt = 0.0
+        team = self._team_with(n)
+        samples: list[float] = []
+        for i in range(n):
+            name = f"Bench_{i + 1}"
+            turn = self._running(team, name)
+            turn.append_assistant(_call(i))
+            q = turn.ask("Team Leader", "?", tool_call_id=f"ask-{i}")
+            returned = threading.Event()
+            done_at: list[float] = []
+
+            def wait(
+                turn: Turn = turn,
+                q: Any = q,
+                done_at: list[float] = done_at,
+                returned: threading.Event = returned,
+            ) -> None:
+                turn.wait_for(q, block_seconds=30)
+                done_at.append(time.perf_counter())
+                returned.set()
+
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            time.sleep(0.005)  # let it block
+            sent = time.perf_counter()
+            self.router.send(
+                team,
+                to=name,
+                content="answer",
+                sender="Team Leader",
+                type=MessageType.ANSWER,
+                question_id=q.id,
+            )
+            returned.wait(30)
+            waiter.join()
+            samples.append((done_at[0] - sent) * 1000)
+        floor = rtt + route_p50
+        self.rows.append(_row("wake p50", self.backend, statistics.median(samples), floor, "ms"))
+        self.rows.append(_row("wake p99", self.backend, _pct(samples, 0.99), floor, "ms"))
+
+    def throughput(self) -> None:
+        per_thread_total = max(200, self.samples * 2)
+        for threads in (1, 4, 16):
+            team = self._team_with(threads)
+            for i in range(threads):
+                self._running(team, f"Bench_{i + 1}")
+            per = per_thread_total // threads
+
+            def send(i: int, team: int = team, per: int = per) -> None:
+                for _ in range(per):
+                    self.router.send(team, to=f"Bench_{i + 1}", content="m", sender="user")
+
+            def floor(i: int, per: int = per) -> None:
+                for _ in range(per):
+                    self.floor.run(i)
+
+            ours = _rate(threads, per, send)
+            base = _rate(threads, per, floor)
+            self.rows.append(
+                _row(f"routed msgs/s ({threads} senders)", self.backend, ours, base, "msg/s")
+            )
+
+    def drain(self, queued: int) -> None:
+        team = self._team_with(1)
+        agent = self.router.agent(team, "Bench_1")
+        turn = self._running(team, "Bench_1")
+        self.router.store.seed_mailbox(agent.id, queued, content="queued message")
+        half = queued // 2
+        drained = 0
+        start = time.perf_counter()
+        while drained < half:
+            drained += len(turn.drain())
+        per_message_us = (time.perf_counter() - start) / drained * 1e6
+        tracemalloc.start()
+        while turn.drain():
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        self.rows.append(_row("drain cost per message", self.backend, per_message_us, None, "us"))
+        self.rows.append(
+            _row(
+                f"drain peak memory, {queued} queued (batches of {self.settings.drain_batch_size})",
+                self.backend,
+                peak / 2**20,
+                None,
+                "MiB",
+            )
+        )
+
+    def celery_figures(self) -> None:
+        """Turn start latency and the burst, with a real worker on the configured broker."""
+        from celery.contrib.testing.worker import start_worker
+
+        from agent_router import runtime
+
+        queue = f"agent_router.bench.{uuid.uuid4().hex[:8]}"
+        settings = self.settings.model_copy(update={"queue": queue})
+        rt = runtime.configure(settings)
+        app = rt.app
+        started: dict[str, float] = {}
+
+        @app.task(name="agent_router.bench_noop", bind=True)
+        def noop(task: Any) -> None:
+            started[task.request.id] = time.perf_counter()
+
+        router = rt.router
+        n = max(20, self.samples // 5)
+        try:
+            with start_worker(
+                app,
+                pool="threads",
+                concurrency=4,
+                perform_ping_check=False,
+                queues=[queue],
+                shutdown_timeout=30.0,
+            ):
+                floor: list[float] = []
+                for _ in range(n):
+                    sent = time.perf_counter()
+                    task_id = noop.apply_async(queue=queue).id
+                    _until(partial(started.__contains__, task_id))
+                    floor.append((started[task_id] - sent) * 1000)
+                team = router.create_team()
+                for _ in range(n):
+                    router.create_agent(team.id, role="Bench")
+                ours: list[float] = []
+                for i in range(n):
+                    name = f"Bench_{i + 1}"
+                    sent_at = datetime.now(UTC).replace(tzinfo=None)
+                    router.send(team.id, to=name, content="go", sender="user")
+                    agent_id = router.agent(team.id, name).id
+                    claimed = _until(partial(_first_turn_start, router, agent_id))
+                    ours.append((claimed - sent_at).total_seconds() * 1000)
+                self.rows.append(
+                    _row(
+                        "turn start p50",
+                        self.backend,
+                        statistics.median(ours),
+                        statistics.median(floor),
+                        "ms",
+                    )
+                )
+                self.rows.append(
+                    _row("turn start p99", self.backend, _pct(ours, 0.99), _pct(floor, 0.99), "ms")
+                )
+                # Burst: 100 messages to one idle agent, against one task per message.
+                burst_team = router.create_team()
+                router.create_agent(burst_team.id, role="Bench")
+                target = router.agent(burst_team.id, "Bench_1")
+                for k in range(100):
+                    router.send(burst_team.id, to="Bench_1", content=f"m{k}", sender="user")
+                _until(
+                    lambda: (
+                        router.agent(burst_team.id, "Bench_1").state.value == "completed"
+                        and router.agent(burst_team.id, "Bench_1").mailbox_depth == 0
+                    ),
+                    timeout=120,
+                )
+                turns = len(router.store.turns(target.id))
+                before = len(started)
+                for _ in range(100):
+                    noop.apply_async(queue=queue)
+                _until(lambda: len(started) - before >= 100, timeout=120)
+                self.rows.append(
+                    _row("turns fired for a burst of 100", self.backend, turns, 100, "turns")
+                )
+        finally:
+            runtime.reset()
+            with app.connection_for_write() as conn:
+                conn.default_channel.queue_delete(queue)  # type: ignore[attr-defined]
+
+
+def _first_turn_start(router: Router, agent_id: int) -> datetime | None:
+    turns = router.store.turns(agent_id)
+    return turns[0].started_at if turns else None
+
+
+def _rate(threads: int, per: int, fn: Callable[[int], None]) -> float:
+    barrier = threading.Barrier(threads)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        fn(i)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(run, range(threads)))
+    return threads * per / (time.perf_counter() - start)
+
+
+def _until(probe: Callable[[], Any], timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.001)
+    raise TimeoutError("benchmark condition not reached")
+
+
+@contextmanager
+def _bench(
+    settings: Settings, backend: str, samples: int, redis_url: str | None
+) -> Iterator[Bench]:
+    bench = Bench(settings, backend, samples=samples, redis_url=redis_url)
+    try:
+        yield bench
+    finally:
+        bench.close()
+
+
+def run(
+    *,
+    postgres_url: str | None,
+    redis_url: str | None,
+    sqlite_path: str,
+    samples: int = 200,
+    queued: int = 100_000,
+) -> list[Row]:
+    """Run every figure on the embedded default (SQLite + memory://) and, when given, on
+    PostgreSQL + Redis."""
+    rows: list[Row] = []
+    targets: list[tuple[str, Settings, str | None]] = [
+        (
+            "embedded",
+            Settings(database_url=f"sqlite:///{sqlite_path}", broker_url="memory://"),
+            None,
+        )
+    ]
+    if postgres_url and redis_url:
+        targets.append(
+            (
+                "postgresql+redis",
+                Settings(database_url=postgres_url, broker_url=redis_url, redis_url=redis_url),
+                redis_url,
+            )
+        )
+    for backend, settings, redis_for_wake in targets:
+        with _bench(settings, backend, samples, redis_for_wake) as bench:
+            route_p50 = bench.route_latency()
+            bench.wake_latency(route_p50)
+            bench.throughput()
+            bench.celery_figures()
+            bench.drain(queued)
+            rows.extend(bench.rows)
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    head = f"{'figure':<58} {'backend':<17} {'ours':>10} {'floor':>10} {'ratio':>7}  unit"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        floor = "-" if r.floor is None else f"{r.floor:.3f}"
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
+        lines.append(
+            f"{r.figure:<58} {r.backend:<17} {r.ours:>10.3f} {floor:>10} {ratio:>7}  {r.unit}"
+        )
+    return "\n".join(lines)
+
+
+def to_json(rows: list[Row]) -> str:
+    return json.dumps([asdict(r) for r in rows])
