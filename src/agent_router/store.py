@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -71,6 +71,9 @@ logger = logging.getLogger(__name__)
 EXTERNAL_SENDERS = frozenset({"user", "system"})
 EXTERNAL_PREFIX = "job:"
 INTERRUPTED_RESULT = "interrupted: the turn running this tool call ended before it returned"
+#: A burst of background-job completions delays its agent's turn by at most this many batch
+#: windows (``Settings.background_batch_seconds``) after the first completion.
+JOB_BATCH_MAX_WINDOWS = 10
 STOPPED_RESULT = "cancelled: the agent was stopped before this tool call ran"
 
 
@@ -371,7 +374,12 @@ class Store:
         system_prompt: str | None = None,
     ) -> Agent:
         role = role.strip()
-        if not role or len(role) > 100 or any(c in role for c in '"\n\r<>'):
+        if (
+            not role
+            or len(role) > 100
+            or any(c in role for c in '"\n\r<>')
+            or role.startswith(EXTERNAL_PREFIX)
+        ):
             raise errors.InvalidMessageError(f"invalid role name {role!r}")
         if display_name is not None:
             _check_display_name(display_name)
@@ -488,6 +496,8 @@ class Store:
         )
 
     def _resolve_sender(self, session: Session, req: SendRequest) -> AgentRow | None:
+        if _is_external(req.sender):
+            return None  # display names may not take these forms, so no lookup is needed
         source = self._agent_by_name(session, req.team_id, req.sender)
         if source is not None:
             if source.state is AgentState.TERMINATED:
@@ -497,10 +507,6 @@ class Store:
                     "sender_terminated",
                 )
             return source
-        if req.sender in EXTERNAL_SENDERS or (
-            req.sender.startswith(EXTERNAL_PREFIX) and len(req.sender) > len(EXTERNAL_PREFIX)
-        ):
-            return None
         raise self._reject(
             req,
             errors.UnknownAgentError(
@@ -511,9 +517,10 @@ class Store:
         )
 
     def _route(self, session: Session, req: SendRequest, effects: Effects) -> Delivery:
-        self._team(session, req.team_id)
-        source = self._resolve_sender(session, req)
         target = self._agent_by_name(session, req.team_id, req.to, lock=True)
+        if target is None:
+            self._team(session, req.team_id)  # an unknown team says so, not "unknown agent"
+        source = self._resolve_sender(session, req)
         if target is None:
             raise self._reject(
                 req,
@@ -1858,8 +1865,8 @@ class Store:
                     effects,
                 )
                 job.notice_message_id = delivery.message_id
-                if batch_seconds > 0 and delivery.outcome is RouteOutcome.TRIGGERED_NEW_TURN:
-                    self._delay_turn(session, effects, batch_seconds)
+                if batch_seconds > 0:
+                    self._batch_turn(session, agent, delivery, effects, batch_seconds)
             self._ledger(
                 session,
                 LedgerAction.JOB_FINISHED,
@@ -1872,11 +1879,48 @@ class Store:
             )
             return _job(job), delivery, effects
 
+    def _batch_turn(
+        self,
+        session: Session,
+        agent: AgentRow,
+        delivery: Delivery,
+        effects: Effects,
+        seconds: float,
+    ) -> None:
+        """Debounce: the first completion schedules the agent's turn ``seconds`` late; each
+        further one that arrives before that turn started pushes it back by ``seconds`` again
+        (a new epoch; the earlier task is refused by the fence), for at most
+        :data:`JOB_BATCH_MAX_WINDOWS` windows after the first."""
+        now = utcnow()
+        if delivery.outcome is RouteOutcome.TRIGGERED_NEW_TURN:
+            self._delay_turn(session, effects, seconds, first=now)
+            return
+        if delivery.outcome is not RouteOutcome.COALESCED:
+            return
+        batch = session.scalars(
+            sa.select(OutboxRow)
+            .where(
+                OutboxRow.agent_id == agent.id,
+                OutboxRow.epoch == agent.epoch,
+                OutboxRow.kind == OutboxKind.ENQUEUE_TURN,
+            )
+            .order_by(OutboxRow.id.desc())
+            .limit(1)
+        ).one_or_none()
+        first_at = (batch.payload or {}).get("batch_started") if batch else None
+        if first_at is None:
+            return  # not a batch turn (a message woke it): it starts as published
+        first = datetime.fromisoformat(first_at)
+        if now - first >= timedelta(seconds=seconds * JOB_BATCH_MAX_WINDOWS):
+            return
+        self._schedule(session, agent, agent.pending_trigger or TurnTrigger.NEW, effects)
+        self._delay_turn(session, effects, seconds, first=first)
+
     @staticmethod
-    def _delay_turn(session: Session, effects: Effects, seconds: float) -> None:
+    def _delay_turn(session: Session, effects: Effects, seconds: float, *, first: datetime) -> None:
         """Give the turn task just scheduled a countdown (published with it)."""
         entry = effects.outbox[-1]
-        payload = {**entry.payload, "countdown": seconds}
+        payload = {**entry.payload, "countdown": seconds, "batch_started": first.isoformat()}
         row = session.get(OutboxRow, entry.id)
         assert row is not None and entry.kind is OutboxKind.ENQUEUE_TURN
         row.payload = payload
@@ -2319,9 +2363,19 @@ def _job(row: BackgroundJobRow) -> BackgroundJob:
     )
 
 
+def _is_external(sender: str) -> bool:
+    return sender in EXTERNAL_SENDERS or (
+        sender.startswith(EXTERNAL_PREFIX) and len(sender) > len(EXTERNAL_PREFIX)
+    )
+
+
 def _check_display_name(name: str) -> None:
     if not name or len(name) > 200 or any(c in name for c in '"\n\r<>') or name != name.strip():
         raise errors.InvalidMessageError(f"invalid display name {name!r}")
+    if _is_external(name) or name.startswith(EXTERNAL_PREFIX):
+        raise errors.InvalidMessageError(
+            f"display name {name!r} is reserved for external senders (user, system, job:<name>)"
+        )
 
 
 def _validate_assistant(message: dict[str, Any]) -> dict[str, Any]:

@@ -107,11 +107,13 @@ def test_duplicate_and_malformed_display_names(router: Router) -> None:
         router.create_agent(team.id, role="Engineer", display_name="Bob")
     with pytest.raises(DuplicateDisplayNameError):
         router.create_agent(team.id, role="Engineer", display_name="Team Leader")
-    for bad in ("", ' quoted"', "new\nline"):
+    for bad in ("", ' quoted"', "new\nline", "user", "system", "job:build"):
         with pytest.raises(InvalidMessageError):
             router.create_agent(team.id, role="Engineer", display_name=bad)
     with pytest.raises(InvalidMessageError):
         router.create_agent(team.id, role="")
+    with pytest.raises(InvalidMessageError):
+        router.create_agent(team.id, role="job:ci")
     assert router.agents(team.id) == before
     # Counting per role skips a taken name.
     router.create_agent(team.id, role="Engineer", display_name="Engineer_1")
