@@ -7,10 +7,12 @@ A host with its own Celery app instead adds ``include=["agent_router.tasks"]`` (
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from celery import Celery
+from celery.result import AsyncResult
 
 from agent_router.constants import RUN_AGENT_TURN, SWEEP, SWEEP_SCHEDULE_ENTRY
 from agent_router.domain import OutboxEntry, OutboxKind
@@ -148,6 +150,31 @@ class CeleryPublisher:
                 "wake signal ignored: the router's waker carries it",
                 extra={"action": "publish", "agent_id": entry.agent_id, "kind": entry.kind.value},
             )
+
+    def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
+        """A background job's outcome from the result backend (see ``sweeper.poll_jobs``):
+        ``None`` while it runs, and always when the app has no result backend."""
+        if not self.app.conf.result_backend:
+            return None
+        result: AsyncResult[Any] = AsyncResult(task_id, app=self.app)
+        state = result.state
+        if state == "SUCCESS":
+            return True, job_result_text(result.result)
+        if state == "FAILURE":
+            return False, job_result_text(result.result)
+        return None
+
+
+def job_result_text(value: Any) -> str:
+    """A job's return value (or exception) as the text of its notice."""
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {value}"
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 #: The app of ``celery -A agent_router.celery_app worker``, configured from AGENT_ROUTER_* vars.

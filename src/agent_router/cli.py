@@ -23,8 +23,8 @@ from rich.text import Text
 from agent_router import errors, runtime
 from agent_router.celery_app import create_app
 from agent_router.demo import DemoResult, LedgerTail, event_record, run_scenarios, setup_team
-from agent_router.embedded import SweeperThread
 from agent_router.domain import AgentState, AgentStatus
+from agent_router.embedded import SweeperThread
 from agent_router.settings import Settings
 from agent_router.store import Store, utcnow
 
@@ -178,17 +178,32 @@ def demo(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(
     ctx: typer.Context,
-    concurrency: Annotated[int, typer.Option(help="Turns run at once by this worker.")] = 8,
+    concurrency: Annotated[
+        int,
+        typer.Option(envvar="AGENT_ROUTER_CONCURRENCY", help="Turns run at once by this worker."),
+    ] = 8,
     pool: Annotated[
-        str, typer.Option(help="Celery pool: threads (default; turns wait on I/O) or prefork.")
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_POOL",
+            help="Celery pool: threads (default; turns wait on I/O) or prefork.",
+        ),
     ] = "threads",
-    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    loglevel: Annotated[
+        str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
+    ] = "INFO",
 ) -> None:
     """Start a Celery worker for the router's tasks, configured by AGENT_ROUTER_* variables.
 
+    With AGENT_ROUTER_METRICS_PORT set it serves Prometheus metrics on that port.
     Further arguments go to `celery worker` as they are (e.g. --hostname=w1@%h)."""
     settings = Settings()
     celery = create_app(settings)
+    if settings.metrics_port is not None:
+        from agent_router import metrics
+
+        # The store is looked up at scrape time: the runtime is built by the first task.
+        metrics.serve(settings.metrics_port, store=lambda: runtime.current(celery).router.store)
     celery.worker_main(
         [
             "worker",
@@ -481,7 +496,7 @@ def inspect_agent(
         + Text(
             f"(team {agent.team_id}, {agent.state.value}, epoch {agent.epoch}, "
             f"{agent.mailbox_depth} pending)"
-        )  # fmt: skip
+        )
     )
     for e in entries:
         payload = e["payload"]
@@ -566,7 +581,7 @@ def flower(
     port: Annotated[int, typer.Option(envvar="AGENT_ROUTER_FLOWER_PORT", help="HTTP port.")] = 5555,
     address: Annotated[
         str, typer.Option(envvar="AGENT_ROUTER_FLOWER_ADDRESS", help="Address to listen on.")
-    ] = "0.0.0.0",  # noqa: S104 - a dashboard, to be put behind auth (see docs/deployment.md)
+    ] = "0.0.0.0",  # a dashboard: put it behind auth (docs/deployment.md)
 ) -> None:
     """Start Flower (`celery flower`, needs the `flower` package) on the router's broker.
 

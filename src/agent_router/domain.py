@@ -119,6 +119,8 @@ class LedgerAction(enum.StrEnum):
     QUESTION_CANCELLED = "question_cancelled"
     QUESTION_EXPIRED = "question_expired"
     REENQUEUED = "reenqueued"
+    JOB_STARTED = "job_started"  # a background job was started on an agent's behalf
+    JOB_FINISHED = "job_finished"  # its completion was routed to the agent as a notice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +189,30 @@ class Question:
     waiting: bool  # the asker is still blocked on it (a waits-for edge)
     deadline: datetime
     answer_message_id: int | None = None
+
+
+class JobStatus(enum.StrEnum):
+    """Where a background job is. Its completion reaches its agent exactly once."""
+
+    RUNNING = "running"  # started; no completion seen yet (callback or poller)
+    SUCCEEDED = "succeeded"  # returned; the notice is routed
+    FAILED = "failed"  # raised, or could not be started; the notice is routed
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackgroundJob:
+    """A Celery task started on an agent's behalf; its completion becomes a ``notice``."""
+
+    id: int
+    team_id: int
+    agent_id: int
+    name: str  # the task's name; the notice's sender is ``job:<name>``
+    task_id: str  # the Celery task id (and result-backend key)
+    status: JobStatus
+    created_at: datetime
+    finished_at: datetime | None = None
+    result: str | None = None
+    notice_message_id: int | None = None
 
 
 class WaitOutcome(enum.StrEnum):

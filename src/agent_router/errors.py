@@ -30,6 +30,10 @@ class UnknownAgentError(RefusedError):
     """Raised when no agent of that display name or id exists in the team."""
 
 
+class UnknownMessageError(RefusedError):
+    """Raised when a message id does not exist."""
+
+
 class AgentTerminatedError(RefusedError):
     """Raised when the target agent is terminated and takes no more messages."""
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from agent_router.domain import (
     AgentState,
+    JobStatus,
     LedgerAction,
     MessageStatus,
     MessageSubtype,
@@ -50,6 +51,7 @@ QuestionStatusType = _enum(QuestionStatus, "ar_question_status")
 TurnStatusType = _enum(TurnStatus, "ar_turn_status")
 OutboxKindType = _enum(OutboxKind, "ar_outbox_kind")
 LedgerActionType = _enum(LedgerAction, "ar_ledger_action")
+JobStatusType = _enum(JobStatus, "ar_job_status")
 
 JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -192,6 +194,24 @@ class OutboxRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     published_at: Mapped[datetime | None]
     attempts: Mapped[int] = mapped_column(default=0)
+
+
+class BackgroundJobRow(Base):
+    __tablename__ = "ar_background_jobs"
+    # The poller's scan: jobs still running, oldest first.
+    __table_args__ = (sa.Index("ix_ar_background_jobs_status", "status", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    name: Mapped[str] = mapped_column(sa.String(200))
+    task_id: Mapped[str] = mapped_column(sa.String(200), unique=True)
+    status: Mapped[JobStatus] = mapped_column(JobStatusType)
+    result: Mapped[str | None] = mapped_column(sa.Text)
+    # The notice that told the agent; set once, under the job's row lock.
+    notice_message_id: Mapped[int | None] = mapped_column(BigId)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
 
 
 class LedgerRow(Base):

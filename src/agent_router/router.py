@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent_router import errors
+from agent_router.constants import BACKGROUND_DONE
 from agent_router.domain import (
     Agent,
+    BackgroundJob,
     Delivery,
     EndOfTurn,
     LedgerEvent,
@@ -321,6 +324,45 @@ class Router:
         """Final: later sends are refused, pending messages dropped with ``reason``."""
         agent = self.agent(team_id, display_name)
         self._publish(self.store.terminate(agent.id, reason=reason))
+
+    # ------------------------------------------------------------------ background jobs
+
+    def track_background(self, team_id: int, agent: str, signature: Any) -> BackgroundJob:
+        """Start the Celery task ``signature`` on ``agent``'s behalf (the seed's "completion
+        notification pool"). The job is recorded first; its completion becomes one ``notice``
+        from ``job:<task name>`` to the agent, through a link / link_error callback at once, or
+        through the sweeper's poller (which reads the result backend) if the callback is lost.
+        Completions within ``Settings.background_batch_seconds`` wake the agent once.
+
+        If the task cannot be sent (broker down), the job is reported failed and the error
+        raised."""
+        app = getattr(self.publisher, "app", None) or signature.app
+        name = str(signature.task)
+        job = self.store.start_job(team_id, agent, name=name, task_id=str(uuid.uuid4()))
+        done = app.signature(BACKGROUND_DONE, kwargs={"job_id": job.id})
+        failed = app.signature(BACKGROUND_DONE, kwargs={"job_id": job.id, "failed": True})
+        try:
+            # ignore_result=False: the poller needs the result if the callback is lost.
+            signature.apply_async(
+                task_id=job.task_id, link=done, link_error=failed, ignore_result=False
+            )
+        except Exception as exc:
+            self.finish_background(job.id, ok=False, result=f"could not be started: {exc!r}")
+            raise
+        return job
+
+    def finish_background(self, job_id: int, *, ok: bool, result: str) -> BackgroundJob:
+        """Report a job's completion to its agent (idempotent: a second report is a no-op)."""
+        limit = self.settings.max_content_bytes // 4  # room for the envelope; UTF-8 is <= 4x
+        text = result if len(result) <= limit else result[: limit - 1] + "…"
+        job, _delivery, effects = self.store.finish_job(
+            job_id, ok=ok, result=text, batch_seconds=self.settings.background_batch_seconds
+        )
+        self._publish(effects)
+        return job
+
+    def background_jobs(self, team_id: int) -> list[BackgroundJob]:
+        return self.store.jobs(team_id)
 
     # ------------------------------------------------------------------ outbox
 

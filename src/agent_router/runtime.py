@@ -12,11 +12,14 @@ from dataclasses import dataclass
 
 from celery import Celery
 
+from agent_router import metrics
 from agent_router.celery_app import CeleryPublisher, create_app
 from agent_router.domain import Agent
+from agent_router.hooks import HookChain, RouterHooks
 from agent_router.model import Model, ModelFactory, ScriptedModel
 from agent_router.router import Router
 from agent_router.settings import Settings
+from agent_router.task_events import TaskEventHooks
 from agent_router.tools import ToolRegistry, default_registry
 
 
@@ -44,15 +47,21 @@ def scripted_models(settings: Settings) -> ModelFactory:
     return factory
 
 
+def default_hooks() -> RouterHooks:
+    """What a worker reports: Flower task events of the running turn, Prometheus metrics."""
+    return HookChain([TaskEventHooks(), metrics.default_hooks()])
+
+
 def _build(
     settings: Settings,
     app: Celery | None,
     models: ModelFactory | None,
     tools: ToolRegistry | None,
+    hooks: RouterHooks | None = None,
 ) -> Runtime:
     app = app or create_app(settings)
     return Runtime(
-        router=Router(settings, publisher=CeleryPublisher(app)),
+        router=Router(settings, publisher=CeleryPublisher(app), hooks=hooks or default_hooks()),
         models=models or scripted_models(settings),
         tools=tools or default_registry(),
         app=app,
@@ -65,10 +74,12 @@ def configure(
     app: Celery | None = None,
     models: ModelFactory | None = None,
     tools: ToolRegistry | None = None,
+    hooks: RouterHooks | None = None,
 ) -> Runtime:
     """Replace the process's runtime. ``app`` is where the Router publishes turn tasks (default:
-    a new app for ``settings``). The previous Router's pool is closed."""
-    new = _build(settings or Settings(), app, models, tools)
+    a new app for ``settings``); ``hooks`` default to :func:`default_hooks`. The previous
+    Router's pool is closed."""
+    new = _build(settings or Settings(), app, models, tools, hooks)
     with _Slot.lock:
         old, _Slot.runtime = _Slot.runtime, new
     if old is not None:

@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     )
     heartbeat_seconds: float = Field(10.0, gt=0, description="How often a turn renews its lease.")
     sweep_seconds: float = Field(5.0, gt=0, description="Period of the beat-scheduled sweeper.")
+    background_batch_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="A background job's completion that wakes a resting agent starts its turn "
+        "this much later, so that completions arriving meanwhile share that one turn.",
+    )
     sqlite_busy_timeout_seconds: float = Field(
         30.0, gt=0, description="How long a SQLite writer waits for the write lock."
     )

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from agent_router.router import Router
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class JobOutcomes(Protocol):
+    """Where the poller reads a background job's outcome (a Celery result backend)."""
+
+    def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
+        """``(succeeded, result text)`` once the task finished; ``None`` while it has not (or
+        nothing is known about it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,10 +29,17 @@ class SweepReport:
     taken_over: int  # running turns whose lease expired, fenced and recovered
     reenqueued: int  # agents stuck in `scheduled` whose turn task vanished
     expired: int  # questions resolved `expired` past their deadline
+    jobs_reported: int = 0  # background jobs whose completion callback was lost
 
     @property
     def idle(self) -> bool:
-        return not (self.republished or self.taken_over or self.reenqueued or self.expired)
+        return not (
+            self.republished
+            or self.taken_over
+            or self.reenqueued
+            or self.expired
+            or self.jobs_reported
+        )
 
 
 def sweep(router: Router) -> SweepReport:
@@ -48,8 +64,13 @@ def sweep(router: Router) -> SweepReport:
         if entries:
             router.publish_entries(entries)
     expired = router.expire_questions()
+    jobs_reported = poll_jobs(router)
     report = SweepReport(
-        republished=republished, taken_over=taken_over, reenqueued=reenqueued, expired=expired
+        republished=republished,
+        taken_over=taken_over,
+        reenqueued=reenqueued,
+        expired=expired,
+        jobs_reported=jobs_reported,
     )
     if not report.idle:
         logger.info(
@@ -60,6 +81,28 @@ def sweep(router: Router) -> SweepReport:
                 "taken_over": taken_over,
                 "reenqueued": reenqueued,
                 "expired": expired,
+                "jobs_reported": jobs_reported,
             },
         )
     return report
+
+
+def poll_jobs(router: Router) -> int:
+    """The completion poller: report background jobs that finished but whose link callback
+    never arrived (lost with a worker or a broker restart). Jobs younger than a sweep period
+    are left to their callback."""
+    outcomes = router.publisher
+    if not isinstance(outcomes, JobOutcomes):
+        return 0
+    reported = 0
+    for job in router.store.running_jobs(older_than_seconds=router.settings.sweep_seconds):
+        try:
+            outcome = outcomes.job_outcome(job.task_id)
+        except Exception:  # the result backend is down: try again next pass
+            logger.warning("job outcome unavailable", extra={"action": "poll_jobs"})
+            break
+        if outcome is not None:
+            ok, text = outcome
+            router.finish_background(job.id, ok=ok, result=text)
+            reported += 1
+    return reported

@@ -12,7 +12,8 @@ from typing import Any
 from celery import Task, shared_task
 
 from agent_router import errors, runtime, task_events
-from agent_router.constants import RUN_AGENT_TURN, SWEEP
+from agent_router.celery_app import CeleryPublisher, job_result_text
+from agent_router.constants import BACKGROUND_DONE, RUN_AGENT_TURN, SWEEP
 from agent_router.loop import run_turn
 from agent_router.sweeper import sweep as sweep_once
 
@@ -70,3 +71,26 @@ def sweep(self: Task[Any, Any]) -> dict[str, int]:
     this pass only; the next tick tries again, and every step is idempotent."""
     report = sweep_once(runtime.current(self.app).router)
     return dataclasses.asdict(report)
+
+
+@shared_task(bind=True, name=BACKGROUND_DONE, max_retries=CLAIM_RETRIES, ignore_result=True)
+def background_done(
+    self: Task[Any, Any], outcome: Any, *, job_id: int, failed: bool = False
+) -> str:
+    """Link callback of a background job: route its completion to its agent as a notice.
+
+    As ``link`` it gets the job's return value; as ``link_error`` (``failed=True``) Celery
+    passes the job's task id, and the error is read from the result backend. Idempotent: the
+    poller may report the same job; the second report changes nothing."""
+    rt = runtime.current(self.app)
+    if failed:
+        publisher = CeleryPublisher(self.app)
+        known = publisher.job_outcome(str(outcome)) if isinstance(outcome, str) else None
+        text = known[1] if known else "the task raised (no result backend to say what)"
+    else:
+        text = job_result_text(outcome)
+    try:
+        job = rt.router.finish_background(job_id, ok=not failed, result=text)
+    except errors.StoreError as exc:
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 30)) from exc
+    return job.status.value

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_router.domain import (
     AgentState,
+    BackgroundJob,
     EndOfTurn,
     Message,
     MessageSubtype,
@@ -86,6 +87,11 @@ class Turn:
         """Block until the question is answered (its result is then in the transcript) or, after
         ``block_seconds``, suspend: the caller must then return without ending the turn."""
         return self._router.wait_for(self, question, block_seconds=block_seconds)
+
+    def start_background(self, signature: Any) -> BackgroundJob:
+        """Start the Celery task ``signature`` on this agent's behalf; its completion comes
+        back as a ``notice`` (see :meth:`Router.track_background`)."""
+        return self._router.track_background(self.team_id, self.display_name, signature)
 
     def heartbeat(self) -> bool:
         """Renew this turn's lease; ``False`` once it has been fenced (stop working)."""

@@ -120,6 +120,8 @@ def upgrade() -> None:
                 "question_cancelled",
                 "question_expired",
                 "reenqueued",
+                "job_started",
+                "job_finished",
                 name="ar_ledger_action",
                 create_constraint=True,
             ),
@@ -458,10 +460,52 @@ def upgrade() -> None:
         sa.UniqueConstraint("agent_id", "position", name="uq_ar_transcript_agent_position"),
         sa.UniqueConstraint("message_id", name=op.f("uq_ar_transcript_entries_message_id")),
     )
+    op.create_table(
+        "ar_background_jobs",
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
+        sa.Column("team_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("agent_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("name", sa.String(length=200), nullable=False),
+        sa.Column("task_id", sa.String(length=200), nullable=False),
+        sa.Column(
+            "status",
+            sa.Enum("running", "succeeded", "failed", name="ar_job_status", create_constraint=True),
+            nullable=False,
+        ),
+        sa.Column("result", sa.Text(), nullable=True),
+        sa.Column(
+            "notice_message_id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            nullable=True,
+        ),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("finished_at", sa.DateTime(), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["agent_id"], ["ar_agents.id"], name=op.f("fk_ar_background_jobs_agent_id_ar_agents")
+        ),
+        sa.ForeignKeyConstraint(
+            ["team_id"], ["ar_teams.id"], name=op.f("fk_ar_background_jobs_team_id_ar_teams")
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_ar_background_jobs")),
+        sa.UniqueConstraint("task_id", name=op.f("uq_ar_background_jobs_task_id")),
+    )
+    with op.batch_alter_table("ar_background_jobs", schema=None) as batch_op:
+        batch_op.create_index(
+            "ix_ar_background_jobs_status", ["status", "created_at"], unique=False
+        )
+        batch_op.create_index(
+            batch_op.f("ix_ar_background_jobs_team_id"), ["team_id"], unique=False
+        )
 
 
 def downgrade() -> None:
 
+    op.drop_table("ar_background_jobs")
     op.drop_table("ar_transcript_entries")
     with op.batch_alter_table("ar_messages", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_ar_messages_team_id"))
@@ -508,5 +552,6 @@ ENUM_TYPES = (
     "ar_question_status",
     "ar_turn_status",
     "ar_outbox_kind",
+    "ar_job_status",
     "ar_ledger_action",
 )

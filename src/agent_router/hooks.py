@@ -1,0 +1,74 @@
+"""Extension points of the :class:`~agent_router.router.Router`: a small hook class whose methods
+do nothing, so that metrics, Celery task events or a host's own telemetry can watch routing and
+turns without the core importing any of them (dramatiq's middleware shape).
+
+Hooks run after the transition committed. A hook that raises is logged and ignored: observing
+the router can never fail or undo a delivery.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_router.domain import Delivery, EndOfTurn, WaitOutcome
+    from agent_router.errors import AgentRouterError
+    from agent_router.turn import Turn
+
+logger = logging.getLogger(__name__)
+
+
+class RouterHooks:
+    """Every method is a no-op; subclass and override the ones you need."""
+
+    def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
+        """A message was committed and delivered (``delivery.outcome`` says how)."""
+
+    def after_reject(self, team_id: int | None, sender: str, error: AgentRouterError) -> None:
+        """A send was refused (outcome ``rejected``); nothing but a ledger event was written."""
+
+    def after_claim(self, turn: Turn) -> None:
+        """A turn was claimed: the agent is ``running`` (``turn.trigger`` says why)."""
+
+    def after_wait(self, turn: Turn, outcome: WaitOutcome, seconds: float) -> None:
+        """A blocked ask stopped blocking the worker: answered (``resolved``) or ``suspended``."""
+
+    def after_end_turn(self, turn: Turn, end: EndOfTurn, seconds: float, *, failed: bool) -> None:
+        """The end-of-turn hook ran (``failed``: the loop raised); ``seconds`` since the claim."""
+
+
+class HookChain(RouterHooks):
+    """Several hooks, called in order; one that raises does not keep the others from running."""
+
+    def __init__(self, hooks: Iterable[RouterHooks]) -> None:
+        self.hooks = list(hooks)
+
+    def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_route, team_id, sender, delivery)
+
+    def after_reject(self, team_id: int | None, sender: str, error: AgentRouterError) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_reject, team_id, sender, error)
+
+    def after_claim(self, turn: Turn) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_claim, turn)
+
+    def after_wait(self, turn: Turn, outcome: WaitOutcome, seconds: float) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_wait, turn, outcome, seconds)
+
+    def after_end_turn(self, turn: Turn, end: EndOfTurn, seconds: float, *, failed: bool) -> None:
+        for hook in self.hooks:
+            _safely(functools.partial(hook.after_end_turn, failed=failed), turn, end, seconds)
+
+
+def _safely(method: Callable[..., None], *args: Any) -> None:
+    try:
+        method(*args)
+    except Exception:
+        logger.exception("router hook failed", extra={"action": "hook", "hook": repr(method)})

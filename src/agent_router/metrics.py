@@ -1,0 +1,158 @@
+"""Prometheus metrics of a worker: a :class:`~agent_router.hooks.RouterHooks` that counts what the
+Router does, plus a collector that reads mailbox depths from the database at scrape time.
+
+Served by ``agent-router worker`` on ``Settings.metrics_port``. Metrics live in the worker
+process: use the threads pool (the default) or one scrape target per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent_router.domain import AgentState, TurnTrigger
+from agent_router.hooks import RouterHooks
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from agent_router.domain import Delivery, EndOfTurn, WaitOutcome
+    from agent_router.errors import AgentRouterError
+    from agent_router.store import Store
+    from agent_router.turn import Turn
+
+logger = logging.getLogger(__name__)
+
+#: Turns last from seconds (a scripted reply) to an hour (``max_turn_seconds``).
+TURN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
+#: A blocked ask ends within ``ask_block_seconds`` (30 s by default), then suspends.
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class PrometheusHooks(RouterHooks):
+    """Counts routing outcomes, turn starts, follow-ups, recoveries; times turns and waits."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
+        self.routed = Counter(
+            "agent_router_messages_routed",
+            "Messages routed, by outcome (rejected: refused sends).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.turns_started = Counter(
+            "agent_router_turns_started",
+            "Turns claimed by a worker, by trigger.",
+            ["trigger"],
+            registry=registry,
+        )
+        self.turn_seconds = Histogram(
+            "agent_router_turn_duration_seconds",
+            "From claim to end-of-turn hook, by how the turn ended (ended, failed).",
+            ["status"],
+            buckets=TURN_BUCKETS,
+            registry=registry,
+        )
+        self.wait_seconds = Histogram(
+            "agent_router_wait_duration_seconds",
+            "How long a blocked ask held its worker, by outcome (resolved, suspended).",
+            ["outcome"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.follow_ups = Counter(
+            "agent_router_follow_ups",
+            "Follow-up turns fired by the end-of-turn hook.",
+            registry=registry,
+        )
+        self.recoveries = Counter(
+            "agent_router_recoveries",
+            "Recovery turns started after a dead worker's turn was taken over.",
+            registry=registry,
+        )
+
+    def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
+        if not delivery.duplicate:
+            self.routed.labels(outcome=delivery.outcome.value).inc()
+
+    def after_reject(self, team_id: int | None, sender: str, error: AgentRouterError) -> None:
+        self.routed.labels(outcome="rejected").inc()
+
+    def after_claim(self, turn: Turn) -> None:
+        self.turns_started.labels(trigger=turn.trigger.value).inc()
+        if turn.trigger is TurnTrigger.RECOVERY:
+            self.recoveries.inc()
+
+    def after_wait(self, turn: Turn, outcome: WaitOutcome, seconds: float) -> None:
+        self.wait_seconds.labels(outcome=outcome.value).observe(seconds)
+
+    def after_end_turn(self, turn: Turn, end: EndOfTurn, seconds: float, *, failed: bool) -> None:
+        status = "failed" if failed else "ended"
+        self.turn_seconds.labels(status=status).observe(max(seconds, 0.0))
+        if end.follow_up:
+            self.follow_ups.inc()
+
+
+class MailboxCollector(Collector):
+    """Pending messages and agents by agent state, read from the database at each scrape, so the
+    gauge is right whichever worker routed the messages."""
+
+    def __init__(self, store: Callable[[], Store]) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "agent_router_mailbox_depth",
+            "Pending (undelivered) messages, by the target agent's state.",
+            labels=["agent_state"],
+        )
+        agents = GaugeMetricFamily(
+            "agent_router_agents", "Agents, by state.", labels=["agent_state"]
+        )
+        try:
+            counts = self._store().state_counts()
+        except Exception:  # a scrape must not fail because the database is away
+            logger.warning("mailbox depth not read", exc_info=True, extra={"action": "metrics"})
+            return
+        for state in AgentState:
+            n_agents, pending = counts.get(state, (0, 0))
+            depth.add_metric([state.value], pending)
+            agents.add_metric([state.value], n_agents)
+        yield depth
+        yield agents
+
+
+class _Default:
+    lock = threading.Lock()
+    hooks: PrometheusHooks | None = None
+
+
+def default_hooks() -> PrometheusHooks:
+    """The process's hooks on the default registry (metrics can be registered only once)."""
+    with _Default.lock:
+        if _Default.hooks is None:
+            _Default.hooks = PrometheusHooks()
+        return _Default.hooks
+
+
+def serve(
+    port: int,
+    *,
+    store: Callable[[], Store] | None = None,
+    registry: CollectorRegistry = REGISTRY,
+    addr: str = "0.0.0.0",  # scraped from other hosts
+) -> WSGIServer:
+    """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread; with ``store``,
+    mailbox depths are read from it at each scrape. Returns the server (``shutdown()`` stops
+    it)."""
+    if store is not None:
+        registry.register(MailboxCollector(store))
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    logger.info("metrics served", extra={"action": "metrics", "port": server.server_port})
+    return server

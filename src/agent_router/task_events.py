@@ -1,0 +1,115 @@
+"""Routing and agent-state changes as custom Celery task events, so that Flower (and
+``celery events``) show a turn's progress next to its task.
+
+A turn task enters :func:`reporting` around its work; while it runs, :class:`TaskEventHooks` sends
+a ``task-progress`` event for each message routed and each state change of the agent. Events carry
+names, ids and outcomes, never message content or transcripts. Outside a turn task (a web process
+sending a message) there is no task to attach an event to, and nothing is sent.
+
+Field names avoid those Celery's event state keeps for a task (``state``, ``name``, ``args``,
+``result``...), since event fields are merged into the task Flower shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from agent_router.hooks import RouterHooks
+
+if TYPE_CHECKING:
+    from celery import Task
+
+    from agent_router.domain import Delivery, EndOfTurn, WaitOutcome
+    from agent_router.errors import AgentRouterError
+    from agent_router.turn import Turn
+
+logger = logging.getLogger(__name__)
+
+#: The custom event type; Flower shows the task's state as ``PROGRESS`` until it ends.
+PROGRESS_EVENT = "task-progress"
+
+_current: contextvars.ContextVar[Task[Any, Any] | None] = contextvars.ContextVar(
+    "agent_router_current_task", default=None
+)
+
+
+@contextlib.contextmanager
+def reporting(task: Task[Any, Any]) -> Iterator[None]:
+    """Attach the progress events of this thread's routing to ``task`` while the block runs."""
+    token = _current.set(task)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def send_progress(**fields: Any) -> bool:
+    """Send one ``task-progress`` event for the running turn task; ``False`` outside one. A lost
+    event costs nothing but a line in Flower, so it is sent without retries."""
+    task = _current.get()
+    if task is None or not task.request.id:
+        return False
+    try:
+        task.send_event(PROGRESS_EVENT, retry=False, **fields)
+    except Exception:
+        logger.warning("progress event not sent", exc_info=True, extra={"action": "task_event"})
+        return False
+    return True
+
+
+class TaskEventHooks(RouterHooks):
+    """Router hooks that report to the running turn task's Celery events."""
+
+    def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
+        send_progress(
+            action="route",
+            team_id=team_id,
+            sender=sender,
+            target=delivery.target,
+            outcome=delivery.outcome.value,
+            message_id=delivery.message_id,
+            target_epoch=delivery.epoch,
+        )
+
+    def after_reject(self, team_id: int | None, sender: str, error: AgentRouterError) -> None:
+        send_progress(
+            action="route", team_id=team_id, sender=sender, outcome="rejected", error=str(error)
+        )
+
+    def after_claim(self, turn: Turn) -> None:
+        send_progress(
+            action="turn_claimed",
+            team_id=turn.team_id,
+            agent=turn.display_name,
+            agent_state="running",
+            epoch=turn.epoch,
+            trigger=turn.trigger.value,
+            turn_id=turn.id,
+        )
+
+    def after_wait(self, turn: Turn, outcome: WaitOutcome, seconds: float) -> None:
+        send_progress(
+            action="wait",
+            team_id=turn.team_id,
+            agent=turn.display_name,
+            agent_state="running" if outcome.value == "resolved" else "waiting",
+            wait_outcome=outcome.value,
+            wait_seconds=round(seconds, 3),
+            turn_id=turn.id,
+        )
+
+    def after_end_turn(self, turn: Turn, end: EndOfTurn, seconds: float, *, failed: bool) -> None:
+        send_progress(
+            action="turn_ended",
+            team_id=turn.team_id,
+            agent=turn.display_name,
+            agent_state=end.state.value,
+            follow_up=end.follow_up,
+            failed=failed,
+            turn_seconds=round(seconds, 3),
+            turn_id=turn.id,
+        )
