@@ -265,3 +265,14 @@ class LedgerEvent:
     epoch: int | None
     detail: dict[str, Any]
     created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentStatus:
+    """One agent as ``agent-router status`` shows it: state, mailbox, questions, lease."""
+
+    agent: Agent
+    open_questions: tuple[int, ...] = ()  # questions it asked that are still open
+    questions_to_answer: tuple[int, ...] = ()  # open questions addressed to it
+    turn_id: int | None = None  # its running turn, if any
+    lease_expires_at: datetime | None = None  # naive UTC; past it the sweeper takes over

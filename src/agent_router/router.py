@@ -26,6 +26,7 @@ from agent_router.domain import (
     TurnRecord,
     WaitOutcome,
 )
+from agent_router.hooks import HookChain, RouterHooks
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
 from agent_router.store import Effects, SendRequest, Store
@@ -45,6 +46,7 @@ class Router:
     ``publisher`` turns committed turn enqueues into tasks; with none, those outbox rows stay
     unpublished until :meth:`publish_outbox` is given one. ``waker`` carries the wake signals of
     blocked asks (default: Redis when ``settings.redis_url`` is set, else in-process).
+    ``hooks`` watch routing and turns (metrics, task events); they run after each commit.
     """
 
     def __init__(
@@ -54,12 +56,17 @@ class Router:
         publisher: Publisher | None = None,
         store: Store | None = None,
         waker: Waker | None = None,
+        hooks: RouterHooks | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.store = store or Store(self.settings)
         self.publisher = publisher
         self.waker: Waker = waker or (
             RedisWaker(self.settings.redis_url) if self.settings.redis_url else InProcessWaker()
+        )
+        # Always a chain: a hook that raises is logged, never fails the transition it watches.
+        self.hooks: RouterHooks = (
+            hooks if isinstance(hooks, HookChain) else HookChain([hooks] if hooks else [])
         )
 
     # ------------------------------------------------------------------ set-up
@@ -144,8 +151,13 @@ class Router:
             wake=wake,
             dedup_key=dedup_key,
         )
-        delivery, effects = self.store.route(request)
+        try:
+            delivery, effects = self.store.route(request)
+        except errors.RefusedError as exc:
+            self.hooks.after_reject(team_id, sender, exc)
+            raise
         self._publish(effects)
+        self.hooks.after_route(team_id, sender, delivery)
         return delivery
 
     def _validate(
@@ -188,6 +200,9 @@ class Router:
                 problem = errors.InvalidMessageError("`dedup_key` must be 1-200 characters")
         if problem is not None or msg_type is None:
             assert problem is not None
+            self.hooks.after_reject(
+                team_id if isinstance(team_id, int) else None, str(sender), problem
+            )
             if isinstance(team_id, int) and self.store.team_exists(team_id):
                 self.store.record_rejection(
                     team_id, "invalid_message", error=str(problem), to=str(to)[:200]
@@ -240,7 +255,9 @@ class Router:
         if record is None:
             return None
         agent = self.store.agent_by_id(agent_id)
-        return Turn(self, record, agent.team_id, agent.display_name)
+        turn = Turn(self, record, agent.team_id, agent.display_name)
+        self.hooks.after_claim(turn)
+        return turn
 
     def turn_of(self, record: TurnRecord) -> Turn:
         agent = self.store.agent_by_id(record.agent_id)
@@ -249,6 +266,8 @@ class Router:
     def end_turn(self, turn: Turn, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
         result, effects = self.store.end_turn(turn.record, failed=failed, error=error)
         self._publish(effects)
+        seconds = (_utcnow() - turn.record.started_at) / timedelta(seconds=1)
+        self.hooks.after_end_turn(turn, result, seconds, failed=failed)
         return result
 
     def ask(
@@ -265,7 +284,7 @@ class Router:
         if problem is not None:
             raise problem
         lead = self.team(turn.team_id).lead.display_name
-        q, _delivery, effects = self.store.ask(
+        q, delivery, effects = self.store.ask(
             turn.record,
             target=target,
             question=question,
@@ -275,6 +294,7 @@ class Router:
             timeout_seconds=timeout_seconds,
         )
         self._publish(effects)
+        self.hooks.after_route(turn.team_id, turn.display_name, delivery)
         return q
 
     def wait_for(
@@ -285,7 +305,12 @@ class Router:
         suspend. The database decides: a wake signal only cuts a sleep short, and whether the
         answer or the suspension came first is settled under the agent lock."""
         block = self.settings.ask_block_seconds if block_seconds is None else block_seconds
-        give_up_at = time.monotonic() + block
+        started = time.monotonic()
+        outcome = self._wait(turn, question, give_up_at=started + block)
+        self.hooks.after_wait(turn, outcome, time.monotonic() - started)
+        return outcome
+
+    def _wait(self, turn: Turn, question: Question, *, give_up_at: float) -> WaitOutcome:
         try:
             while True:
                 current = self.store.question(question.id)

@@ -127,3 +127,12 @@ class Settings(BaseSettings):
     openai_temperature: float | None = Field(
         None, ge=0, le=2, description="Sampling temperature; unset: the server's default."
     )
+
+    # Fields below were added for operations (issue 7).
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port on which `agent-router worker` serves Prometheus metrics at /metrics; "
+        "unset: no metrics endpoint.",
+    )
