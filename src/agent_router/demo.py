@@ -1,13 +1,20 @@
-"""The seed's team, driven through the seed's scenarios, explained from the ledger.
+"""The seed's team, driven by tools through the seed's scenarios, explained from the ledger.
 
-The Team Leader (driven by this script; issue 5 gives it tools) hands tasks to ``UI Operator_1``
-and ``Full-Stack Engineer_1``, then:
+The user gives the Team Leader instructions; the lead (a :class:`~agent_router.model.ScriptedModel`
+that turns the ``@tool {json}`` lines of an instruction into tool calls) staffs its team with
+``create_sub_agent`` and relays everything with its tools. Then:
 
-- 3.1 steers UI Operator_1 while it runs: the message is ``injected_inline`` and the model sees it
-  before its next call, in the same turn;
-- 3.3 appends a task to Full-Stack Engineer_1 once it completed: ``triggered_new_turn``;
-- 3.4 tells UI Operator_1 to wrap up and, while its final reply is being written (after its last
-  drain), sends one more message: the end-of-turn hook fires exactly one follow-up turn for it.
+- 3.1 the lead steers UI Operator_1 while it runs (``send_message_to_sub_agent``): the message is
+  ``injected_inline`` and the model sees it before its next call, in the same turn;
+- 3.2 Full-Stack Engineer_1 asks the lead (``ask_master``) and blocks; the lead answers with
+  ``answer_sub_agent_question`` and the answer lands in the blocked call as its result;
+- 3.3 the lead appends work to Full-Stack Engineer_1 once it completed: ``triggered_new_turn``;
+- 3.5 UI Operator_1 asks Full-Stack Engineer_1 while it runs (``ask_other_agent``); its
+  ``answer_other_agent`` becomes the asker's tool result;
+- 3.4 the lead tells UI Operator_1 to wrap up and, while its final reply is being written (after
+  its last drain), the user sends one more message: exactly one follow-up turn fires for it;
+- the lead stops UI Operator_1 in that follow-up turn (``stop_sub_agent``): no dangling tool call,
+  the agent is ``idle``.
 
 The turns run in Celery workers (threads of this process, or other processes); the timeline is
 read from the ledger, which is the source of truth wherever the turns ran.
@@ -22,31 +29,47 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_router import errors
-from agent_router.checks import TeamReport, check_team
+from agent_router.checks import TeamReport, check_team, tool_pairing_problems
 from agent_router.domain import (
     RESTING_STATES,
     Agent,
+    AgentState,
     Delivery,
     LedgerAction,
     LedgerEvent,
     Message,
     MessageStatus,
     MessageType,
+    QuestionStatus,
     RouteOutcome,
     Team,
     TurnRecord,
+    TurnStatus,
     TurnTrigger,
 )
+from agent_router.model import AWAIT_QUESTION, directive
+from agent_router.roles import RoleCatalogue
 from agent_router.router import Router
 
 UI_ROLE = "UI Operator"
 ENGINEER_ROLE = "Full-Stack Engineer"
+UI = f"{UI_ROLE}_1"
+ENGINEER = f"{ENGINEER_ROLE}_1"
 
+HEALTH_QUESTION = "Should /health also report whether the database is reachable?"
+RESET_QUESTION = "Which endpoint sends the password-reset mail, and what does it take?"
 TASK_UI = "Build the login page of the admin console."
-TASK_ENGINEER = "Add a /health endpoint to the API."
+TASK_ENGINEER = "Add a /health endpoint to the API.\n" + directive(
+    "ask_master", question=HEALTH_QUESTION
+)
 STEER = "Do not create a new API yet: first check whether the existing auth module can be reused."
-APPENDED_TASK = "Also add a /ready endpoint for the load balancer."
-TASK_UI_2 = "Add a password-reset link to the login page."
+APPENDED_TASK = (
+    "Also add a /ready endpoint for the load balancer. UI Operator_1 may ask you about the "
+    "password-reset API meanwhile.\n@" + AWAIT_QUESTION
+)
+TASK_UI_2 = "Add a password-reset link to the login page.\n" + directive(
+    "ask_other_agent", target=ENGINEER, question=RESET_QUESTION
+)
 WRAP_UP = "Time is up: wrap up and send me your report now."
 RACE = "One more thing: also add a 'remember me' checkbox."
 
@@ -67,8 +90,6 @@ class CheckResult:
 @dataclass(frozen=True, kw_only=True)
 class DemoTeam:
     team: Team
-    ui: Agent
-    engineer: Agent
 
     @property
     def lead(self) -> str:
@@ -122,10 +143,12 @@ def turn_record(router: Router, agent_id: int, turn_id: int) -> TurnRecord:
     return next(t for t in router.store.turns(agent_id) if t.id == turn_id)
 
 
-def has_stepped(router: Router, agent_id: int, turn_id: int) -> bool:
-    """The turn appended an assistant message with tool calls (it is busy working)."""
+def has_stepped(router: Router, agent_id: int, turn_id: int, *, after: int = -1) -> bool:
+    """The turn appended an assistant message with tool calls (it is busy working), after
+    transcript position ``after``."""
     return any(
         e["turn_id"] == turn_id
+        and e["position"] > after
         and e["payload"].get("role") == "assistant"
         and e["payload"].get("tool_calls")
         for e in router.store.transcript_entries(agent_id)
@@ -135,11 +158,16 @@ def has_stepped(router: Router, agent_id: int, turn_id: int) -> bool:
 # ---------------------------------------------------------------------- the scenarios
 
 
-def setup_team(router: Router) -> DemoTeam:
-    team = router.create_team()
-    ui = router.create_agent(team.id, role=UI_ROLE)
-    engineer = router.create_agent(team.id, role=ENGINEER_ROLE)
-    return DemoTeam(team=team, ui=ui, engineer=engineer)
+def setup_team(router: Router, roles: RoleCatalogue | None = None) -> DemoTeam:
+    """A new team; its lead (with the catalogue's lead prompt) will create the sub-agents."""
+    lead = (roles or RoleCatalogue.default()).lead
+    return DemoTeam(
+        team=router.create_team(lead_system_prompt=lead.system_prompt if lead else None)
+    )
+
+
+def instruction(text: str, *calls: str) -> str:
+    return "\n".join([text, *calls])
 
 
 class _Scenarios:
@@ -149,25 +177,53 @@ class _Scenarios:
         self.team_id = demo.team.id
         self.timeout = timeout
 
-    def send(self, to: Agent, content: str, type_: MessageType, *, wake: bool = True) -> Delivery:
+    # ------------------------------------------------------------------ helpers
+
+    def tell_lead(self, text: str, *calls: str) -> Delivery:
+        """The user instructs the lead; the lead acts with its tools."""
         return self.router.send(
             self.team_id,
-            to=to.display_name,
-            content=content,
-            sender=self.demo.lead,
-            type=type_,
-            wake=wake,
+            to=self.demo.lead,
+            content=instruction(text, *calls),
+            sender="user",
+            type=MessageType.TASK,
         )
+
+    def relay(self, to: str, content: str) -> Delivery:
+        """Have the lead send ``content`` to ``to`` with send_message_to_sub_agent; returns the
+        delivery of the message the lead's tool sent."""
+        self.tell_lead(
+            f"Tell {to} this.",
+            directive("send_message_to_sub_agent", display_name=to, message=content),
+        )
+        found: list[Message] = []
+
+        def sent() -> bool:
+            found[:] = [
+                m
+                for m in self.router.messages(self.team_id)
+                if m.target_name == to and m.content == content and m.source_name == self.demo.lead
+            ]
+            return bool(found)
+
+        self.wait(sent, f"the lead to send {to} {content[:30]!r}")
+        m = found[-1]
+        return Delivery(
+            message_id=m.id, outcome=m.outcome, target=to, seq=m.seq, epoch=0, duplicate=False
+        )
+
+    def agent(self, name: str) -> Agent:
+        return self.router.agent(self.team_id, name)
 
     def wait(self, predicate: Callable[[], bool], what: str) -> None:
         wait_until(predicate, what, timeout=self.timeout)
 
-    def turn_consuming(self, delivery: Delivery) -> int:
+    def turn_consuming(self, message_id: int, target: str) -> int:
         self.wait(
-            lambda: consuming_turn(self.router, self.team_id, delivery.message_id) is not None,
-            f"message {delivery.message_id} to reach {delivery.target}'s transcript",
+            lambda: consuming_turn(self.router, self.team_id, message_id) is not None,
+            f"message {message_id} to reach {target}'s transcript",
         )
-        turn_id = consuming_turn(self.router, self.team_id, delivery.message_id)
+        turn_id = consuming_turn(self.router, self.team_id, message_id)
         assert turn_id is not None
         return turn_id
 
@@ -180,35 +236,89 @@ class _Scenarios:
             f"{agent.display_name}'s turn {turn_id} to end",
         )
 
+    def find(self, predicate: Callable[[Message], bool], what: str) -> Message:
+        found: list[Message] = []
+
+        def seen() -> bool:
+            found[:] = [m for m in self.router.messages(self.team_id) if predicate(m)]
+            return bool(found)
+
+        self.wait(seen, what)
+        return found[0]
+
+    # ------------------------------------------------------------------ the run
+
     def run(self) -> list[CheckResult]:
-        demo = self.demo
-        ui_task = self.send(demo.ui, TASK_UI, MessageType.TASK)
-        engineer_task = self.send(demo.engineer, TASK_ENGINEER, MessageType.TASK)
+        names = {self.demo.lead}
+        self.tell_lead(
+            "Staff the team: a UI Operator for the login page, a Full-Stack Engineer for the API.",
+            directive("create_sub_agent", role=UI_ROLE, task=TASK_UI),
+            directive("create_sub_agent", role=ENGINEER_ROLE, task=TASK_ENGINEER),
+        )
+        self.wait(
+            lambda: {a.display_name for a in self.router.agents(self.team_id)} >= {UI, ENGINEER},
+            "the lead to create its sub-agents",
+        )
+        names |= {UI, ENGINEER}
+        ui, engineer = self.agent(UI), self.agent(ENGINEER)
+        checks = [self.check_created(ui, engineer)]
 
         # 3.1: UI Operator_1 is busy (it keeps working until the lead reviews its plan).
-        ui_turn = self.turn_consuming(ui_task)
-        self.wait(
-            lambda: has_stepped(self.router, demo.ui.id, ui_turn),
-            f"{demo.ui.display_name} to start working",
+        ui_task = self.find(
+            lambda m: m.target_name == UI and m.type is MessageType.TASK, "UI Operator_1's task"
         )
-        steer = self.send(demo.ui, STEER, MessageType.MESSAGE)
-        self.wait_turn_over(demo.ui, ui_turn)
-        checks = [self.check_steer(ui_turn, steer)]
+        ui_turn = self.turn_consuming(ui_task.id, UI)
+        self.wait(lambda: has_stepped(self.router, ui.id, ui_turn), f"{UI} to start working")
+        steer = self.relay(UI, STEER)
+        self.wait_turn_over(ui, ui_turn)
+        checks.append(self.check_steer(ui, ui_turn, steer))
 
-        # 3.3: Full-Stack Engineer_1 completed; the lead appends a task.
-        engineer_turn = self.turn_consuming(engineer_task)
-        self.wait_turn_over(demo.engineer, engineer_turn)
-        appended = self.send(demo.engineer, APPENDED_TASK, MessageType.TASK)
-        checks.append(self.check_append(engineer_turn, appended))
+        # 3.2: Full-Stack Engineer_1 asked the lead first thing; the lead answered.
+        ask = self.find(
+            lambda m: m.type is MessageType.ASK and m.source_name == ENGINEER,
+            f"{ENGINEER} to ask the lead",
+        )
+        engineer_turn = self.turn_consuming(
+            self.find(
+                lambda m: m.target_name == ENGINEER and m.type is MessageType.TASK,
+                f"{ENGINEER}'s task",
+            ).id,
+            ENGINEER,
+        )
+        self.wait_turn_over(engineer, engineer_turn)
+        checks.append(self.check_ask_master(engineer, engineer_turn, ask))
+
+        # 3.3: Full-Stack Engineer_1 completed; the lead appends work (and it will wait for a
+        # question from UI Operator_1 while it runs: 3.5).
+        appended = self.relay(ENGINEER, APPENDED_TASK)
+        appended_turn = self.turn_consuming(appended.message_id, ENGINEER)
+        checks.append(self.check_append(engineer, engineer_turn, appended, appended_turn))
+        self.wait(
+            lambda: has_stepped(self.router, engineer.id, appended_turn),
+            f"{ENGINEER} to start its appended work",
+        )
+
+        # 3.5: UI Operator_1's next task makes it ask the running Full-Stack Engineer_1.
+        task2 = self.relay(UI, TASK_UI_2)
+        race_turn = self.turn_consuming(task2.message_id, UI)
+        ask_other = self.find(
+            lambda m: m.type is MessageType.ASK and m.source_name == UI, f"{UI} to ask {ENGINEER}"
+        )
+        self.wait(
+            lambda: (
+                self.router.question(ask_other.question_id or 0).status is not QuestionStatus.OPEN
+            ),
+            f"{ENGINEER} to answer {UI}",
+        )
+        checks.append(self.check_ask_other(ui, ask_other))
 
         # 3.4: a message lands while UI Operator_1 writes its final reply.
-        task2 = self.send(demo.ui, TASK_UI_2, MessageType.TASK)
-        race_turn = self.turn_consuming(task2)
+        answered_at = max(e["position"] for e in self.router.store.transcript_entries(ui.id))
         self.wait(
-            lambda: has_stepped(self.router, demo.ui.id, race_turn),
-            f"{demo.ui.display_name} to start its second task",
+            lambda: has_stepped(self.router, ui.id, race_turn, after=answered_at),
+            f"{UI} to go on with its second task",
         )
-        wrap = self.send(demo.ui, WRAP_UP, MessageType.NOTICE, wake=False)
+        wrap = self.relay(UI, WRAP_UP)
         # Drained means: the last drain of the turn happened, and the model (told to wrap up)
         # is now writing its final reply. The next message arrives after that drain.
         self.wait(
@@ -216,19 +326,40 @@ class _Scenarios:
                 message(self.router, self.team_id, wrap.message_id).status
                 is MessageStatus.DELIVERED
             ),
-            f"{demo.ui.display_name} to read the wrap-up notice",
+            f"{UI} to read the wrap-up message",
         )
-        race = self.send(demo.ui, RACE, MessageType.MESSAGE)
+        race = self.router.send(self.team_id, to=UI, content=RACE, sender="user")
+        checks.append(self.check_race(ui, race_turn, wrap, race))
+
+        # Stop: the follow-up turn keeps working on RACE; the lead stops it.
+        follow_up = self.turn_consuming(race.message_id, UI)
+        self.wait(lambda: has_stepped(self.router, ui.id, follow_up), f"{UI} to work on it")
+        self.tell_lead(f"Stop {UI}.", directive("stop_sub_agent", display_name=UI))
         wait_quiescent(self.router, self.team_id, timeout=self.timeout)
-        checks.append(self.check_race(race_turn, wrap, race))
-        checks.append(self.check_engineer_append_done(appended))
+        checks.append(self.check_engineer_append_done(engineer, appended_turn))
+        checks.append(self.check_stop(ui, follow_up))
         return checks
 
     # ------------------------------------------------------------------ checks
 
-    def check_steer(self, turn_id: int, steer: Delivery) -> CheckResult:
+    def check_created(self, ui: Agent, engineer: Agent) -> CheckResult:
+        name = "the lead created its sub-agents with create_sub_agent ({Role}_{n})"
+        ledger = self.router.ledger(self.team_id)
+        created = [
+            e.detail.get("display_name") for e in ledger if e.action is LedgerAction.AGENT_CREATED
+        ]
+        prompts = [
+            self.router.transcript(self.team_id, a.display_name)[0]["role"] == "system"
+            for a in (ui, engineer)
+        ]
+        ok = created == [UI, ENGINEER] and all(prompts)
+        return CheckResult(
+            name=name, ok=ok, detail=f"created={created} system_prompt_snapshotted={prompts}"
+        )
+
+    def check_steer(self, ui: Agent, turn_id: int, steer: Delivery) -> CheckResult:
         name = "3.1 steer a running agent: injected inline, seen in the same turn"
-        entries = self.router.store.transcript_entries(self.demo.ui.id)
+        entries = self.router.store.transcript_entries(ui.id)
         at = next((e["position"] for e in entries if e["message_id"] == steer.message_id), None)
         seen = at is not None and any(
             e["position"] > at and e["turn_id"] == turn_id and e["payload"]["role"] == "assistant"
@@ -243,10 +374,47 @@ class _Scenarios:
             f"(running turn {turn_id}) answered_in_same_turn={seen}",
         )
 
-    def check_append(self, first_turn: int, appended: Delivery) -> CheckResult:
-        name = "3.3 append a task to a completed agent: triggers a new turn"
-        turn_id = self.turn_consuming(appended)
-        record = turn_record(self.router, self.demo.engineer.id, turn_id)
+    def _answer_in_call(self, asker: Agent, ask: Message) -> tuple[Message | None, bool]:
+        """The answer to ``ask`` and whether it is the result of the asking tool call."""
+        question = self.router.question(ask.question_id or 0)
+        answer = (
+            message(self.router, self.team_id, question.answer_message_id)
+            if question.answer_message_id
+            else None
+        )
+        entries = self.router.store.transcript_entries(asker.id)
+        in_call = answer is not None and any(
+            e["message_id"] == answer.id
+            and e["payload"].get("role") == "tool"
+            and e["payload"].get("tool_call_id") == question.tool_call_id
+            for e in entries
+        )
+        return answer, in_call
+
+    def check_ask_master(self, engineer: Agent, turn_id: int, ask: Message) -> CheckResult:
+        name = "3.2 a sub-agent asks the lead (ask_master): the answer lands in the blocked call"
+        answer, in_call = self._answer_in_call(engineer, ask)
+        status = self.router.question(ask.question_id or 0).status
+        ok = (
+            answer is not None
+            and answer.outcome is RouteOutcome.RESOLVED
+            and answer.source_name == self.demo.lead
+            and in_call
+            and status is QuestionStatus.ANSWERED
+        )
+        return CheckResult(
+            name=name,
+            ok=ok,
+            detail=f"question={ask.question_id} status={status.value} "
+            f"answer_outcome={answer.outcome.value if answer else None} "
+            f"result_of_the_ask_call={in_call}",
+        )
+
+    def check_append(
+        self, engineer: Agent, first_turn: int, appended: Delivery, turn_id: int
+    ) -> CheckResult:
+        name = "3.3 append work to a completed agent: triggers a new turn"
+        record = turn_record(self.router, engineer.id, turn_id)
         ok = (
             appended.outcome is RouteOutcome.TRIGGERED_NEW_TURN
             and turn_id != first_turn
@@ -259,13 +427,30 @@ class _Scenarios:
             f"trigger={record.trigger.value} (first turn {first_turn})",
         )
 
-    def check_engineer_append_done(self, appended: Delivery) -> CheckResult:
-        name = "3.3 the appended task was worked and reported"
-        turn_id = consuming_turn(self.router, self.team_id, appended.message_id)
+    def check_ask_other(self, ui: Agent, ask: Message) -> CheckResult:
+        name = "3.5 a sub-agent asks a running one (ask_other_agent): its answer is the result"
+        answer, in_call = self._answer_in_call(ui, ask)
+        ok = (
+            ask.outcome is RouteOutcome.INJECTED_INLINE
+            and answer is not None
+            and answer.source_name == ENGINEER
+            and answer.outcome is RouteOutcome.RESOLVED
+            and in_call
+        )
+        return CheckResult(
+            name=name,
+            ok=ok,
+            detail=f"ask_outcome={ask.outcome.value} (target running) "
+            f"answer_outcome={answer.outcome.value if answer else None} "
+            f"result_of_the_ask_call={in_call}",
+        )
+
+    def check_engineer_append_done(self, engineer: Agent, turn_id: int) -> CheckResult:
+        name = "3.3 the appended work was done and reported"
         reports = [
             m
             for m in self.router.messages(self.team_id)
-            if m.source_agent_id == self.demo.engineer.id and m.dedup_key == f"report:{turn_id}"
+            if m.source_agent_id == engineer.id and m.dedup_key == f"report:{turn_id}"
         ]
         return CheckResult(
             name=name,
@@ -273,7 +458,7 @@ class _Scenarios:
             detail=f"completion reports of turn {turn_id}: {len(reports)}",
         )
 
-    def check_race(self, turn_id: int, wrap: Delivery, race: Delivery) -> CheckResult:
+    def check_race(self, ui: Agent, turn_id: int, wrap: Delivery, race: Delivery) -> CheckResult:
         name = "3.4 message during the last output: exactly one follow-up turn"
         if race.outcome is not RouteOutcome.INJECTED_INLINE:
             return CheckResult(
@@ -282,16 +467,20 @@ class _Scenarios:
                 detail=f"missed the race window: the turn had already ended "
                 f"(outcome={race.outcome.value}); raise scripted_write_seconds",
             )
+        self.wait(
+            lambda: turn_record(self.router, ui.id, turn_id).ended_at is not None,
+            f"{UI}'s turn {turn_id} to end",
+        )
+        self.turn_consuming(race.message_id, UI)
         ledger = self.router.ledger(self.team_id)
         follow_ups = [
             e for e in ledger if e.action is LedgerAction.FOLLOW_UP and e.turn_id == turn_id
         ]
-        ui_turns = self.router.store.turns(self.demo.ui.id)
-        later = [t for t in ui_turns if t.id > turn_id]
+        later = [t for t in self.router.store.turns(ui.id) if t.id > turn_id]
         consumed = consuming_turn(self.router, self.team_id, race.message_id)
         copies = sum(
             1
-            for e in self.router.store.transcript_entries(self.demo.ui.id)
+            for e in self.router.store.transcript_entries(ui.id)
             if e["message_id"] == race.message_id
         )
         ok = (
@@ -308,6 +497,36 @@ class _Scenarios:
             detail=f"outcome={race.outcome.value} follow_ups={len(follow_ups)} "
             f"turns_after={[(t.id, t.trigger.value) for t in later]} consumed_by_turn={consumed} "
             f"copies_in_transcript={copies}",
+        )
+
+    def check_stop(self, ui: Agent, turn_id: int) -> CheckResult:
+        name = "stop_sub_agent: the running turn stops at a boundary, nothing left dangling"
+        record = turn_record(self.router, ui.id, turn_id)
+        agent = self.agent(UI)
+        actions = [
+            e.action
+            for e in self.router.ledger(self.team_id)
+            if e.agent_id == ui.id
+            and e.action in (LedgerAction.STOP_REQUESTED, LedgerAction.STOPPED)
+        ]
+        problems = tool_pairing_problems(
+            self.router.transcript(self.team_id, UI), open_allowed=False
+        )
+        reports = [
+            m for m in self.router.messages(self.team_id) if m.dedup_key == f"report:{turn_id}"
+        ]
+        ok = (
+            record.status is TurnStatus.STOPPED
+            and agent.state is AgentState.IDLE
+            and actions[-1:] == [LedgerAction.STOPPED]
+            and not problems
+            and not reports
+        )
+        return CheckResult(
+            name=name,
+            ok=ok,
+            detail=f"turn {turn_id} {record.status.value}, state={agent.state.value} "
+            f"ledger={[a.value for a in actions]} dangling={problems} reports={len(reports)}",
         )
 
 

@@ -69,6 +69,13 @@ class QuestionStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class QuestionKind(enum.StrEnum):
+    """What ends a wait: an answer to a question, or the next output of the waited-on agent."""
+
+    ASK = "ask"  # ask_master / ask_other_agent: any wake message to the asker resolves it
+    OUTPUT = "output"  # wait_sub_agent_output: only an `output` from the target resolves it
+
+
 #: Question states that can no longer take an answer.
 CLOSED_QUESTION_STATUSES = frozenset(
     {QuestionStatus.ANSWERED, QuestionStatus.EXPIRED, QuestionStatus.CANCELLED}
@@ -121,6 +128,9 @@ class LedgerAction(enum.StrEnum):
     REENQUEUED = "reenqueued"
     JOB_STARTED = "job_started"  # a background job was started on an agent's behalf
     JOB_FINISHED = "job_finished"  # its completion was routed to the agent as a notice
+    WAIT_OUTPUT = "wait_output"  # the lead blocks on a sub-agent's next output
+    STOP_REQUESTED = "stop_requested"  # a running turn will stop at its next boundary
+    STOPPED = "stopped"  # cooperative stop done: open calls cancelled, agent idle
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +145,7 @@ class Agent:
     epoch: int
     pending_trigger: TurnTrigger | None
     mailbox_depth: int = 0
+    stop_requested: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,6 +200,7 @@ class Question:
     waiting: bool  # the asker is still blocked on it (a waits-for edge)
     deadline: datetime
     answer_message_id: int | None = None
+    kind: QuestionKind = QuestionKind.ASK
 
 
 class JobStatus(enum.StrEnum):

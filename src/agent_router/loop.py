@@ -6,6 +6,17 @@ tool calls. A sub-agent's text goes to the lead: alongside tool calls as ``progr
 (context only), as its final reply as ``completion_report`` (wakes the lead). The end-of-turn hook
 runs whatever happens; if the turn was fenced (a newer epoch took over) it stops and writes
 nothing.
+
+Blocking tools (asks, ``wait_sub_agent_output``) block the worker for at most
+``ask_block_seconds``; the router writes their result. If the wait outlives that, the turn
+suspends: the task ends *without* the end-of-turn hook, and the answer schedules a
+``continuation`` turn, which first runs the calls of the interrupted batch still without a
+result, then calls the model.
+
+Boundaries (before every model call, after it, and before every tool call) check two things: a
+heartbeat thread that renews the lease every ``heartbeat_seconds`` found the turn fenced (stop,
+write nothing), or the lead asked this agent to stop (the rest of the batch is ``cancelled``,
+the agent becomes ``idle``).
 """
 
 from __future__ import annotations
@@ -13,8 +24,11 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from types import TracebackType
 from typing import Any, TypeVar
 
 from agent_router import errors
@@ -26,7 +40,14 @@ from agent_router.domain import (
 )
 from agent_router.model import Model, ModelFactory
 from agent_router.router import Router
-from agent_router.tools import ToolContext, ToolRegistry
+from agent_router.tools import (
+    RESULT_RECORDED,
+    ToolContext,
+    ToolRegistry,
+    ToolResult,
+    TurnSuspended,
+    fail,
+)
 from agent_router.turn import Turn
 
 logger = logging.getLogger(__name__)
@@ -42,10 +63,57 @@ class TurnOutcome(enum.StrEnum):
     ENDED = "ended"  # reply without tool calls; the hook ran
     FAILED = "failed"  # the loop raised; the hook ran with failed=True and the lead was told
     FENCED = "fenced"  # a newer epoch superseded this turn; it stopped and wrote nothing more
+    SUSPENDED = "suspended"  # gave up its worker in a wait; a continuation turn resumes it
+    STOPPED = "stopped"  # the lead stopped the agent: rest of the batch cancelled, agent idle
 
 
 class MaxStepsExceededError(errors.TurnError):
     """Raised when a turn made more model calls than ``Settings.max_turn_steps``."""
+
+
+class _Stopped(Exception):  # noqa: N818 - control flow inside the loop
+    """The turn honoured a stop request."""
+
+
+class Heartbeat:
+    """Renews the turn's lease every ``interval`` seconds from a daemon thread, for the whole
+    turn (model calls and blocked waits included). A renewal refused means the turn was fenced:
+    :attr:`fenced` is set and the loop stops at its next boundary."""
+
+    def __init__(self, turn: Turn, interval: float) -> None:
+        self.turn = turn
+        self.interval = interval
+        self.fenced = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{turn.agent_id}-{turn.epoch}", daemon=True
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                renewed = self.turn.heartbeat()
+            except errors.AgentRouterError:
+                # A database hiccup: the lease is long enough for the next beat to renew it.
+                logger.warning("heartbeat failed", extra={"action": "heartbeat", **_ids(self.turn)})
+                continue
+            if not renewed and not self._stop.is_set():
+                logger.info("turn fenced", extra={"action": "heartbeat_fenced", **_ids(self.turn)})
+                self.fenced.set()
+                return
 
 
 def run_turn(
@@ -53,11 +121,18 @@ def run_turn(
 ) -> TurnOutcome:
     """Run a claimed turn to its end. Never leaves the agent ``running``: any exception of the
     loop ends the turn as failed (and a follow-up still fires for pending wake messages)."""
+    with Heartbeat(turn, router.settings.heartbeat_seconds) as heartbeat:
+        return _run(router, turn, heartbeat, models=models, tools=tools)
+
+
+def _run(
+    router: Router, turn: Turn, heartbeat: Heartbeat, *, models: ModelFactory, tools: ToolRegistry
+) -> TurnOutcome:
     agent = router.store.agent_by_id(turn.agent_id)
     lead = router.team(turn.team_id).lead.display_name
     try:
         model = models(agent)
-        final = _steps(router, turn, agent, lead, model=model, tools=tools)
+        final = _steps(router, turn, agent, lead, heartbeat, model=model, tools=tools)
         if not agent.is_lead:
             # Before the hook, and deduplicated by turn: a retried end sends no second report.
             _tell_lead(
@@ -72,6 +147,12 @@ def run_turn(
         end = _with_retries(turn.end)
         _log_end(turn, end, TurnOutcome.ENDED)
         return TurnOutcome.ENDED
+    except TurnSuspended:
+        logger.info("turn suspended", extra={"action": "turn_suspended", **_ids(turn)})
+        return TurnOutcome.SUSPENDED
+    except _Stopped:
+        logger.info("turn stopped", extra={"action": "turn_stopped", **_ids(turn)})
+        return TurnOutcome.STOPPED
     except errors.StaleTurnError:
         logger.info("turn fenced", extra={"action": "turn_fenced", **_ids(turn)})
         return TurnOutcome.FENCED
@@ -88,15 +169,35 @@ def run_turn(
         return TurnOutcome.FAILED
 
 
+def _boundary(turn: Turn, heartbeat: Heartbeat) -> None:
+    """Between two steps: stop writing if fenced; honour a stop request."""
+    if heartbeat.fenced.is_set():
+        raise errors.StaleTurnError(f"turn {turn.id} was fenced (its lease was taken over)")
+    if turn.stop_requested():
+        turn.finish_stop()
+        raise _Stopped
+
+
 def _steps(
-    router: Router, turn: Turn, agent: Agent, lead: str, *, model: Model, tools: ToolRegistry
+    router: Router,
+    turn: Turn,
+    agent: Agent,
+    lead: str,
+    heartbeat: Heartbeat,
+    *,
+    model: Model,
+    tools: ToolRegistry,
 ) -> str:
     """The model/tool loop; returns the final reply's text."""
     schemas = tools.schemas(agent)
     ctx = ToolContext(router=router, turn=turn, agent=agent, settings=router.settings)
+    # A continuation (or any turn that finds its last batch unfinished) runs the rest first.
+    _run_calls(turn, heartbeat, _open_calls(turn), tools, ctx)
     for step in range(router.settings.max_turn_steps):
+        _boundary(turn, heartbeat)
         _drain_all(router, turn)
         reply = model.complete(turn.transcript(), schemas)
+        _boundary(turn, heartbeat)
         turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = reply.get("content")
@@ -112,11 +213,34 @@ def _steps(
                 wake=False,
                 dedup_key=f"progress:{turn.id}:{step}",
             )
-        for call in calls:
-            turn.append_tool_result(call["id"], _call_tool(tools, call, ctx))
+        _run_calls(turn, heartbeat, calls, tools, ctx)
     raise MaxStepsExceededError(
         f"no final reply after {router.settings.max_turn_steps} model calls"
     )
+
+
+def _open_calls(turn: Turn) -> list[dict[str, Any]]:
+    """The calls of the last assistant message that still have no result, in order."""
+    open_ids = turn.open_tool_calls()
+    if not open_ids:
+        return []
+    last = next(e for e in reversed(turn.transcript()) if e.get("role") == "assistant")
+    return [c for c in last.get("tool_calls") or [] if c["id"] in open_ids]
+
+
+def _run_calls(
+    turn: Turn,
+    heartbeat: Heartbeat,
+    calls: list[dict[str, Any]],
+    tools: ToolRegistry,
+    ctx: ToolContext,
+) -> None:
+    for call in calls:
+        _boundary(turn, heartbeat)
+        result = _call_tool(tools, call, replace(ctx, call_id=str(call["id"])))
+        if result is not RESULT_RECORDED:
+            assert isinstance(result, str)
+            turn.append_tool_result(call["id"], result)
 
 
 def _drain_all(router: Router, turn: Turn) -> None:
@@ -125,14 +249,15 @@ def _drain_all(router: Router, turn: Turn) -> None:
         pass
 
 
-def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> str:
+def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> ToolResult:
     function = call["function"]
+    raw = function.get("arguments") or "{}"
     try:
-        arguments = json.loads(function.get("arguments") or "{}")
+        arguments = json.loads(raw) if isinstance(raw, str) else raw
     except json.JSONDecodeError as exc:
-        return f"error: arguments are not valid JSON: {exc}"
+        return fail(f"arguments are not valid JSON: {exc}", "bad_arguments")
     if not isinstance(arguments, dict):
-        return "error: arguments must be a JSON object"
+        return fail("arguments must be a JSON object", "bad_arguments")
     return tools.call(str(function["name"]), arguments, ctx)
 
 

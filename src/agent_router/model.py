@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,13 +45,14 @@ class RoleScript:
     ``steps`` are ``do_work`` calls made one per model call. With ``await_guidance`` the agent
     keeps checking in (one ``do_work`` per model call, at most ``patience`` of them) until the
     lead steers it or tells it to wrap up: a task that deliberately runs long, so that a message
-    can reach it while it is running (seed 3.1).
+    can reach it while it is running (seed 3.1). ``answer`` is what it says when asked.
     """
 
     opening: str
     steps: tuple[str, ...]
     await_guidance: bool = False
     patience: int = 40
+    answer: str = "I have nothing to add beyond my task."
 
 
 #: The seed's team. Unknown roles get :data:`DEFAULT_SCRIPT`.
@@ -59,13 +61,48 @@ ROLE_SCRIPTS: dict[str, RoleScript] = {
         opening="Next I will create a new API for the login form.",
         steps=("survey the existing UI code",),
         await_guidance=True,
+        answer="The login form posts to /api/session; reuse its validation.",
     ),
     "Full-Stack Engineer": RoleScript(
         opening="Next I will design the change and implement it.",
         steps=("design the change", "implement and test it"),
+        answer="POST /api/password-reset sends the mail; it takes the user's email address.",
     ),
 }
 DEFAULT_SCRIPT = RoleScript(opening="Next I will work on the task.", steps=("work on the task",))
+
+#: What the scripted lead answers to a question from a sub-agent.
+LEAD_ANSWER = "Keep it simple: reuse what exists and report any blocker to me."
+
+#: A directive line in a task or in a message to the scripted lead: ``@tool_name {json args}``.
+#: The scripted models turn each into one tool call, so the demo and the tests can script
+#: exactly which tools an agent calls (a real model reads the same text as plain instructions).
+_DIRECTIVE = re.compile(r"^@([a-z_]+)\s*(\{.*\})?\s*$")
+#: A directive with no tool behind it: keep checking in until a question arrived and was answered.
+AWAIT_QUESTION = "await_question"
+#: Words in a message that ask a scripted sub-agent to wrap up (as a ``notice`` does).
+_WRAP_UP = "wrap up"
+
+
+def directives(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """The ``@tool {json}`` lines of a text, in order (malformed ones are ignored)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for line in text.splitlines():
+        match = _DIRECTIVE.match(line.strip())
+        if match is None:
+            continue
+        try:
+            args = json.loads(match.group(2)) if match.group(2) else {}
+        except json.JSONDecodeError:
+            continue
+        if isinstance(args, dict):
+            found.append((match.group(1), args))
+    return found
+
+
+def directive(tool: str, **arguments: Any) -> str:
+    """One directive line (the inverse of :func:`directives` for one call)."""
+    return f"@{tool} {json.dumps(arguments, ensure_ascii=False)}"
 
 
 @dataclass(kw_only=True)
@@ -74,9 +111,13 @@ class _Job:
 
     task: str
     planned: int  # do_work calls the plan needs (before steering)
-    from_task: bool  # a `task` started it (only those await guidance)
-    done: int = 0
+    from_task: bool  # a task (or a first message) started it: only those await guidance
+    directives: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    directives_done: set[int] = field(default_factory=set)
+    done: int = 0  # do_work calls made
+    answered_in_job: int = 0  # questions of others answered during this job
     guidance: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)  # answers received to its own asks
     wrap_up: bool = False
 
 
@@ -92,21 +133,37 @@ def _envelope(entry: dict[str, Any]) -> formats.Envelope | None:
         return None
 
 
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
+
+
+def _tool_names(tools: list[dict[str, Any]]) -> set[str]:
+    return {str(t.get("function", {}).get("name")) for t in tools}
+
+
 class ScriptedModel:
     """A deterministic model for one agent.
 
     Sub-agent script (reacting to what was drained since its last reply):
 
-    - a ``task`` starts a job (or extends the running one) worked through ``do_work`` calls; the
-      first reply carries text (sent to the lead as progress output) along with its tool call;
+    - a question asked of it (``ask``) is answered first, with ``answer_other_agent``;
+    - a ``task`` (or a message when it has no job) starts a job: first the task's directive
+      lines (``@tool {json}``, one tool call each, e.g. ``@ask_master {...}``), then the role's
+      ``do_work`` steps; the first reply carries text (sent to the lead as progress output);
     - a ``message``/``answer`` while a job runs is guidance: acknowledged in text with one more
       step that acts on it (several drained at once: one step);
-      with no job running it is a small job of one step;
-    - a ``notice`` from the lead while a job runs means "wrap up": the next reply is final;
+    - a ``notice``, or a message saying "wrap up", while a job runs means "wrap up": the next
+      reply is final;
     - when the plan is done the final reply (no tool calls) takes ``write_seconds`` to "write",
       like a streamed answer; it becomes the completion report.
 
-    Lead script: acknowledge what was drained, never call a tool (issue 5 gives the lead tools).
+    Lead script: the directive lines of the messages it was sent become tool calls (a batch);
+    questions from sub-agents are answered with ``answer_sub_agent_question``; otherwise it
+    acknowledges what it read and calls no tool.
     """
 
     def __init__(
@@ -126,33 +183,84 @@ class ScriptedModel:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> dict[str, Any]:
         self.calls += 1
-        fresh = self._fresh(messages)
         if self.script is None:
-            return self._lead_reply(fresh)
-        return self._sub_agent_reply(self.script, messages, fresh, tools)
+            return self._lead_reply(messages, tools)
+        return self._sub_agent_reply(self.script, messages, tools)
 
     # ------------------------------------------------------------------ helpers
 
     @staticmethod
-    def _fresh(messages: list[dict[str, Any]]) -> list[formats.Envelope]:
-        """Routed messages that arrived after the last assistant reply."""
-        fresh: list[formats.Envelope] = []
+    def _fresh(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Entries after the last assistant reply (tool results and drained messages)."""
+        fresh: list[dict[str, Any]] = []
         for entry in reversed(messages):
             if entry.get("role") == "assistant":
                 break
-            if entry.get("role") == "user" and (env := _envelope(entry)) is not None:
-                fresh.append(env)
+            fresh.append(entry)
         fresh.reverse()
         return fresh
 
     @staticmethod
-    def _lead_reply(fresh: list[formats.Envelope]) -> dict[str, Any]:
-        if not fresh:
+    def _open_questions(messages: list[dict[str, Any]]) -> list[formats.Envelope]:
+        """Questions asked of this agent that it has not answered yet, in arrival order."""
+        asked: list[formats.Envelope] = []
+        answered: set[int] = set()
+        for entry in messages:
+            if entry.get("role") == "user":
+                env = _envelope(entry)
+                if env is not None and env.type is MessageType.ASK and env.question_id:
+                    asked.append(env)
+            elif entry.get("role") == "assistant":
+                for call in entry.get("tool_calls") or []:
+                    if call["function"]["name"] in ANSWER_TOOLS:
+                        try:
+                            answered.add(
+                                int(json.loads(call["function"]["arguments"])["question_id"])
+                            )
+                        except (ValueError, KeyError, TypeError):
+                            continue
+        return [q for q in asked if q.question_id not in answered]
+
+    def _lead_reply(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        fresh = self._fresh(messages)
+        available = _tool_names(tools)
+        position = len(messages)
+        calls: list[dict[str, Any]] = []
+        read: list[formats.Envelope] = []
+        for entry in fresh:
+            env = _envelope(entry) if entry.get("role") == "user" else None
+            if env is None:
+                continue
+            read.append(env)
+            if env.type in (MessageType.TASK, MessageType.MESSAGE):
+                for name, args in directives(env.content):
+                    calls.append(_call(f"lead_{position}_{len(calls)}", name, args))
+        if "answer_sub_agent_question" in available:
+            for question in self._open_questions(messages):
+                calls.append(
+                    _call(
+                        f"lead_{position}_{len(calls)}",
+                        "answer_sub_agent_question",
+                        {"question_id": question.question_id, "answer": LEAD_ANSWER},
+                    )
+                )
+        if calls:
+            return {"role": "assistant", "content": None, "tool_calls": calls}
+        results = [e for e in fresh if e.get("role") == "tool"]
+        if results:
+            failed = sum('"ok": false' in str(e.get("content")) for e in results)
+            return {
+                "role": "assistant",
+                "content": f"Done: {len(results)} tool call(s), {failed} refused.",
+            }
+        if not read:
             return {"role": "assistant", "content": "Standing by."}
-        senders = sorted({env.sender for env in fresh})
+        senders = sorted({env.sender for env in read})
         return {
             "role": "assistant",
-            "content": f"Noted {len(fresh)} update(s) from {', '.join(senders)}.",
+            "content": f"Noted {len(read)} update(s) from {', '.join(senders)}.",
         }
 
     @staticmethod
@@ -162,25 +270,42 @@ class ScriptedModel:
             role = entry.get("role")
             if role == "assistant":
                 calls = entry.get("tool_calls") or []
-                if job is not None:
-                    if calls:
-                        job.done += len(calls)
-                    else:
-                        job = None  # a reply without tool calls ends the job
+                if job is None:
+                    continue
+                if not calls:
+                    job = None  # a reply without tool calls ends the job
+                    continue
+                for call in calls:
+                    kind, _, index = str(call["id"]).rpartition("_")[2].partition(":")
+                    if kind == "w":
+                        job.done += 1
+                    elif kind == "d":
+                        job.directives_done.add(int(index))
+                    elif kind == "a":
+                        job.answered_in_job += 1
+                continue
+            if role == "tool":
+                env = _envelope(entry)
+                if job is not None and env is not None and env.type is not MessageType.ASK:
+                    job.answers.append(f"{env.sender}: {_first_line(env.content)}")
                 continue
             if role != "user":
                 continue
             env = _envelope(entry)
             kind = env.type if env is not None else MessageType.TASK  # plain user text: a task
             content = env.content if env is not None else str(entry.get("content") or "")
-            if kind is MessageType.TASK:
+            starts = kind is MessageType.TASK or (kind is MessageType.MESSAGE and job is None)
+            if starts:
                 if job is None:
                     job = _Job(task=content, planned=len(script.steps), from_task=True)
                 else:
                     job.planned += len(script.steps)
-            elif kind in (MessageType.MESSAGE, MessageType.ANSWER):
-                if job is None:
-                    job = _Job(task=content, planned=1, from_task=False)
+                job.directives.extend(directives(content))
+            elif kind is MessageType.ASK and job is None:
+                job = _Job(task=f"answer {content}", planned=0, from_task=False)
+            elif kind in (MessageType.MESSAGE, MessageType.ANSWER) and job is not None:
+                if _WRAP_UP in content.lower():
+                    job.wrap_up = True
                 else:
                     job.guidance.append(content)
             elif kind is MessageType.NOTICE and job is not None:
@@ -188,18 +313,41 @@ class ScriptedModel:
         return job
 
     def _sub_agent_reply(
-        self,
-        script: RoleScript,
-        messages: list[dict[str, Any]],
-        fresh: list[formats.Envelope],
-        tools: list[dict[str, Any]],
+        self, script: RoleScript, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> dict[str, Any]:
+        position = len(messages)
+        available = _tool_names(tools)
+        questions = self._open_questions(messages)
         job = self._job(script, messages)
+        if questions and "answer_other_agent" in available:
+            q = questions[0]
+            return {
+                "role": "assistant",
+                "content": f"Answering {q.sender}'s question {q.question_id}.",
+                "tool_calls": [
+                    _call(
+                        f"call_{position}_a:{q.question_id}",
+                        "answer_other_agent",
+                        {"question_id": q.question_id, "answer": script.answer},
+                    )
+                ],
+            }
         if job is None:
             return {"role": "assistant", "content": "Nothing new to work on; standing by."}
-        can_work = any(t.get("function", {}).get("name") == WORK_TOOL for t in tools)
+        fresh = [
+            env for e in self._fresh(messages) if e.get("role") == "user" and (env := _envelope(e))
+        ]
+        if not job.wrap_up:
+            step = self._directive_step(script, job, position, first=not job.done)
+            if step is not None:
+                return step
+        can_work = WORK_TOOL in available
         fresh_guidance = [
-            e.content for e in fresh if e.type in (MessageType.MESSAGE, MessageType.ANSWER)
+            e.content
+            for e in fresh
+            if e.type in (MessageType.MESSAGE, MessageType.ANSWER)
+            and _WRAP_UP not in e.content.lower()
+            and e.content in job.guidance
         ]
         waiting = (
             script.await_guidance
@@ -210,8 +358,29 @@ class ScriptedModel:
         # Fresh guidance always gets one step that acts on it, however far the plan got.
         more = waiting or job.done < job.planned or bool(fresh_guidance)
         if can_work and not job.wrap_up and more:
-            return self._work_step(script, job, fresh_guidance, waiting, len(messages))
+            return self._work_step(script, job, fresh_guidance, waiting, position)
         return self._final(job)
+
+    def _directive_step(
+        self, script: RoleScript, job: _Job, position: int, *, first: bool
+    ) -> dict[str, Any] | None:
+        """The next directive of the task as a tool call (``await_question``: a check-in)."""
+        for i, (name, args) in enumerate(job.directives):
+            if i in job.directives_done:
+                continue
+            if name == AWAIT_QUESTION:
+                if job.answered_in_job or job.done >= script.patience:
+                    continue  # satisfied (or gave up waiting)
+                call = _call(
+                    f"call_{position}_w:{job.done}",
+                    WORK_TOOL,
+                    {"step": f"check in (waiting for a question, check {job.done})"},
+                )
+            else:
+                call = _call(f"call_{position}_d:{i}", name, args)
+            text = script.opening if first and not job.directives_done else None
+            return {"role": "assistant", "content": text, "tool_calls": [call]}
+        return None
 
     def _work_step(
         self,
@@ -225,7 +394,7 @@ class ScriptedModel:
         if fresh_guidance:
             step = f"adjust the plan: {_first_line(fresh_guidance[-1], 60)}"
             text: str | None = f"Understood: {_first_line(fresh_guidance[-1])}. Adjusting the plan."
-        elif n == 0:
+        elif n == 0 and not job.directives_done:
             step = script.steps[0] if script.steps else "work on the task"
             text = script.opening
         else:
@@ -233,12 +402,9 @@ class ScriptedModel:
             if waiting:
                 step = f"{step} (waiting for the lead's review, check {n})"
             text = None  # plain tool calls between the milestones: no progress chatter
-        call = {
-            # The transcript only grows, so its length makes the id unique within it.
-            "id": f"call_{position}_{n}",
-            "type": "function",
-            "function": {"name": WORK_TOOL, "arguments": json.dumps({"step": step})},
-        }
+        # The transcript only grows, so its length makes the id unique within it; the suffix
+        # tells the script what kind of call it was when it reads the transcript again.
+        call = _call(f"call_{position}_w:{n}", WORK_TOOL, {"step": step})
         return {"role": "assistant", "content": text, "tool_calls": [call]}
 
     def _final(self, job: _Job) -> dict[str, Any]:
@@ -247,8 +413,14 @@ class ScriptedModel:
         if self.write_seconds:
             time.sleep(self.write_seconds)
         text = f"Done: {_first_line(job.task)}"
+        if job.answers:
+            text += f" (told by {job.answers[-1]})"
         if job.guidance:
             text += f" (following the guidance: {_first_line(job.guidance[-1])})"
         if job.wrap_up:
             text += " Wrapped up early as asked."
         return {"role": "assistant", "content": text}
+
+
+#: The tools with which an agent answers a question (scripted agents track them).
+ANSWER_TOOLS = frozenset({"answer_other_agent", "answer_sub_agent_question"})

@@ -18,6 +18,7 @@ from agent_router.domain import (
     MessageSubtype,
     MessageType,
     OutboxKind,
+    QuestionKind,
     QuestionStatus,
     RouteOutcome,
     TurnStatus,
@@ -48,6 +49,7 @@ MessageSubtypeType = _enum(MessageSubtype, "ar_message_subtype")
 RouteOutcomeType = _enum(RouteOutcome, "ar_route_outcome")
 MessageStatusType = _enum(MessageStatus, "ar_message_status")
 QuestionStatusType = _enum(QuestionStatus, "ar_question_status")
+QuestionKindType = _enum(QuestionKind, "ar_question_kind")
 TurnStatusType = _enum(TurnStatus, "ar_turn_status")
 OutboxKindType = _enum(OutboxKind, "ar_outbox_kind")
 LedgerActionType = _enum(LedgerAction, "ar_ledger_action")
@@ -95,6 +97,8 @@ class AgentRow(Base):
     # Next per-target sequence number; bumped under the agent's row lock.
     next_seq: Mapped[int] = mapped_column(default=1)
     system_prompt: Mapped[str | None] = mapped_column(sa.Text)
+    # The lead asked a running turn to stop; the turn honours it at its next boundary.
+    stop_requested: Mapped[bool] = mapped_column(default=False)
     scheduled_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -137,6 +141,7 @@ class QuestionRow(Base):
     tool_call_id: Mapped[str] = mapped_column(sa.String(200))
     asker_epoch: Mapped[int]
     status: Mapped[QuestionStatus] = mapped_column(QuestionStatusType)
+    kind: Mapped[QuestionKind] = mapped_column(QuestionKindType, default=QuestionKind.ASK)
     # The asker is still blocked on this question: an edge of the team's waits-for graph.
     waiting: Mapped[bool] = mapped_column(default=True)
     answer_message_id: Mapped[int | None] = mapped_column(BigId)

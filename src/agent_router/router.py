@@ -12,6 +12,7 @@ from agent_router import errors
 from agent_router.constants import BACKGROUND_DONE
 from agent_router.domain import (
     Agent,
+    AgentState,
     BackgroundJob,
     Delivery,
     EndOfTurn,
@@ -349,6 +350,31 @@ class Router:
         """Final: later sends are refused, pending messages dropped with ``reason``."""
         agent = self.agent(team_id, display_name)
         self._publish(self.store.terminate(agent.id, reason=reason))
+
+    def stop(self, team_id: int, display_name: str, *, reason: str) -> AgentState:
+        """Cooperative stop: the agent ends up ``idle`` with its mailbox kept; a running turn
+        stops at its next boundary (the returned state is then still ``running``/``waiting``)."""
+        agent = self.agent(team_id, display_name)
+        state, effects = self.store.request_stop(agent.id, reason=reason)
+        self._publish(effects)
+        return state
+
+    def wait_output(
+        self,
+        turn: Turn,
+        target: str,
+        *,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> Question:
+        """Open a wait of the turn's agent for ``target``'s next output (block on it with
+        :meth:`wait_for`). Refused with :class:`~agent_router.errors.AskRefusedError` if it would
+        deadlock or ``target`` has nothing to work on."""
+        q, effects = self.store.wait_output(
+            turn.record, target=target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
+        )
+        self._publish(effects)
+        return q
 
     # ------------------------------------------------------------------ background jobs
 

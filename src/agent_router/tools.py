@@ -1,21 +1,38 @@
 """The tools an agent's model can call: a name, a JSON schema, and a function.
 
-Small on purpose: the registry maps names to :class:`Tool` values; the loop asks it for the
-schemas an agent may see and calls a tool by name. The multi-agent tools (DESIGN section 5) are
-registered here by a later issue; for now there is one harmless work tool.
+The registry maps names to :class:`Tool` values; the loop asks it for the schemas an agent may
+see (lead tools only for the lead) and calls a tool by name. A host registers its own tools
+beside the built-in ones.
+
+Every built-in tool answers with one JSON object the model can read: ``{"ok": true, ...ids}`` on
+success, ``{"ok": false, "error": "...", "reason": "..."}`` on a refusal (``reason`` is a stable
+word: ``unknown_agent``, ``question_closed``, ``cycle``, ...). The blocking tools
+(``ask_master``, ``ask_other_agent``, ``wait_sub_agent_output``) are the exception: the router
+itself writes their result (the answer, the awaited output, or an ``expired``/``cancelled``
+note) into the transcript, so they return :data:`RESULT_RECORDED`, or raise
+:class:`TurnSuspended` when the turn gave up its worker while waiting.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from agent_router.domain import Agent
+from agent_router import errors
+from agent_router.domain import (
+    Agent,
+    MessageSubtype,
+    MessageType,
+    Question,
+    WaitOutcome,
+)
 from agent_router.model import WORK_TOOL
+from agent_router.roles import RoleCatalogue
 from agent_router.settings import Settings
 
 if TYPE_CHECKING:
@@ -35,15 +52,41 @@ class Audience(enum.StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class ToolContext:
-    """What a tool may use: the claimed turn (fenced writes) and the router."""
+    """What a tool may use: the claimed turn (fenced writes), the router, and the id of the
+    tool call being run (blocking tools tie their wait to it)."""
 
     router: Router
     turn: Turn
     agent: Agent
     settings: Settings
+    call_id: str = ""
 
 
-ToolFunction = Callable[[dict[str, Any], ToolContext], str]
+class _Recorded:
+    """The router already wrote this call's result into the transcript."""
+
+    def __repr__(self) -> str:
+        return "RESULT_RECORDED"
+
+
+#: Returned by a tool whose result the router wrote itself (a resolved wait).
+RESULT_RECORDED: Final = _Recorded()
+
+ToolResult = str | _Recorded
+ToolFunction = Callable[[dict[str, Any], ToolContext], ToolResult]
+
+
+class TurnSuspended(Exception):  # noqa: N818 - a signal to the loop, not a failure
+    """Raised by a blocking tool when its turn suspended: the loop must return without ending
+    the turn (the answer will schedule a continuation)."""
+
+
+class ToolError(Exception):
+    """Raised by a tool for a bad call; it becomes an ``{"ok": false}`` result the model sees."""
+
+    def __init__(self, message: str, *, reason: str = "bad_arguments") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,8 +114,34 @@ class Tool:
         return (self.audience is Audience.LEAD) == agent.is_lead
 
 
-class ToolError(Exception):
-    """Raised by a tool for a bad call; its text becomes the tool result the model sees."""
+def ok(**fields: Any) -> str:
+    return json.dumps({"ok": True, **fields}, ensure_ascii=False)
+
+
+def fail(error: str, reason: str, **fields: Any) -> str:
+    return json.dumps({"ok": False, "error": error, "reason": reason, **fields}, ensure_ascii=False)
+
+
+def refusal_reason(exc: errors.RefusedError) -> str:
+    """A stable word for a refusal, for the model (and for tests)."""
+    if isinstance(exc, errors.AskRefusedError):
+        return "cycle" if exc.cycle else "ask_refused"
+    for cls, reason in _REASONS:
+        if isinstance(exc, cls):
+            return reason
+    return "refused"
+
+
+_REASONS: tuple[tuple[type[errors.RefusedError], str], ...] = (
+    (errors.UnknownQuestionError, "unknown_question"),
+    (errors.QuestionClosedError, "question_closed"),
+    (errors.WrongQuestionError, "wrong_question"),
+    (errors.AgentTerminatedError, "terminated"),
+    (errors.UnknownAgentError, "unknown_agent"),
+    (errors.ContentTooLargeError, "too_large"),
+    (errors.DuplicateDisplayNameError, "duplicate_name"),
+    (errors.InvalidMessageError, "invalid"),
+)
 
 
 class ToolRegistry:
@@ -90,22 +159,84 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
     def schemas(self, agent: Agent) -> list[dict[str, Any]]:
         return [t.schema() for t in self._tools.values() if t.visible_to(agent)]
 
-    def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> str:
-        """Run a tool. A bad call (unknown tool, wrong arguments) is answered in the result, as
-        a model expects; anything else the tool raises propagates and fails the turn."""
+    def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        """Run a tool. A bad call (unknown tool, wrong arguments) and a refusal of the router are
+        answered in the result, as a model expects; anything else the tool raises propagates
+        (a fenced turn stops, other errors fail the turn)."""
         tool = self._tools.get(name)
         if tool is None or not tool.visible_to(ctx.agent):
-            return f"error: no tool named {name!r}"
+            return fail(f"no tool named {name!r}", "unknown_tool")
         try:
             return tool.function(arguments, ctx)
         except ToolError as exc:
-            return f"error: {exc}"
+            return fail(str(exc), exc.reason)
+        except errors.AskRefusedError as exc:
+            return fail(str(exc), refusal_reason(exc), cycle=exc.cycle)
+        except errors.RefusedError as exc:
+            return fail(str(exc), refusal_reason(exc))
 
 
-def _do_work(arguments: dict[str, Any], ctx: ToolContext) -> str:
+# ---------------------------------------------------------------------- argument checks
+
+
+def _text(arguments: dict[str, Any], name: str) -> str:
+    value = arguments.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise ToolError(f"`{name}` must be a non-empty string")
+    return value
+
+
+def _name(arguments: dict[str, Any], name: str = "display_name") -> str:
+    return _text(arguments, name).strip()
+
+
+def _int(arguments: dict[str, Any], name: str) -> int:
+    value = arguments.get(name)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())  # models often quote numbers
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ToolError(f"`{name}` must be an integer")
+    return value
+
+
+def _sub_agent(ctx: ToolContext, name: str) -> Agent:
+    agent = ctx.router.agent(ctx.turn.team_id, name)
+    if agent.is_lead:
+        raise ToolError(f"{name!r} is the Team Leader, not a sub-agent", reason="not_a_sub_agent")
+    return agent
+
+
+def _status(agent: Agent) -> dict[str, Any]:
+    return {
+        "display_name": agent.display_name,
+        "role": agent.role,
+        "state": agent.state.value,
+        "suspended": agent.suspended,
+        "pending_messages": agent.mailbox_depth,
+    }
+
+
+def _lead_name(ctx: ToolContext) -> str:
+    return ctx.router.team(ctx.turn.team_id).lead.display_name
+
+
+def _block(ctx: ToolContext, question: Question) -> ToolResult:
+    """Block on a wait; its result is written by the router (or the turn suspends)."""
+    if ctx.turn.wait_for(question) is WaitOutcome.SUSPENDED:
+        raise TurnSuspended(f"suspended waiting on question {question.id}")
+    return RESULT_RECORDED
+
+
+# ---------------------------------------------------------------------- the tools
+
+
+def _do_work(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
     step = arguments.get("step")
     if not isinstance(step, str) or not step.strip():
         raise ToolError("`step` must be a non-empty string")
@@ -114,20 +245,313 @@ def _do_work(arguments: dict[str, Any], ctx: ToolContext) -> str:
     return f"done: {step}"
 
 
+def _send(ctx: ToolContext, to: str, content: str, type_: MessageType, **kw: Any) -> str:
+    delivery = ctx.router.send(
+        ctx.turn.team_id,
+        to=to,
+        content=content,
+        sender=ctx.turn.display_name,
+        type=type_,
+        # A continuation that re-runs this call sends nothing twice.
+        dedup_key=f"tool:{ctx.turn.agent_id}:{ctx.call_id}" if ctx.call_id else None,
+        **kw,
+    )
+    return ok(to=delivery.target, message_id=delivery.message_id, outcome=delivery.outcome.value)
+
+
+def _create_sub_agent(roles: RoleCatalogue) -> ToolFunction:
+    def create_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        role_name = _name(arguments, "role")
+        task = _text(arguments, "task")
+        role = roles.get(role_name)
+        if len(roles) and (role is None or role_name == ctx.agent.role):
+            known = ", ".join(r.name for r in roles.sub_agent_roles())
+            raise ToolError(f"unknown role {role_name!r}; roles: {known}", reason="unknown_role")
+        if len(task.encode("utf-8", "surrogatepass")) > ctx.settings.max_content_bytes:
+            raise ToolError("`task` is larger than the message limit", reason="too_large")
+        agent = ctx.router.create_agent(
+            ctx.turn.team_id,
+            role=role_name,
+            system_prompt=role.system_prompt if role is not None else None,
+        )
+        delivery = ctx.router.send(
+            ctx.turn.team_id,
+            to=agent.display_name,
+            content=task,
+            sender=ctx.turn.display_name,
+            type=MessageType.TASK,
+        )
+        return ok(
+            display_name=agent.display_name,
+            agent_id=agent.id,
+            role=agent.role,
+            task_message_id=delivery.message_id,
+            outcome=delivery.outcome.value,
+        )
+
+    return create_sub_agent
+
+
+def _send_message_to_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    target = _sub_agent(ctx, _name(arguments))
+    return _send(ctx, target.display_name, _text(arguments, "message"), MessageType.MESSAGE)
+
+
+def _answer(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    question_id = _int(arguments, "question_id")
+    answer = _text(arguments, "answer")
+    try:
+        question = ctx.router.question(question_id)
+    except errors.UnknownQuestionError:
+        raise ToolError(f"no question {question_id}", reason="unknown_question") from None
+    if question.team_id != ctx.turn.team_id:
+        raise ToolError(f"no question {question_id}", reason="unknown_question")
+    if question.target_agent_id != ctx.turn.agent_id:
+        raise ToolError(f"question {question_id} was not asked of you", reason="wrong_question")
+    asker = ctx.router.store.agent_by_id(question.asker_agent_id)
+    result = json.loads(
+        _send(ctx, asker.display_name, answer, MessageType.ANSWER, question_id=question_id)
+    )
+    return ok(question_id=question_id, **{k: v for k, v in result.items() if k != "ok"})
+
+
+def _stop_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    target = _sub_agent(ctx, _name(arguments))
+    state = ctx.router.stop(
+        ctx.turn.team_id, target.display_name, reason=f"stopped by {ctx.turn.display_name}"
+    )
+    return ok(
+        display_name=target.display_name,
+        state=state.value,
+        # A running turn finishes the tool call it is in, then stops.
+        stopping=state.value != "idle",
+    )
+
+
+def _terminate_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    target = _sub_agent(ctx, _name(arguments))
+    ctx.router.terminate(
+        ctx.turn.team_id, target.display_name, reason=f"terminated by {ctx.turn.display_name}"
+    )
+    return ok(display_name=target.display_name, state="terminated")
+
+
+def _get_sub_agent_status(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    names = arguments.get("display_names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ToolError("`display_names` must be a list of display names")
+    agents = {a.display_name: a for a in ctx.router.agents(ctx.turn.team_id) if not a.is_lead}
+    unknown = [n for n in names if n not in agents]
+    wanted = [agents[n] for n in names if n in agents] if names else list(agents.values())
+    return ok(agents=[_status(a) for a in wanted], unknown=unknown)
+
+
+def _list_sub_agents(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    agents = [a for a in ctx.router.agents(ctx.turn.team_id) if not a.is_lead]
+    return ok(agents=[_status(a) for a in agents])
+
+
+def _wait_sub_agent_output(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    target = _sub_agent(ctx, _name(arguments))
+    timeout = arguments.get("timeout_seconds")
+    if timeout is not None and (
+        not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0
+    ):
+        raise ToolError("`timeout_seconds` must be a positive number")
+    question = ctx.turn.wait_output(
+        target.display_name,
+        tool_call_id=ctx.call_id,
+        timeout_seconds=float(timeout) if timeout is not None else None,
+    )
+    return _block(ctx, question)
+
+
+def _ask_master(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    question = ctx.turn.ask(
+        _lead_name(ctx),
+        _text(arguments, "question"),
+        tool_call_id=ctx.call_id,
+        subtype=MessageSubtype.ASK_MASTER,
+    )
+    return _block(ctx, question)
+
+
+def _ask_other_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    question = ctx.turn.ask(
+        _name(arguments, "target"),
+        _text(arguments, "question"),
+        tool_call_id=ctx.call_id,
+        subtype=MessageSubtype.ASK_OTHER,
+    )
+    return _block(ctx, question)
+
+
+def _send_message_to_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    return _send(ctx, _name(arguments, "target"), _text(arguments, "message"), MessageType.MESSAGE)
+
+
+def _list_agents(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    return ok(
+        agents=[
+            {**_status(a), "is_lead": a.is_lead, "is_you": a.id == ctx.turn.agent_id}
+            for a in ctx.router.agents(ctx.turn.team_id)
+        ]
+    )
+
+
+def _schema(required: dict[str, dict[str, Any]], optional: dict[str, Any] | None = None) -> Any:
+    return {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+_STR = {"type": "string"}
+
+
+def _s(description: str) -> dict[str, Any]:
+    return {**_STR, "description": description}
+
+
+_QUESTION_ID = {"type": "integer", "description": "The question_id shown on the question."}
+_DISPLAY_NAME = _s("The sub-agent's display name, e.g. 'UI Operator_1'.")
+
 DO_WORK = Tool(
     name=WORK_TOOL,
     description="Carry out one step of the current task and report when it is done.",
-    parameters={
-        "type": "object",
-        "properties": {"step": {"type": "string", "description": "What this step does."}},
-        "required": ["step"],
-        "additionalProperties": False,
-    },
+    parameters=_schema({"step": _s("What this step does.")}),
     function=_do_work,
     audience=Audience.SUB_AGENT,
 )
 
 
-def default_registry() -> ToolRegistry:
-    """A fresh registry with the built-in tools."""
-    return ToolRegistry([DO_WORK])
+def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
+    """The tools of DESIGN section 5. ``roles``: what ``create_sub_agent`` may create (default:
+    the shipped catalogue)."""
+    roles = roles if roles is not None else RoleCatalogue.default()
+    role_names = [r.name for r in roles.sub_agent_roles()]
+    role_schema: dict[str, Any] = _s("The role of the new sub-agent.")
+    if role_names:
+        role_schema["enum"] = role_names
+    lead, sub = Audience.LEAD, Audience.SUB_AGENT
+    return [
+        Tool(
+            name="create_sub_agent",
+            description="Create a sub-agent of a role (display name '{Role}_{n}') and give it "
+            "its first task. Returns its display_name.",
+            parameters=_schema({"role": role_schema, "task": _s("The task, self-contained.")}),
+            function=_create_sub_agent(roles),
+            audience=lead,
+        ),
+        Tool(
+            name="send_message_to_sub_agent",
+            description="Send a message (guidance, a new task) to a sub-agent. A running "
+            "sub-agent reads it before its next step; an idle one starts working on it.",
+            parameters=_schema({"display_name": _DISPLAY_NAME, "message": _s("The message.")}),
+            function=_send_message_to_sub_agent,
+            audience=lead,
+        ),
+        Tool(
+            name="answer_sub_agent_question",
+            description="Answer a question a sub-agent asked you (ask_master); the answer "
+            "becomes the result of its waiting call.",
+            parameters=_schema({"question_id": _QUESTION_ID, "answer": _s("Your answer.")}),
+            function=_answer,
+            audience=lead,
+        ),
+        Tool(
+            name="stop_sub_agent",
+            description="Stop a sub-agent's current work: it finishes the step it is in, "
+            "drops the rest and becomes idle (its unread messages are kept).",
+            parameters=_schema({"display_name": _DISPLAY_NAME}),
+            function=_stop_sub_agent,
+            audience=lead,
+        ),
+        Tool(
+            name="terminate_sub_agent",
+            description="Remove a sub-agent for good: its unread messages are dropped and "
+            "nobody can message it any more.",
+            parameters=_schema({"display_name": _DISPLAY_NAME}),
+            function=_terminate_sub_agent,
+            audience=lead,
+        ),
+        Tool(
+            name="get_sub_agent_status",
+            description="State of the named sub-agents (all of them for an empty list).",
+            parameters=_schema(
+                {"display_names": {"type": "array", "items": _STR, "description": "Names."}}
+            ),
+            function=_get_sub_agent_status,
+            audience=lead,
+        ),
+        Tool(
+            name="list_sub_agents",
+            description="List your sub-agents with their roles and states.",
+            parameters=_schema({}),
+            function=_list_sub_agents,
+            audience=lead,
+        ),
+        Tool(
+            name="wait_sub_agent_output",
+            description="Wait until the named sub-agent sends its next output (progress or "
+            "final report); that output becomes this call's result.",
+            parameters=_schema(
+                {"display_name": _DISPLAY_NAME},
+                {
+                    "timeout_seconds": {
+                        "type": "number",
+                        "description": "Give up after this long (default: the question timeout).",
+                    }
+                },
+            ),
+            function=_wait_sub_agent_output,
+            audience=lead,
+        ),
+        Tool(
+            name="ask_master",
+            description="Ask the Team Leader a question and wait for the answer (it becomes "
+            "this call's result).",
+            parameters=_schema({"question": _s("The question, self-contained.")}),
+            function=_ask_master,
+            audience=sub,
+        ),
+        Tool(
+            name="ask_other_agent",
+            description="Ask another agent of the team a question and wait for the answer.",
+            parameters=_schema(
+                {"target": _s("The agent's display name."), "question": _s("The question.")}
+            ),
+            function=_ask_other_agent,
+            audience=sub,
+        ),
+        Tool(
+            name="answer_other_agent",
+            description="Answer a question another agent asked you (use its question_id).",
+            parameters=_schema({"question_id": _QUESTION_ID, "answer": _s("Your answer.")}),
+            function=_answer,
+            audience=sub,
+        ),
+        Tool(
+            name="send_message_to_agent",
+            description="Send a message to another agent of the team (no answer awaited).",
+            parameters=_schema(
+                {"target": _s("The agent's display name."), "message": _s("The message.")}
+            ),
+            function=_send_message_to_agent,
+            audience=sub,
+        ),
+        Tool(
+            name="list_agents",
+            description="List the agents of your team with their roles and states.",
+            parameters=_schema({}),
+            function=_list_agents,
+            audience=sub,
+        ),
+    ]
+
+
+def default_registry(roles: RoleCatalogue | None = None) -> ToolRegistry:
+    """A fresh registry with the built-in tools: the multi-agent suite and ``do_work``."""
+    return ToolRegistry([*multi_agent_tools(roles), DO_WORK])

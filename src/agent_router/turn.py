@@ -88,6 +88,24 @@ class Turn:
         ``block_seconds``, suspend: the caller must then return without ending the turn."""
         return self._router.wait_for(self, question, block_seconds=block_seconds)
 
+    def wait_output(
+        self, target: str, *, tool_call_id: str, timeout_seconds: float | None = None
+    ) -> Question:
+        """Wait for ``target``'s next output as the result of ``tool_call_id`` (then block with
+        :meth:`wait_for`). Refused with :class:`~agent_router.errors.AskRefusedError` if it
+        would deadlock."""
+        return self._router.wait_output(
+            self, target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
+        )
+
+    def stop_requested(self) -> bool:
+        """Has the lead asked this agent to stop? Checked by the loop at every boundary."""
+        return self._router.store.stop_requested(self.agent_id)
+
+    def finish_stop(self) -> None:
+        """Honour a stop: the rest of the batch is ``cancelled``, the agent ``idle``."""
+        self._router.store.finish_stop(self.record)
+
     def start_background(self, signature: Any) -> BackgroundJob:
         """Start the Celery task ``signature`` on this agent's behalf; its completion comes
         back as a ``notice`` (see :meth:`Router.track_background`)."""

@@ -29,13 +29,15 @@ def test_demo_json_reports_every_outcome_and_passes() -> None:
     ledger = [r for r in records if r["event"] == "ledger"]
     checks = [r for r in records if r["event"] == "check"]
     assert records[-1] == {"event": "result", "team_id": records[-1]["team_id"], "ok": True}
-    assert len(checks) == 5 and all(c["ok"] for c in checks), checks
-    assert {c["name"][:3] for c in checks} >= {"3.1", "3.3", "3.4"}
+    assert len(checks) == 9 and all(c["ok"] for c in checks), checks
+    assert {c["name"][:3] for c in checks} >= {"3.1", "3.2", "3.3", "3.4", "3.5"}
 
     # The timeline is the ledger: ids increase, every routing outcome of the scenarios shows.
     assert [r["id"] for r in ledger] == sorted(r["id"] for r in ledger)
     outcomes = {r["outcome"] for r in ledger if r["action"] == "route"}
-    assert {"triggered_new_turn", "injected_inline", "queued"} <= outcomes
+    assert {"triggered_new_turn", "injected_inline", "queued", "resolved"} <= outcomes
+    actions = {r["action"] for r in ledger}
+    assert {"ask", "question_resolved", "stop_requested", "stopped"} <= actions
     agents = {r["agent"] for r in ledger}
     assert {"Team Leader", "UI Operator_1", "Full-Stack Engineer_1"} <= agents
     starts = [r for r in ledger if r["action"] == "turn_claimed"]
@@ -56,8 +58,11 @@ def test_demo_timeline_is_readable() -> None:
         "one follow-up turn scheduled",
         "turn 1 starts",
         "PASS 3.1",
+        "PASS 3.2",
         "PASS 3.3",
         "PASS 3.4",
+        "PASS 3.5",
+        "PASS stop_sub_agent",
         "all guarantees held",
     ):
         assert text in out, text

@@ -11,9 +11,11 @@ import pytest
 
 from agent_router import (
     Agent,
+    AgentState,
     LedgerAction,
     MessageStatus,
     MessageType,
+    QuestionStatus,
     RouteOutcome,
     Router,
     Settings,
@@ -35,6 +37,7 @@ from agent_router.demo import (
     wait_quiescent,
     wait_until,
 )
+from agent_router.formats import parse
 from agent_router.model import Model, ScriptedModel
 from agent_router.outbox import RecordingPublisher
 from agent_router.runtime import Runtime
@@ -46,14 +49,17 @@ def assert_scenarios(router: Router, result: DemoResult) -> None:
     """The demo's own checks, and the same facts read again from transcripts and the ledger."""
     failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
     assert not failed, failed
-    assert result.ok and len(result.checks) == 5
+    assert result.ok and len(result.checks) == 9
     team_id = result.team_id
     assert check_team(router, team_id, quiescent=True).ok
 
     ui = router.agent(team_id, "UI Operator_1")
     engineer = router.agent(team_id, "Full-Stack Engineer_1")
-    by_content = {m.content: m for m in router.messages(team_id)}
+    messages = router.messages(team_id)
+    by_content = {m.content: m for m in messages}
     steer, wrap, race = by_content[STEER], by_content[WRAP_UP], by_content[RACE]
+    # Everything the sub-agents got from the lead, the lead sent with its tools.
+    assert steer.source_name == wrap.source_name == "Team Leader"
     assert steer.outcome is RouteOutcome.INJECTED_INLINE
     assert wrap.outcome is RouteOutcome.INJECTED_INLINE
     assert race.outcome is RouteOutcome.INJECTED_INLINE
@@ -64,9 +70,11 @@ def assert_scenarios(router: Router, result: DemoResult) -> None:
         TurnTrigger.NEW,
         TurnTrigger.FOLLOW_UP,
     ]
-    assert all(t.status is TurnStatus.ENDED for t in ui_turns)
+    assert [t.status for t in ui_turns] == [TurnStatus.ENDED, TurnStatus.ENDED, TurnStatus.STOPPED]
+    assert ui.state is AgentState.IDLE
     # 3.1: the steer entered the first turn's transcript and the model answered it there.
     transcript = router.transcript(team_id, ui.display_name)
+    assert transcript[0]["role"] == "system"  # the role's prompt, snapshotted at creation
     steer_at = next(i for i, e in enumerate(transcript) if STEER in str(e.get("content")))
     assert transcript[steer_at]["role"] == "user"
     assert transcript[steer_at + 1]["role"] == "assistant"
@@ -76,6 +84,25 @@ def assert_scenarios(router: Router, result: DemoResult) -> None:
     assert transcript[race_at - 1]["role"] == "assistant"
     assert "Wrapped up early" in transcript[race_at - 1]["content"]
     assert race.consumed_turn_id == ui_turns[2].id
+
+    # 3.2 and 3.5: each answer is the tool result of the call that asked, exactly once.
+    asks = [m for m in messages if m.type is MessageType.ASK]
+    assert [(m.source_name, m.target_name) for m in asks] == [
+        ("Full-Stack Engineer_1", "Team Leader"),
+        ("UI Operator_1", "Full-Stack Engineer_1"),
+    ]
+    for ask in asks:
+        question = router.question(ask.question_id or 0)
+        assert question.status is QuestionStatus.ANSWERED and not question.waiting
+        answer = next(m for m in messages if m.id == question.answer_message_id)
+        assert answer.outcome is RouteOutcome.RESOLVED
+        asker = router.store.agent_by_id(question.asker_agent_id)
+        results = [
+            e
+            for e in router.transcript(team_id, asker.display_name)
+            if e.get("tool_call_id") == question.tool_call_id
+        ]
+        assert len(results) == 1 and parse(results[0]["content"]).content == answer.content
 
     # 3.3: the engineer's second task started a new turn after the first ended.
     engineer_turns = router.store.turns(engineer.id)
@@ -94,10 +121,12 @@ def assert_scenarios(router: Router, result: DemoResult) -> None:
     assert [e.agent_name for e in follow_ups] == ["UI Operator_1"]
     reports = [
         m
-        for m in router.messages(team_id)
+        for m in messages
         if m.type is MessageType.OUTPUT and m.subtype is not None and m.wake
     ]
-    assert len(reports) == 5  # one completion report per sub-agent turn
+    assert len(reports) == 4  # one completion report per sub-agent turn but the stopped one
+    created = [e.detail["display_name"] for e in ledger if e.action is LedgerAction.AGENT_CREATED]
+    assert created == ["UI Operator_1", "Full-Stack Engineer_1"]
 
 
 def test_seed_scenarios_with_inprocess_worker(inproc_worker: Runtime) -> None:

@@ -1,0 +1,131 @@
+"""The roles a lead can staff its team with: name, description, system prompt, model settings.
+
+A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table per role::
+
+    [[roles]]
+    name = "Full-Stack Engineer"
+    description = "Designs, implements and tests changes across API and UI."
+    system_prompt = "You are ..."
+    model = "gpt-4o-mini"      # optional: overrides the default model for this role
+    temperature = 0.2          # optional
+
+The seed's roles ship with the package (``roles.toml``). A sub-agent's system prompt is
+snapshotted into its transcript when it is created: editing the catalogue later changes new
+agents only.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from agent_router.domain import LEAD_ROLE
+from agent_router.errors import ConfigurationError
+
+#: The catalogue that ships with the package.
+DEFAULT_ROLES_RESOURCE = "roles.toml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Role:
+    name: str
+    description: str
+    system_prompt: str
+    model: str | None = None  # None: the runner's default model
+    temperature: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.strip() or any(c in self.name for c in '"\n\r<>'):
+            raise ConfigurationError(f"invalid role name {self.name!r}")
+        if not self.system_prompt.strip():
+            raise ConfigurationError(f"role {self.name!r} has an empty system prompt")
+        if self.temperature is not None and not 0 <= self.temperature <= 2:
+            raise ConfigurationError(f"role {self.name!r}: temperature must be in [0, 2]")
+
+
+class RoleCatalogue:
+    """Roles by name. The lead's role (``Team Leader``) may be listed; it is never a sub-agent
+    role."""
+
+    def __init__(self, roles: list[Role]) -> None:
+        self._roles: dict[str, Role] = {}
+        for role in roles:
+            if role.name in self._roles:
+                raise ConfigurationError(f"role {role.name!r} is listed twice")
+            self._roles[role.name] = role
+
+    @classmethod
+    def from_toml(cls, text: str, *, source: str = "<string>") -> RoleCatalogue:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigurationError(f"{source}: not valid TOML: {exc}") from exc
+        entries = data.get("roles")
+        if not isinstance(entries, list) or not entries:
+            raise ConfigurationError(f"{source}: expected one or more [[roles]] tables")
+        return cls([_role(entry, source) for entry in entries])
+
+    @classmethod
+    def load(cls, path: str | Path) -> RoleCatalogue:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read roles file {path}: {exc}") from exc
+        return cls.from_toml(text, source=str(path))
+
+    @classmethod
+    def default(cls) -> RoleCatalogue:
+        """The seed's roles, shipped with the package."""
+        text = resources.files("agent_router").joinpath(DEFAULT_ROLES_RESOURCE).read_text("utf-8")
+        return cls.from_toml(text, source=DEFAULT_ROLES_RESOURCE)
+
+    @classmethod
+    def from_file_or_default(cls, path: str | Path | None) -> RoleCatalogue:
+        return cls.load(path) if path else cls.default()
+
+    def get(self, name: str) -> Role | None:
+        return self._roles.get(name)
+
+    @property
+    def lead(self) -> Role | None:
+        return self._roles.get(LEAD_ROLE)
+
+    def sub_agent_roles(self) -> list[Role]:
+        return [r for r in self._roles.values() if r.name != LEAD_ROLE]
+
+    def names(self) -> list[str]:
+        return list(self._roles)
+
+    def __len__(self) -> int:
+        return len(self._roles)
+
+
+def _role(entry: Any, source: str) -> Role:
+    if not isinstance(entry, dict):
+        raise ConfigurationError(f"{source}: each [[roles]] entry must be a table")
+    unknown = set(entry) - {"name", "description", "system_prompt", "model", "temperature"}
+    if unknown:
+        raise ConfigurationError(f"{source}: unknown role keys {sorted(unknown)}")
+    try:
+        name, prompt = entry["name"], entry["system_prompt"]
+    except KeyError as exc:
+        raise ConfigurationError(f"{source}: a role needs {exc.args[0]!r}") from exc
+    description = entry.get("description", "")
+    model = entry.get("model")
+    temperature = entry.get("temperature")
+    if not all(isinstance(v, str) for v in (name, prompt, description)) or (
+        model is not None and not isinstance(model, str)
+    ):
+        raise ConfigurationError(f"{source}: role {name!r}: name, texts and model are strings")
+    if temperature is not None and not isinstance(temperature, int | float):
+        raise ConfigurationError(f"{source}: role {name!r}: temperature must be a number")
+    return Role(
+        name=name.strip(),
+        description=description.strip(),
+        system_prompt=prompt.strip(),
+        model=model,
+        temperature=float(temperature) if temperature is not None else None,
+    )
