@@ -120,9 +120,7 @@ def assert_scenarios(router: Router, result: DemoResult) -> None:
     ]
     assert [e.agent_name for e in follow_ups] == ["UI Operator_1"]
     reports = [
-        m
-        for m in messages
-        if m.type is MessageType.OUTPUT and m.subtype is not None and m.wake
+        m for m in messages if m.type is MessageType.OUTPUT and m.subtype is not None and m.wake
     ]
     assert len(reports) == 4  # one completion report per sub-agent turn but the stopped one
     created = [e.detail["display_name"] for e in ledger if e.action is LedgerAction.AGENT_CREATED]
