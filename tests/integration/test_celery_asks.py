@@ -1,0 +1,90 @@
+"""Blocking asks through a real Celery worker on Redis + PostgreSQL: a single worker slot and two
+sub-agents that both ask the lead. A blocked ask holds the slot for at most
+``ask_block_seconds``; then it suspends and frees it, so the lead can run and answer both."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from agent_router import (
+    AgentState,
+    MessageType,
+    QuestionStatus,
+    RouteOutcome,
+    Settings,
+    TurnStatus,
+    TurnTrigger,
+    runtime,
+)
+from agent_router.checks import check_team
+from agent_router.demo import wait_quiescent
+from agent_router.formats import parse
+from agent_router.model import directive
+from agent_router.runtime import Runtime
+
+TIMEOUT = 60.0
+
+
+@pytest.fixture
+def one_slot_worker(celery_settings: Settings, celery_app: Celery) -> Iterator[Runtime]:
+    settings = celery_settings.model_copy(
+        update={
+            "ask_block_seconds": 0.3,
+            "scripted_write_seconds": 0.0,
+            "redis_url": celery_settings.broker_url,  # wake keys in Redis, as in production
+        }
+    )
+    rt = runtime.configure(settings, app=celery_app)
+    try:
+        with start_worker(
+            celery_app,
+            pool="threads",
+            concurrency=1,
+            perform_ping_check=False,
+            shutdown_timeout=60.0,
+            queues=[settings.queue],
+        ):
+            yield rt
+    finally:
+        runtime.reset()
+
+
+def test_two_askers_and_the_lead_share_one_worker_slot(one_slot_worker: Runtime) -> None:
+    router = one_slot_worker.router
+    team = router.create_team()
+    names = [router.create_agent(team.id, role=r).display_name for r in ("UI Operator", "Designer")]
+    for name in names:
+        router.send(
+            team.id,
+            to=name,
+            content=f"Start.\n{directive('ask_master', question=f'{name}: go ahead?')}",
+            sender="user",
+            type=MessageType.TASK,
+        )
+    wait_quiescent(router, team.id, timeout=TIMEOUT)
+
+    messages = router.messages(team.id)
+    asks = [m for m in messages if m.type is MessageType.ASK]
+    assert sorted(m.source_name for m in asks) == sorted(names)
+    for ask in asks:
+        question = router.question(ask.question_id or 0)
+        assert question.status is QuestionStatus.ANSWERED
+        answer = next(m for m in messages if m.id == question.answer_message_id)
+        assert answer.source_name == "Team Leader" and answer.outcome is RouteOutcome.RESOLVED
+        (result,) = [
+            e
+            for e in router.transcript(team.id, ask.source_name)
+            if e.get("tool_call_id") == question.tool_call_id
+        ]
+        assert parse(result["content"]).message_id == answer.id
+    # With one slot, at least one asker had to give its slot up and continue later.
+    turns = [t for name in names for t in router.store.turns(router.agent(team.id, name).id)]
+    assert any(t.status is TurnStatus.SUSPENDED for t in turns)
+    assert any(t.trigger is TurnTrigger.CONTINUATION for t in turns)
+    assert all(router.agent(team.id, n).state is AgentState.COMPLETED for n in names)
+    report = check_team(router, team.id, quiescent=True)
+    assert report.ok, report.violations
