@@ -119,6 +119,16 @@ def create_app(settings: Settings | None = None, *, main: str = "agent_router") 
     return app
 
 
+def turn_label(entry: OutboxEntry) -> str:
+    """A turn task as monitors show it: ``UI Operator_1 (team 3) epoch 2 [new]``. Names come
+    from the outbox payload (no database read); rows written before it carried them show ids."""
+    payload = entry.payload
+    who = payload.get("agent") or f"agent {entry.agent_id}"
+    team = f" (team {payload['team_id']})" if payload.get("team_id") is not None else ""
+    trigger = f" [{payload['trigger']}]" if payload.get("trigger") else ""
+    return f"{who}{team} epoch {entry.epoch}{trigger}"
+
+
 class CeleryPublisher:
     """The outbox :class:`~agent_router.outbox.Publisher` for Celery.
 
@@ -138,6 +148,9 @@ class CeleryPublisher:
                 RUN_AGENT_TURN,
                 args=(entry.agent_id, entry.epoch),
                 countdown=float(countdown) if countdown else None,
+                # What Flower and `celery events` show for the task instead of "(12, 3)".
+                argsrepr=turn_label(entry),
+                kwargsrepr="{}",
             )
             logger.debug(
                 "turn enqueued",

@@ -106,15 +106,23 @@ class MailboxCollector(Collector):
     def __init__(self, store: Callable[[], Store]) -> None:
         self._store = store
 
+    def describe(self) -> Iterator[Metric]:
+        # Registration asks for the names; answering without a database read keeps a worker's
+        # start-up free of queries (and of building the runtime before the pool forks).
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "agent_router_mailbox_depth",
+                "Pending (undelivered) messages, by the target agent's state.",
+                labels=["agent_state"],
+            ),
+            GaugeMetricFamily("agent_router_agents", "Agents, by state.", labels=["agent_state"]),
+        )
+
     def collect(self) -> Iterator[Metric]:
-        depth = GaugeMetricFamily(
-            "agent_router_mailbox_depth",
-            "Pending (undelivered) messages, by the target agent's state.",
-            labels=["agent_state"],
-        )
-        agents = GaugeMetricFamily(
-            "agent_router_agents", "Agents, by state.", labels=["agent_state"]
-        )
+        depth, agents = self._families()
         try:
             counts = self._store().state_counts()
         except Exception:  # a scrape must not fail because the database is away
@@ -151,6 +159,8 @@ def serve(
     """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread; with ``store``,
     mailbox depths are read from it at each scrape. Returns the server (``shutdown()`` stops
     it)."""
+    if registry is REGISTRY:
+        default_hooks()  # registered now, so a scrape before the first turn lists them too
     if store is not None:
         registry.register(MailboxCollector(store))
     server, _thread = start_http_server(port, addr=addr, registry=registry)

@@ -1,0 +1,210 @@
+"""Flower shows our turns: the real ``celery flower`` and a real ``agent-router worker`` (each a
+subprocess) on the Redis broker, a turn run through them, and Flower's HTTP API read back.
+
+The worker also serves Prometheus metrics (``AGENT_ROUTER_METRICS_PORT``); they are scraped too.
+Everything runs on a private queue and private ports, and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from celery import Celery
+
+from agent_router import Settings, runtime
+from agent_router.celery_app import create_app
+from agent_router.constants import RUN_AGENT_TURN
+from agent_router.demo import wait_quiescent
+
+BIN = Path(sys.executable).parent
+START_TIMEOUT = 60.0
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bytes(response.read())
+
+
+def poll(
+    fetch: Callable[[], T | None], what: str, log: Path, *, timeout: float = START_TIMEOUT
+) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            value = fetch()
+            if value is not None:
+                return value
+        time.sleep(0.25)
+    pytest.fail(f"timed out waiting for {what}; log:\n{log.read_text()[-4000:]}")
+
+
+@contextlib.contextmanager
+def process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A subprocess that is stopped (SIGTERM, then SIGKILL) whatever the test does."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class EventTap:
+    """Celery's own event receiver on a thread: every ``task-progress`` event, as sent."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.events: list[dict[str, Any]] = []
+        self.ready = threading.Event()
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self.app.connection_for_read() as conn:
+            self._receiver = self.app.events.Receiver(
+                conn, handlers={"task-progress": self.events.append}
+            )
+            self.ready.set()
+            self._receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def __enter__(self) -> EventTap:
+        self._thread.start()
+        assert self.ready.wait(10)
+        time.sleep(0.5)  # the receiver's queue is bound once capture() consumes
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._receiver.should_stop = True
+        self._thread.join(timeout=10)
+
+
+def test_flower_shows_turn_tasks_with_readable_args(
+    pg_schema_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    settings = Settings(
+        database_url=pg_schema_url,
+        broker_url=redis_url,
+        queue=f"agent_router.test.{uuid.uuid4().hex[:10]}",
+        work_seconds=0.01,
+        scripted_write_seconds=0.0,
+    )
+    flower_port, metrics_port = free_port(), free_port()
+    hostname = f"ar-flower-{uuid.uuid4().hex[:8]}@localhost"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_ROUTER_", "FLOWER_"))}
+    env.update(
+        AGENT_ROUTER_DATABASE_URL=settings.database_url,
+        AGENT_ROUTER_BROKER_URL=settings.broker_url,
+        AGENT_ROUTER_QUEUE=settings.queue,
+        AGENT_ROUTER_WORK_SECONDS="0.01",
+        AGENT_ROUTER_SCRIPTED_WRITE_SECONDS="0",
+        AGENT_ROUTER_METRICS_PORT=str(metrics_port),
+        # Flower 2 serves its API only with authentication, or when told it may go without.
+        FLOWER_UNAUTHENTICATED_API="true",
+    )
+    flower_log, worker_log = tmp_path / "flower.log", tmp_path / "worker.log"
+    base = f"http://127.0.0.1:{flower_port}"
+    app = create_app(settings, main=f"agent_router_flower_{uuid.uuid4().hex[:6]}")
+    flower_cmd = [str(BIN / "celery"), "-A", "agent_router.celery_app", "flower"]
+    flower_cmd += [f"--port={flower_port}", "--address=127.0.0.1"]
+    worker_cmd = [str(BIN / "agent-router"), "worker", "--concurrency=4", f"--hostname={hostname}"]
+    try:
+        with process(flower_cmd, env, flower_log), process(worker_cmd, env, worker_log):
+            poll(lambda: http_get(f"{base}/healthcheck") or None, "Flower's HTTP API", flower_log)
+            poll(
+                lambda: app.control.ping(destination=[hostname], timeout=0.5) or None,
+                "the worker to answer a ping",
+                worker_log,
+            )
+            # Flower knows the worker from its events: from now on it sees every task event.
+            poll(
+                lambda: hostname in json.loads(http_get(f"{base}/api/workers?refresh=1")) or None,
+                "Flower to list the worker",
+                flower_log,
+            )
+
+            rt = runtime.configure(settings, app=app)
+            try:
+                router = rt.router
+                team = router.create_team()
+                engineer = router.create_agent(team.id, role="Full-Stack Engineer")
+                with EventTap(app) as tap:
+                    router.send(
+                        team.id, to=engineer.display_name, content="Add a /health endpoint."
+                    )
+                    wait_quiescent(router, team.id, timeout=60)
+                    poll(
+                        lambda: any(e.get("agent") == "Team Leader" for e in tap.events) or None,
+                        "the lead's progress events",
+                        worker_log,
+                        timeout=10,
+                    )
+            finally:
+                runtime.reset()
+
+            label = f"{engineer.display_name} (team {team.id}) epoch 1 [new]"
+
+            def our_task() -> dict[str, Any] | None:
+                url = f"{base}/api/tasks?taskname={RUN_AGENT_TURN}&limit=1000"
+                tasks: dict[str, dict[str, Any]] = json.loads(http_get(url))
+                for task in tasks.values():
+                    if task.get("args") == label and task.get("state") == "SUCCESS":
+                        return task
+                return None
+
+            task = poll(our_task, f"Flower to show {label!r} as SUCCESS", flower_log, timeout=30)
+            assert task["name"] == RUN_AGENT_TURN
+            assert task["kwargs"] == "{}"
+            assert task["result"] == "'ended'"
+            assert task["worker"] == hostname
+            # Compact: names and numbers, never a transcript or a message's content.
+            assert "health" not in json.dumps(task)
+
+            # Routing and state changes were sent as custom events of that very task.
+            progress = [e for e in tap.events if e["uuid"] == task["uuid"]]
+            steps = [(e["action"], e.get("agent_state") or e.get("outcome")) for e in progress]
+            assert steps[0] == ("turn_claimed", "running")
+            assert ("route", "triggered_new_turn") in steps  # its report woke the lead
+            assert steps[-1] == ("turn_ended", "completed")
+            assert "health" not in json.dumps(progress)
+
+            # The lead's turn (woken by the completion report) is there too.
+            lead_label = f"Team Leader (team {team.id}) epoch 1 [new]"
+            url = f"{base}/api/tasks?taskname={RUN_AGENT_TURN}&limit=1000"
+            args = {t.get("args") for t in json.loads(http_get(url)).values()}
+            assert lead_label in args
+
+            metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics").decode()
+            assert 'agent_router_turns_started_total{trigger="new"} 2.0' in metrics
+            assert 'agent_router_turn_duration_seconds_count{status="ended"} 2.0' in metrics
+            assert 'agent_router_mailbox_depth{agent_state="completed"}' in metrics
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(settings.queue)
+        app.close()
