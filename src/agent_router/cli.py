@@ -144,7 +144,9 @@ def demo(
 
     with tempfile.TemporaryDirectory(prefix="agent-router-demo-") as tmp:
         url = database_url or f"sqlite:///{Path(tmp) / 'demo.db'}"
-        settings = Settings(database_url=url, broker_url=broker_url)
+        settings = Settings(
+            database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url)
+        )
         celery = create_app(settings)
         rt = runtime.configure(settings, app=celery)
         router = rt.router
@@ -172,6 +174,147 @@ def demo(
             tail.stop()
             runtime.reset()
         _print_result(console, result, as_json)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def _redis_url(broker_url: str) -> str | None:
+    """Wake keys of blocked asks go through Redis whenever the broker is Redis, so that the
+    answering and the waiting process need not be the same; else the configured one."""
+    if broker_url.startswith(("redis://", "rediss://")):
+        return broker_url
+    return Settings().redis_url
+
+
+@app.command()
+def run(  # noqa: PLR0917 - typer options
+    task: Annotated[str, typer.Argument(help="The task for the Team Leader.")],
+    model: Annotated[
+        str | None,
+        typer.Option(help="Model name (default: AGENT_ROUTER_OPENAI_MODEL)."),
+    ] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 "
+            "(default: AGENT_ROUTER_OPENAI_BASE_URL, else the SDK's default)."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line instead of the timeline.")
+    ] = False,
+    roles: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_ROLES_FILE",
+            help="Roles catalogue (TOML). Default: the shipped seed roles.",
+        ),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(help="Database (tables created if missing). Default: a temporary SQLite."),
+    ] = None,
+    broker_url: Annotated[
+        str,
+        typer.Option(
+            help="Celery broker: memory:// (default) runs turns on threads of this process; with "
+            "redis://... start workers with AGENT_ROUTER_RUNTIME_FACTORY="
+            "agent_router.team_run:openai_runtime and the same AGENT_ROUTER_* settings."
+        ),
+    ] = "memory://",
+    embedded_workers: Annotated[
+        bool | None,
+        typer.Option(
+            "--embedded-workers/--no-embedded-workers",
+            help="Run worker threads in this process. Default: on for memory://, off otherwise.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds until every agent must be idle or completed.")
+    ] = 1800.0,
+) -> None:
+    """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
+    from AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY) until every agent is idle or completed,
+    printing the live timeline. Exits non-zero if a turn failed or the team did not settle."""
+    import os
+
+    from agent_router import team_run
+    from agent_router.roles import RoleCatalogue
+    from agent_router.tools import default_registry
+
+    memory = broker_url.startswith("memory://")
+    in_process = memory if embedded_workers is None else embedded_workers
+    if memory and not in_process:
+        raise typer.BadParameter("memory:// is only reachable from this process's own workers")
+    console = Console(highlight=False, stderr=False)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        catalogue = RoleCatalogue.from_file_or_default(roles)
+    except errors.ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--roles") from None
+    if roles is not None:
+        os.environ[team_run.ROLES_FILE_ENV] = str(roles)  # for this process's runtime factory
+
+    with tempfile.TemporaryDirectory(prefix="agent-router-run-") as tmp:
+        url = database_url or f"sqlite:///{Path(tmp) / 'run.db'}"
+        overrides: dict[str, Any] = {"openai_model": model} if model else {}
+        if base_url:
+            overrides["openai_base_url"] = base_url
+        settings = Settings(
+            database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url), **overrides
+        )
+        models = team_run.openai_models(settings, catalogue)
+        try:
+            # Build one model now: a missing key or SDK fails before anything runs.
+            from agent_router.openai_model import OpenAIModel
+
+            OpenAIModel(settings).close()
+        except errors.ConfigurationError as exc:
+            console.print(Text(f"error: {exc}", style="bold red"))
+            raise typer.Exit(2) from None
+        celery = create_app(settings)
+        rt = runtime.configure(
+            settings, app=celery, models=models, tools=default_registry(catalogue)
+        )
+        router = rt.router
+        router.create_schema()
+        if not as_json:
+            console.rule("agent-router run")
+            console.print(
+                f"model    {settings.openai_model} at {settings.openai_base_url or 'default'}\n"
+                f"database {url}\nbroker   {broker_url}"
+            )
+
+        def sink(record: dict[str, Any]) -> None:
+            if as_json:
+                print(json.dumps(record, default=str), flush=True)
+            else:
+                _render(console, record)
+
+        team_id = team_run.start_team(router, task, catalogue)
+        tail = LedgerTail(router, team_id, sink).start()
+        workers = embedded_worker(celery, EMBEDDED_CONCURRENCY) if in_process else None
+        sweeper = SweeperThread(router) if in_process else contextlib.nullcontext()
+        try:
+            with workers or contextlib.nullcontext(), sweeper:
+                is_settled = team_run.wait_settled(router, team_id, timeout=timeout)
+            result = team_run.result_of(router, team_id, is_settled=is_settled)
+        finally:
+            tail.stop()
+            runtime.reset()
+    if as_json:
+        print(json.dumps({"event": "result", "team_id": team_id, "ok": result.ok,
+                          "settled": result.settled, "states": result.states,
+                          "failed_turns": result.failed_turns, "final": result.final}))  # fmt: skip
+    else:
+        console.rule("result")
+        for name, state in result.states.items():
+            console.print(f"{name:<24} {state}")
+        for failure in result.failed_turns:
+            console.print(Text(f"failed: {failure}", style="bold red"))
+        if not result.settled:
+            console.print(Text(f"the team did not settle within {timeout:.0f}s", style="bold red"))
+        if result.final:
+            console.print(Text("Team Leader: ", style="bold") + Text(result.final))
     raise typer.Exit(0 if result.ok else 1)
 
 

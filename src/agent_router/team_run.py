@@ -1,0 +1,155 @@
+"""``agent-router run``: give a task to a new team's lead and run the team with an
+OpenAI-compatible model until every agent rests.
+
+The lead gets the ``Team Leader`` role's system prompt and the lead tools; sub-agents are created
+by the lead (``create_sub_agent``) from the roles catalogue, each with its role's prompt and, if
+the role names one, its own model and temperature.
+
+Separate worker processes (``agent-router worker`` on a real broker) build the same runtime with
+``AGENT_ROUTER_RUNTIME_FACTORY=agent_router.team_run:openai_runtime`` and the ``openai_*``
+settings (``AGENT_ROUTER_OPENAI_MODEL``, ``AGENT_ROUTER_OPENAI_BASE_URL``, the API key).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from agent_router.checks import TeamReport, check_team
+from agent_router.domain import (
+    RESTING_STATES,
+    AgentState,
+    LedgerAction,
+    MessageType,
+)
+from agent_router.errors import AgentRouterError
+from agent_router.model import Model, ModelFactory
+from agent_router.roles import RoleCatalogue
+from agent_router.router import Router
+from agent_router.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from agent_router.domain import Agent
+    from agent_router.runtime import Runtime
+
+#: The variable naming a roles file for worker processes (the CLI's ``--roles`` sets it too).
+ROLES_FILE_ENV = "AGENT_ROUTER_ROLES_FILE"
+
+#: Agents in these states are done for now: nothing runs and nothing is scheduled for them.
+SETTLED_STATES = RESTING_STATES | {AgentState.TERMINATED}
+
+
+class RunTimeoutError(AgentRouterError):
+    """Raised when the team did not settle within the run's timeout."""
+
+
+def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
+    """One :class:`~agent_router.openai_model.OpenAIModel` per (model, temperature), shared
+    between threads; a role may override the default model and temperature."""
+    from agent_router.openai_model import OpenAIModel
+
+    cache: dict[tuple[str | None, float | None], Model] = {}
+    lock = threading.Lock()
+
+    def factory(agent: Agent) -> Model:
+        role = roles.get(agent.role)
+        name = role.model if role and role.model else settings.openai_model
+        temperature = settings.openai_temperature
+        if role is not None and role.temperature is not None:
+            temperature = role.temperature
+        with lock:
+            model = cache.get((name, temperature))
+            if model is None:
+                model = cache[(name, temperature)] = OpenAIModel(
+                    settings.model_copy(
+                        update={"openai_model": name, "openai_temperature": temperature}
+                    )
+                )
+            return model
+
+    return factory
+
+
+def roles_from_env() -> RoleCatalogue:
+    return RoleCatalogue.from_file_or_default(os.environ.get(ROLES_FILE_ENV))
+
+
+def openai_runtime(settings: Settings, app: Celery) -> Runtime:
+    """``AGENT_ROUTER_RUNTIME_FACTORY`` target: a worker runtime that runs every agent with the
+    OpenAI-compatible model of the ``openai_*`` settings and the catalogue's roles."""
+    from agent_router.celery_app import CeleryPublisher
+    from agent_router.runtime import Runtime
+    from agent_router.tools import default_registry
+
+    roles = roles_from_env()
+    return Runtime(
+        router=Router(settings, publisher=CeleryPublisher(app)),
+        models=openai_models(settings, roles),
+        tools=default_registry(roles),
+        app=app,
+    )
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    team_id: int
+    settled: bool
+    states: dict[str, str] = field(default_factory=dict)
+    failed_turns: list[str] = field(default_factory=list)
+    final: str | None = None  # the lead's last reply
+    report: TeamReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.settled and not self.failed_turns and (self.report is None or self.report.ok)
+
+
+def start_team(router: Router, task: str, roles: RoleCatalogue) -> int:
+    """A new team whose lead has the catalogue's lead prompt and ``task`` from the user."""
+    lead = roles.lead
+    team = router.create_team(lead_system_prompt=lead.system_prompt if lead else None)
+    router.send(
+        team.id, to=team.lead.display_name, content=task, sender="user", type=MessageType.TASK
+    )
+    return team.id
+
+
+def settled(router: Router, team_id: int) -> bool:
+    return all(a.state in SETTLED_STATES for a in router.agents(team_id))
+
+
+def wait_settled(router: Router, team_id: int, *, timeout: float, poll: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while not settled(router, team_id):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+def result_of(router: Router, team_id: int, *, is_settled: bool) -> RunResult:
+    agents = router.agents(team_id)
+    failed = [
+        f"{e.agent_name} turn {e.turn_id}: {e.detail.get('error')}"
+        for e in router.ledger(team_id)
+        if e.action is LedgerAction.TURN_ENDED and e.detail.get("failed")
+    ]
+    lead = next(a for a in agents if a.is_lead)
+    replies = [
+        e.get("content")
+        for e in router.store.transcript(lead.id)
+        if e.get("role") == "assistant" and e.get("content")
+    ]
+    return RunResult(
+        team_id=team_id,
+        settled=is_settled,
+        states={a.display_name: a.state.value for a in agents},
+        failed_turns=failed,
+        final=str(replies[-1]) if replies else None,
+        report=check_team(router, team_id, quiescent=True) if is_settled else None,
+    )
