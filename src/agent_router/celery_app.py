@@ -190,5 +190,12 @@ def job_result_text(value: Any) -> str:
         return repr(value)
 
 
-#: The app of ``celery -A agent_router.celery_app worker``, configured from AGENT_ROUTER_* vars.
-app = create_app()
+def __getattr__(name: str) -> Any:
+    """``app``: the app of ``celery -A agent_router.celery_app worker``, configured from
+    AGENT_ROUTER_* variables. Built on first access (PEP 562) rather than at import, so that
+    importing this module (the CLI does) never fails on a bad variable: the command that needs
+    the settings reports it as one line."""
+    if name == "app":
+        built = globals().setdefault("app", create_app())
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,206 @@
+"""The operator's commands, run as an operator runs them: the real ``agent-router`` binary in a
+subprocess, against PostgreSQL, configured by ``AGENT_ROUTER_*`` variables.
+
+The team is put in the middle of its work through the Router/Turn API (no worker): one agent
+running, one blocked in an ask (waiting), one completed, so ``status`` can be checked against
+each state deterministically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from agent_router import Router, Settings
+from agent_router.outbox import RecordingPublisher
+from tests.conftest import PG_ADMIN_URL
+from tests.integration.helpers import start_running, start_waiting
+
+CLI = str(Path(sys.executable).parent / "agent-router")
+
+
+def run(*args: str, database_url: str | None, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+    env["COLUMNS"] = "200"  # rich tables stay on one line per row
+    if database_url is not None:
+        env["AGENT_ROUTER_DATABASE_URL"] = database_url
+    env.update(extra_env)
+    return subprocess.run(
+        [CLI, *args], check=False, capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+@dataclass(frozen=True)
+class MidWork:
+    url: str
+    team_id: int
+    ask_message_id: int
+    question_id: int
+
+
+@pytest.fixture(scope="module")
+def mid_work(pg_schema_url: str) -> Iterator[MidWork]:
+    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    team = router.create_team()
+    for role in ("UI Operator", "Full-Stack Engineer", "QA Engineer"):
+        router.create_agent(team.id, role=role)
+    start_running(router, team.id, "UI Operator_1", "Build the login page.")
+    start_waiting(router, team.id, "Full-Stack Engineer_1", "Team Leader", call_id="ask-1")
+    done = start_running(router, team.id, "QA Engineer_1", "Test the login page.")
+    done.append_assistant({"role": "assistant", "content": "All tests pass."})
+    done.end()
+    router.send(team.id, to="Team Leader", content="How is it going?")  # the lead is scheduled
+    ask = next(m for m in router.messages(team.id) if m.type.value == "ask")
+    assert ask.question_id is not None
+    yield MidWork(pg_schema_url, team.id, ask.id, ask.question_id)
+    router.close()
+
+
+def status_rows(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    return {r["agent"]: r for r in rows}
+
+
+def test_status_of_a_team_mid_work_shows_running_waiting_completed(mid_work: MidWork) -> None:
+    rows = status_rows(run("status", str(mid_work.team_id), "--json", database_url=mid_work.url))
+    assert rows["UI Operator_1"]["state"] == "running"
+    assert rows["UI Operator_1"]["turn_id"] is not None
+    assert rows["UI Operator_1"]["lease_expires_at"] is not None
+    assert rows["Full-Stack Engineer_1"]["state"] == "waiting"
+    assert rows["Full-Stack Engineer_1"]["open_questions"] == [mid_work.question_id]
+    assert rows["QA Engineer_1"]["state"] == "completed"
+    assert rows["QA Engineer_1"]["lease_expires_at"] is None
+    # The lead was woken by the question and the completion report: one turn scheduled.
+    lead = rows["Team Leader"]
+    assert lead["state"] == "scheduled"
+    assert lead["questions_to_answer"] == [mid_work.question_id]
+    assert lead["mailbox_depth"] == 2
+
+    table = run("status", str(mid_work.team_id), database_url=mid_work.url)
+    assert table.returncode == 0, table.stderr
+    lines = {line.split("│")[2].strip(): line for line in table.stdout.splitlines() if "│" in line}
+    assert "running" in lines["UI Operator_1"] and "left" in lines["UI Operator_1"]
+    assert "waiting (blocking)" in lines["Full-Stack Engineer_1"]
+    assert "completed" in lines["QA Engineer_1"]
+
+
+def test_status_of_all_teams_includes_this_team(mid_work: MidWork) -> None:
+    proc = run("status", "--json", database_url=mid_work.url)
+    assert proc.returncode == 0, proc.stderr
+    teams = {json.loads(line)["team_id"] for line in proc.stdout.splitlines()}
+    assert mid_work.team_id in teams
+
+
+def test_ledger_is_the_timeline_readable_and_json(mid_work: MidWork) -> None:
+    proc = run("ledger", str(mid_work.team_id), "--json", database_url=mid_work.url)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["id"] for r in records] == sorted(r["id"] for r in records)
+    routes = [r for r in records if r["action"] == "route"]
+    assert {r["outcome"] for r in routes} >= {"triggered_new_turn", "coalesced"}
+    assert any(r["action"] == "ask" and r["agent"] == "Full-Stack Engineer_1" for r in records)
+    assert any(r["action"] == "turn_ended" and r["agent"] == "QA Engineer_1" for r in records)
+    # --after tails: only the events after that id.
+    after = records[-3]["id"]
+    tail = run(
+        "ledger", str(mid_work.team_id), "--json", f"--after={after}", database_url=mid_work.url
+    )
+    assert [json.loads(line)["id"] for line in tail.stdout.splitlines()] == [
+        r["id"] for r in records[-2:]
+    ]
+
+    readable = run("ledger", str(mid_work.team_id), database_url=mid_work.url)
+    assert readable.returncode == 0, readable.stderr
+    for text in ("triggered_new_turn", "turn", "starts (new, epoch 1)", "QA Engineer_1"):
+        assert text in readable.stdout, text
+
+
+def test_inspect_message_and_agent_show_provenance(mid_work: MidWork) -> None:
+    msg = run(
+        "inspect", "message", str(mid_work.ask_message_id), "--json", database_url=mid_work.url
+    )
+    assert msg.returncode == 0, msg.stderr
+    record = json.loads(msg.stdout)
+    assert record["from"] == "Full-Stack Engineer_1" and record["to"] == "Team Leader"
+    assert record["type"] == "ask" and record["question_id"] == mid_work.question_id
+    assert record["outcome"] == "triggered_new_turn" and record["status"] == "pending"
+    assert [e["action"] for e in record["ledger"]] == ["route"]
+
+    agent = run(
+        "inspect", "agent", str(mid_work.team_id), "UI Operator_1", database_url=mid_work.url
+    )
+    assert agent.returncode == 0, agent.stderr
+    assert "<- message from user (message" in agent.stdout
+    assert "Build the login page." in agent.stdout
+
+    entries = run(
+        "inspect",
+        "agent",
+        str(mid_work.team_id),
+        "Full-Stack Engineer_1",
+        "--json",
+        database_url=mid_work.url,
+    )
+    payloads = [json.loads(line) for line in entries.stdout.splitlines()]
+    assert payloads[0]["meta"]["from"] == "user" and payloads[0]["message_id"] is not None
+    assert payloads[-1]["payload"]["tool_calls"][0]["id"] == "ask-1"
+
+
+def test_errors_are_one_line_with_a_non_zero_exit(mid_work: MidWork) -> None:
+    for args in (
+        ("status", "987654321"),
+        ("ledger", "987654321"),
+        ("inspect", "message", "987654321"),
+        ("inspect", "agent", str(mid_work.team_id), "Nobody_1"),
+    ):
+        proc = run(*args, database_url=mid_work.url)
+        assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("agent-router: error: ")
+        assert "Traceback" not in proc.stderr
+    unknown = run("status", "987654321", database_url=mid_work.url)
+    assert unknown.stderr == "agent-router: error: unknown team 987654321\n"
+
+    bad_url = run("status", database_url="mysql://nowhere/db")
+    assert bad_url.returncode == 1
+    assert bad_url.stderr.startswith("agent-router: error: invalid setting database_url")
+    unreachable = run("status", database_url="postgresql+psycopg://root@127.0.0.1:1/nothing")
+    assert unreachable.returncode == 1 and unreachable.stderr.count("\n") == 1
+    assert unreachable.stderr.startswith("agent-router: error: database error: ")
+
+
+@pytest.fixture
+def empty_pg_url() -> Iterator[str]:
+    name = f"ar_cli_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def test_db_upgrade_migrates_an_empty_database_and_is_idempotent(empty_pg_url: str) -> None:
+    first = run("db", "upgrade", database_url=empty_pg_url)
+    assert first.returncode == 0, first.stderr
+    again = run("db", "upgrade", database_url=empty_pg_url)
+    assert again.returncode == 0, again.stderr
+    engine = sa.create_engine(empty_pg_url)
+    try:
+        tables = set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    assert {"ar_teams", "ar_agents", "ar_messages", "ar_ledger", "alembic_version"} <= tables
+    # The migrated schema serves the CLI at once.
+    assert run("status", "--json", database_url=empty_pg_url).stdout == ""

@@ -1,0 +1,90 @@
+"""Prometheus metrics, scraped over HTTP from the endpoint a worker serves, after real routing.
+
+A private registry per test, so counts start at zero; the Router reports through its hooks."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent_router import Router, Settings, errors, metrics
+from agent_router.hooks import RouterHooks
+from agent_router.outbox import RecordingPublisher
+from agent_router.turn import Turn
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metered(settings: Settings, registry: CollectorRegistry) -> Iterator[Router]:
+    r = Router(settings, publisher=RecordingPublisher(), hooks=metrics.PrometheusHooks(registry))
+    yield r
+    r.close()
+
+
+def scrape(router: Router, registry: CollectorRegistry) -> str:
+    server = metrics.serve(0, store=lambda: router.store, registry=registry, addr="127.0.0.1")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bytes(response.read()).decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_scrape_after_routing_counts_outcomes_turns_and_follow_ups(
+    metered: Router, registry: CollectorRegistry
+) -> None:
+    router = metered
+    team = router.create_team()
+    router.create_agent(team.id, role="UI Operator")
+    router.send(team.id, to="UI Operator_1", content="task 1")  # triggered_new_turn
+    router.send(team.id, to="UI Operator_1", content="task 2")  # coalesced
+    with pytest.raises(errors.UnknownAgentError):
+        router.send(team.id, to="Nobody_1", content="hello")  # rejected
+    turn = router.claim_turn(team.id, "UI Operator_1")
+    assert turn is not None
+    turn.drain()
+    router.send(team.id, to="UI Operator_1", content="steer")  # injected_inline
+    turn.append_assistant({"role": "assistant", "content": "done"})
+    assert turn.end().follow_up  # the steer is still pending: one follow-up
+
+    text = scrape(router, registry)
+    for line in (
+        'agent_router_messages_routed_total{outcome="triggered_new_turn"} 1.0',
+        'agent_router_messages_routed_total{outcome="coalesced"} 1.0',
+        'agent_router_messages_routed_total{outcome="injected_inline"} 1.0',
+        'agent_router_messages_routed_total{outcome="rejected"} 1.0',
+        'agent_router_turns_started_total{trigger="new"} 1.0',
+        'agent_router_turn_duration_seconds_count{status="ended"} 1.0',
+        "agent_router_follow_ups_total 1.0",
+        "agent_router_recoveries_total 0.0",
+        # Mailbox depth is read from the database: the steer waits for the follow-up turn.
+        'agent_router_mailbox_depth{agent_state="scheduled"} 1.0',
+    ):
+        assert line in text, line
+
+
+def test_a_failing_hook_never_fails_routing(settings: Settings) -> None:
+    class Broken(RouterHooks):
+        def after_route(self, team_id: int, sender: str, delivery: object) -> None:  # type: ignore[override]
+            raise RuntimeError("monitoring is down")
+
+        def after_claim(self, turn: Turn) -> None:
+            raise RuntimeError("monitoring is down")
+
+    router = Router(settings, publisher=RecordingPublisher(), hooks=Broken())
+    try:
+        team = router.create_team()
+        delivery = router.send(team.id, to="Team Leader", content="hi")
+        assert delivery.outcome.value == "triggered_new_turn"
+        assert router.claim_turn(team.id, "Team Leader") is not None
+    finally:
+        router.close()
