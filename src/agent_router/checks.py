@@ -94,7 +94,10 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
         else:
             report.pending += 1
             target = agents[m.target_agent_id]
-            if quiescent and m.wake and target.state is not AgentState.TERMINATED:
+            # A stopped agent rests `idle` with its mailbox kept: those messages wait for its
+            # next wake-up, they are not lost (any other idle agent is woken by a wake message).
+            kept = target.state in (AgentState.TERMINATED, AgentState.IDLE)
+            if quiescent and m.wake and not kept:
                 report.lost += 1
                 report.violations.append(
                     f"message {m.id} to {target.display_name} still pending with no turn to take it"

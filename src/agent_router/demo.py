@@ -591,6 +591,19 @@ def describe(event: LedgerEvent, messages: dict[int, Message]) -> str:
             f"turn task for epoch {event.epoch} refused: duplicate or stale "
             f"(current epoch {d.get('current_epoch')}, {d.get('state')})"
         )
+    if event.action is LedgerAction.ASK:
+        return f"? asks {d.get('target')} (question {d.get('question_id')}) and waits"
+    if event.action is LedgerAction.WAIT_OUTPUT:
+        return f"? waits for {d.get('target')}'s next output (question {d.get('question_id')})"
+    if event.action is LedgerAction.QUESTION_RESOLVED:
+        how = "a continuation turn resumes it" if d.get("suspended") else "the blocked call returns"
+        return f"! question {d.get('question_id')} resolved: {how}"
+    if event.action is LedgerAction.ASK_REFUSED:
+        return f"x ask to {d.get('target')} refused: {d.get('reason')} {d.get('cycle') or ''}"
+    if event.action is LedgerAction.STOP_REQUESTED:
+        return f"stop requested ({d.get('reason')}): stops at its next boundary"
+    if event.action is LedgerAction.STOPPED:
+        return f"stopped ({d.get('reason')}) -> idle, mailbox kept"
     if event.action is LedgerAction.AGENT_CREATED:
         return f"joined the team as {d.get('role')}"
     if event.action is LedgerAction.TEAM_CREATED:

@@ -41,7 +41,12 @@ def test_demo_json_reports_every_outcome_and_passes() -> None:
     agents = {r["agent"] for r in ledger}
     assert {"Team Leader", "UI Operator_1", "Full-Stack Engineer_1"} <= agents
     starts = [r for r in ledger if r["action"] == "turn_claimed"]
-    ends = [r for r in ledger if r["action"] == "turn_ended"]
+    # A turn ends with the hook (turn_ended) or by honouring a stop (stopped, with its turn id).
+    ends = [
+        r
+        for r in ledger
+        if r["action"] == "turn_ended" or (r["action"] == "stopped" and r["turn_id"])
+    ]
     assert len(starts) == len(ends) >= 5
     follow_ups = [r for r in ledger if r["action"] == "follow_up"]
     assert any(r["agent"] == "UI Operator_1" for r in follow_ups)

@@ -5,6 +5,7 @@ blocked ask suspends and its answer resumes it with a continuation turn."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -459,3 +460,41 @@ def test_wait_for_an_output_already_in_the_mailbox_returns_at_once(router: Route
     turn.append_assistant({"role": "assistant", "content": "ok"})
     turn.end()
     t.check()
+
+
+def test_a_turn_fenced_mid_batch_stops_without_running_the_rest(
+    database_url: str,
+) -> None:
+    settings = Settings(database_url=database_url, work_seconds=0, heartbeat_seconds=0.02)
+    router = Router(settings, publisher=RecordingPublisher())
+    ran: list[str] = []
+
+    def taken_over(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        # The worker looked dead: the sweeper fences this turn while the tool runs; the tool
+        # outlives a few beats of the heartbeat thread, which are refused.
+        ctx.router.take_over(ctx.turn.team_id, ctx.turn.display_name, reason="lease expired")
+        ran.append("first")
+        assert not ctx.turn.heartbeat()
+        time.sleep(0.1)
+        return "late"
+
+    def second(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        ran.append("second")
+        return "must not run"
+
+    tools = default_registry()
+    for name, fn in (("first", taken_over), ("second", second)):
+        tools.register(Tool(name=name, description=name, function=fn,
+                            parameters={"type": "object", "properties": {}}))  # fmt: skip
+    try:
+        t = Team(router, tools)
+        t.router.create_agent(t.id, role="Full-Stack Engineer")
+        t.models[ENG] = Calls([("first", {}), ("second", {})])
+        t.router.send(t.id, to=ENG, content="Go.", sender=LEAD, type=MessageType.TASK)
+        assert t.run(limit=1) == [(ENG, TurnOutcome.FENCED)]
+        assert ran == ["first"]
+        # The fenced turn wrote no result; the recovery turn closed the batch as interrupted.
+        entries = t.router.transcript(t.id, ENG)
+        assert [e["content"][:11] for e in entries if e["role"] == "tool"] == ["interrupted"] * 2
+    finally:
+        router.close()
