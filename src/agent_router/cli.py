@@ -733,6 +733,39 @@ def flower(
     celery.start(["flower", f"--port={port}", f"--address={address}", *ctx.args])
 
 
+@app.command()
+def chaos(
+    duration: Annotated[
+        float, typer.Option(help="Most seconds of chaos (kills) before the team settles.")
+    ] = 600.0,
+    sends: Annotated[int, typer.Option(help="Messages each of the 6 agents sends.")] = 180,
+    asks: Annotated[int, typer.Option(help="Asks each of the 6 agents makes.")] = 20,
+    admin_url: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_CHAOS_ADMIN_URL",
+            help="PostgreSQL URL allowed to create (and drop) the run's private database.",
+        ),
+    ] = "postgresql+psycopg://root@127.0.0.1:5432/test",
+) -> None:
+    """Kill workers, restart Redis and cut database connections while 6 scripted agents talk;
+    then check from the database that nothing was lost, duplicated or reordered.
+
+    Prints one summary line and exits non-zero if any bad count is not zero."""
+    from dataclasses import replace
+
+    from agent_router.chaos import LONG_PROFILE, run_chaos
+
+    profile = replace(LONG_PROFILE, duration=duration, sends_per_agent=sends, asks_per_agent=asks)
+    result = run_chaos(profile, admin_url=admin_url, log=lambda line: print(line, flush=True))
+    print(result.recovery_line())
+    print(f"questions={result.questions} open_questions={result.open_questions}")
+    for violation in result.report.violations[:20]:
+        print(f"violation: {violation}")
+    print(result.summary())
+    raise typer.Exit(0 if result.ok else 1)
+
+
 def main() -> None:
     app()
 

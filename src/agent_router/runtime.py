@@ -7,7 +7,10 @@ tests and a host call :func:`configure` to override any of it.
 
 from __future__ import annotations
 
+import enum
+import importlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from celery import Celery
@@ -16,11 +19,16 @@ from agent_router import metrics
 from agent_router.celery_app import CeleryPublisher, create_app
 from agent_router.domain import Agent
 from agent_router.hooks import HookChain, RouterHooks
+from agent_router.loop import run_turn
 from agent_router.model import Model, ModelFactory, ScriptedModel
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.task_events import TaskEventHooks
 from agent_router.tools import ToolRegistry, default_registry
+
+#: Runs one claimed turn to its end (the built-in loop, or a host's own loop over the turn API);
+#: returns its outcome (a ``StrEnum``), which becomes the task's result.
+TurnRunner = Callable[..., enum.StrEnum]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +37,7 @@ class Runtime:
     models: ModelFactory
     tools: ToolRegistry
     app: Celery
+    runner: TurnRunner = run_turn
 
 
 class _Slot:
@@ -88,12 +97,26 @@ def configure(
 
 
 def current(app: Celery | None = None) -> Runtime:
-    """The process's runtime, built from ``Settings()`` on first use. ``app`` (a task's own app)
-    is where turn tasks get published if the runtime has to be built now."""
+    """The process's runtime, built from ``Settings()`` on first use (by
+    ``Settings.runtime_factory`` when set). ``app`` (a task's own app) is where turn tasks get
+    published if the runtime has to be built now."""
     with _Slot.lock:
         if _Slot.runtime is None:
-            _Slot.runtime = _build(Settings(), app, None, None)
+            settings = Settings()
+            if settings.runtime_factory:
+                _Slot.runtime = _from_factory(settings.runtime_factory, settings, app)
+            else:
+                _Slot.runtime = _build(settings, app, None, None)
         return _Slot.runtime
+
+
+def _from_factory(spec: str, settings: Settings, app: Celery | None) -> Runtime:
+    module, _, name = spec.partition(":")
+    factory = getattr(importlib.import_module(module), name)
+    built = factory(settings, app or create_app(settings))
+    if not isinstance(built, Runtime):
+        raise TypeError(f"{spec} returned {type(built).__name__}, not a Runtime")
+    return built
 
 
 def reset() -> None:

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
         description="A background job's completion that wakes a resting agent starts its turn "
         "this much later, so that completions arriving meanwhile share that one turn.",
     )
+    runtime_factory: str | None = Field(
+        None,
+        description="`module:function` that builds a worker's runtime (called with the settings "
+        "and the Celery app; returns agent_router.runtime.Runtime): a host's own models, tools "
+        "or turn runner in the standalone `agent-router worker`. Unset: the built-in ones.",
+    )
     sqlite_busy_timeout_seconds: float = Field(
         30.0, gt=0, description="How long a SQLite writer waits for the write lock."
     )

@@ -250,12 +250,20 @@ class Store:
     ) -> AgentRow | None:
         stmt = sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.display_name == name)
         if lock:
-            stmt = stmt.with_for_update(key_share=True)
+            # See _lock_agent: the locked read must replace a stale, unlocked copy.
+            stmt = stmt.with_for_update(key_share=True).execution_options(populate_existing=True)
         return session.scalars(stmt).one_or_none()
 
     @staticmethod
     def _lock_agent(session: Session, agent_id: int) -> AgentRow | None:
-        stmt = sa.select(AgentRow).where(AgentRow.id == agent_id).with_for_update(key_share=True)
+        # populate_existing: a row this session read before taking the lock (a probe) would
+        # otherwise keep its stale state, and a transition would act on what it was, not is.
+        stmt = (
+            sa.select(AgentRow)
+            .where(AgentRow.id == agent_id)
+            .with_for_update(key_share=True)
+            .execution_options(populate_existing=True)
+        )
         return session.scalars(stmt).one_or_none()
 
     @staticmethod

@@ -14,7 +14,6 @@ from celery import Task, shared_task
 from agent_router import errors, runtime, task_events
 from agent_router.celery_app import CeleryPublisher, job_result_text
 from agent_router.constants import BACKGROUND_DONE, RUN_AGENT_TURN, SWEEP
-from agent_router.loop import run_turn
 from agent_router.sweeper import sweep as sweep_once
 
 logger = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epo
             extra={"action": "claim_refused", "agent_id": agent_id, "epoch": epoch},
         )
         return "refused"
-    return run_turn(rt.router, turn, models=rt.models, tools=rt.tools).value
+    return rt.runner(rt.router, turn, models=rt.models, tools=rt.tools).value
 
 
 @shared_task(bind=True, name=SWEEP, ignore_result=True)

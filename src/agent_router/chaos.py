@@ -1,0 +1,679 @@
+"""The chaos run: a scripted team talks under fire, then the database is checked.
+
+Six scripted agents (the lead and ``Chaos_1``..``Chaos_5``) send each other messages and asks
+(``turn.ask`` + ``turn.wait_for``; answers through ``router.send``) while the harness SIGKILLs a
+random worker every few seconds (and restarts it), restarts Redis once, and terminates the
+workers' PostgreSQL backends once. Then it lets the team settle, stops the workers with a warm
+shutdown, and checks guarantees 2-5 and 7 from the database (:func:`agent_router.checks`).
+
+The agents run on :func:`run_chaos_turn`, a host-style loop over the turn API whose every step
+is a pure function of the transcript, so a recovered turn carries on where the dead one stopped:
+each assistant message holds one tool call (``send``, ``ask`` or ``answer``), and sends carry a
+dedup key by index, so a redone send is never accepted twice. Workers load it through
+``Settings.runtime_factory = "agent_router.chaos:chaos_runtime"``.
+
+Everything runs on a private Redis (another port) and a private PostgreSQL database, so other
+users of the machine's services are not disturbed.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from celery import Celery
+
+from agent_router import errors, formats
+from agent_router.celery_app import CeleryPublisher, create_app
+from agent_router.checks import TeamReport, check_team
+from agent_router.domain import (
+    RESTING_STATES,
+    MessageType,
+    QuestionStatus,
+    TurnStatus,
+    TurnTrigger,
+    WaitOutcome,
+)
+from agent_router.model import ModelFactory
+from agent_router.router import Router
+from agent_router.runtime import Runtime, scripted_models
+from agent_router.settings import Settings
+from agent_router.tools import ToolRegistry, default_registry
+from agent_router.turn import Turn
+
+logger = logging.getLogger(__name__)
+
+ROLE = "Chaos"
+SUB_AGENTS = 5
+#: Most tool calls one turn makes before it ends, so that every agent gets turns.
+BURST = 4
+WORKER_APP_NAME = "ar-chaos-worker"
+TASK_PREFIX = "chaos sends="
+
+
+class ChaosOutcome(enum.StrEnum):
+    ENDED = "ended"
+    SUSPENDED = "suspended"
+    FENCED = "fenced"
+    FAILED = "failed"
+
+
+# ---------------------------------------------------------------------- the scripted agents
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Action:
+    tool: str  # send | ask | answer
+    args: dict[str, Any]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _envelope(entry: dict[str, Any]) -> formats.Envelope | None:
+    try:
+        return formats.parse(str(entry["payload"].get("content") or ""))
+    except ValueError:
+        return None
+
+
+def next_action(name: str, peers: list[str], entries: list[dict[str, Any]]) -> _Action | None:
+    """What the agent does next, from its transcript alone."""
+    sends_quota = asks_quota = 0
+    asks_to_me: list[tuple[int, str]] = []
+    answered: set[int] = set()
+    sends = asks = 0
+    # An answer whose call was interrupted (its worker died) may never have been sent: redo it.
+    interrupted = {
+        e["payload"].get("tool_call_id")
+        for e in entries
+        if e["payload"].get("role") == "tool"
+        and str(e["payload"].get("content") or "").startswith("interrupted")
+    }
+    for entry in entries:
+        payload = entry["payload"]
+        if payload.get("role") in ("user", "tool"):
+            # An ask can also arrive as the result of this agent's own blocked ask (any wake
+            # message resolves a waiter): it must be answered all the same.
+            env = _envelope(entry)
+            if env is None:
+                continue
+            if env.type is MessageType.TASK and env.content.startswith(TASK_PREFIX):
+                parts = dict(p.split("=", 1) for p in env.content.split()[1:])
+                sends_quota, asks_quota = int(parts["sends"]), int(parts["asks"])
+            elif env.type is MessageType.ASK and env.question_id is not None:
+                asks_to_me.append((env.question_id, env.sender))
+        elif payload.get("role") == "assistant":
+            for call in payload.get("tool_calls") or []:
+                tool = call["function"]["name"]
+                if tool == "send":
+                    sends += 1
+                elif tool == "ask":
+                    asks += 1
+                elif tool == "answer" and call["id"] not in interrupted:
+                    answered.add(int(json.loads(call["function"]["arguments"])["question_id"]))
+    for question_id, asker in asks_to_me:
+        if question_id not in answered:
+            return _Action(tool="answer", args={"question_id": question_id, "to": asker})
+    me = sum(map(ord, name))
+    if asks < asks_quota and asks * sends_quota <= sends * asks_quota:
+        target = peers[(me + 3 * asks + 1) % len(peers)]
+        return _Action(tool="ask", args={"to": target, "n": asks})
+    if sends < sends_quota:
+        return _Action(tool="send", args={"to": peers[(me + sends) % len(peers)], "n": sends})
+    return None
+
+
+class _Heartbeat:
+    def __init__(self, turn: Turn, interval: float) -> None:
+        self._turn = turn
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            with suppress(errors.AgentRouterError):
+                if not self._turn.heartbeat():
+                    return
+
+
+def run_chaos_turn(
+    router: Router, turn: Turn, *, models: ModelFactory, tools: ToolRegistry
+) -> ChaosOutcome:
+    """One turn of a scripted chaos agent (``models`` and ``tools`` are not used)."""
+    del models, tools
+    with _Heartbeat(turn, router.settings.heartbeat_seconds):
+        try:
+            return _chaos_steps(router, turn)
+        except errors.StaleTurnError:
+            return ChaosOutcome.FENCED
+        except Exception as exc:
+            logger.warning("chaos turn failed: %r", exc, extra={"action": "chaos_turn_failed"})
+            try:
+                turn.end(failed=True, error=repr(exc)[:500])
+            except errors.AgentRouterError:
+                return ChaosOutcome.FENCED  # the lease will recover it
+            return ChaosOutcome.FAILED
+
+
+def _chaos_steps(router: Router, turn: Turn) -> ChaosOutcome:
+    peers = [a.display_name for a in router.agents(turn.team_id) if a.id != turn.agent_id]
+    for _step in range(BURST):
+        while turn.drain():
+            pass
+        entries = router.store.transcript_entries(turn.agent_id)
+        action = next_action(turn.display_name, peers, entries)
+        if action is None:
+            break
+        call_id = f"call_{len(entries)}"
+        turn.append_assistant(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": action.tool, "arguments": json.dumps(action.args)},
+                    }
+                ],
+            }
+        )
+        if action.tool == "ask":
+            try:
+                question = turn.ask(
+                    action.args["to"],
+                    f"{turn.display_name} asks #{action.args['n']}: status?",
+                    tool_call_id=call_id,
+                )
+            except errors.AskRefusedError as exc:
+                turn.append_tool_result(call_id, f"refused: {exc}")
+                continue
+            if turn.wait_for(question) is WaitOutcome.SUSPENDED:
+                return ChaosOutcome.SUSPENDED
+            continue  # the answer is the tool result, written by the router
+        turn.append_tool_result(call_id, _act(router, turn, action))
+    # No drain here: whatever arrived since the last one (an ask, say) stays pending, and the
+    # end-of-turn hook fires the follow-up turn that handles it.
+    turn.append_assistant({"role": "assistant", "content": "chaos: done for now"})
+    turn.end()
+    return ChaosOutcome.ENDED
+
+
+def _act(router: Router, turn: Turn, action: _Action) -> str:
+    try:
+        if action.tool == "answer":
+            qid = int(action.args["question_id"])
+            router.send(
+                turn.team_id,
+                to=action.args["to"],
+                content=f"{turn.display_name} answers question {qid}",
+                sender=turn.display_name,
+                type=MessageType.ANSWER,
+                question_id=qid,
+                dedup_key=f"answer:{qid}",
+            )
+            return "answered"
+        router.send(
+            turn.team_id,
+            to=action.args["to"],
+            content=f"{turn.display_name} message #{action.args['n']}",
+            sender=turn.display_name,
+            type=MessageType.MESSAGE,
+            dedup_key=f"chaos:{turn.display_name}:{action.args['n']}",
+        )
+        return "sent"
+    except errors.RefusedError as exc:  # e.g. the question expired meanwhile
+        return f"refused: {exc}"
+
+
+def chaos_runtime(settings: Settings, app: Celery) -> Runtime:
+    """``Settings.runtime_factory`` of the chaos workers."""
+    return Runtime(
+        router=Router(settings, publisher=CeleryPublisher(app)),
+        models=scripted_models(settings),
+        tools=default_registry(),
+        app=app,
+        runner=run_chaos_turn,
+    )
+
+
+# ---------------------------------------------------------------------- the harness
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    sends_per_agent: int
+    asks_per_agent: int
+    duration: float  # most seconds of chaos before it stops killing and lets the team settle
+    kill_every: tuple[float, float] = (3.0, 6.0)
+    lease_seconds: float = 3.0
+    heartbeat_seconds: float = 1.0
+    sweep_seconds: float = 1.0
+    ask_block_seconds: float = 2.0
+    concurrency: int = 4
+    settle_seconds: float = 120.0
+    seed: int = 6
+
+
+#: CI: fits in about two minutes on two shared cores.
+CI_PROFILE = Profile(sends_per_agent=50, asks_per_agent=10, duration=90.0, settle_seconds=45.0)
+#: ``agent-router chaos --duration 600``: at least 1,000 messages and 100 asks.
+LONG_PROFILE = Profile(sends_per_agent=180, asks_per_agent=20, duration=600.0)
+
+
+@dataclass(kw_only=True)
+class ChaosResult:
+    report: TeamReport
+    questions: int = 0
+    open_questions: int = 0
+    recovered_turns: int = 0
+    kills: int = 0
+    recovery_seconds: list[float] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and not self.open_questions
+
+    def summary(self) -> str:
+        r = self.report
+        return (
+            f"messages={r.messages} delivered={r.delivered} lost={r.lost} "
+            f"duplicated={r.duplicated} reordered={r.reordered} "
+            f"overlapping_turns={r.overlapping_turns} dangling_tool_calls={r.dangling_tool_calls} "
+            f"recovered_turns={self.recovered_turns}"
+        )
+
+    def recovery_line(self) -> str:
+        times = self.recovery_seconds
+        if not times:
+            return f"recovery: kills={self.kills} no turn was recovered from a kill"
+        return (
+            f"recovery: kills={self.kills} recovered={len(times)} "
+            f"median={statistics.median(times):.2f}s max={max(times):.2f}s"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Redis:
+    """A private redis-server on its own port (no persistence: a restart loses everything)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = _free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        import redis
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with suppress(redis.RedisError):
+                if redis.Redis(port=self.port).ping():
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("private redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@contextmanager
+def _database(admin_url: str) -> Iterator[str]:
+    name = f"ar_chaos_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+class _Workers:
+    def __init__(self, env: dict[str, str], concurrency: int, logdir: Path) -> None:
+        self.env = env
+        self.concurrency = concurrency
+        self.logdir = logdir
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.exe = str(Path(sys.executable).parent / "agent-router")
+
+    def start(self, i: int) -> None:
+        log = (self.logdir / f"worker{i}.log").open("ab")
+        self.procs[i] = subprocess.Popen(
+            [
+                self.exe,
+                "worker",
+                f"--concurrency={self.concurrency}",
+                "--loglevel=WARNING",
+                f"--hostname=chaos{i}-{uuid.uuid4().hex[:4]}@localhost",
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self, i: int) -> None:
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait()
+
+    def stop_all(self, timeout: float = 60.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # warm shutdown: running turns finish first
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def run_chaos(
+    profile: Profile,
+    *,
+    admin_url: str = "postgresql+psycopg://root@127.0.0.1:5432/test",
+    log: Any = print,
+) -> ChaosResult:
+    """Run the chaos scenario on a private Redis and PostgreSQL database; returns the checks."""
+    rng = random.Random(profile.seed)
+    with (
+        tempfile.TemporaryDirectory(prefix="agent-router-chaos-") as tmp,
+        _database(admin_url) as dbname,
+    ):
+        workdir = Path(tmp)
+        redis_server = _Redis(workdir)
+        redis_server.start()
+        base = admin_url.rsplit("/", 1)[0] + "/" + dbname
+        common: dict[str, Any] = {
+            "broker_url": redis_server.url,
+            "redis_url": redis_server.url,
+            "queue": f"agent_router.chaos.{uuid.uuid4().hex[:8]}",
+            "lease_seconds": profile.lease_seconds,
+            "heartbeat_seconds": profile.heartbeat_seconds,
+            "sweep_seconds": profile.sweep_seconds,
+            "ask_block_seconds": profile.ask_block_seconds,
+            "wake_recheck_seconds": 0.5,
+            "question_timeout_seconds": 600.0,
+            "pool_size": 4,
+        }
+        settings = Settings(database_url=base, **common)
+        router = Router(settings, publisher=CeleryPublisher(create_app(settings)))
+        beat: subprocess.Popen[bytes] | None = None
+        workers: _Workers | None = None
+        try:
+            router.create_schema()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+            env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in common.items()})
+            env["AGENT_ROUTER_DATABASE_URL"] = f"{base}?application_name={WORKER_APP_NAME}"
+            env["AGENT_ROUTER_RUNTIME_FACTORY"] = "agent_router.chaos:chaos_runtime"
+            workers = _Workers(env, profile.concurrency, workdir)
+            for i in range(3):
+                workers.start(i)
+            beat = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "celery"),
+                    "-A",
+                    "agent_router.celery_app",
+                    "beat",
+                    "--loglevel=WARNING",
+                    "-s",
+                    str(workdir / "beat-schedule"),
+                ],
+                env=env,
+                stdout=(workdir / "beat.log").open("ab"),
+                stderr=subprocess.STDOUT,
+            )
+            team = router.create_team()
+            for _ in range(SUB_AGENTS):
+                router.create_agent(team.id, role=ROLE)
+            names = [a.display_name for a in router.agents(team.id)]
+            task = f"{TASK_PREFIX}{profile.sends_per_agent} asks={profile.asks_per_agent}"
+            for name in names:
+                router.send(team.id, to=name, content=task, type=MessageType.TASK)
+            result = _chaos_loop(router, team.id, names, profile, workers, redis_server, rng, log)
+            _settle(router, team.id, names, profile, log)
+            workers.stop_all()
+            workers = None
+            _check(router, team.id, result)
+            return result
+        finally:
+            if workers is not None:
+                for proc in workers.procs.values():
+                    proc.kill()
+                    proc.wait()
+            if beat is not None:
+                beat.terminate()
+                beat.wait(30)
+            router.close()
+            redis_server.stop()
+
+
+def _sent(router: Router, team_id: int) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for m in router.messages(team_id):
+        if m.dedup_key and m.dedup_key.startswith("chaos:"):
+            counts[m.source_name] = counts.get(m.source_name, 0) + 1
+    return counts
+
+
+def _done(router: Router, team_id: int, names: list[str], profile: Profile) -> bool:
+    sent = _sent(router, team_id)
+    return all(sent.get(n, 0) >= profile.sends_per_agent for n in names)
+
+
+def _kick(router: Router, team_id: int, names: list[str], profile: Profile) -> None:
+    """Wake resting agents that still have messages to send (nobody else may wake them)."""
+    sent = _sent(router, team_id)
+    for agent in router.agents(team_id):
+        if agent.state in RESTING_STATES and sent.get(agent.display_name, 0) < (
+            profile.sends_per_agent
+        ):
+            router.send(team_id, to=agent.display_name, content="chaos kick")
+
+
+def _chaos_loop(  # noqa: PLR0917 - one private call site
+    router: Router,
+    team_id: int,
+    names: list[str],
+    profile: Profile,
+    workers: _Workers,
+    redis_server: _Redis,
+    rng: random.Random,
+    log: Any,
+) -> ChaosResult:
+    result = ChaosResult(report=TeamReport())
+    started = time.monotonic()
+    next_kill = started + rng.uniform(*profile.kill_every)
+    redis_at = started + min(20.0, profile.duration * 0.3)
+    pg_at = started + min(35.0, profile.duration * 0.5)
+    kills: list[datetime] = []
+    next_kick = started + 2.0
+    while time.monotonic() - started < profile.duration:
+        now = time.monotonic()
+        if now >= next_kill:
+            victim = rng.randrange(3)
+            kills.append(_now())
+            workers.kill(victim)
+            workers.start(victim)
+            result.events.append(f"{now - started:6.1f}s SIGKILL worker {victim} (restarted)")
+            next_kill = now + rng.uniform(*profile.kill_every)
+        if redis_at and now >= redis_at:
+            redis_server.stop()
+            time.sleep(1.0)
+            redis_server.start()
+            result.events.append(f"{now - started:6.1f}s Redis restarted")
+            redis_at = 0.0
+        if pg_at and now >= pg_at:
+            n = _terminate_backends(router)
+            result.events.append(f"{now - started:6.1f}s terminated {n} worker PostgreSQL backends")
+            pg_at = 0.0
+        if now >= next_kick:
+            with suppress(errors.AgentRouterError):
+                if _done(router, team_id, names, profile) and not redis_at and not pg_at:
+                    break
+                _kick(router, team_id, names, profile)
+            next_kick = now + 2.0
+        time.sleep(0.2)
+    for line in result.events:
+        log(line)
+    result.kills = len(kills)
+    result.recovery_seconds = _recovery_times(router, team_id, kills)
+    return result
+
+
+def _terminate_backends(router: Router) -> int:
+    url = router.settings.database_url
+    dbname = url.rsplit("/", 1)[1].split("?")[0]
+    with router.store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :db AND application_name = :app"
+            ),
+            {"db": dbname, "app": WORKER_APP_NAME},
+        ).all()
+        conn.commit()
+    return len(rows)
+
+
+def _settle(router: Router, team_id: int, names: list[str], profile: Profile, log: Any) -> None:
+    deadline = time.monotonic() + profile.settle_seconds
+    while time.monotonic() < deadline:
+        with suppress(errors.AgentRouterError):
+            _kick(router, team_id, names, profile)
+            agents = router.agents(team_id)
+            open_q = _open_questions(router, team_id)
+            if all(a.state in RESTING_STATES for a in agents) and not open_q:
+                return
+        time.sleep(1.0)
+    for line in _open_question_report(router, team_id):
+        log(line)
+    log("the team did not settle in time: " + ", ".join(
+        f"{a.display_name}={a.state.value}" for a in router.agents(team_id)))  # fmt: skip
+
+
+def _open_question_report(router: Router, team_id: int) -> list[str]:
+    """Why a question is still open: who asked whom, and where its ask message went."""
+    from agent_router.models import MessageRow, QuestionRow
+
+    lines = []
+    with router.store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                QuestionRow.id,
+                QuestionRow.asker_agent_id,
+                QuestionRow.target_agent_id,
+                QuestionRow.waiting,
+                MessageRow.status,
+                MessageRow.outcome,
+                MessageRow.target_agent_id,
+            )
+            .join(MessageRow, MessageRow.question_id == QuestionRow.id, isouter=True)
+            .where(QuestionRow.team_id == team_id, QuestionRow.status == QuestionStatus.OPEN)
+        ).all()
+    for row in rows:
+        lines.append("open question " + " ".join(str(v) for v in row))
+    return lines
+
+
+def _questions(router: Router, team_id: int) -> list[QuestionStatus]:
+    from agent_router.models import QuestionRow
+
+    with router.store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(QuestionRow.status).where(QuestionRow.team_id == team_id)
+        ).all()
+    return [QuestionStatus(r[0]) for r in rows]
+
+
+def _open_questions(router: Router, team_id: int) -> int:
+    return sum(1 for s in _questions(router, team_id) if s is QuestionStatus.OPEN)
+
+
+def _recovery_times(router: Router, team_id: int, kills: list[datetime]) -> list[float]:
+    """For each turn fenced after a kill and followed by a recovery turn: kill -> running."""
+    times: list[float] = []
+    for agent in router.agents(team_id):
+        turns = router.store.turns(agent.id)
+        for dead, nxt in itertools.pairwise(turns):
+            if dead.status is not TurnStatus.FENCED or nxt.trigger is not TurnTrigger.RECOVERY:
+                continue
+            before = [k for k in kills if dead.started_at <= k <= (dead.ended_at or k)]
+            if before:
+                times.append((nxt.started_at - before[-1]) / timedelta(seconds=1))
+    return times
+
+
+def _check(router: Router, team_id: int, result: ChaosResult) -> None:
+    result.report = check_team(router, team_id, quiescent=True)
+    statuses = _questions(router, team_id)
+    result.questions = len(statuses)
+    result.open_questions = sum(1 for s in statuses if s is QuestionStatus.OPEN)
+    result.recovered_turns = sum(
+        1
+        for a in router.agents(team_id)
+        for t in router.store.turns(a.id)
+        if t.trigger is TurnTrigger.RECOVERY
+    )
