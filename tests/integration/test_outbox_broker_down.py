@@ -1,0 +1,112 @@
+"""With the broker stopped, sends still succeed (they are durable in the database); once it is
+back, the sweeper publishes what could not be, and every scheduled turn runs. The broker is a
+private redis-server on its own port, so other tests' Redis is not disturbed."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+
+from agent_router import MessageStatus, RouteOutcome, Settings, runtime
+from agent_router.celery_app import create_app
+from agent_router.checks import check_team
+from agent_router.demo import wait_quiescent
+
+TIMEOUT = 60.0
+
+
+class PrivateRedis:
+    def __init__(self, workdir: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if redis.Redis(port=self.port).ping():
+                    return
+            except redis.RedisError:
+                time.sleep(0.05)
+        pytest.fail("private redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_sends_survive_a_stopped_broker_and_turns_run_once_it_is_back(
+    pg_schema_url: str, private_redis: PrivateRedis
+) -> None:
+    settings = Settings(
+        database_url=pg_schema_url,
+        broker_url=private_redis.url,
+        queue=f"agent_router.test.{uuid.uuid4().hex[:10]}",
+        sweep_seconds=0.5,
+        work_seconds=0.05,
+        scripted_write_seconds=0.0,
+    )
+    app = create_app(settings)
+    # A broker that is down fails a publish after one short retry instead of blocking sends.
+    app.conf.task_publish_retry_policy = {"max_retries": 1, "interval_start": 0.1}
+    rt = runtime.configure(settings, app=app)
+    router = rt.router
+    try:
+        team = router.create_team()
+        subs = [router.create_agent(team.id, role="Full-Stack Engineer") for _ in "ab"]
+        names = [a.display_name for a in subs]
+        private_redis.stop()
+        deliveries = [
+            router.send(team.id, to=name, content=f"task {i} while the broker is down")
+            for i, name in enumerate([*names, team.lead.display_name])
+        ]
+        assert all(d.outcome is RouteOutcome.TRIGGERED_NEW_TURN for d in deliveries)
+        ids = {a.id for a in subs} | {team.lead.id}
+        assert len([e for e in router.store.unpublished() if e.agent_id in ids]) == 3
+        private_redis.start()
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=4,
+            perform_ping_check=False,
+            shutdown_timeout=60.0,
+            queues=[settings.queue],
+        ):
+            time.sleep(settings.sweep_seconds)
+            assert router.sweep().republished >= 3
+            wait_quiescent(router, team.id, timeout=TIMEOUT)
+        messages = {m.id: m for m in router.messages(team.id)}
+        assert all(messages[d.message_id].status is MessageStatus.DELIVERED for d in deliveries)
+        assert check_team(router, team.id, quiescent=True).ok
+    finally:
+        runtime.reset()
