@@ -39,10 +39,23 @@ def scrape(router: Router, registry: CollectorRegistry) -> str:
         server.server_close()
 
 
+def sample(text: str, name: str) -> float:
+    """The value of one sample line, 0 when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+SCHEDULED_DEPTH = 'agent_router_mailbox_depth{agent_state="scheduled"}'
+
+
 def test_scrape_after_routing_counts_outcomes_turns_and_follow_ups(
     metered: Router, registry: CollectorRegistry
 ) -> None:
     router = metered
+    # Gauges read from the database cover every team in it (PostgreSQL is shared by the tests).
+    depth_before = sample(scrape(router, registry), SCHEDULED_DEPTH)
     team = router.create_team()
     router.create_agent(team.id, role="UI Operator")
     router.send(team.id, to="UI Operator_1", content="task 1")  # triggered_new_turn
@@ -66,10 +79,10 @@ def test_scrape_after_routing_counts_outcomes_turns_and_follow_ups(
         'agent_router_turn_duration_seconds_count{status="ended"} 1.0',
         "agent_router_follow_ups_total 1.0",
         "agent_router_recoveries_total 0.0",
-        # Mailbox depth is read from the database: the steer waits for the follow-up turn.
-        'agent_router_mailbox_depth{agent_state="scheduled"} 1.0',
     ):
         assert line in text, line
+    # Mailbox depth is read from the database: the steer waits for the follow-up turn.
+    assert sample(text, SCHEDULED_DEPTH) == depth_before + 1
 
 
 def test_a_failing_hook_never_fails_routing(settings: Settings) -> None:
