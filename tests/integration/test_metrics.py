@@ -5,7 +5,8 @@ A private registry per test, so counts start at zero; the Router reports through
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -28,12 +29,18 @@ def metered(settings: Settings, registry: CollectorRegistry) -> Iterator[Router]
     r.close()
 
 
-def scrape(router: Router, registry: CollectorRegistry) -> str:
+@contextmanager
+def served(router: Router, registry: CollectorRegistry) -> Iterator[Callable[[], str]]:
+    """The metrics endpoint, served once; yields a function that scrapes it over HTTP."""
     server = metrics.serve(0, store=lambda: router.store, registry=registry, addr="127.0.0.1")
-    try:
+
+    def scrape() -> str:
         url = f"http://127.0.0.1:{server.server_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             return bytes(response.read()).decode()
+
+    try:
+        yield scrape
     finally:
         server.shutdown()
         server.server_close()
@@ -50,12 +57,7 @@ def sample(text: str, name: str) -> float:
 SCHEDULED_DEPTH = 'agent_router_mailbox_depth{agent_state="scheduled"}'
 
 
-def test_scrape_after_routing_counts_outcomes_turns_and_follow_ups(
-    metered: Router, registry: CollectorRegistry
-) -> None:
-    router = metered
-    # Gauges read from the database cover every team in it (PostgreSQL is shared by the tests).
-    depth_before = sample(scrape(router, registry), SCHEDULED_DEPTH)
+def routed_and_ended(router: Router) -> None:
     team = router.create_team()
     router.create_agent(team.id, role="UI Operator")
     router.send(team.id, to="UI Operator_1", content="task 1")  # triggered_new_turn
@@ -69,7 +71,16 @@ def test_scrape_after_routing_counts_outcomes_turns_and_follow_ups(
     turn.append_assistant({"role": "assistant", "content": "done"})
     assert turn.end().follow_up  # the steer is still pending: one follow-up
 
-    text = scrape(router, registry)
+
+def test_scrape_after_routing_counts_outcomes_turns_and_follow_ups(
+    metered: Router, registry: CollectorRegistry
+) -> None:
+    router = metered
+    with served(router, registry) as scrape:
+        # Gauges read from the database cover every team in it (PostgreSQL is shared by tests).
+        depth_before = sample(scrape(), SCHEDULED_DEPTH)
+        routed_and_ended(router)
+        text = scrape()
     for line in (
         'agent_router_messages_routed_total{outcome="triggered_new_turn"} 1.0',
         'agent_router_messages_routed_total{outcome="coalesced"} 1.0',
