@@ -734,6 +734,46 @@ def flower(
 
 
 @app.command()
+@_one_line_errors
+def bench(
+    postgres_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_BENCH_POSTGRES_URL",
+            help="PostgreSQL for the production figures (its tables are created). "
+            "Without it (or --redis-url) only the embedded default is measured.",
+        ),
+    ] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(envvar="AGENT_ROUTER_BENCH_REDIS_URL", help="Redis: broker and wake keys."),
+    ] = None,
+    samples: Annotated[int, typer.Option(help="Samples per latency figure.")] = 200,
+    queued: Annotated[int, typer.Option(help="Messages queued for the drain figures.")] = 100_000,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="A JSON list, one object per row.")
+    ] = False,
+) -> None:
+    """Measure routing, wake, turn start, throughput, burst and drain figures, each beside the
+    floor of this machine measured in the same run (see docs/benchmarks.md)."""
+    import logging
+    import tempfile
+
+    from agent_router import bench as bench_mod
+
+    logging.getLogger("celery").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = bench_mod.run(
+            postgres_url=postgres_url,
+            redis_url=redis_url,
+            sqlite_path=f"{tmp}/bench.db",
+            samples=samples,
+            queued=queued,
+        )
+    print(bench_mod.to_json(rows) if as_json else bench_mod.render(rows))
+
+
+@app.command()
 def chaos(
     duration: Annotated[
         float, typer.Option(help="Most seconds of chaos (kills) before the team settles.")
