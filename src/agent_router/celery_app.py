@@ -59,6 +59,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": transport_options,
         # Our tasks go to our queue, whatever the host's default queue is.
         "task_routes": {"agent_router.*": {"queue": settings.queue}},
+        # A publish to a broker that is down fails fast instead of stalling `send()`: the turn
+        # task is in the outbox (committed), and the sweeper publishes it once the broker is back.
+        "task_publish_retry_policy": {
+            "max_retries": 1,
+            "interval_start": 0.1,
+            "interval_step": 0.2,
+            "interval_max": 0.2,
+        },
+        "broker_connection_timeout": 2.0,
         # A worker that starts before the broker keeps retrying instead of exiting.
         "broker_connection_retry_on_startup": True,
         # On a lost broker connection keep running turns: their messages are redelivered, and
@@ -148,6 +157,10 @@ class CeleryPublisher:
                 RUN_AGENT_TURN,
                 args=(entry.agent_id, entry.epoch),
                 countdown=float(countdown) if countdown else None,
+                # send_task by name cannot see the task's ignore_result; without this the Redis
+                # result backend subscribes to a result channel per send (and stalls sends while
+                # Redis is down), for a task whose outcome lives in the database.
+                ignore_result=True,
                 # What Flower and `celery events` show for the task instead of "(12, 3)".
                 argsrepr=turn_label(entry),
                 kwargsrepr="{}",
