@@ -525,7 +525,16 @@ class Store:
         )
 
     def _route(self, session: Session, req: SendRequest, effects: Effects) -> Delivery:
-        target = self._agent_by_name(session, req.team_id, req.to, lock=True)
+        # One statement locks the target, takes its next sequence number and reads its state
+        # (UPDATE ... RETURNING: the row lock of an UPDATE that changes no key column is the
+        # same FOR NO KEY UPDATE lock). A refusal rolls the increment back with everything else.
+        target = session.scalars(
+            sa.update(AgentRow)
+            .where(AgentRow.team_id == req.team_id, AgentRow.display_name == req.to)
+            .values(next_seq=AgentRow.next_seq + 1)
+            .returning(AgentRow)
+            .execution_options(populate_existing=True, synchronize_session=False)
+        ).one_or_none()
         if target is None:
             self._team(session, req.team_id)  # an unknown team says so, not "unknown agent"
         source = self._resolve_sender(session, req)
@@ -550,6 +559,7 @@ class Store:
                 )
             ).one_or_none()
             if first is not None:
+                target.next_seq -= 1  # no new message: give the number back
                 self._ledger(
                     session,
                     LedgerAction.DUPLICATE_SEND,
@@ -579,10 +589,21 @@ class Store:
             else None
         )
         resolves = waiting_on is not None and _resolves(waiting_on, req, source, answered)
+        # Decided from the state before anything changes, so the row is inserted once, final.
+        if resolves:
+            outcome = RouteOutcome.RESOLVED
+        elif target.state in (AgentState.RUNNING, AgentState.WAITING):
+            outcome = RouteOutcome.INJECTED_INLINE
+        elif target.state is AgentState.SCHEDULED:
+            outcome = RouteOutcome.COALESCED
+        elif req.wake:  # resting
+            outcome = RouteOutcome.TRIGGERED_NEW_TURN
+        else:
+            outcome = RouteOutcome.QUEUED
 
         msg = MessageRow(
             team_id=req.team_id,
-            seq=target.next_seq,
+            seq=target.next_seq - 1,
             source_name=req.sender,
             source_agent_id=source.id if source else None,
             target_agent_id=target.id,
@@ -592,10 +613,9 @@ class Store:
             question_id=req.question_id,
             wake=req.wake,
             dedup_key=req.dedup_key,
-            outcome=RouteOutcome.QUEUED,
+            outcome=outcome,
             status=MessageStatus.PENDING,
         )
-        target.next_seq += 1
         session.add(msg)
         session.flush()
 
@@ -606,23 +626,14 @@ class Store:
 
         if resolves:
             assert waiting_on is not None
-            outcome = RouteOutcome.RESOLVED
             if waiting_on.kind is QuestionKind.OUTPUT:
                 # The output is consumed by the wait: it is this wait's answer, delivered once.
                 waiting_on.status = QuestionStatus.ANSWERED
                 waiting_on.answer_message_id = msg.id
                 waiting_on.closed_at = utcnow()
             self._resolve_waiter(session, target, waiting_on, msg, effects)
-        elif target.state in (AgentState.RUNNING, AgentState.WAITING):
-            outcome = RouteOutcome.INJECTED_INLINE
-        elif target.state is AgentState.SCHEDULED:
-            outcome = RouteOutcome.COALESCED
-        elif req.wake:  # resting
-            outcome = RouteOutcome.TRIGGERED_NEW_TURN
+        elif outcome is RouteOutcome.TRIGGERED_NEW_TURN:
             self._schedule(session, target, TurnTrigger.NEW, effects)
-        else:
-            outcome = RouteOutcome.QUEUED
-        msg.outcome = outcome
         self._ledger(
             session,
             LedgerAction.ROUTE,
