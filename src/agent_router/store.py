@@ -1372,6 +1372,57 @@ class Store:
 
     # ------------------------------------------------------------------ asks
 
+    def _open_wait_edge(
+        self,
+        session: Session,
+        turn: TurnRecord,
+        target: str,
+        tool_call_id: str,
+        *,
+        operation: str,
+        verb: str,
+        kind: QuestionKind | None = None,
+    ) -> tuple[AgentRow, AgentRow]:
+        """The checks before a new waits-for edge (an ask, or a wait for an output), under the
+        team lock that serializes edge creation, then both agents' locks by id. Refused (a
+        ledger event, no wait) for an unknown, terminated or same target, a tool call that is not
+        open, or an edge that would close a cycle. Returns the locked (waiter, target) rows."""
+        probe = session.get(AgentRow, turn.agent_id)
+        if probe is None:
+            raise errors.UnknownAgentError(f"no agent with id {turn.agent_id}")
+        team_id = probe.team_id
+        self._team(session, team_id, lock=True)
+        target_row = self._agent_by_name(session, team_id, target)
+
+        def refuse(reason: str, message: str, cycle: list[str] | None = None) -> _Refused:
+            return _wait_refusal(turn, team_id, target, reason, message, cycle=cycle, kind=kind)
+
+        if target_row is None:
+            raise refuse("unknown_target", f"no agent {target!r} in this team")
+        for agent_id in sorted({turn.agent_id, target_row.id}):
+            self._lock_agent(session, agent_id)
+        waiter, _row = self._fenced(session, turn, operation)
+        if target_row.id == waiter.id:
+            what = "ask itself" if verb == "ask" else "wait for its own output"
+            raise refuse("self", f"an agent cannot {what}")
+        if target_row.state is AgentState.TERMINATED:
+            raise refuse("terminated", f"{target!r} is terminated")
+        if tool_call_id not in self._open_tool_calls(session, waiter.id):
+            raise _Refused(
+                errors.InvalidTranscriptEntryError(
+                    f"{tool_call_id!r} is not an open tool call of the last assistant message"
+                ),
+                LedgerAction.ASK_REFUSED,
+                team_id=team_id,
+                agent_id=waiter.id,
+                turn_id=turn.id,
+                reason="bad_tool_call_id",
+            )
+        cycle = self._cycle_through(session, waiter, target_row)
+        if cycle:
+            raise refuse("cycle", f"this {verb} would deadlock: " + " -> ".join(cycle), cycle=cycle)
+        return waiter, target_row
+
     def ask(
         self,
         turn: TurnRecord,
@@ -1388,55 +1439,15 @@ class Store:
         agent, or would close a cycle in the team's waits-for graph."""
         effects = Effects()
         with self._tx() as session:
-            asker_probe = session.get(AgentRow, turn.agent_id)
-            if asker_probe is None:
-                raise errors.UnknownAgentError(f"no agent with id {turn.agent_id}")
-            team_id = asker_probe.team_id
-            # Canonical order: team (serializes wait-edge creation), then agents by id.
-            self._team(session, team_id, lock=True)
-            target_probe = self._agent_by_name(session, team_id, target)
-
-            def refuse(reason: str, message: str, cycle: list[str] | None = None) -> _Refused:
-                return _Refused(
-                    errors.AskRefusedError(message, cycle=cycle),
-                    LedgerAction.ASK_REFUSED,
-                    team_id=team_id,
-                    agent_id=turn.agent_id,
-                    turn_id=turn.id,
-                    epoch=turn.epoch,
-                    reason=reason,
-                    target=target,
-                    cycle=cycle or [],
-                )
-
-            if target_probe is None:
-                raise refuse("unknown_target", f"no agent {target!r} in this team")
-            for agent_id in sorted({turn.agent_id, target_probe.id}):
-                self._lock_agent(session, agent_id)
-            asker, _row = self._fenced(session, turn, "ask")
-            if target_probe.id == asker.id:
-                raise refuse("self", "an agent cannot ask itself")
-            if target_probe.state is AgentState.TERMINATED:
-                raise refuse("terminated", f"{target!r} is terminated")
-            if tool_call_id not in self._open_tool_calls(session, asker.id):
-                raise _Refused(
-                    errors.InvalidTranscriptEntryError(
-                        f"{tool_call_id!r} is not an open tool call of the last assistant message"
-                    ),
-                    LedgerAction.ASK_REFUSED,
-                    team_id=team_id,
-                    agent_id=asker.id,
-                    turn_id=turn.id,
-                    reason="bad_tool_call_id",
-                )
-            cycle = self._cycle_through(session, asker, target_probe)
-            if cycle:
-                raise refuse("cycle", "this ask would deadlock: " + " -> ".join(cycle), cycle=cycle)
+            asker, target_row = self._open_wait_edge(
+                session, turn, target, tool_call_id, operation="ask", verb="ask"
+            )
+            team_id = asker.team_id
             timeout = timeout_seconds or self.settings.question_timeout_seconds
             q = QuestionRow(
                 team_id=team_id,
                 asker_agent_id=asker.id,
-                target_agent_id=target_probe.id,
+                target_agent_id=target_row.id,
                 tool_call_id=tool_call_id,
                 asker_epoch=asker.epoch,
                 status=QuestionStatus.OPEN,
@@ -1707,52 +1718,16 @@ class Store:
         consumed at once; otherwise the lead is ``waiting`` until one arrives."""
         effects = Effects()
         with self._tx() as session:
-            lead_probe = session.get(AgentRow, turn.agent_id)
-            if lead_probe is None:
-                raise errors.UnknownAgentError(f"no agent with id {turn.agent_id}")
-            team_id = lead_probe.team_id
-            self._team(session, team_id, lock=True)
-            target_probe = self._agent_by_name(session, team_id, target)
-
-            def refuse(reason: str, message: str, cycle: list[str] | None = None) -> _Refused:
-                return _Refused(
-                    errors.AskRefusedError(message, cycle=cycle),
-                    LedgerAction.ASK_REFUSED,
-                    team_id=team_id,
-                    agent_id=turn.agent_id,
-                    turn_id=turn.id,
-                    epoch=turn.epoch,
-                    reason=reason,
-                    target=target,
-                    cycle=cycle or [],
-                    kind=QuestionKind.OUTPUT.value,
-                )
-
-            if target_probe is None:
-                raise refuse("unknown_target", f"no agent {target!r} in this team")
-            for agent_id in sorted({turn.agent_id, target_probe.id}):
-                self._lock_agent(session, agent_id)
-            lead, _row = self._fenced(session, turn, "wait_output")
-            if target_probe.id == lead.id:
-                raise refuse("self", "an agent cannot wait for its own output")
-            if target_probe.state is AgentState.TERMINATED:
-                raise refuse("terminated", f"{target!r} is terminated")
-            if tool_call_id not in self._open_tool_calls(session, lead.id):
-                raise _Refused(
-                    errors.InvalidTranscriptEntryError(
-                        f"{tool_call_id!r} is not an open tool call of the last assistant message"
-                    ),
-                    LedgerAction.ASK_REFUSED,
-                    team_id=team_id,
-                    agent_id=lead.id,
-                    turn_id=turn.id,
-                    reason="bad_tool_call_id",
-                )
-            cycle = self._cycle_through(session, lead, target_probe)
-            if cycle:
-                raise refuse(
-                    "cycle", "this wait would deadlock: " + " -> ".join(cycle), cycle=cycle
-                )
+            lead, target_probe = self._open_wait_edge(
+                session,
+                turn,
+                target,
+                tool_call_id,
+                operation="wait_output",
+                verb="wait",
+                kind=QuestionKind.OUTPUT,
+            )
+            team_id = lead.team_id
             ready = session.scalars(
                 sa.select(MessageRow)
                 .where(
@@ -1775,10 +1750,14 @@ class Store:
                     )
                 )
                 if not pending_work:
-                    raise refuse(
+                    raise _wait_refusal(
+                        turn,
+                        team_id,
+                        target,
                         "not_working",
                         f"{target!r} is {target_probe.state.value} with nothing to work on: "
                         "it will produce no output until it is given a task",
+                        kind=QuestionKind.OUTPUT,
                     )
             timeout = timeout_seconds or self.settings.question_timeout_seconds
             q = QuestionRow(
@@ -2379,6 +2358,32 @@ def _job(row: BackgroundJobRow) -> BackgroundJob:
         finished_at=row.finished_at,
         result=row.result,
         notice_message_id=row.notice_message_id,
+    )
+
+
+def _wait_refusal(
+    turn: TurnRecord,
+    team_id: int,
+    target: str,
+    reason: str,
+    message: str,
+    *,
+    cycle: list[str] | None = None,
+    kind: QuestionKind | None = None,
+) -> _Refused:
+    """A refused wait edge: the tool gets :class:`AskRefusedError`, the ledger ``ask_refused``."""
+    extra = {"kind": kind.value} if kind is not None else {}
+    return _Refused(
+        errors.AskRefusedError(message, cycle=cycle),
+        LedgerAction.ASK_REFUSED,
+        team_id=team_id,
+        agent_id=turn.agent_id,
+        turn_id=turn.id,
+        epoch=turn.epoch,
+        reason=reason,
+        target=target,
+        cycle=cycle or [],
+        **extra,
     )
 
 
