@@ -1241,29 +1241,38 @@ class Store:
             )
             return agent.epoch, effects
 
+    def _lock_sub_agent_and_askers(
+        self, session: Session, agent_id: int, done: str
+    ) -> tuple[AgentRow, Sequence[QuestionRow]]:
+        """For stop and terminate: the team lock, then the agent and every agent with an open
+        question to it, by id. Refuses the lead and a terminated agent. Returns the agent and
+        the open questions asked of it."""
+        probe = session.get(AgentRow, agent_id)
+        if probe is None:
+            raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+        self._team(session, probe.team_id, lock=True)
+        asked_of = session.scalars(
+            sa.select(QuestionRow).where(
+                QuestionRow.target_agent_id == agent_id,
+                QuestionRow.status == QuestionStatus.OPEN,
+            )
+        ).all()
+        for locked_id in sorted({agent_id, *(q.asker_agent_id for q in asked_of)}):
+            self._lock_agent(session, locked_id)
+        agent = session.get(AgentRow, agent_id)
+        assert agent is not None
+        if agent.is_lead:
+            raise errors.InvalidMessageError(f"the Team Leader cannot be {done}")
+        if agent.state is AgentState.TERMINATED:
+            raise errors.AgentTerminatedError(f"{agent.display_name!r} is already terminated")
+        return agent, asked_of
+
     def terminate(self, agent_id: int, *, reason: str) -> Effects:
         """Final: fence any running turn, drop pending messages with ``reason``, cancel the
         questions it asked, and release agents blocked on a question to it."""
         effects = Effects()
         with self._tx() as session:
-            probe = session.get(AgentRow, agent_id)
-            if probe is None:
-                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
-            self._team(session, probe.team_id, lock=True)
-            waiters = session.scalars(
-                sa.select(QuestionRow).where(
-                    QuestionRow.target_agent_id == agent_id,
-                    QuestionRow.status == QuestionStatus.OPEN,
-                )
-            ).all()
-            for locked_id in sorted({agent_id, *(q.asker_agent_id for q in waiters)}):
-                self._lock_agent(session, locked_id)
-            agent = session.get(AgentRow, agent_id)
-            assert agent is not None
-            if agent.is_lead:
-                raise errors.InvalidMessageError("the Team Leader cannot be terminated")
-            if agent.state is AgentState.TERMINATED:
-                raise errors.AgentTerminatedError(f"{agent.display_name!r} is already terminated")
+            agent, waiters = self._lock_sub_agent_and_askers(session, agent_id, "terminated")
             now = utcnow()
             running = session.scalars(
                 sa.select(TurnRow).where(
@@ -1589,24 +1598,7 @@ class Store:
         state after the request (``idle``, or ``running`` while the stop is pending)."""
         effects = Effects()
         with self._tx() as session:
-            probe = session.get(AgentRow, agent_id)
-            if probe is None:
-                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
-            self._team(session, probe.team_id, lock=True)
-            asked_of = session.scalars(
-                sa.select(QuestionRow).where(
-                    QuestionRow.target_agent_id == agent_id,
-                    QuestionRow.status == QuestionStatus.OPEN,
-                )
-            ).all()
-            for locked_id in sorted({agent_id, *(q.asker_agent_id for q in asked_of)}):
-                self._lock_agent(session, locked_id)
-            agent = session.get(AgentRow, agent_id)
-            assert agent is not None
-            if agent.is_lead:
-                raise errors.InvalidMessageError("the Team Leader cannot be stopped")
-            if agent.state is AgentState.TERMINATED:
-                raise errors.AgentTerminatedError(f"{agent.display_name!r} is terminated")
+            agent, asked_of = self._lock_sub_agent_and_askers(session, agent_id, "stopped")
             now = utcnow()
             for question in asked_of:
                 question.status = QuestionStatus.CANCELLED
