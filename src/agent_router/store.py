@@ -1432,6 +1432,36 @@ class Store:
             raise refuse("cycle", f"this {verb} would deadlock: " + " -> ".join(cycle), cycle=cycle)
         return waiter, target_row
 
+    def _open_question(
+        self,
+        session: Session,
+        waiter: AgentRow,
+        target: AgentRow,
+        tool_call_id: str,
+        *,
+        kind: QuestionKind,
+        timeout_seconds: float | None,
+    ) -> QuestionRow:
+        """The new waits-for edge (checked by :meth:`_open_wait_edge`): an open question with
+        its deadline, and the waiter ``waiting``, blocking in its worker."""
+        timeout = timeout_seconds or self.settings.question_timeout_seconds
+        question = QuestionRow(
+            team_id=waiter.team_id,
+            asker_agent_id=waiter.id,
+            target_agent_id=target.id,
+            tool_call_id=tool_call_id,
+            asker_epoch=waiter.epoch,
+            status=QuestionStatus.OPEN,
+            kind=kind,
+            waiting=True,
+            deadline=utcnow() + timedelta(seconds=timeout),
+        )
+        session.add(question)
+        session.flush()
+        waiter.state = AgentState.WAITING
+        waiter.suspended = False
+        return question
+
     def ask(
         self,
         turn: TurnRecord,
@@ -1452,21 +1482,14 @@ class Store:
                 session, turn, target, tool_call_id, operation="ask", verb="ask"
             )
             team_id = asker.team_id
-            timeout = timeout_seconds or self.settings.question_timeout_seconds
-            q = QuestionRow(
-                team_id=team_id,
-                asker_agent_id=asker.id,
-                target_agent_id=target_row.id,
-                tool_call_id=tool_call_id,
-                asker_epoch=asker.epoch,
-                status=QuestionStatus.OPEN,
-                waiting=True,
-                deadline=utcnow() + timedelta(seconds=timeout),
+            q = self._open_question(
+                session,
+                asker,
+                target_row,
+                tool_call_id,
+                kind=QuestionKind.ASK,
+                timeout_seconds=timeout_seconds,
             )
-            session.add(q)
-            session.flush()
-            asker.state = AgentState.WAITING
-            asker.suspended = False
             self._ledger(
                 session,
                 LedgerAction.ASK,
@@ -1751,22 +1774,14 @@ class Store:
                         "it will produce no output until it is given a task",
                         kind=QuestionKind.OUTPUT,
                     )
-            timeout = timeout_seconds or self.settings.question_timeout_seconds
-            q = QuestionRow(
-                team_id=team_id,
-                asker_agent_id=lead.id,
-                target_agent_id=target_probe.id,
-                tool_call_id=tool_call_id,
-                asker_epoch=lead.epoch,
-                status=QuestionStatus.OPEN,
+            q = self._open_question(
+                session,
+                lead,
+                target_probe,
+                tool_call_id,
                 kind=QuestionKind.OUTPUT,
-                waiting=True,
-                deadline=utcnow() + timedelta(seconds=timeout),
+                timeout_seconds=timeout_seconds,
             )
-            session.add(q)
-            session.flush()
-            lead.state = AgentState.WAITING
-            lead.suspended = False
             self._ledger(
                 session,
                 LedgerAction.WAIT_OUTPUT,
