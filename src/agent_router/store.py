@@ -1143,7 +1143,8 @@ class Store:
 
     def stuck_scheduled(self, *, older_than_seconds: float) -> list[OutboxEntry]:
         """Re-enqueue agents left ``scheduled`` whose turn task never started (the task was
-        lost after being published). Fenced claims make a duplicate harmless."""
+        lost after being published): scheduled, and its last enqueue published, longer ago
+        than ``older_than_seconds``. Fenced claims make a duplicate harmless."""
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
         entries: list[OutboxEntry] = []
         with self._tx() as session:
@@ -1154,17 +1155,19 @@ class Store:
                 .with_for_update(skip_locked=True)
             ).all()
             for agent in agents:
-                unpublished = session.scalar(
+                # Unpublished: the outbox re-publisher covers it. Published within the cutoff
+                # (perhaps by this very sweep): the task has not yet had its time to start.
+                recent = session.scalar(
                     sa.select(sa.func.count())
                     .select_from(OutboxRow)
                     .where(
                         OutboxRow.agent_id == agent.id,
                         OutboxRow.epoch == agent.epoch,
-                        OutboxRow.published_at.is_(None),
+                        sa.or_(OutboxRow.published_at.is_(None), OutboxRow.published_at >= cutoff),
                     )
                 )
-                if unpublished:
-                    continue  # the outbox re-publisher covers it
+                if recent:
+                    continue
                 effects = Effects()
                 agent.scheduled_at = utcnow()
                 self._outbox(

@@ -139,10 +139,13 @@ def test_unpublished_outbox_rows_are_published_by_the_sweeper(database_url: str)
     offline.close()
     publisher = RecordingPublisher()
     sweeper = Router(settings, publisher=publisher)
-    _wait_past(FAST["sweep_seconds"])
+    # Past the lease too: the agent has been `scheduled` long enough to look lost, but its task
+    # is only now published by this sweep, so the same pass must not re-enqueue it as well.
+    _wait_past(FAST["lease_seconds"])
     sweeper.sweep()
     mine = [e for e in publisher.entries if e.agent_id == sweeper.agent(team.id, "Engineer_1").id]
     assert len(mine) == 1
+    assert _count(sweeper, team.id, LedgerAction.REENQUEUED) == 0
     assert all(e.id not in {u.id for u in sweeper.store.unpublished()} for e in mine)
     sweeper.close()
 
