@@ -26,12 +26,12 @@ FAILING_JOB = "tests.failing_job"
 def job_tasks(celery_app: Celery) -> Celery:
     """Job tasks registered before the worker starts (it refuses unregistered tasks)."""
 
-    @celery_app.task(name=JOB)
+    @celery_app.task(name=JOB, shared=False)  # not on every later test app
     def background_job(i: int, delay: float) -> str:
         time.sleep(delay)
         return f"result {i}"
 
-    @celery_app.task(name=FAILING_JOB)
+    @celery_app.task(name=FAILING_JOB, shared=False)
     def failing_job() -> None:
         raise ValueError("disk full")
 
