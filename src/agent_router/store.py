@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from agent_router import errors, formats
 from agent_router.domain import (
@@ -143,11 +143,47 @@ def make_engine(settings: Settings) -> Engine:
     )
 
 
+_LEDGER_BUFFER = "agent_router.ledger"
+
+# The first statement of every send, built once (it runs on the hot path): lock the target and
+# take its next sequence number, returning it with the sender's id and state.
+_sender = aliased(AgentRow, name="sender")
+_of_sender = sa.select(_sender.id).where(
+    _sender.team_id == sa.bindparam("b_team"), _sender.display_name == sa.bindparam("b_sender")
+)
+_LOCK_TARGET = (
+    sa.update(AgentRow)
+    .where(
+        AgentRow.team_id == sa.bindparam("b_team"), AgentRow.display_name == sa.bindparam("b_to")
+    )
+    .values(next_seq=AgentRow.next_seq + 1)
+    .returning(
+        AgentRow,
+        _of_sender.scalar_subquery(),
+        _of_sender.with_only_columns(_sender.state).scalar_subquery(),
+    )
+    .execution_options(populate_existing=True, synchronize_session=False)
+)
+
+
+def _write_ledger_buffer(session: Session) -> None:
+    rows = session.info.pop(_LEDGER_BUFFER, None)
+    if rows:
+        session.flush()  # the rows they name exist first
+        session.connection().execute(sa.insert(LedgerRow.__table__), rows)
+
+
+def _drop_ledger_buffer(session: Session, _transaction: Any) -> None:
+    session.info.pop(_LEDGER_BUFFER, None)  # a rolled-back transaction's events never happened
+
+
 class Store:
     def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
         self.settings = settings
         self.engine = engine or make_engine(settings)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        event.listen(self._sessions, "before_commit", _write_ledger_buffer)
+        event.listen(self._sessions, "after_transaction_end", _drop_ledger_buffer)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -191,17 +227,20 @@ class Store:
         epoch: int | None = None,
         **detail: Any,
     ) -> None:
-        session.add(
-            LedgerRow(
-                team_id=team_id,
-                agent_id=agent_id,
-                action=action,
-                outcome=outcome,
-                message_id=message_id,
-                turn_id=turn_id,
-                epoch=epoch,
-                detail=detail,
-            )
+        # Buffered: the transaction's events are written together just before it commits (one
+        # statement, no unit of work). Nothing reads the ledger inside a writing transaction.
+        session.info.setdefault(_LEDGER_BUFFER, []).append(
+            {
+                "team_id": team_id,
+                "agent_id": agent_id,
+                "action": action,
+                "outcome": outcome,
+                "message_id": message_id,
+                "turn_id": turn_id,
+                "epoch": epoch,
+                "detail": detail,
+                "created_at": utcnow(),
+            }
         )
         logger.info(
             action.value,
@@ -503,18 +542,22 @@ class Store:
             message=str(error),
         )
 
-    def _resolve_sender(self, session: Session, req: SendRequest) -> AgentRow | None:
+    def _resolve_sender(
+        self, req: SendRequest, found: tuple[int | None, AgentState | None] | None = None
+    ) -> int | None:
+        """The sending agent's id (``None`` for an external sender), from ``found``: its
+        ``(id, state)`` as read with the target, or ``(None, None)`` when no such agent."""
         if _is_external(req.sender):
             return None  # display names may not take these forms, so no lookup is needed
-        source = self._agent_by_name(session, req.team_id, req.sender)
-        if source is not None:
-            if source.state is AgentState.TERMINATED:
+        source_id, state = found or (None, None)
+        if source_id is not None:
+            if state is AgentState.TERMINATED:
                 raise self._reject(
                     req,
                     errors.AgentTerminatedError(f"sender {req.sender!r} is terminated"),
                     "sender_terminated",
                 )
-            return source
+            return source_id
         raise self._reject(
             req,
             errors.UnknownAgentError(
@@ -524,27 +567,33 @@ class Store:
             "unknown_sender",
         )
 
+    def _sender_of(
+        self, session: Session, req: SendRequest
+    ) -> tuple[int | None, AgentState | None]:
+        if _is_external(req.sender):
+            return None, None
+        row = self._agent_by_name(session, req.team_id, req.sender)
+        return (row.id, row.state) if row is not None else (None, None)
+
     def _route(self, session: Session, req: SendRequest, effects: Effects) -> Delivery:
         # One statement locks the target, takes its next sequence number and reads its state
         # (UPDATE ... RETURNING: the row lock of an UPDATE that changes no key column is the
-        # same FOR NO KEY UPDATE lock). A refusal rolls the increment back with everything else.
-        target = session.scalars(
-            sa.update(AgentRow)
-            .where(AgentRow.team_id == req.team_id, AgentRow.display_name == req.to)
-            .values(next_seq=AgentRow.next_seq + 1)
-            .returning(AgentRow)
-            .execution_options(populate_existing=True, synchronize_session=False)
+        # same FOR NO KEY UPDATE lock), and reads the sender's id and state on the way. A refusal
+        # rolls the increment back with everything else.
+        found = session.execute(
+            _LOCK_TARGET, {"b_team": req.team_id, "b_to": req.to, "b_sender": req.sender}
         ).one_or_none()
-        if target is None:
+        if found is None:
             self._team(session, req.team_id)  # an unknown team says so, not "unknown agent"
-        source = self._resolve_sender(session, req)
-        if target is None:
+            self._resolve_sender(req, self._sender_of(session, req))
             raise self._reject(
                 req,
                 errors.UnknownAgentError(f"no agent {req.to!r} in team {req.team_id}"),
                 "unknown_target",
             )
-        if source is not None and source.id == target.id:
+        target, source_id, source_state = found
+        source_id = self._resolve_sender(req, (source_id, source_state))
+        if source_id == target.id:
             raise self._reject(
                 req, errors.InvalidMessageError("an agent cannot message itself"), "self_send"
             )
@@ -588,7 +637,7 @@ class Store:
             if target.state is AgentState.WAITING
             else None
         )
-        resolves = waiting_on is not None and _resolves(waiting_on, req, source, answered)
+        resolves = waiting_on is not None and _resolves(waiting_on, req, source_id, answered)
         # Decided from the state before anything changes, so the row is inserted once, final.
         if resolves:
             outcome = RouteOutcome.RESOLVED
@@ -605,7 +654,7 @@ class Store:
             team_id=req.team_id,
             seq=target.next_seq - 1,
             source_name=req.sender,
-            source_agent_id=source.id if source else None,
+            source_agent_id=source_id,
             target_agent_id=target.id,
             type=req.type,
             subtype=req.subtype,
@@ -2342,7 +2391,7 @@ def _question(row: QuestionRow) -> Question:
 
 
 def _resolves(
-    waiting_on: QuestionRow, req: SendRequest, source: AgentRow | None, answered: QuestionRow | None
+    waiting_on: QuestionRow, req: SendRequest, source_id: int | None, answered: QuestionRow | None
 ) -> bool:
     """Does this message end the receiver's wait? An ask ends on any wake message (the seed's
     rule) unless it answers another question; an output wait only on the awaited agent's output
@@ -2350,8 +2399,8 @@ def _resolves(
     if waiting_on.kind is QuestionKind.OUTPUT:
         return (
             req.type is MessageType.OUTPUT
-            and source is not None
-            and source.id == waiting_on.target_agent_id
+            and source_id is not None
+            and source_id == waiting_on.target_agent_id
         )
     return req.wake and (answered is None or answered.id == waiting_on.id)
 
