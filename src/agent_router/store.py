@@ -170,7 +170,7 @@ def _write_ledger_buffer(session: Session) -> None:
     rows = session.info.pop(_LEDGER_BUFFER, None)
     if rows:
         session.flush()  # the rows they name exist first
-        session.connection().execute(sa.insert(LedgerRow.__table__), rows)
+        session.connection().execute(sa.insert(LedgerRow), rows)
 
 
 def _drop_ledger_buffer(session: Session, _transaction: Any) -> None:
