@@ -48,6 +48,7 @@ from agent_router.celery_app import CeleryPublisher, create_app
 from agent_router.checks import TeamReport, check_team
 from agent_router.domain import (
     RESTING_STATES,
+    LedgerAction,
     MessageType,
     QuestionStatus,
     TurnStatus,
@@ -69,6 +70,8 @@ SUB_AGENTS = 5
 BURST = 4
 WORKER_APP_NAME = "ar-chaos-worker"
 TASK_PREFIX = "chaos sends="
+#: How much later than the harness noted a kill the dead worker's last heartbeat may commit.
+KILL_SLACK = 0.25
 
 
 class ChaosOutcome(enum.StrEnum):
@@ -292,6 +295,44 @@ CI_PROFILE = Profile(sends_per_agent=50, asks_per_agent=10, duration=90.0, settl
 LONG_PROFILE = Profile(sends_per_agent=180, asks_per_agent=20, duration=600.0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Recovery:
+    """One turn lost to a SIGKILL and recovered, split where the time goes: the lease running
+    out, the sweeper noticing (both bounded by the router: lease + sweep period), then the
+    recovery turn waiting for a free worker slot (queueing, bounded by the deployment)."""
+
+    agent: str
+    killed_at: datetime
+    lease_expired_at: datetime  # the dead turn's lease as its last heartbeat left it
+    taken_over_at: datetime  # the sweeper's TAKE_OVER ledger event
+    running_at: datetime  # the recovery turn's start
+
+    @property
+    def to_takeover(self) -> float:
+        return (self.taken_over_at - self.killed_at) / timedelta(seconds=1)
+
+    @property
+    def to_running(self) -> float:
+        return (self.running_at - self.taken_over_at) / timedelta(seconds=1)
+
+    @property
+    def total(self) -> float:
+        return (self.running_at - self.killed_at) / timedelta(seconds=1)
+
+    def line(self) -> str:
+        lease = (self.lease_expired_at - self.killed_at) / timedelta(seconds=1)
+        sweep = (self.taken_over_at - self.lease_expired_at) / timedelta(seconds=1)
+        return (
+            f"recovered {self.agent} killed at {self.killed_at:%H:%M:%S.%f}: "
+            f"kill->lease expiry {lease:.2f}s, expiry->takeover "
+            f"{sweep:.2f}s, takeover->running {self.to_running:.2f}s, total {self.total:.2f}s"
+        )
+
+
+def _median_max(name: str, values: list[float]) -> str:
+    return f"{name} median={statistics.median(values):.2f}s max={max(values):.2f}s"
+
+
 @dataclass(kw_only=True)
 class ChaosResult:
     report: TeamReport
@@ -299,7 +340,7 @@ class ChaosResult:
     open_questions: int = 0
     recovered_turns: int = 0
     kills: int = 0
-    recovery_seconds: list[float] = field(default_factory=list)
+    recoveries: list[Recovery] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
 
     @property
@@ -316,12 +357,18 @@ class ChaosResult:
         )
 
     def recovery_line(self) -> str:
-        times = self.recovery_seconds
-        if not times:
+        """Kill -> takeover (the router's part, bounded by lease + sweep period) and takeover
+        -> running (waiting for a worker slot) separately, then the total."""
+        done = self.recoveries
+        if not done:
             return f"recovery: kills={self.kills} no turn was recovered from a kill"
-        return (
-            f"recovery: kills={self.kills} recovered={len(times)} "
-            f"median={statistics.median(times):.2f}s max={max(times):.2f}s"
+        return " ".join(
+            [
+                f"recovery: kills={self.kills} recovered={len(done)}",
+                _median_max("kill->takeover", [r.to_takeover for r in done]),
+                _median_max("takeover->running", [r.to_running for r in done]),
+                _median_max("total", [r.total for r in done]),
+            ]
         )
 
 
@@ -579,7 +626,9 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
     for line in result.events:
         log(line)
     result.kills = len(kills)
-    result.recovery_seconds = _recovery_times(router, team_id, kills)
+    result.recoveries = _recoveries(router, team_id, kills)
+    for recovery in result.recoveries:
+        log(recovery.line())
     return result
 
 
@@ -652,18 +701,47 @@ def _open_questions(router: Router, team_id: int) -> int:
     return sum(1 for s in _questions(router, team_id) if s is QuestionStatus.OPEN)
 
 
-def _recovery_times(router: Router, team_id: int, kills: list[datetime]) -> list[float]:
-    """For each turn fenced after a kill and followed by a recovery turn: kill -> running."""
-    times: list[float] = []
+def _recoveries(router: Router, team_id: int, kills: list[datetime]) -> list[Recovery]:
+    """Each turn fenced after a kill and followed by a recovery turn, from the database: its
+    lease, its TAKE_OVER ledger event and the recovery turn's start."""
+    from agent_router.models import TurnRow
+
+    with router.store.engine.connect() as conn:
+        leases = dict(
+            conn.execute(
+                sa.select(TurnRow.id, TurnRow.lease_expires_at).where(TurnRow.team_id == team_id)
+            ).all()
+        )
+    taken_over = {
+        e.turn_id: e.created_at
+        for e in router.ledger(team_id)
+        if e.action is LedgerAction.TAKE_OVER and e.turn_id is not None
+    }
+    recoveries: list[Recovery] = []
     for agent in router.agents(team_id):
         turns = router.store.turns(agent.id)
         for dead, nxt in itertools.pairwise(turns):
             if dead.status is not TurnStatus.FENCED or nxt.trigger is not TurnTrigger.RECOVERY:
                 continue
-            before = [k for k in kills if dead.started_at <= k <= (dead.ended_at or k)]
-            if before:
-                times.append((nxt.started_at - before[-1]) / timedelta(seconds=1))
-    return times
+            lease, takeover = leases.get(dead.id), taken_over.get(dead.id)
+            if lease is None or takeover is None:
+                continue
+            # The kill that stopped its heartbeat: the first one after the lease's last renewal
+            # (a renewal may commit a moment after the harness noted the kill). A turn whose
+            # worker died otherwise (a broker or database outage) has no such kill.
+            renewed = lease - timedelta(seconds=router.settings.lease_seconds + KILL_SLACK)
+            killed = [k for k in kills if renewed <= k <= takeover]
+            if killed:
+                recoveries.append(
+                    Recovery(
+                        agent=agent.display_name,
+                        killed_at=killed[0],
+                        lease_expired_at=lease,
+                        taken_over_at=takeover,
+                        running_at=nxt.started_at,
+                    )
+                )
+    return sorted(recoveries, key=lambda r: r.killed_at)
 
 
 def _check(router: Router, team_id: int, result: ChaosResult) -> None:
