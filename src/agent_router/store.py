@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, aliased, sessionmaker
 
 from agent_router import errors, formats
 from agent_router.domain import (
@@ -173,8 +173,11 @@ def _write_ledger_buffer(session: Session) -> None:
         session.connection().execute(sa.insert(LedgerRow), rows)
 
 
-def _drop_ledger_buffer(session: Session, _transaction: Any) -> None:
-    session.info.pop(_LEDGER_BUFFER, None)  # a rolled-back transaction's events never happened
+def _drop_ledger_buffer(session: Session, transaction: SessionTransaction) -> None:
+    # A rolled-back transaction's events never happened. Only the outermost transaction counts:
+    # every flush runs in a subtransaction of its own.
+    if transaction.parent is None:
+        session.info.pop(_LEDGER_BUFFER, None)
 
 
 class Store:
@@ -371,10 +374,17 @@ class Store:
         message_id: int | None = None,
         meta: dict[str, Any] | None = None,
     ) -> None:
-        session.add(
-            TranscriptEntryRow(
+        # One statement: the position is the next after the agent's last entry (the writer holds
+        # the agent's row lock, so no other append to this transcript runs meanwhile).
+        position = (
+            sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
+            .where(TranscriptEntryRow.agent_id == agent_id)
+            .scalar_subquery()
+        )
+        session.execute(
+            sa.insert(TranscriptEntryRow).values(
                 agent_id=agent_id,
-                position=self._next_position(session, agent_id),
+                position=position,
                 role=payload["role"],
                 payload=payload,
                 meta=meta,
@@ -383,7 +393,6 @@ class Store:
                 turn_id=turn_id,
             )
         )
-        session.flush()
 
     # ------------------------------------------------------------------ teams and agents
 
@@ -632,11 +641,14 @@ class Store:
         if req.type is MessageType.ANSWER:
             answered = self._question_for_answer(session, req, target)
 
-        waiting_on = (
-            self._waiting_question(session, target.id)
-            if target.state is AgentState.WAITING
-            else None
-        )
+        waiting_on: QuestionRow | None = None
+        if target.state is AgentState.WAITING:
+            # An answer usually answers the very question waited on: then it is read once.
+            waiting_on = (
+                answered
+                if answered is not None and answered.waiting
+                else self._waiting_question(session, target.id)
+            )
         resolves = waiting_on is not None and _resolves(waiting_on, req, source_id, answered)
         # Decided from the state before anything changes, so the row is inserted once, final.
         if resolves:
@@ -650,6 +662,12 @@ class Store:
         else:
             outcome = RouteOutcome.QUEUED
 
+        # A resolving message is delivered as it is inserted: into the turn that waits for it.
+        waiter_turn_id = (
+            self._waiter_turn_id(session, target, waiting_on)
+            if resolves and waiting_on is not None
+            else None
+        )
         msg = MessageRow(
             team_id=req.team_id,
             seq=target.next_seq - 1,
@@ -663,7 +681,9 @@ class Store:
             wake=req.wake,
             dedup_key=req.dedup_key,
             outcome=outcome,
-            status=MessageStatus.PENDING,
+            status=MessageStatus.DELIVERED if resolves else MessageStatus.PENDING,
+            consumed_turn_id=waiter_turn_id,
+            consumed_at=utcnow() if resolves else None,
         )
         session.add(msg)
         session.flush()
@@ -680,7 +700,7 @@ class Store:
                 waiting_on.status = QuestionStatus.ANSWERED
                 waiting_on.answer_message_id = msg.id
                 waiting_on.closed_at = utcnow()
-            self._resolve_waiter(session, target, waiting_on, msg, effects)
+            self._resolve_waiter(session, target, waiting_on, msg, effects, turn_id=waiter_turn_id)
         elif outcome is RouteOutcome.TRIGGERED_NEW_TURN:
             self._schedule(session, target, TurnTrigger.NEW, effects)
         self._ledger(
@@ -750,6 +770,14 @@ class Store:
             )
         return question
 
+    @staticmethod
+    def _waiter_turn_id(session: Session, waiter: AgentRow, question: QuestionRow) -> int | None:
+        return session.scalar(
+            sa.select(TurnRow.id).where(
+                TurnRow.agent_id == waiter.id, TurnRow.epoch == question.asker_epoch
+            )
+        )
+
     def _resolve_waiter(
         self,
         session: Session,
@@ -757,13 +785,17 @@ class Store:
         question: QuestionRow,
         msg: MessageRow,
         effects: Effects,
+        *,
+        turn_id: int | None = None,
     ) -> None:
-        """The message becomes the blocked call's tool result, in this transaction."""
-        turn_id = session.scalar(
-            sa.select(TurnRow.id).where(
-                TurnRow.agent_id == target.id, TurnRow.epoch == question.asker_epoch
-            )
-        )
+        """The message becomes the blocked call's tool result, in this transaction. ``turn_id``
+        (the waiting turn) is given when ``msg`` was inserted already delivered."""
+        question.waiting = False  # before the next statement: one UPDATE of the question
+        if msg.status is not MessageStatus.DELIVERED:
+            turn_id = self._waiter_turn_id(session, target, question)
+            msg.status = MessageStatus.DELIVERED
+            msg.consumed_turn_id = turn_id
+            msg.consumed_at = utcnow()
         message = _message(msg, target.display_name)
         self._append(
             session,
@@ -777,10 +809,6 @@ class Store:
             message_id=msg.id,
             meta=formats.metadata(message),
         )
-        msg.status = MessageStatus.DELIVERED
-        msg.consumed_turn_id = turn_id
-        msg.consumed_at = utcnow()
-        question.waiting = False
         self._ledger(
             session,
             LedgerAction.QUESTION_RESOLVED,
@@ -2018,12 +2046,22 @@ class Store:
     def mark_published(self, ids: Sequence[int]) -> None:
         if not ids:
             return
-        with self._tx() as session:
-            session.execute(
-                sa.update(OutboxRow)
-                .where(OutboxRow.id.in_(ids), OutboxRow.published_at.is_(None))
-                .values(published_at=utcnow(), attempts=OutboxRow.attempts + 1)
-            )
+        stmt = (
+            sa.update(OutboxRow)
+            .where(OutboxRow.id.in_(ids), OutboxRow.published_at.is_(None))
+            .values(published_at=utcnow(), attempts=OutboxRow.attempts + 1)
+        )
+        if self.engine.dialect.name == "sqlite":
+            with self._tx() as session:  # SQLite writes under BEGIN IMMEDIATE (make_engine)
+                session.execute(stmt)
+            return
+        # One statement is its own transaction: autocommit spares a BEGIN and a COMMIT round
+        # trip on every publish (it follows every send that enqueues a turn or wakes a waiter).
+        try:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(stmt)
+        except DBAPIError as exc:
+            raise errors.StoreError(f"database error: {exc.orig!r}") from exc
 
     def unpublished(
         self, *, older_than_seconds: float = 0.0, limit: int = 500
