@@ -209,6 +209,9 @@ def __getattr__(name: str) -> Any:
     importing this module (the CLI does) never fails on a bad variable: the command that needs
     the settings reports it as one line."""
     if name == "app":
-        built = globals().setdefault("app", create_app())
-        return built
+        from agent_router import worker_sweeper
+
+        built = create_app()
+        worker_sweeper.install(built)  # as `agent-router worker` does
+        return globals().setdefault("app", built)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agent_router import errors, runtime
+from agent_router import errors, runtime, worker_sweeper
 from agent_router.celery_app import create_app
 from agent_router.demo import DemoResult, LedgerTail, event_record, run_scenarios, setup_team
 from agent_router.domain import AgentState, AgentStatus
@@ -342,6 +342,8 @@ def worker(
     Further arguments go to `celery worker` as they are (e.g. --hostname=w1@%h)."""
     settings = Settings()
     celery = create_app(settings)
+    # The sweeper on a timer in this worker (Settings.worker_sweeper), not only through beat.
+    worker_sweeper.install(celery)
     if settings.metrics_port is not None:
         from agent_router import metrics
 

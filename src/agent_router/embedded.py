@@ -1,9 +1,11 @@
-"""The embedded mode's stand-in for ``celery beat``: the sweeper on an in-process timer."""
+"""The sweeper on an in-process timer: the embedded mode's stand-in for ``celery beat``, and
+what every standalone worker runs (:mod:`agent_router.worker_sweeper`)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from agent_router.router import Router
 from agent_router.sweeper import SweepReport
@@ -16,9 +18,14 @@ class SweeperThread:
     on a daemon thread until :meth:`stop`. A pass that raises is logged and the timer goes on:
     the next pass repairs whatever this one could not."""
 
-    def __init__(self, router: Router, *, period: float | None = None) -> None:
+    def __init__(
+        self, router: Router, *, period: float | None = None, first_after: float | None = None
+    ) -> None:
         self.router = router
         self.period = router.settings.sweep_seconds if period is None else period
+        # When the first pass runs (default: one period in). Workers that each run a timer
+        # start theirs at a random point of the period, so that their passes interleave.
+        self.first_after = self.period if first_after is None else first_after
         self.passes = 0
         self.last_report: SweepReport | None = None
         self._stop = threading.Event()
@@ -41,7 +48,10 @@ class SweeperThread:
         self.stop()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
+        # Passes are due on a fixed grid, so a slow pass does not push every later one back.
+        due = time.monotonic() + self.first_after
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            due = max(due + self.period, time.monotonic())
             try:
                 self.last_report = self.router.sweep()
             except Exception:

@@ -42,7 +42,9 @@ class Settings(BaseSettings):
         60.0, gt=0, description="A running turn's lease; a turn not renewed by then is taken over."
     )
     heartbeat_seconds: float = Field(10.0, gt=0, description="How often a turn renews its lease.")
-    sweep_seconds: float = Field(5.0, gt=0, description="Period of the beat-scheduled sweeper.")
+    sweep_seconds: float = Field(
+        5.0, gt=0, description="Period of the sweeper (each worker's timer, and beat's schedule)."
+    )
     background_batch_seconds: float = Field(
         1.0,
         ge=0,
@@ -141,4 +143,12 @@ class Settings(BaseSettings):
         le=65535,
         description="Port on which `agent-router worker` serves Prometheus metrics at /metrics; "
         "unset: no metrics endpoint.",
+    )
+
+    # Fields below were added for recovery time (issue 6).
+    worker_sweeper: bool = Field(
+        True,
+        description="Every `agent-router worker` also runs the sweeper on a timer thread, every "
+        "sweep_seconds (not on a worker slot, not through the broker), so that a dead turn is "
+        "taken over within lease + sweep period; beat is then optional.",
     )

@@ -1,18 +1,26 @@
-"""The sweeper as a beat-scheduled Celery task, and the embedded mode's in-process timer."""
+"""The sweeper as a beat-scheduled Celery task, as a timer in every worker, and the embedded
+mode's in-process timer."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+from celery import Celery
+
 from agent_router import AgentState, LedgerAction, Router, Settings, TurnTrigger
-from agent_router.celery_app import beat_schedule, create_app
+from agent_router.celery_app import CeleryPublisher, beat_schedule, create_app
 from agent_router.constants import SWEEP, SWEEP_SCHEDULE_ENTRY
 from agent_router.demo import wait_quiescent, wait_until
 from agent_router.embedded import SweeperThread
 from agent_router.outbox import RecordingPublisher
 from agent_router.runtime import Runtime
+from agent_router.worker_sweeper import WorkerSweeper, install
 
+from .conftest import _worker_env
 from .helpers import start_running
 
 TIMEOUT = 60.0
@@ -70,3 +78,48 @@ def test_sweep_task_publishes_a_lost_outbox_row(inproc_worker: Runtime) -> None:
         timeout=TIMEOUT,
     )
     wait_quiescent(router, team.id, timeout=TIMEOUT)
+
+
+def test_worker_sweeper_step_is_installed_once() -> None:
+    app = create_app(Settings())
+    install(app)
+    install(app)
+    assert [s for s in app.steps["worker"] if s is WorkerSweeper] == [WorkerSweeper]
+
+
+def test_worker_timer_takes_over_an_expired_lease_without_beat(
+    celery_settings: Settings, celery_app: Celery, tmp_path: Path
+) -> None:
+    """`agent-router worker` sweeps on its own timer: no beat runs, no sweep task is sent, and
+    a turn whose worker died is still taken over and recovered."""
+    timing = {"lease_seconds": 1.0, "heartbeat_seconds": 0.2, "sweep_seconds": 0.2}
+    settings = celery_settings.model_copy(update=timing)
+    router = Router(settings, publisher=CeleryPublisher(celery_app))
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    start_running(router, team.id, "Engineer_1")  # ... and its worker dies: no heartbeat
+    env = _worker_env(settings)
+    env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in timing.items()})
+    with (tmp_path / "worker.log").open("w") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "agent-router"), "worker", "--concurrency=2"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_until(
+                lambda: any(
+                    e.action is LedgerAction.TAKE_OVER and e.agent_name == "Engineer_1"
+                    for e in router.ledger(team.id)
+                ),
+                "the worker's sweeper to take the turn over",
+                timeout=TIMEOUT,
+            )
+            wait_quiescent(router, team.id, timeout=TIMEOUT)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    turns = router.store.turns(router.agent(team.id, "Engineer_1").id)
+    assert [t.trigger for t in turns] == [TurnTrigger.NEW, TurnTrigger.RECOVERY]
+    router.close()

@@ -1,0 +1,71 @@
+"""The sweeper on a timer inside every worker process (``Settings.worker_sweeper``).
+
+Beat's sweep is a task message on the turn queue, and the chaos run showed where that costs
+recovery time: a pass waits behind turn tasks while every worker slot is busy, a pass held by a
+worker that is then killed stays unacknowledged until the broker's visibility timeout (it has
+expired by then, so it never runs), and no pass runs while the broker is away. A timer thread in
+the worker's main process needs neither a slot nor a message: each worker sweeps every
+``sweep_seconds``, starting at a random point of the period so that the passes of N workers
+interleave, and a killed worker only takes its own timer with it.
+
+Every step of a pass is idempotent and guarded in the store (a takeover re-checks the lease under
+the agent lock, a re-enqueue skips locked rows), so timers in many workers, and beat on top of
+them, duplicate at most a fenced turn task. Beat keeps working for whoever runs it.
+
+``agent-router worker`` (and ``celery -A agent_router.celery_app worker``) install the step; a
+host app adds it with :func:`install`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+from celery import Celery, bootsteps
+
+from agent_router.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerSweeper(bootsteps.StartStopStep):
+    """Worker bootstep: a :class:`~agent_router.embedded.SweeperThread` in the worker's main
+    process, from worker start to shutdown, unless ``Settings.worker_sweeper`` is off.
+
+    It has its own :class:`~agent_router.router.Router` (one database connection at a time)
+    rather than the turn runtime's, so that a prefork worker's children, which build their
+    runtime after the fork, never share a connection pool with their parent."""
+
+    label = "agent-router sweeper"
+
+    def create(self, parent: Any) -> Any:
+        settings = Settings()
+        if not settings.worker_sweeper:
+            return None
+        # Imported here: the router pulls in the store and its driver, which a process that only
+        # configures an app (beat, a sender) need not load.
+        from agent_router.celery_app import CeleryPublisher
+        from agent_router.embedded import SweeperThread
+        from agent_router.router import Router
+
+        router = Router(settings, publisher=CeleryPublisher(parent.app))
+        period = settings.sweep_seconds
+        return SweeperThread(router, period=period, first_after=random.uniform(0.0, period))
+
+    def stop(self, parent: Any) -> None:
+        sweeper, self.obj = self.obj, None
+        if sweeper is not None:
+            sweeper.stop()
+            sweeper.router.close()
+
+    def terminate(self, parent: Any) -> None:
+        self.stop(parent)
+
+
+def install(app: Celery) -> None:
+    """Run the sweeper in every worker of ``app`` (it reads ``Settings()`` when a worker starts;
+    ``AGENT_ROUTER_WORKER_SWEEPER=false`` turns it off). Idempotent."""
+    steps = app.steps["worker"]
+    if WorkerSweeper not in steps:
+        steps.add(WorkerSweeper)
