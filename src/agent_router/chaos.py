@@ -72,6 +72,10 @@ WORKER_APP_NAME = "ar-chaos-worker"
 TASK_PREFIX = "chaos sends="
 #: How much later than the harness noted a kill the dead worker's last heartbeat may commit.
 KILL_SLACK = 0.25
+#: On top of lease + sweep period, before a kill must have been taken over: the sweep pass's own
+#: run time (a few queries, up to about half a second on two shared, busy cores), and the timer
+#: thread's wake-up in a worker busy with turns.
+TAKEOVER_SLACK = 1.0
 
 
 class ChaosOutcome(enum.StrEnum):
@@ -288,6 +292,12 @@ class Profile:
     settle_seconds: float = 120.0
     seed: int = 6
 
+    @property
+    def takeover_bound(self) -> float:
+        """Most seconds from a kill to the sweeper's takeover of the dead turn: its lease runs
+        out, then the next pass of any worker's sweeper timer takes it over."""
+        return self.lease_seconds + self.sweep_seconds + TAKEOVER_SLACK
+
 
 #: CI: fits in about two minutes on two shared cores.
 CI_PROFILE = Profile(sends_per_agent=50, asks_per_agent=10, duration=90.0, settle_seconds=45.0)
@@ -341,6 +351,7 @@ class ChaosResult:
     recovered_turns: int = 0
     kills: int = 0
     recoveries: list[Recovery] = field(default_factory=list)
+    takeover_bound: float = 0.0  # Profile.takeover_bound of the run
     events: list[str] = field(default_factory=list)
 
     @property
@@ -356,6 +367,11 @@ class ChaosResult:
             f"recovered_turns={self.recovered_turns}"
         )
 
+    @property
+    def late_takeovers(self) -> list[Recovery]:
+        """Recoveries whose kill -> takeover exceeded the bound (the router's part)."""
+        return [r for r in self.recoveries if r.to_takeover > self.takeover_bound]
+
     def recovery_line(self) -> str:
         """Kill -> takeover (the router's part, bounded by lease + sweep period) and takeover
         -> running (waiting for a worker slot) separately, then the total."""
@@ -366,6 +382,7 @@ class ChaosResult:
             [
                 f"recovery: kills={self.kills} recovered={len(done)}",
                 _median_max("kill->takeover", [r.to_takeover for r in done]),
+                f"(bound={self.takeover_bound:.2f}s late={len(self.late_takeovers)})",
                 _median_max("takeover->running", [r.to_running for r in done]),
                 _median_max("total", [r.total for r in done]),
             ]
@@ -590,7 +607,7 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
     rng: random.Random,
     log: Any,
 ) -> ChaosResult:
-    result = ChaosResult(report=TeamReport())
+    result = ChaosResult(report=TeamReport(), takeover_bound=profile.takeover_bound)
     started = time.monotonic()
     next_kill = started + rng.uniform(*profile.kill_every)
     redis_at = started + min(20.0, profile.duration * 0.3)

@@ -26,5 +26,11 @@ def test_nothing_is_lost_under_chaos(redis_url: str) -> None:
     # 6 agents x 50 messages, plus asks, answers and wake-ups.
     assert result.report.messages >= 6 * CI_PROFILE.sends_per_agent
     assert result.questions >= 40
+    # Recovery time, in two parts. Kill -> takeover is the router's: the lease runs out, then
+    # the next pass of any worker's sweeper timer takes the turn over (lease + sweep period, plus
+    # the pass's own run time). Takeover -> running is queueing for a free worker slot (and the
+    # broker, around the Redis restart); only the total is bounded, by the same + 5 s as before.
+    assert result.recoveries, result.recovery_line()
+    assert result.late_takeovers == [], result.recovery_line()
     bound = CI_PROFILE.lease_seconds + CI_PROFILE.sweep_seconds + 5.0  # + restart and claim
     assert all(r.total <= bound for r in result.recoveries), result.recovery_line()
