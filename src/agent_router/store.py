@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -965,7 +965,7 @@ class Store:
             now = utcnow()
             position = self._next_position(session, agent.id)
             delivered = [
-                _message_from(
+                _message(
                     row._mapping,
                     agent.display_name,
                     status=MessageStatus.DELIVERED,
@@ -2352,53 +2352,17 @@ def _agent(row: AgentRow, mailbox_depth: int = 0) -> Agent:
     )
 
 
-def _message(row: MessageRow, target_name: str) -> Message:
-    return Message(
-        id=row.id,
-        team_id=row.team_id,
-        seq=row.seq,
-        source_name=row.source_name,
-        source_agent_id=row.source_agent_id,
-        target_agent_id=row.target_agent_id,
-        target_name=target_name,
-        type=row.type,
-        subtype=row.subtype,
-        content=row.content,
-        question_id=row.question_id,
-        wake=row.wake,
-        dedup_key=row.dedup_key,
-        created_at=row.created_at,
-        outcome=row.outcome,
-        status=row.status,
-        consumed_turn_id=row.consumed_turn_id,
-        drop_reason=row.drop_reason,
-    )
+#: The columns a :class:`Message` is made of (all its fields but the target's name).
+_MESSAGE_FIELDS = tuple(f.name for f in fields(Message) if f.name != "target_name")
 
 
-def _message_from(row: Any, target_name: str, **overrides: Any) -> Message:
-    """A :class:`Message` from a Core row mapping (the drain's set-based path)."""
-    fields = {
-        "id": row["id"],
-        "team_id": row["team_id"],
-        "seq": row["seq"],
-        "source_name": row["source_name"],
-        "source_agent_id": row["source_agent_id"],
-        "target_agent_id": row["target_agent_id"],
-        "target_name": target_name,
-        "type": row["type"],
-        "subtype": row["subtype"],
-        "content": row["content"],
-        "question_id": row["question_id"],
-        "wake": row["wake"],
-        "dedup_key": row["dedup_key"],
-        "created_at": row["created_at"],
-        "outcome": row["outcome"],
-        "status": row["status"],
-        "consumed_turn_id": row["consumed_turn_id"],
-        "drop_reason": row["drop_reason"],
-    }
-    fields.update(overrides)
-    return Message(**fields)
+def _message(row: MessageRow | sa.RowMapping, target_name: str, **overrides: Any) -> Message:
+    """A :class:`Message` from an ORM row or a Core row mapping (the drain's set-based path)."""
+    if isinstance(row, MessageRow):
+        values = {name: getattr(row, name) for name in _MESSAGE_FIELDS}
+    else:
+        values = {name: row[name] for name in _MESSAGE_FIELDS}
+    return Message(**(values | {"target_name": target_name} | overrides))
 
 
 def _turn(row: TurnRow) -> TurnRecord:
