@@ -198,7 +198,9 @@ class Bench:
             self.rows.append(
                 _row(f"route p99 ({label})", self.backend, _pct(samples, 0.99), f99, "ms")
             )
-        return statistics.median(running)
+        # The wake floor adds a Redis round trip to the route of the answer that wakes: a route
+        # to a waiting agent.
+        return statistics.median(waiting)
 
     def wake_latency(self, route_p50: float) -> None:
         n = max(20, self.samples // 5)
@@ -303,9 +305,12 @@ class Bench:
         from agent_router import runtime
 
         queue = f"agent_router.bench.{uuid.uuid4().hex[:8]}"
-        # The scripted model answers at once: what is measured is routing and dispatch.
+        # The scripted model's final reply takes a quarter second to "write" (a short streamed
+        # answer; real model calls take seconds), so that a burst lands on a running turn as it
+        # does in production, not between turns of a model that answers in no time. Turn start
+        # is measured at the claim, before any model call.
         settings = self.settings.model_copy(
-            update={"queue": queue, "scripted_write_seconds": 0.0, "work_seconds": 0.0}
+            update={"queue": queue, "scripted_write_seconds": 0.25, "work_seconds": 0.0}
         )
         rt = runtime.configure(settings)
         app = rt.app
@@ -328,12 +333,18 @@ class Bench:
                 queues=[queue],
                 shutdown_timeout=30.0,
             ):
+                # The floor is one Celery round trip: a no-op task sent, run, its result back
+                # (through the result backend; the embedded broker has none, so there the
+                # task's start, seen in this process, ends the trip).
                 floor: list[float] = []
                 for _ in range(n):
                     sent = time.perf_counter()
-                    task_id = noop.apply_async(queue=queue).id
-                    _until(partial(started.__contains__, task_id))
-                    floor.append((started[task_id] - sent) * 1000)
+                    if app.conf.result_backend:
+                        noop.apply_async(queue=queue, ignore_result=False).get(timeout=30)
+                    else:
+                        task_id = noop.apply_async(queue=queue).id
+                        _until(partial(started.__contains__, task_id))
+                    floor.append((time.perf_counter() - sent) * 1000)
                 team = router.create_team()
                 for _ in range(n):
                     router.create_agent(team.id, role="Bench")
