@@ -111,7 +111,8 @@ def next_action(name: str, peers: list[str], entries: list[dict[str, Any]]) -> _
     asks_to_me: list[tuple[int, str]] = []
     answered: set[int] = set()
     sends = asks = 0
-    # An answer whose call was interrupted (its worker died) may never have been sent: redo it.
+    # A call that was interrupted (its worker died) may never have been made: it is made again,
+    # under the same dedup key, so one that was made is not accepted twice.
     interrupted = {
         e["payload"].get("tool_call_id")
         for e in entries
@@ -134,11 +135,13 @@ def next_action(name: str, peers: list[str], entries: list[dict[str, Any]]) -> _
         elif payload.get("role") == "assistant":
             for call in payload.get("tool_calls") or []:
                 tool = call["function"]["name"]
+                if call["id"] in interrupted:
+                    continue  # its worker died before it committed, perhaps: do it again
                 if tool == "send":
                     sends += 1
                 elif tool == "ask":
                     asks += 1
-                elif tool == "answer" and call["id"] not in interrupted:
+                elif tool == "answer":
                     answered.add(int(json.loads(call["function"]["arguments"])["question_id"]))
     for question_id, asker in asks_to_me:
         if question_id not in answered:
@@ -482,6 +485,14 @@ class _Workers:
         self.procs[i].send_signal(signal.SIGKILL)
         self.procs[i].wait()
 
+    def restart_exited(self) -> list[tuple[int, int]]:
+        """What a supervisor (compose's ``restart: unless-stopped``) does: start again every
+        worker that exited on its own. Returns ``(worker, exit code)`` of each."""
+        exited = [(i, p.returncode) for i, p in self.procs.items() if p.poll() is not None]
+        for i, _code in exited:
+            self.start(i)
+        return exited
+
     def stop_all(self, timeout: float = 60.0) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -623,6 +634,8 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
             workers.start(victim)
             result.events.append(f"{now - started:6.1f}s SIGKILL worker {victim} (restarted)")
             next_kill = now + rng.uniform(*profile.kill_every)
+        for i, code in workers.restart_exited():
+            result.events.append(f"{now - started:6.1f}s worker {i} exited ({code}): restarted")
         if redis_at and now >= redis_at:
             redis_server.stop()
             time.sleep(1.0)
