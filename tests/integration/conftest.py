@@ -69,9 +69,12 @@ def inproc_worker(celery_settings: Settings, celery_app: Celery) -> Iterator[Run
         runtime.reset()
 
 
-def _worker_env(settings: Settings) -> dict[str, str]:
+def _worker_env(settings: Settings, *, sweeper: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
     env.update(
+        # The session database holds every earlier test's teams, leftovers included: a worker's
+        # sweeper would republish and run them. Only the tests of that timer turn it on.
+        AGENT_ROUTER_WORKER_SWEEPER=str(sweeper).lower(),
         AGENT_ROUTER_DATABASE_URL=settings.database_url,
         AGENT_ROUTER_BROKER_URL=settings.broker_url,
         AGENT_ROUTER_QUEUE=settings.queue,

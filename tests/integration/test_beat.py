@@ -98,7 +98,7 @@ def test_worker_timer_takes_over_an_expired_lease_without_beat(
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")
     start_running(router, team.id, "Engineer_1")  # ... and its worker dies: no heartbeat
-    env = _worker_env(settings)
+    env = _worker_env(settings, sweeper=True)
     env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in timing.items()})
     with (tmp_path / "worker.log").open("w") as log:
         proc = subprocess.Popen(
