@@ -302,10 +302,12 @@ class Profile:
         return self.lease_seconds + self.sweep_seconds + TAKEOVER_SLACK
 
 
-#: CI: fits in about two minutes on two shared cores.
-CI_PROFILE = Profile(sends_per_agent=50, asks_per_agent=10, duration=90.0, settle_seconds=45.0)
-#: ``agent-router chaos --duration 600``: at least 1,000 messages and 100 asks.
-LONG_PROFILE = Profile(sends_per_agent=180, asks_per_agent=20, duration=600.0)
+#: CI: at least 1,000 messages and 100 asks (questions opened) in about two minutes on two
+#: shared cores; the run ends once every agent has sent its share.
+CI_PROFILE = Profile(sends_per_agent=130, asks_per_agent=25, duration=160.0, settle_seconds=45.0)
+#: ``agent-router chaos --duration 600``: enough to keep the team talking for ten minutes of kills
+#: (the run ends at ``duration`` or once every agent has sent its share, whichever comes first).
+LONG_PROFILE = Profile(sends_per_agent=900, asks_per_agent=150, duration=600.0)
 
 
 @dataclass(frozen=True, kw_only=True)

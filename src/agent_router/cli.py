@@ -780,8 +780,11 @@ def chaos(
     duration: Annotated[
         float, typer.Option(help="Most seconds of chaos (kills) before the team settles.")
     ] = 600.0,
-    sends: Annotated[int, typer.Option(help="Messages each of the 6 agents sends.")] = 180,
-    asks: Annotated[int, typer.Option(help="Asks each of the 6 agents makes.")] = 20,
+    sends: Annotated[
+        int | None,
+        typer.Option(help="Messages each of the 6 agents sends (default: enough for ten minutes)."),
+    ] = None,
+    asks: Annotated[int | None, typer.Option(help="Asks each of the 6 agents makes.")] = None,
     admin_url: Annotated[
         str,
         typer.Option(
@@ -798,7 +801,12 @@ def chaos(
 
     from agent_router.chaos import LONG_PROFILE, run_chaos
 
-    profile = replace(LONG_PROFILE, duration=duration, sends_per_agent=sends, asks_per_agent=asks)
+    profile = replace(
+        LONG_PROFILE,
+        duration=duration,
+        sends_per_agent=LONG_PROFILE.sends_per_agent if sends is None else sends,
+        asks_per_agent=LONG_PROFILE.asks_per_agent if asks is None else asks,
+    )
     result = run_chaos(profile, admin_url=admin_url, log=lambda line: print(line, flush=True))
     print(result.recovery_line())
     print(f"questions={result.questions} open_questions={result.open_questions}")

@@ -14,18 +14,19 @@ from agent_router.chaos import CI_PROFILE, run_chaos
 from ..conftest import PG_ADMIN_URL
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(290)
 def test_nothing_is_lost_under_chaos(redis_url: str) -> None:
     lines: list[str] = []
     result = run_chaos(CI_PROFILE, admin_url=PG_ADMIN_URL, log=lines.append)
-    print("\n".join([*lines, result.recovery_line(), result.summary()]))
+    questions = f"questions={result.questions} open_questions={result.open_questions}"
+    print("\n".join([*lines, result.recovery_line(), questions, result.summary()]))
     assert result.report.violations == []
     assert result.open_questions == 0
     assert result.ok
     assert result.kills >= 3
-    # 6 agents x 50 messages, plus asks, answers and wake-ups.
-    assert result.report.messages >= 6 * CI_PROFILE.sends_per_agent
-    assert result.questions >= 40
+    # Issue 6's volume: at least 1,000 messages and 100 asks (6 agents' sends, asks, answers).
+    assert result.report.messages >= 1000
+    assert result.questions >= 100
     # Recovery time, in two parts. Kill -> takeover is the router's: the lease runs out, then
     # the next pass of any worker's sweeper timer takes the turn over (lease + sweep period, plus
     # the pass's own run time). Takeover -> running is queueing for a free worker slot (and the
