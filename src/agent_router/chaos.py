@@ -569,8 +569,12 @@ def run_chaos(
             task = f"{TASK_PREFIX}{profile.sends_per_agent} asks={profile.asks_per_agent}"
             for name in names:
                 router.send(team.id, to=name, content=task, type=MessageType.TASK)
-            result = _chaos_loop(router, team.id, names, profile, workers, redis_server, rng, log)
-            _settle(router, team.id, names, profile, log)
+            quotas = dict.fromkeys(names, profile.sends_per_agent)
+            result = _chaos_loop(router, team.id, quotas, profile, workers, redis_server, rng, log)
+            if not _done(router, team.id, quotas):
+                quotas = _wrap_up(router, team.id, quotas)
+                log(f"time is up: each agent stops at what it has sent ({quotas})")
+            _settle(router, team.id, quotas, profile, log)
             workers.stop_all()
             workers = None
             _check(router, team.id, result)
@@ -595,25 +599,35 @@ def _sent(router: Router, team_id: int) -> dict[str, int]:
     return counts
 
 
-def _done(router: Router, team_id: int, names: list[str], profile: Profile) -> bool:
+def _done(router: Router, team_id: int, quotas: dict[str, int]) -> bool:
     sent = _sent(router, team_id)
-    return all(sent.get(n, 0) >= profile.sends_per_agent for n in names)
+    return all(sent.get(name, 0) >= quota for name, quota in quotas.items())
 
 
-def _kick(router: Router, team_id: int, names: list[str], profile: Profile) -> None:
+def _kick(router: Router, team_id: int, quotas: dict[str, int]) -> None:
     """Wake resting agents that still have messages to send (nobody else may wake them)."""
     sent = _sent(router, team_id)
     for agent in router.agents(team_id):
-        if agent.state in RESTING_STATES and sent.get(agent.display_name, 0) < (
-            profile.sends_per_agent
-        ):
-            router.send(team_id, to=agent.display_name, content="chaos kick")
+        name = agent.display_name
+        if agent.state in RESTING_STATES and sent.get(name, 0) < quotas[name]:
+            router.send(team_id, to=name, content="chaos kick")
+
+
+def _wrap_up(router: Router, team_id: int, quotas: dict[str, int]) -> dict[str, int]:
+    """The chaos time is up before the agents sent their share: a new task tells each to stop at
+    what it has sent and to ask nothing more (it still answers what it is asked), so that the team
+    can settle before the workers stop. Returns the new quotas."""
+    sent = _sent(router, team_id)
+    wrapped = {name: min(quota, sent.get(name, 0)) for name, quota in quotas.items()}
+    for name, quota in wrapped.items():
+        router.send(team_id, to=name, content=f"{TASK_PREFIX}{quota} asks=0", type=MessageType.TASK)
+    return wrapped
 
 
 def _chaos_loop(  # noqa: PLR0917 - one private call site
     router: Router,
     team_id: int,
-    names: list[str],
+    quotas: dict[str, int],
     profile: Profile,
     workers: _Workers,
     redis_server: _Redis,
@@ -650,9 +664,9 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
             pg_at = 0.0
         if now >= next_kick:
             with suppress(errors.AgentRouterError):
-                if _done(router, team_id, names, profile) and not redis_at and not pg_at:
+                if _done(router, team_id, quotas) and not redis_at and not pg_at:
                     break
-                _kick(router, team_id, names, profile)
+                _kick(router, team_id, quotas)
             next_kick = now + 2.0
         time.sleep(0.2)
     for line in result.events:
@@ -679,11 +693,13 @@ def _terminate_backends(router: Router) -> int:
     return len(rows)
 
 
-def _settle(router: Router, team_id: int, names: list[str], profile: Profile, log: Any) -> None:
+def _settle(
+    router: Router, team_id: int, quotas: dict[str, int], profile: Profile, log: Any
+) -> None:
     deadline = time.monotonic() + profile.settle_seconds
     while time.monotonic() < deadline:
         with suppress(errors.AgentRouterError):
-            _kick(router, team_id, names, profile)
+            _kick(router, team_id, quotas)
             agents = router.agents(team_id)
             open_q = _open_questions(router, team_id)
             if all(a.state in RESTING_STATES for a in agents) and not open_q:
