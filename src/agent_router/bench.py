@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -27,6 +26,7 @@ import redis
 import sqlalchemy as sa
 
 from agent_router.domain import MessageType
+from agent_router.hooks import HookChain, RouterHooks
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store import make_engine
@@ -346,16 +346,17 @@ class Bench:
                         _until(partial(started.__contains__, task_id))
                     floor.append((time.perf_counter() - sent) * 1000)
                 team = router.create_team()
-                for _ in range(n):
-                    router.create_agent(team.id, role="Bench")
+                agents = [router.create_agent(team.id, role="Bench") for _ in range(n)]
+                # The worker in this process tells when it claimed (a hook, no polling: a probe
+                # querying the database every millisecond would slow the very claim it watches).
+                clock = _ClaimClock()
+                assert isinstance(router.hooks, HookChain)  # Router always chains its hooks
+                router.hooks.hooks.append(clock)
                 ours: list[float] = []
-                for i in range(n):
-                    name = f"Bench_{i + 1}"
-                    sent_at = datetime.now(UTC).replace(tzinfo=None)
-                    router.send(team.id, to=name, content="go", sender="user")
-                    agent_id = router.agent(team.id, name).id
-                    claimed = _until(partial(_first_turn_start, router, agent_id))
-                    ours.append((claimed - sent_at).total_seconds() * 1000)
+                for agent in agents:
+                    sent = time.perf_counter()
+                    router.send(team.id, to=agent.display_name, content="go", sender="user")
+                    ours.append((clock.wait(agent.id) - sent) * 1000)
                     # The next sample starts with every worker slot free, as the floor's does.
                     _until(partial(_team_resting, router, team.id))
                 self.rows.append(
@@ -409,9 +410,23 @@ def _team_resting(router: Router, team_id: int) -> bool:
     return all(a.state.value in ("idle", "completed") for a in router.agents(team_id))
 
 
-def _first_turn_start(router: Router, agent_id: int) -> datetime | None:
-    turns = router.store.turns(agent_id)
-    return turns[0].started_at if turns else None
+class _ClaimClock(RouterHooks):
+    """When each agent's first turn was claimed (``perf_counter``), as the worker reports it."""
+
+    def __init__(self) -> None:
+        self._claimed: dict[int, float] = {}
+        self._changed = threading.Condition()
+
+    def after_claim(self, turn: Turn) -> None:
+        with self._changed:
+            self._claimed.setdefault(turn.record.agent_id, time.perf_counter())
+            self._changed.notify_all()
+
+    def wait(self, agent_id: int, timeout: float = 120.0) -> float:
+        with self._changed:
+            if not self._changed.wait_for(lambda: agent_id in self._claimed, timeout):
+                raise TimeoutError(f"no turn of agent {agent_id} was claimed")
+            return self._claimed[agent_id]
 
 
 def _rate(threads: int, per: int, fn: Callable[[int], None]) -> float:
