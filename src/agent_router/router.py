@@ -252,11 +252,10 @@ class Router:
 
     def claim(self, agent_id: int, epoch: int | None = None) -> Turn | None:
         """Claim by id and epoch, as a turn task does; duplicates and stale epochs get ``None``."""
-        record = self.store.claim_turn(agent_id, epoch)
-        if record is None:
+        claim = self.store.claim_turn(agent_id, epoch)
+        if claim is None:
             return None
-        agent = self.store.agent_by_id(agent_id)
-        turn = Turn(self, record, agent.team_id, agent.display_name)
+        turn = Turn(self, claim.record, claim.team_id, claim.display_name)
         self.hooks.after_claim(turn)
         return turn
 

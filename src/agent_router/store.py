@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -141,6 +141,14 @@ def make_engine(settings: Settings) -> Engine:
         max_overflow=settings.pool_size,
         pool_pre_ping=True,
     )
+
+
+class Claim(NamedTuple):
+    """A claimed turn and whose it is."""
+
+    record: TurnRecord
+    team_id: int
+    display_name: str
 
 
 _LEDGER_BUFFER = "agent_router.ledger"
@@ -847,9 +855,10 @@ class Store:
 
     # ------------------------------------------------------------------ turns
 
-    def claim_turn(self, agent_id: int, epoch: int | None = None) -> TurnRecord | None:
+    def claim_turn(self, agent_id: int, epoch: int | None = None) -> Claim | None:
         """Claim the scheduled turn of ``epoch`` (default: the current one); ``None`` if there is
-        nothing to claim: a duplicate or stale delivery, or no turn scheduled."""
+        nothing to claim: a duplicate or stale delivery, or no turn scheduled. The claim carries
+        the agent's team and name, so that starting the turn needs no second read."""
         with self._tx() as session:
             agent = self._lock_agent(session, agent_id)
             if agent is None:
@@ -891,7 +900,7 @@ class Store:
                 epoch=agent.epoch,
                 trigger=trigger.value,
             )
-            return _turn(turn)
+            return Claim(_turn(turn), agent.team_id, agent.display_name)
 
     def _fenced(
         self, session: Session, turn: TurnRecord, operation: str
