@@ -199,6 +199,8 @@ class OutboxRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     published_at: Mapped[datetime | None]
     attempts: Mapped[int] = mapped_column(default=0)
+    # When a sweeper last took the row to publish it again (concurrent sweepers skip it).
+    attempted_at: Mapped[datetime | None]
 
 
 class BackgroundJobRow(Base):

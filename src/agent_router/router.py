@@ -462,7 +462,7 @@ class Router:
         if target is None:
             raise errors.ConfigurationError("no publisher to publish the outbox with")
         return self._publish_entries(
-            target, self.store.unpublished(older_than_seconds=older_than_seconds)
+            target, self.store.claim_unpublished(older_than_seconds=older_than_seconds)
         )
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:

@@ -2018,13 +2018,7 @@ class Store:
         row = session.get(OutboxRow, entry.id)
         assert row is not None and entry.kind is OutboxKind.ENQUEUE_TURN
         row.payload = payload
-        effects.outbox[-1] = OutboxEntry(
-            id=entry.id,
-            kind=entry.kind,
-            agent_id=entry.agent_id,
-            epoch=entry.epoch,
-            payload=payload,
-        )
+        effects.outbox[-1] = _outbox_entry(row)
 
     def running_jobs(self, *, older_than_seconds: float, limit: int = 500) -> list[BackgroundJob]:
         """Jobs with no completion seen yet, started at least ``older_than_seconds`` ago."""
@@ -2072,6 +2066,32 @@ class Store:
         except DBAPIError as exc:
             raise errors.StoreError(f"database error: {exc.orig!r}") from exc
 
+    def claim_unpublished(
+        self, *, older_than_seconds: float = 0.0, limit: int = 500
+    ) -> list[OutboxEntry]:
+        """Outbox rows to publish again: unpublished, older than ``older_than_seconds``, and not
+        taken by a sweeper within that time. They are taken (``attempted_at``) in this
+        transaction, skipping rows another sweeper holds locked, so that the timers of many
+        workers publish a lost row once, not once each. A publish that fails leaves the row to
+        the next pass after the same delay."""
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._tx() as session:
+            rows = session.scalars(
+                sa.select(OutboxRow)
+                .where(
+                    OutboxRow.published_at.is_(None),
+                    OutboxRow.created_at <= cutoff,
+                    sa.or_(OutboxRow.attempted_at.is_(None), OutboxRow.attempted_at <= cutoff),
+                )
+                .order_by(OutboxRow.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).all()
+            now = utcnow()
+            for row in rows:
+                row.attempted_at = now
+            return [_outbox_entry(r) for r in rows]
+
     def unpublished(
         self, *, older_than_seconds: float = 0.0, limit: int = 500
     ) -> list[OutboxEntry]:
@@ -2083,24 +2103,14 @@ class Store:
                 .order_by(OutboxRow.id)
                 .limit(limit)
             ).all()
-            return [
-                OutboxEntry(
-                    id=r.id, kind=r.kind, agent_id=r.agent_id, epoch=r.epoch, payload=r.payload
-                )
-                for r in rows
-            ]
+            return [_outbox_entry(r) for r in rows]
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:
         with self._sessions() as session:
             rows = session.scalars(
                 sa.select(OutboxRow).where(OutboxRow.team_id == team_id).order_by(OutboxRow.id)
             ).all()
-            return [
-                OutboxEntry(
-                    id=r.id, kind=r.kind, agent_id=r.agent_id, epoch=r.epoch, payload=r.payload
-                )
-                for r in rows
-            ]
+            return [_outbox_entry(r) for r in rows]
 
     def seed_mailbox(
         self, agent_id: int, count: int, *, content: str, sender: str = "system"
@@ -2372,6 +2382,12 @@ def _message(row: MessageRow | sa.RowMapping, target_name: str, **overrides: Any
     else:
         values = {name: row[name] for name in _MESSAGE_FIELDS}
     return Message(**(values | {"target_name": target_name} | overrides))
+
+
+def _outbox_entry(row: OutboxRow) -> OutboxEntry:
+    return OutboxEntry(
+        id=row.id, kind=row.kind, agent_id=row.agent_id, epoch=row.epoch, payload=row.payload
+    )
 
 
 def _turn(row: TurnRow) -> TurnRecord:

@@ -3,7 +3,9 @@ unpublished outbox rows, overdue questions."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -148,6 +150,49 @@ def test_unpublished_outbox_rows_are_published_by_the_sweeper(database_url: str)
     assert _count(sweeper, team.id, LedgerAction.REENQUEUED) == 0
     assert all(e.id not in {u.id for u in sweeper.store.unpublished()} for e in mine)
     sweeper.close()
+
+
+def test_concurrent_sweepers_publish_a_lost_row_once(database_url: str) -> None:
+    """Every worker runs a sweeper timer: two passes at the same instant must not both publish
+    the same lost outbox row (each takes its rows; the other skips them)."""
+    settings = Settings(database_url=database_url, **FAST)
+    offline = Router(settings)  # commits, never publishes: every enqueue is "lost"
+    team = offline.create_team()
+    names = [offline.create_agent(team.id, role="Engineer").display_name for _ in range(8)]
+    ours = {offline.agent(team.id, n).id for n in names}
+    sweepers = [Router(settings, publisher=RecordingPublisher()) for _ in range(2)]
+    for _round in range(25):
+        for name in names:  # one lost enqueue per agent and round
+            offline.send(team.id, to=name, content="go", sender="user")
+        _wait_past(FAST["sweep_seconds"])  # as a sweeper sees them: older than a period
+        barrier = threading.Barrier(2)
+
+        def sweep(router: Router, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            router.publish_outbox(older_than_seconds=FAST["sweep_seconds"])
+
+        threads = [threading.Thread(target=sweep, args=(r,)) for r in sweepers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for name in names:  # back to idle for the next round's enqueue
+            turn = offline.claim_turn(team.id, name)
+            assert turn is not None
+            turn.drain()
+            turn.append_assistant(assistant("ok"))
+            turn.end()
+    published = Counter(
+        e.id
+        for r in sweepers
+        for e in r.publisher.entries  # type: ignore[union-attr]
+        if e.agent_id in ours
+    )
+    lost = {e.id for e in offline.outbox(team.id)}
+    assert set(published) == lost  # every lost row published...
+    assert [row for row, n in published.items() if n > 1] == []  # ...exactly once
+    for r in (offline, *sweepers):
+        r.close()
 
 
 def test_overdue_questions_expire_on_sweep(fast_router: Router) -> None:

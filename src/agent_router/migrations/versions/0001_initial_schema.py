@@ -191,6 +191,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.Column("published_at", sa.DateTime(), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("attempted_at", sa.DateTime(), nullable=True),
         sa.ForeignKeyConstraint(
             ["agent_id"], ["ar_agents.id"], name=op.f("fk_ar_outbox_agent_id_ar_agents")
         ),
