@@ -161,7 +161,7 @@ def test_concurrent_sweepers_publish_a_lost_row_once(database_url: str) -> None:
     names = [offline.create_agent(team.id, role="Engineer").display_name for _ in range(8)]
     ours = {offline.agent(team.id, n).id for n in names}
     sweepers = [Router(settings, publisher=RecordingPublisher()) for _ in range(2)]
-    for _round in range(25):
+    for _round in range(12):
         for name in names:  # one lost enqueue per agent and round
             offline.send(team.id, to=name, content="go", sender="user")
         _wait_past(FAST["sweep_seconds"])  # as a sweeper sees them: older than a period
