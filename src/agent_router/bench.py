@@ -2,9 +2,10 @@
 in the same run on the same machine.
 
 Floors: one transaction that locks a row, inserts one and updates one (route); one Redis round
-trip plus the route (wake); one Celery round trip of a no-op task, send to execution start, on the
-same broker and worker (turn start); the same number of threads doing the floor transaction
-(throughput); one Celery task per message (burst). Nothing here is asserted: it reports.
+trip plus the route of the waking answer (wake); one Celery round trip of a no-op task, sent, run
+and its result back, on the same broker and worker (turn start); the same number of threads doing
+the floor transaction (throughput); one Celery task per message (burst). Nothing here is
+asserted: it reports.
 """
 
 from __future__ import annotations
