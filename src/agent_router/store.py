@@ -70,7 +70,14 @@ logger = logging.getLogger(__name__)
 #: Senders that are not agents of the team. ``job:<name>`` is a background job.
 EXTERNAL_SENDERS = frozenset({"user", "system"})
 EXTERNAL_PREFIX = "job:"
-INTERRUPTED_RESULT = "interrupted: the turn running this tool call ended before it returned"
+#: The synthetic result of a tool call whose turn died or ended first. It says that the call may
+#: have taken effect (a sub-agent created, a message sent) so that the model looks before it
+#: repeats a call that is not idempotent.
+INTERRUPTED_RESULT = (
+    "interrupted: the turn running this tool call ended before it returned; it may or may not "
+    "have taken effect, so check (list_sub_agents, list_agents, get_sub_agent_status) before "
+    "repeating it"
+)
 #: A burst of background-job completions delays its agent's turn by at most this many batch
 #: windows (``Settings.background_batch_seconds``) after the first completion.
 JOB_BATCH_MAX_WINDOWS = 10
