@@ -19,7 +19,9 @@ host app adds it with :func:`install`.
 from __future__ import annotations
 
 import logging
+import os
 import random
+from functools import partial
 from typing import Any
 
 from celery import Celery, bootsteps
@@ -50,6 +52,9 @@ class WorkerSweeper(bootsteps.StartStopStep):
         from agent_router.router import Router
 
         router = Router(settings, publisher=CeleryPublisher(parent.app))
+        # A prefork pool's children are forks of this process: each drops its copy of this
+        # router's connection pool, so that it never uses (or closes) the parent's connections.
+        os.register_at_fork(after_in_child=partial(router.store.engine.dispose, close=False))
         period = settings.sweep_seconds
         return SweeperThread(router, period=period, first_after=random.uniform(0.0, period))
 

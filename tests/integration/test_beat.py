@@ -3,12 +3,15 @@ mode's in-process timer."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from celery import Celery
 
 from agent_router import AgentState, LedgerAction, Router, Settings, TurnTrigger
@@ -85,6 +88,30 @@ def test_worker_sweeper_step_is_installed_once() -> None:
     install(app)
     install(app)
     assert [s for s in app.steps["worker"] if s is WorkerSweeper] == [WorkerSweeper]
+
+
+def test_worker_sweeper_connections_are_not_shared_with_forked_children(
+    celery_settings: Settings, celery_app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefork pool forks the worker after the step made its router: a child must start with
+    an empty pool of its own, and the parent's connection must still work afterwards."""
+    monkeypatch.setenv("AGENT_ROUTER_DATABASE_URL", celery_settings.database_url)
+    monkeypatch.setenv("AGENT_ROUTER_BROKER_URL", celery_settings.broker_url)
+    step = WorkerSweeper(SimpleNamespace(app=celery_app))
+    sweeper = step.create(SimpleNamespace(app=celery_app))
+    try:
+        engine = sweeper.router.store.engine
+        sweeper.router.sweep()  # the parent's pool now holds a connection
+        assert engine.pool.checkedin() == 1
+        pid = os.fork()
+        if pid == 0:  # the child: a pool of its own, empty
+            os._exit(0 if engine.pool.checkedin() == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        sweeper.router.sweep()  # the parent's connection was left alone
+        assert engine.pool.checkedin() == 1
+    finally:
+        sweeper.router.close()
 
 
 def test_worker_timer_takes_over_an_expired_lease_without_beat(
