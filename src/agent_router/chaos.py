@@ -400,8 +400,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class _Redis:
-    """A private redis-server on its own port (no persistence: a restart loses everything)."""
+class PrivateRedis:
+    """A private redis-server on its own port (no persistence: a restart loses everything), so
+    that stopping it disturbs nobody else's Redis (the chaos run; the broker-down test)."""
 
     def __init__(self, workdir: Path) -> None:
         self.port = _free_port()
@@ -520,7 +521,7 @@ def run_chaos(
         _database(admin_url) as dbname,
     ):
         workdir = Path(tmp)
-        redis_server = _Redis(workdir)
+        redis_server = PrivateRedis(workdir)
         redis_server.start()
         base = admin_url.rsplit("/", 1)[0] + "/" + dbname
         common: dict[str, Any] = {
@@ -630,7 +631,7 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
     quotas: dict[str, int],
     profile: Profile,
     workers: _Workers,
-    redis_server: _Redis,
+    redis_server: PrivateRedis,
     rng: random.Random,
     log: Any,
 ) -> ChaosResult:

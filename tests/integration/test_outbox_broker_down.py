@@ -4,57 +4,21 @@ private redis-server on its own port, so other tests' Redis is not disturbed."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from celery.contrib.testing.worker import start_worker
 
 from agent_router import MessageStatus, RouteOutcome, Settings, runtime
 from agent_router.celery_app import create_app
+from agent_router.chaos import PrivateRedis
 from agent_router.checks import check_team
 from agent_router.demo import wait_quiescent
 
 TIMEOUT = 60.0
-
-
-class PrivateRedis:
-    def __init__(self, workdir: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if redis.Redis(port=self.port).ping():
-                    return
-            except redis.RedisError:
-                time.sleep(0.05)
-        pytest.fail("private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
 
 
 @pytest.fixture
