@@ -567,13 +567,13 @@ class Store:
         )
 
     def _resolve_sender(
-        self, req: SendRequest, found: tuple[int | None, AgentState | None] | None = None
+        self, req: SendRequest, found: tuple[int | None, AgentState | None]
     ) -> int | None:
         """The sending agent's id (``None`` for an external sender), from ``found``: its
         ``(id, state)`` as read with the target, or ``(None, None)`` when no such agent."""
         if _is_external(req.sender):
             return None  # display names may not take these forms, so no lookup is needed
-        source_id, state = found or (None, None)
+        source_id, state = found
         if source_id is not None:
             if state is AgentState.TERMINATED:
                 raise self._reject(
