@@ -150,7 +150,8 @@ class ScriptedModel:
 
     Sub-agent script (reacting to what was drained since its last reply):
 
-    - a question asked of it (``ask``) is answered first, with ``answer_other_agent``;
+    - a question asked of it (``ask``) is answered first, with ``answer_other_agent`` (the
+      answer takes ``write_seconds`` to write);
     - a ``task`` (or a message when it has no job) starts a job: first the task's directive
       lines (``@tool {json}``, one tool call each, e.g. ``@ask_master {...}``), then the role's
       ``do_work`` steps; the first reply carries text (sent to the lead as progress output);
@@ -321,6 +322,10 @@ class ScriptedModel:
         job = self._job(script, messages)
         if questions and "answer_other_agent" in available:
             q = questions[0]
+            # Writing an answer takes a while too: the asker stays waiting on a running agent
+            # for at least that long (seed 3.5), long enough to be seen by `agent-router status`.
+            if self.write_seconds:
+                time.sleep(self.write_seconds)
             return {
                 "role": "assistant",
                 "content": f"Answering {q.sender}'s question {q.question_id}.",

@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     scripted_write_seconds: float = Field(
         1.0,
         ge=0,
-        description="How long the ScriptedModel takes to write a sub-agent's final reply, so "
-        "that a message can arrive while the last output is being written (seed 3.4).",
+        description="How long the ScriptedModel takes to write a sub-agent's final reply (so "
+        "that a message can arrive while the last output is being written, seed 3.4) or its "
+        "answer to another agent's question (so the asker is seen waiting, seed 3.5).",
     )
     wake_recheck_seconds: float = Field(
         5.0,
