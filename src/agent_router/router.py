@@ -99,6 +99,48 @@ class Router:
             team_id, role=role, display_name=display_name, system_prompt=system_prompt
         )
 
+    def create_agent_with_task(
+        self,
+        team_id: int,
+        *,
+        role: str,
+        task: str,
+        sender: str = "user",
+        display_name: str | None = None,
+        system_prompt: str | None = None,
+    ) -> tuple[Agent, Delivery]:
+        """Add a sub-agent and send it its first ``task`` in one transaction: a crash or a
+        refused task (too large, unknown sender, ...) leaves neither behind. The task wakes the
+        new agent like any message to an idle one (``triggered_new_turn``)."""
+        if not isinstance(role, str):
+            raise errors.InvalidMessageError("role must be a string")
+        request = self._validate(
+            team_id,
+            to=display_name or role,  # replaced by the new agent's display name
+            content=task,
+            sender=sender,
+            type=MessageType.TASK,
+            subtype=None,
+            question_id=None,
+            wake=True,
+            dedup_key=None,
+        )
+        try:
+            agent, delivery, effects = self.store.create_agent_with_task(
+                team_id,
+                role=role,
+                display_name=display_name,
+                system_prompt=system_prompt,
+                task=request,
+            )
+        except errors.RefusedError as exc:
+            self.hooks.after_reject(team_id, sender, exc)
+            raise
+        assert delivery is not None
+        self._publish(effects)
+        self.hooks.after_route(team_id, sender, delivery)
+        return agent, delivery
+
     # ------------------------------------------------------------------ reads
 
     def team(self, team_id: int) -> Team:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, cast
 
@@ -444,6 +444,22 @@ class Store:
         display_name: str | None = None,
         system_prompt: str | None = None,
     ) -> Agent:
+        agent, _, _ = self.create_agent_with_task(
+            team_id, role=role, display_name=display_name, system_prompt=system_prompt
+        )
+        return agent
+
+    def create_agent_with_task(
+        self,
+        team_id: int,
+        *,
+        role: str,
+        display_name: str | None = None,
+        system_prompt: str | None = None,
+        task: SendRequest | None = None,
+    ) -> tuple[Agent, Delivery | None, Effects]:
+        """Add a sub-agent and, when ``task`` is given, route that message to it (its ``to`` is
+        replaced by the new display name) in the same transaction: both exist, or neither."""
         role = role.strip()
         if (
             not role
@@ -454,60 +470,74 @@ class Store:
             raise errors.InvalidMessageError(f"invalid role name {role!r}")
         if display_name is not None:
             _check_display_name(display_name)
+        effects = Effects()
+        delivery: Delivery | None = None
         try:
             with self._tx() as session:
                 self._team(session, team_id, lock=True)
-                if display_name is None:
-                    # {Role}_{n}, n counted per role from 1; the team lock makes the count safe.
-                    taken = set(
-                        session.scalars(
-                            sa.select(AgentRow.display_name).where(
-                                AgentRow.team_id == team_id, AgentRow.role == role
-                            )
-                        )
-                    )
-                    n = 1
-                    while f"{role}_{n}" in taken:
-                        n += 1
-                    display_name = f"{role}_{n}"
-                if self._agent_by_name(session, team_id, display_name) is not None:
-                    raise _Refused(
-                        errors.DuplicateDisplayNameError(
-                            f"display name {display_name!r} is taken in team {team_id}"
-                        ),
-                        LedgerAction.SEND_REJECTED,
-                        team_id=team_id,
-                        reason="duplicate_display_name",
-                        display_name=display_name,
-                    )
-                agent = AgentRow(
-                    team_id=team_id,
-                    display_name=display_name,
-                    role=role,
-                    is_lead=False,
-                    state=AgentState.IDLE,
-                    system_prompt=system_prompt,
-                )
-                session.add(agent)
-                session.flush()
-                if system_prompt:
-                    self._append(
-                        session,
-                        agent.id,
-                        {"role": "system", "content": system_prompt},
-                        turn_id=None,
-                    )
-                self._ledger(
-                    session,
-                    LedgerAction.AGENT_CREATED,
-                    team_id=team_id,
-                    agent_id=agent.id,
-                    display_name=display_name,
-                    role=role,
-                )
-                return _agent(agent)
+                agent = self._add_agent(session, team_id, role, display_name, system_prompt)
+                if task is not None:
+                    task = replace(task, team_id=team_id, to=agent.display_name)
+                    delivery = self._route(session, task, effects)
+                return _agent(agent), delivery, effects
         except IntegrityError as exc:  # pragma: no cover - the team lock makes this unreachable
             raise errors.DuplicateDisplayNameError(str(exc.orig)) from exc
+
+    def _add_agent(
+        self,
+        session: Session,
+        team_id: int,
+        role: str,
+        display_name: str | None,
+        system_prompt: str | None,
+    ) -> AgentRow:
+        """Insert the agent (the caller holds the team lock)."""
+        if display_name is None:
+            # {Role}_{n}, n counted per role from 1; the team lock makes the count safe.
+            taken = set(
+                session.scalars(
+                    sa.select(AgentRow.display_name).where(
+                        AgentRow.team_id == team_id, AgentRow.role == role
+                    )
+                )
+            )
+            n = 1
+            while f"{role}_{n}" in taken:
+                n += 1
+            display_name = f"{role}_{n}"
+        if self._agent_by_name(session, team_id, display_name) is not None:
+            raise _Refused(
+                errors.DuplicateDisplayNameError(
+                    f"display name {display_name!r} is taken in team {team_id}"
+                ),
+                LedgerAction.SEND_REJECTED,
+                team_id=team_id,
+                reason="duplicate_display_name",
+                display_name=display_name,
+            )
+        agent = AgentRow(
+            team_id=team_id,
+            display_name=display_name,
+            role=role,
+            is_lead=False,
+            state=AgentState.IDLE,
+            system_prompt=system_prompt,
+        )
+        session.add(agent)
+        session.flush()
+        if system_prompt:
+            self._append(
+                session, agent.id, {"role": "system", "content": system_prompt}, turn_id=None
+            )
+        self._ledger(
+            session,
+            LedgerAction.AGENT_CREATED,
+            team_id=team_id,
+            agent_id=agent.id,
+            display_name=display_name,
+            role=role,
+        )
+        return agent
 
     def team(self, team_id: int) -> Team:
         with self._sessions() as session:

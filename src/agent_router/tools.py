@@ -269,17 +269,13 @@ def _create_sub_agent(roles: RoleCatalogue) -> ToolFunction:
             raise ToolError(f"unknown role {role_name!r}; roles: {known}", reason="unknown_role")
         if len(task.encode("utf-8", "surrogatepass")) > ctx.settings.max_content_bytes:
             raise ToolError("`task` is larger than the message limit", reason="too_large")
-        agent = ctx.router.create_agent(
+        # One transaction: a crash between the two cannot leave a sub-agent without its task.
+        agent, delivery = ctx.router.create_agent_with_task(
             ctx.turn.team_id,
             role=role_name,
-            system_prompt=role.system_prompt if role is not None else None,
-        )
-        delivery = ctx.router.send(
-            ctx.turn.team_id,
-            to=agent.display_name,
-            content=task,
+            task=task,
             sender=ctx.turn.display_name,
-            type=MessageType.TASK,
+            system_prompt=role.system_prompt if role is not None else None,
         )
         return ok(
             display_name=agent.display_name,

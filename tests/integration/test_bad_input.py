@@ -88,6 +88,32 @@ def test_malformed_send_is_refused_and_changes_nothing(
     router.close()
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"task": "x" * 2049}, ContentTooLargeError),
+        ({"task": " "}, InvalidMessageError),
+        ({"task": "hi", "sender": "Team Leadr"}, UnknownAgentError),
+        ({"task": "hi", "display_name": "Team Leader"}, DuplicateDisplayNameError),
+        ({"task": "hi", "role": "job:ci"}, InvalidMessageError),
+    ],
+)
+def test_agent_with_a_refused_task_is_not_created(
+    database_url: str, kwargs: dict[str, Any], error: type[AgentRouterError]
+) -> None:
+    """A sub-agent and its first task are one transaction: a refusal of either leaves neither."""
+    router = Router(Settings(database_url=database_url, max_content_bytes=2048))
+    team = router.create_team()
+    before = _snapshot(router, team.id)
+    kwargs = {"role": "Engineer", "sender": "Team Leader", **kwargs}
+    with pytest.raises(error):
+        router.create_agent_with_task(team.id, **kwargs)
+    assert _snapshot(router, team.id) == before
+    assert LedgerAction.AGENT_CREATED not in {e.action for e in router.ledger(team.id)[1:]}
+    assert router.create_agent(team.id, role="Engineer").display_name == "Engineer_1"
+    router.close()
+
+
 def test_unknown_team(router: Router) -> None:
     with pytest.raises(UnknownTeamError):
         router.send(987654, to="Team Leader", content="hi")

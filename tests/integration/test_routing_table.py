@@ -79,6 +79,35 @@ def test_resting_agent_gets_exactly_one_turn(
     assert new_rows[-1].id in {e.id for e in publisher.entries}
 
 
+def test_agent_created_with_its_task_is_woken_by_it(
+    router: Router, publisher: RecordingPublisher
+) -> None:
+    team = router.create_team()
+    agent, d = router.create_agent_with_task(
+        team.id,
+        role="Engineer",
+        task="Add /health.",
+        sender="Team Leader",
+        system_prompt="Be brief.",
+    )
+    assert agent.display_name == d.target == "Engineer_1"
+    assert agent.state is AgentState.SCHEDULED and d.outcome is RouteOutcome.TRIGGERED_NEW_TURN
+    (task,) = [m for m in router.messages(team.id) if m.target_name == "Engineer_1"]
+    assert (task.id, task.type, task.source_name) == (d.message_id, MessageType.TASK, "Team Leader")
+    assert [e.kind for e in router.outbox(team.id)] == [OutboxKind.ENQUEUE_TURN]
+    assert router.outbox(team.id)[0].id in {e.id for e in publisher.entries}
+    created, routed = (
+        [e for e in router.ledger(team.id) if e.action is action]
+        for action in (LedgerAction.AGENT_CREATED, LedgerAction.ROUTE)
+    )
+    assert created[0].id < routed[0].id  # created, then routed: one transaction, in that order
+    turn = router.claim_turn(team.id, "Engineer_1")
+    assert turn is not None
+    drained = turn.drain()
+    assert [m.content for m in drained] == ["Add /health."]
+    assert router.transcript(team.id, "Engineer_1")[0]["content"] == "Be brief."
+
+
 def test_scheduled_agent_coalesces(router: Router) -> None:
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")
