@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Make PostgreSQL and Redis answer on 127.0.0.1 for the test suite: use them if they answer,
-# start them if installed, install them (Debian packages) if missing. Fails loudly otherwise:
-# the suite never skips a real-service test.
+# Make PostgreSQL, Redis and RabbitMQ answer on 127.0.0.1 for the test suite: use them if they
+# answer, start them if installed, install them (Debian packages) if missing. Fails loudly
+# otherwise: the suite never skips a real-service test. (RabbitMQ serves one test: the seed
+# scenarios through a worker on an amqp:// broker; everything else uses Redis.)
 set -euo pipefail
 
 PG_HOST=127.0.0.1
 PG_PORT=${AGENT_ROUTER_TEST_PG_PORT:-5432}
 REDIS_PORT=${AGENT_ROUTER_TEST_REDIS_PORT:-6379}
+AMQP_PORT=${AGENT_ROUTER_TEST_AMQP_PORT:-5672}
 
 have() { command -v "$1" >/dev/null 2>&1; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif have sudo; then sudo "$@"; else "$@"; fi; }
@@ -22,6 +24,14 @@ redis_up() {
     local reply; read -r -t 2 reply <&3 || true; exec 3>&-
     [ "${reply%$'\r'}" = "+PONG" ]
   fi
+}
+
+amqp_up() {
+  # The AMQP 0-9-1 handshake: a broker answers the protocol header with its Connection.Start.
+  exec 4<>"/dev/tcp/127.0.0.1/$AMQP_PORT" 2>/dev/null || return 1
+  printf 'AMQP\x00\x00\x09\x01' >&4
+  local reply; reply=$(timeout 2 head -c 1 <&4 | od -An -tx1 | tr -d ' ') || true; exec 4>&-
+  [ "$reply" = 01 ]  # frame type 1: a method frame
 }
 
 apt_install() {
@@ -71,6 +81,17 @@ start_redis() {
   wait_for Redis redis_up
 }
 
+start_rabbitmq() {
+  if ! have rabbitmq-server; then
+    apt_install rabbitmq-server
+  fi
+  # The Debian package may have started it already (where services start on install).
+  amqp_up || as_root rabbitmq-server -detached
+  wait_for RabbitMQ amqp_up
+}
+
 pg_up || start_pg
 redis_up || start_redis
-echo "services: PostgreSQL on $PG_HOST:$PG_PORT and Redis on 127.0.0.1:$REDIS_PORT answer" >&2
+amqp_up || start_rabbitmq
+echo "services: PostgreSQL on $PG_HOST:$PG_PORT, Redis on 127.0.0.1:$REDIS_PORT and RabbitMQ on" \
+  "127.0.0.1:$AMQP_PORT answer" >&2

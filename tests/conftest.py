@@ -18,6 +18,7 @@ PG_ADMIN_URL = os.environ.get(
     "AGENT_ROUTER_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
 )
 REDIS_URL = os.environ.get("AGENT_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("AGENT_ROUTER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 BACKENDS = ("sqlite", "postgresql")
 
 
@@ -88,3 +89,16 @@ def redis_url() -> str:
     finally:
         client.close()
     return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    """RabbitMQ, for the tests that show it works as the broker too."""
+    from kombu import Connection
+
+    with Connection(AMQP_URL, connect_timeout=5) as conn:
+        try:
+            conn.ensure_connection(max_retries=3, interval_start=1, interval_step=1)
+        except Exception as exc:  # kombu raises the transport's own errors
+            pytest.fail(f"RabbitMQ is required at {AMQP_URL} (run ./dev test): {exc!r}")
+    return AMQP_URL

@@ -1,4 +1,5 @@
-"""Celery fixtures: real workers (in-process threads and a subprocess) on Redis + PostgreSQL.
+"""Celery fixtures: real workers (in-process threads and a subprocess) on Redis (or RabbitMQ) +
+PostgreSQL.
 
 Each test gets its own Celery queue, so a worker never takes another test's (or another test
 session's) turn tasks from the shared Redis.
@@ -28,10 +29,19 @@ WORKER_START_TIMEOUT = 60.0
 
 
 @pytest.fixture
-def celery_settings(pg_schema_url: str, redis_url: str) -> Settings:
+def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    """Redis; a test parametrized with ``indirect=["broker_url"]`` and "rabbitmq" gets RabbitMQ."""
+    if getattr(request, "param", "redis") == "rabbitmq":
+        return str(request.getfixturevalue("amqp_url"))
+    return redis_url
+
+
+@pytest.fixture
+def celery_settings(pg_schema_url: str, broker_url: str, redis_url: str) -> Settings:
     return Settings(
         database_url=pg_schema_url,
-        broker_url=redis_url,
+        broker_url=broker_url,
+        redis_url=redis_url,  # wake keys of blocked asks in Redis, as in production
         queue=f"agent_router.test.{uuid.uuid4().hex[:10]}",
         # UI Operator_1 checks in up to 40 times (0.1 s each) before it gives up waiting for
         # the lead's steer: seconds of margin for the demo to send it.
@@ -81,6 +91,8 @@ def _worker_env(settings: Settings, *, sweeper: bool = False) -> dict[str, str]:
         AGENT_ROUTER_WORK_SECONDS=str(settings.work_seconds),
         AGENT_ROUTER_SCRIPTED_WRITE_SECONDS=str(settings.scripted_write_seconds),
     )
+    if settings.redis_url:
+        env["AGENT_ROUTER_REDIS_URL"] = settings.redis_url
     return env
 
 

@@ -35,7 +35,6 @@ def one_slot_worker(celery_settings: Settings, celery_app: Celery) -> Iterator[R
         update={
             "ask_block_seconds": 0.3,
             "scripted_write_seconds": 0.0,
-            "redis_url": celery_settings.broker_url,  # wake keys in Redis, as in production
         }
     )
     rt = runtime.configure(settings, app=celery_app)

@@ -1,5 +1,6 @@
 """Agent turns as Celery tasks, with real workers: Redis + PostgreSQL (in-process testing worker
-and an ``agent-router worker`` subprocess), and the embedded mode (SQLite + memory://)."""
+and an ``agent-router worker`` subprocess, also on RabbitMQ), and the embedded mode (SQLite +
+memory://)."""
 
 from __future__ import annotations
 
@@ -133,7 +134,9 @@ def test_seed_scenarios_with_inprocess_worker(inproc_worker: Runtime) -> None:
     assert_scenarios(router, result)
 
 
+@pytest.mark.parametrize("broker_url", ["redis", "rabbitmq"], indirect=True)
 def test_seed_scenarios_with_subprocess_worker(subprocess_worker: Runtime) -> None:
+    """An ``agent-router worker`` process on each broker DESIGN section 6 names."""
     router = subprocess_worker.router
     result = run_scenarios(router, setup_team(router), timeout=TIMEOUT)
     assert_scenarios(router, result)
