@@ -19,7 +19,7 @@ redis_up() {
     [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]
   else
     # No client: speak RESP over bash's /dev/tcp.
-    exec 3<>"/dev/tcp/127.0.0.1/$REDIS_PORT" 2>/dev/null || return 1
+    { exec 3<>"/dev/tcp/127.0.0.1/$REDIS_PORT"; } 2>/dev/null || return 1
     printf 'PING\r\n' >&3
     local reply; read -r -t 2 reply <&3 || true; exec 3>&-
     [ "${reply%$'\r'}" = "+PONG" ]
@@ -28,7 +28,8 @@ redis_up() {
 
 amqp_up() {
   # The AMQP 0-9-1 handshake: a broker answers the protocol header with its Connection.Start.
-  exec 4<>"/dev/tcp/127.0.0.1/$AMQP_PORT" 2>/dev/null || return 1
+  # (In braces, the 2>/dev/null covers the connect only; on a bare exec it would stay.)
+  { exec 4<>"/dev/tcp/127.0.0.1/$AMQP_PORT"; } 2>/dev/null || return 1
   printf 'AMQP\x00\x00\x09\x01' >&4
   local reply; reply=$(timeout 2 head -c 1 <&4 | od -An -tx1 | tr -d ' ') || true; exec 4>&-
   [ "$reply" = 01 ]  # frame type 1: a method frame
