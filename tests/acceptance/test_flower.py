@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import pytest
 from celery import Celery
+from kombu import Queue
 
 from agent_router import Settings, runtime
 from agent_router.celery_app import create_app
@@ -208,5 +209,5 @@ def test_flower_shows_turn_tasks_with_readable_args(
             assert 'agent_router_mailbox_depth{agent_state="completed"}' in metrics
     finally:
         with app.connection_for_write() as conn:
-            conn.default_channel.queue_delete(settings.queue)
+            Queue(settings.queue, channel=conn.default_channel).delete()
         app.close()

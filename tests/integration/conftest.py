@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu import Queue
 
 from agent_router import Settings, runtime
 from agent_router.celery_app import create_app
@@ -56,7 +57,7 @@ def celery_app(celery_settings: Settings) -> Iterator[Celery]:
     app = create_app(celery_settings, main=f"agent_router_test_{uuid.uuid4().hex[:6]}")
     yield app
     with app.connection_for_write() as conn:
-        conn.default_channel.queue_delete(celery_settings.queue)
+        Queue(celery_settings.queue, channel=conn.default_channel).delete()
     app.close()
 
 

@@ -77,7 +77,7 @@ def test_twenty_jobs_finishing_together_start_one_or_two_turns(
     finished = router.background_jobs(team.id)
     assert [j.status for j in finished] == [JobStatus.SUCCEEDED] * 20
     notices = _notices(router, team.id, agent.id)
-    assert sorted(m.id for m in notices) == sorted(j.notice_message_id for j in finished)
+    assert sorted(m.id for m in notices) == sorted(j.notice_message_id or 0 for j in finished)
     assert {m.source_name for m in notices} == {f"job:{JOB}"}
     entries = router.store.transcript_entries(agent.id)
     in_transcript = [e["message_id"] for e in entries if e["message_id"] is not None]

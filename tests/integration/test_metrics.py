@@ -98,7 +98,7 @@ def test_scrape_after_routing_counts_outcomes_turns_and_follow_ups(
 
 def test_a_failing_hook_never_fails_routing(settings: Settings) -> None:
     class Broken(RouterHooks):
-        def after_route(self, team_id: int, sender: str, delivery: object) -> None:  # type: ignore[override]
+        def after_route(self, team_id: int, sender: str, delivery: object) -> None:
             raise RuntimeError("monitoring is down")
 
         def after_claim(self, turn: Turn) -> None:

@@ -62,7 +62,7 @@ def make_machine(router: Router) -> type[RuleBasedStateMachine]:
             sender=st.sampled_from(SENDERS),
             wake=st.booleans(),
             content=st.text(
-                st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+                st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
                 min_size=1,
                 max_size=40,
             ).filter(str.strip),

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from agent_router.outbox import RecordingPublisher
 
 from .helpers import assistant, start_running, tool_call
 
-FAST = {"lease_seconds": 0.3, "sweep_seconds": 0.1}
+FAST: dict[str, Any] = {"lease_seconds": 0.3, "sweep_seconds": 0.1}
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ class Team:
     def run(self, limit: int | None = None) -> list[tuple[str, TurnOutcome]]:
         """Run scheduled turns (lowest agent id first) until nobody is scheduled, or ``limit``
         turns ran."""
-        outcomes = []
+        outcomes: list[tuple[str, TurnOutcome]] = []
         max_turns = limit or 40
         for _ in range(max_turns):
             scheduled = [a for a in self.router.agents(self.id) if a.state is AgentState.SCHEDULED]

@@ -10,7 +10,7 @@ from agent_router.domain import MessageSubtype, MessageType
 from agent_router.formats import Envelope, parse, render
 
 names = st.text(
-    st.characters(exclude_characters='"\n\r<>', exclude_categories=("Cs",)), min_size=1, max_size=30
+    st.characters(exclude_characters='"\n\r<>', exclude_categories=["Cs"]), min_size=1, max_size=30
 )
 
 
@@ -20,7 +20,7 @@ names = st.text(
     sender=names,
     message_id=st.integers(min_value=1, max_value=2**62),
     question_id=st.none() | st.integers(min_value=1, max_value=2**62),
-    content=st.text(st.characters(exclude_categories=("Cs",))),
+    content=st.text(st.characters(exclude_categories=["Cs"])),
 )
 def test_round_trip(
     type_: MessageType,
