@@ -416,23 +416,9 @@ class Store:
             team = TeamRow()
             session.add(team)
             session.flush()
-            lead = AgentRow(
-                team_id=team.id,
-                display_name=LEAD_DISPLAY_NAME,
-                role=LEAD_ROLE,
-                is_lead=True,
-                state=AgentState.IDLE,
-                system_prompt=lead_system_prompt,
+            lead = self._insert_agent(
+                session, team.id, LEAD_DISPLAY_NAME, LEAD_ROLE, lead_system_prompt, is_lead=True
             )
-            session.add(lead)
-            session.flush()
-            if lead_system_prompt:
-                self._append(
-                    session,
-                    lead.id,
-                    {"role": "system", "content": lead_system_prompt},
-                    turn_id=None,
-                )
             self._ledger(session, LedgerAction.TEAM_CREATED, team_id=team.id, agent_id=lead.id)
             return Team(id=team.id, lead=_agent(lead), created_at=team.created_at)
 
@@ -515,11 +501,33 @@ class Store:
                 reason="duplicate_display_name",
                 display_name=display_name,
             )
+        agent = self._insert_agent(session, team_id, display_name, role, system_prompt)
+        self._ledger(
+            session,
+            LedgerAction.AGENT_CREATED,
+            team_id=team_id,
+            agent_id=agent.id,
+            display_name=display_name,
+            role=role,
+        )
+        return agent
+
+    def _insert_agent(
+        self,
+        session: Session,
+        team_id: int,
+        display_name: str,
+        role: str,
+        system_prompt: str | None,
+        *,
+        is_lead: bool = False,
+    ) -> AgentRow:
+        """A new idle agent; its system prompt, snapshotted now, opens its transcript."""
         agent = AgentRow(
             team_id=team_id,
             display_name=display_name,
             role=role,
-            is_lead=False,
+            is_lead=is_lead,
             state=AgentState.IDLE,
             system_prompt=system_prompt,
         )
@@ -529,14 +537,6 @@ class Store:
             self._append(
                 session, agent.id, {"role": "system", "content": system_prompt}, turn_id=None
             )
-        self._ledger(
-            session,
-            LedgerAction.AGENT_CREATED,
-            team_id=team_id,
-            agent_id=agent.id,
-            display_name=display_name,
-            role=role,
-        )
         return agent
 
     def team(self, team_id: int) -> Team:
