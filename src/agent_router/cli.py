@@ -1,9 +1,11 @@
-"""The ``agent-router`` command: ``demo``, ``worker``, ``beat``, ``flower``, and the operator's
-reads (``status``, ``ledger``, ``inspect``) and ``db upgrade``."""
+"""The ``agent-router`` command: ``demo``, ``worker``, ``beat``, ``flower``, the operator's reads
+(``status``, ``ledger``, ``inspect``), acts (``send``, ``stop``, ``terminate``, ``sweep``) and
+``db upgrade``."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -23,8 +25,9 @@ from rich.text import Text
 from agent_router import errors, runtime, worker_sweeper
 from agent_router.celery_app import create_app
 from agent_router.demo import DemoResult, LedgerTail, event_record, run_scenarios, setup_team
-from agent_router.domain import AgentState, AgentStatus
+from agent_router.domain import AgentState, AgentStatus, MessageType, RouteOutcome
 from agent_router.embedded import SweeperThread
+from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store import Store, utcnow
 
@@ -674,6 +677,148 @@ def inspect_agent(
             if not full and len(text) > 300:
                 text = text[:300] + f"… ({len(text)} chars; --full for all)"
             console.print(Text("    " + text.replace("\n", "\n    ")))
+
+
+# ---------------------------------------------------------------------- acting on a team
+#
+# The same transitions the tools and the host's code use, from a shell: each goes through the
+# Router (one transaction, a ledger event), and a turn it schedules is published to the broker.
+
+BrokerUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--broker-url",
+        envvar="AGENT_ROUTER_BROKER_URL",
+        help="Broker the turn tasks go to. memory:// (the default) publishes nothing from here: "
+        "the sweeper of any worker on the database publishes the turn within a sweep period.",
+        show_default=False,
+    ),
+]
+ReasonOption = Annotated[
+    str,
+    typer.Option(envvar="AGENT_ROUTER_REASON", help="Recorded in the ledger (and in results)."),
+]
+
+
+@contextlib.contextmanager
+def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator[Router]:
+    """A Router that publishes to the configured broker (none for memory://); closed after."""
+    from agent_router.celery_app import CeleryPublisher
+
+    given: dict[str, Any] = {"database_url": database_url, "broker_url": broker_url}
+    settings = Settings(**{k: v for k, v in given.items() if v})
+    celery = None if settings.broker_url.startswith("memory://") else create_app(settings)
+    router = Router(settings, publisher=CeleryPublisher(celery) if celery else None)
+    try:
+        yield router
+    finally:
+        router.close()
+        if celery is not None:
+            celery.close()
+
+
+@app.command()
+@_one_line_errors
+def send(  # noqa: PLR0917 - typer options
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    to: Annotated[str, typer.Argument(help="Display name of the receiver.")],
+    content: Annotated[str, typer.Argument(help="The message.")],
+    sender: Annotated[
+        str,
+        typer.Option(envvar="AGENT_ROUTER_SENDER", help="user, system, or an agent's name."),
+    ] = "user",
+    message_type: Annotated[
+        MessageType, typer.Option("--type", envvar="AGENT_ROUTER_MESSAGE_TYPE")
+    ] = MessageType.MESSAGE,
+    wake: Annotated[
+        bool,
+        typer.Option(
+            "--wake/--no-wake",
+            help="--no-wake: a context-only notice, seen at the next turn (starts none).",
+        ),
+    ] = True,
+    dedup_key: Annotated[
+        str | None,
+        typer.Option(help="Sending again with the same key delivers nothing new."),
+    ] = None,
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send a message into a team; it is routed by the receiver's state (and committed before
+    this returns). Prints the outcome."""
+    with _acting_router(database_url, broker_url) as router:
+        delivery = router.send(
+            team,
+            to=to,
+            content=content,
+            sender=sender,
+            type=message_type,
+            wake=wake,
+            dedup_key=dedup_key,
+        )
+        published = router.publisher is not None
+    if as_json:
+        print(json.dumps({**dataclasses.asdict(delivery), "outcome": delivery.outcome.value}))
+        return
+    line = Text(f"message {delivery.message_id} to {delivery.target} (seq {delivery.seq}): ")
+    line.append(delivery.outcome.value, style=_OUTCOME_STYLES.get(delivery.outcome.value, ""))
+    if delivery.duplicate:
+        line.append(" (already sent with this dedup key)")
+    elif delivery.outcome is RouteOutcome.TRIGGERED_NEW_TURN and not published:
+        line.append(" (no broker here: a worker's sweeper publishes the turn)")
+    Console(highlight=False).print(line)
+
+
+@app.command()
+@_one_line_errors
+def stop(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    agent: Annotated[str, typer.Argument(help="Display name of a sub-agent.")],
+    reason: ReasonOption = "stopped by an operator",
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+) -> None:
+    """Stop a sub-agent cooperatively: a running turn stops at its next boundary (the rest of
+    its tool calls get `cancelled` results), its questions are cancelled, its mailbox is kept."""
+    with _acting_router(database_url, broker_url) as router:
+        state = router.stop(team, agent, reason=reason)
+    if state is AgentState.IDLE:
+        print(f"{agent} stopped: idle")
+    else:
+        print(f"{agent} is {state.value}: it stops at its next boundary")
+
+
+@app.command()
+@_one_line_errors
+def terminate(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    agent: Annotated[str, typer.Argument(help="Display name of a sub-agent.")],
+    reason: ReasonOption = "terminated by an operator",
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+) -> None:
+    """Terminate a sub-agent for good: its pending messages are dropped with the reason and
+    later sends to it are refused."""
+    with _acting_router(database_url, broker_url) as router:
+        router.terminate(team, agent, reason=reason)
+    print(f"{agent} terminated")
+
+
+@app.command()
+@_one_line_errors
+def sweep(
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run one sweeper pass now (what every worker runs on a timer) and print what it did."""
+    with _acting_router(database_url, broker_url) as router:
+        report = router.sweep()
+    if as_json:
+        print(json.dumps(dataclasses.asdict(report)))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in dataclasses.asdict(report).items()))
 
 
 db_app = typer.Typer(help="The router's database schema (Alembic migrations).")

@@ -204,3 +204,86 @@ def test_db_upgrade_migrates_an_empty_database_and_is_idempotent(empty_pg_url: s
     assert {"ar_teams", "ar_agents", "ar_messages", "ar_ledger", "alembic_version"} <= tables
     # The migrated schema serves the CLI at once.
     assert run("status", "--json", database_url=empty_pg_url).stdout == ""
+
+
+def test_send_routes_and_publishes_the_turn_to_the_broker(
+    pg_schema_url: str, redis_url: str
+) -> None:
+    """`send` is Router.send from a shell: routed by state, and the turn task it schedules is on
+    the broker's queue for a worker (none runs here: the task waits in Redis)."""
+    import redis
+
+    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    queue = f"agent_router.test.{uuid.uuid4().hex[:10]}"
+    env = {"AGENT_ROUTER_BROKER_URL": redis_url, "AGENT_ROUTER_QUEUE": queue}
+    client = redis.Redis.from_url(redis_url)
+    try:
+        sent = run("send", str(team.id), "Engineer_1", "Build it.", "--type", "task", "--json",
+                   database_url=pg_schema_url, **env)  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+        delivery = json.loads(sent.stdout)
+        assert delivery["outcome"] == "triggered_new_turn" and delivery["target"] == "Engineer_1"
+        agent = router.agent(team.id, "Engineer_1")
+        (row,) = router.outbox(team.id)
+        assert row.epoch == agent.epoch
+        assert row.id not in {e.id for e in router.store.unpublished(limit=1_000_000)}
+        (raw,) = client.lrange(queue, 0, -1)
+        headers = json.loads(raw)["headers"]
+        assert headers["task"] == "agent_router.run_agent_turn"
+        assert headers["argsrepr"].startswith("Engineer_1 (team ")
+
+        coalesced = run("send", str(team.id), "Engineer_1", "Also this.", "--dedup-key", "k1",
+                        database_url=pg_schema_url, **env)  # fmt: skip
+        assert coalesced.returncode == 0, coalesced.stderr
+        assert ": coalesced" in coalesced.stdout
+        again = run("send", str(team.id), "Engineer_1", "Also this.", "--dedup-key", "k1",
+                    database_url=pg_schema_url, **env)  # fmt: skip
+        assert "already sent with this dedup key" in again.stdout
+        assert client.llen(queue) == 1  # one turn for all three sends
+        message = router.messages(team.id)[-1]
+        assert (message.type.value, message.source_name) == ("message", "user")
+        assert len(router.messages(team.id)) == 2
+    finally:
+        client.delete(queue)
+        client.close()
+        router.close()
+
+
+def test_stop_terminate_and_sweep_from_a_shell(pg_schema_url: str) -> None:
+    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    router.create_agent(team.id, role="Designer")
+    turn = start_running(router, team.id, "Engineer_1", "Build it.")
+    url = pg_schema_url
+    try:
+        stopping = run("stop", str(team.id), "Engineer_1", "--reason", "scope changed",
+                       database_url=url)  # fmt: skip
+        assert stopping.returncode == 0, stopping.stderr
+        assert stopping.stdout == "Engineer_1 is running: it stops at its next boundary\n"
+        assert turn.stop_requested()
+        stopped = run("stop", str(team.id), "Designer_1", database_url=url)
+        assert stopped.stdout == "Designer_1 stopped: idle\n"
+        events = [e for e in router.ledger(team.id) if e.action.value == "stop_requested"]
+        assert [e.detail.get("reason") for e in events][:1] == ["scope changed"]
+
+        router.send(team.id, to="Designer_1", content="pending", wake=False)
+        gone = run("terminate", str(team.id), "Designer_1", database_url=url)
+        assert gone.returncode == 0 and gone.stdout == "Designer_1 terminated\n"
+        (pending,) = [m for m in router.messages(team.id) if m.content == "pending"]
+        assert pending.status.value == "dropped" and "terminated" in (pending.drop_reason or "")
+        refused = run("send", str(team.id), "Designer_1", "hello?", database_url=url)
+        assert refused.returncode == 1
+        assert refused.stderr == "agent-router: error: agent 'Designer_1' is terminated\n"
+        lead = run("terminate", str(team.id), "Team Leader", database_url=url)
+        assert lead.returncode == 1 and lead.stderr.startswith("agent-router: error: ")
+
+        swept = run("sweep", "--json", database_url=url)
+        assert swept.returncode == 0, swept.stderr
+        assert set(json.loads(swept.stdout)) == {
+            "republished", "taken_over", "reenqueued", "expired", "jobs_reported"
+        }  # fmt: skip
+    finally:
+        router.close()
