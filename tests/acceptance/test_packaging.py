@@ -1,0 +1,76 @@
+"""What `pip install agent-router` gets: the built wheel holds the package with its data files
+(migrations, the role catalogue, py.typed) and the console script, and the demo and the
+migrations run from the wheel's copy of the code, not from the source tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    # No build isolation: hatchling comes with the dev extra, so no network is needed.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    (built,) = out.glob("agent_router-*.whl")
+    return built
+
+
+def test_wheel_holds_the_package_data_and_the_console_script(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
+        metadata = zf.read(f"{dist_info}/METADATA").decode()
+    for path in (
+        "agent_router/py.typed",
+        "agent_router/roles.toml",
+        "agent_router/migrations/env.py",
+        "agent_router/migrations/script.py.mako",
+        "agent_router/migrations/versions/0001_initial_schema.py",
+    ):
+        assert path in names, path
+    assert not any(n.startswith(("tests/", "src/")) for n in names)
+    assert "agent-router = agent_router.cli:main" in entry_points
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    for dependency in ("celery", "sqlalchemy", "alembic", "psycopg", "pydantic-settings"):
+        assert any(dependency in r.lower() for r in requires), dependency
+
+
+def test_the_installed_code_migrates_and_runs_the_demo(wheel: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+    env["PYTHONPATH"] = str(site)  # ahead of the editable install of the source tree
+    cli = "import sys; from agent_router.cli import main; sys.argv[0] = 'agent-router'; main()"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", cli, *args], check=False, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
+
+    where = subprocess.run(
+        [sys.executable, "-c", "import agent_router; print(agent_router.__file__)"],
+        check=True, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(site)
+    url = f"sqlite:///{tmp_path / 'installed.db'}"
+    upgraded = run("db", "upgrade", "--database-url", url)
+    assert upgraded.returncode == 0, upgraded.stderr
+    demo = run("demo", "--json", "--database-url", url)
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    result = json.loads(demo.stdout.splitlines()[-1])
+    assert result["event"] == "result" and result["ok"] is True
