@@ -62,13 +62,17 @@ def test_end_of_turn_race_fires_one_follow_up_never_zero_never_two(router: Route
         turn = start_running(router, team.id, "UI Operator_1", content=f"task {i}")
         enqueued_before = len(router.outbox(team.id))
 
-        def finish(turn: Turn = turn, i: int = i) -> Any:
+        # Injected jitter on both sides: the final answer takes a while to write, and the
+        # message arrives before, during or after it is appended and the turn ends.
+        writing, arriving = jitter.uniform(0.0, 0.02), jitter.uniform(0.0, 0.02)
+
+        def finish(turn: Turn = turn, i: int = i, writing: float = writing) -> Any:
+            time.sleep(writing)
             turn.append_assistant(assistant(f"final answer {i}"))
             return turn.end()
 
-        def steer(i: int = i) -> Any:
-            # Injected jitter: sometimes before, during or after the end commits.
-            time.sleep(jitter.uniform(0.0, 0.02))
+        def steer(i: int = i, arriving: float = arriving) -> Any:
+            time.sleep(arriving)
             return router.send(
                 team.id, to="UI Operator_1", content=f"steer {i}", sender="Team Leader"
             )
