@@ -3,7 +3,9 @@ answer/suspension race, cycles refused, lost wake signals, deadlines. Real threa
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -105,18 +107,32 @@ def test_answer_racing_suspension_continues_exactly_once(router: Router) -> None
     agent = router.create_agent(team.id, role="Engineer")
     pool = ThreadPoolExecutor(max_workers=2)
     suspended_runs = blocking_runs = 0
+    jitter = random.Random(9)
     for i in range(200):
         call = f"ask-{i}"
         turn, q = _asking(router, team.id, "Engineer_1", "Team Leader", call)
         outbox_before = len(router.outbox(team.id))
         barrier = threading.Barrier(2)
+        # Injected jitter after the common start: either side may get to the agent lock first.
+        delays = (jitter.uniform(0.0, 0.005), jitter.uniform(0.0, 0.005))
 
-        def suspend(turn: Turn = turn, barrier: threading.Barrier = barrier) -> bool:
+        def suspend(
+            turn: Turn = turn,
+            barrier: threading.Barrier = barrier,
+            delays: tuple[float, float] = delays,
+        ) -> bool:
             barrier.wait()
+            time.sleep(delays[0])
             return turn.suspend()
 
-        def answer(qid: int = q.id, i: int = i, barrier: threading.Barrier = barrier) -> Any:
+        def answer(
+            qid: int = q.id,
+            i: int = i,
+            barrier: threading.Barrier = barrier,
+            delays: tuple[float, float] = delays,
+        ) -> Any:
             barrier.wait()
+            time.sleep(delays[1])
             return _answer(router, team.id, "Engineer_1", qid, f"answer {i}")
 
         suspended_f, answer_f = pool.submit(suspend), pool.submit(answer)
