@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 import sqlalchemy as sa
+from kombu import Queue
 
 from agent_router.domain import MessageType
 from agent_router.hooks import HookChain, RouterHooks
@@ -404,7 +405,7 @@ class Bench:
         finally:
             runtime.reset()
             with app.connection_for_write() as conn:
-                conn.default_channel.queue_delete(queue)  # type: ignore[attr-defined]
+                Queue(queue, channel=conn.default_channel).delete()
 
 
 def _team_resting(router: Router, team_id: int) -> bool:
