@@ -3,6 +3,7 @@ fails the test (``./dev test`` brings them up first); nothing is skipped for a m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -22,21 +23,36 @@ AMQP_URL = os.environ.get("AGENT_ROUTER_TEST_AMQP_URL", "amqp://guest:guest@127.
 BACKENDS = ("sqlite", "postgresql")
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session, dropped afterwards."""
-    name = f"ar_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+@contextlib.contextmanager
+def _new_database(prefix: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database, dropped afterwards (whoever still holds connections)."""
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     except sa.exc.OperationalError as exc:
         pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL} (run ./dev test): {exc}")
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    yield url
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped afterwards."""
+    with _new_database("ar_test") as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_pg_url() -> Iterator[str]:
+    """An empty PostgreSQL database of the test's own (no schema), dropped afterwards."""
+    with _new_database("ar_fresh") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -8,37 +8,20 @@ import json
 import os
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
-
-from tests.conftest import PG_ADMIN_URL
 
 CLI = str(Path(sys.executable).parent / "agent-router")
 
 
-@pytest.fixture
-def bench_pg_url() -> Iterator[str]:
-    """A database of its own: the bench leaves unpublished outbox rows (its route figures run
-    without a publisher) that no other test's sweeper should find."""
-    name = f"ar_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
-def test_bench_reports_every_figure_beside_its_floor(bench_pg_url: str, redis_url: str) -> None:
+def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_url: str) -> None:
+    # A database of its own: the bench leaves unpublished outbox rows (its route figures run
+    # without a publisher) that no other test's sweeper should find.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
     proc = subprocess.run(
         [CLI, "bench", "--json", "--samples", "20", "--queued", "3000",
-         "--postgres-url", bench_pg_url, "--redis-url", redis_url],
+         "--postgres-url", fresh_pg_url, "--redis-url", redis_url],
         check=False, capture_output=True, text=True, timeout=280, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -23,7 +23,6 @@ import sqlalchemy as sa
 
 from agent_router import Router, Settings
 from agent_router.outbox import RecordingPublisher
-from tests.conftest import PG_ADMIN_URL
 from tests.integration.helpers import start_running, start_waiting
 
 CLI = str(Path(sys.executable).parent / "agent-router")
@@ -179,31 +178,19 @@ def test_errors_are_one_line_with_a_non_zero_exit(mid_work: MidWork) -> None:
     assert unreachable.stderr.startswith("agent-router: error: database error: ")
 
 
-@pytest.fixture
-def empty_pg_url() -> Iterator[str]:
-    name = f"ar_cli_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
-def test_db_upgrade_migrates_an_empty_database_and_is_idempotent(empty_pg_url: str) -> None:
-    first = run("db", "upgrade", database_url=empty_pg_url)
+def test_db_upgrade_migrates_an_empty_database_and_is_idempotent(fresh_pg_url: str) -> None:
+    first = run("db", "upgrade", database_url=fresh_pg_url)
     assert first.returncode == 0, first.stderr
-    again = run("db", "upgrade", database_url=empty_pg_url)
+    again = run("db", "upgrade", database_url=fresh_pg_url)
     assert again.returncode == 0, again.stderr
-    engine = sa.create_engine(empty_pg_url)
+    engine = sa.create_engine(fresh_pg_url)
     try:
         tables = set(sa.inspect(engine).get_table_names())
     finally:
         engine.dispose()
     assert {"ar_teams", "ar_agents", "ar_messages", "ar_ledger", "alembic_version"} <= tables
     # The migrated schema serves the CLI at once.
-    assert run("status", "--json", database_url=empty_pg_url).stdout == ""
+    assert run("status", "--json", database_url=fresh_pg_url).stdout == ""
 
 
 def test_send_routes_and_publishes_the_turn_to_the_broker(

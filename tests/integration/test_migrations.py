@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from agent_router.migrate import downgrade, upgrade
 from agent_router.models import Base
-
-from ..conftest import PG_ADMIN_URL
-
-
-@pytest.fixture
-def empty_pg(pg_url: str) -> Iterator[str]:
-    name = f"ar_mig_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield pg_url.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def _diff(url: str) -> list[object]:
@@ -45,11 +28,11 @@ def test_upgrade_head_matches_models_on_sqlite(tmp_path: Path) -> None:
     assert _diff(url) == []
 
 
-def test_upgrade_head_matches_models_on_postgresql(empty_pg: str) -> None:
-    upgrade(empty_pg)
-    assert _diff(empty_pg) == []
+def test_upgrade_head_matches_models_on_postgresql(fresh_pg_url: str) -> None:
+    upgrade(fresh_pg_url)
+    assert _diff(fresh_pg_url) == []
     # Alembic does not compare enum labels: check every enum type against its Python enum.
-    engine = sa.create_engine(empty_pg)
+    engine = sa.create_engine(fresh_pg_url)
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
@@ -70,10 +53,10 @@ def test_upgrade_head_matches_models_on_postgresql(empty_pg: str) -> None:
     assert in_db == in_models
 
 
-def test_downgrade_base_removes_everything(empty_pg: str) -> None:
-    upgrade(empty_pg)
-    downgrade(empty_pg, "base")
-    engine = sa.create_engine(empty_pg)
+def test_downgrade_base_removes_everything(fresh_pg_url: str) -> None:
+    upgrade(fresh_pg_url)
+    downgrade(fresh_pg_url, "base")
+    engine = sa.create_engine(fresh_pg_url)
     with engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names()) - {"alembic_version"}
         enums = conn.execute(sa.text("SELECT count(*) FROM pg_type WHERE typname LIKE 'ar_%'"))
