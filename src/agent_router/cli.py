@@ -741,6 +741,10 @@ def send(  # noqa: PLR0917 - typer options
         str | None,
         typer.Option(help="Sending again with the same key delivers nothing new."),
     ] = None,
+    question_id: Annotated[
+        int | None,
+        typer.Option(help="With --type answer: the question answered (its asker is the receiver)."),
+    ] = None,
     database_url: DatabaseUrlOption = None,
     broker_url: BrokerUrlOption = None,
     as_json: JsonOption = False,
@@ -756,6 +760,7 @@ def send(  # noqa: PLR0917 - typer options
             type=message_type,
             wake=wake,
             dedup_key=dedup_key,
+            question_id=question_id,
         )
         published = router.publisher is not None
     if as_json:

@@ -238,6 +238,32 @@ def test_send_routes_and_publishes_the_turn_to_the_broker(
         router.close()
 
 
+def test_an_operator_answers_a_blocked_ask_once(pg_schema_url: str) -> None:
+    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    start_waiting(router, team.id, "Engineer_1", "Team Leader", call_id="ask-7")
+    (ask,) = [m for m in router.messages(team.id) if m.type.value == "ask"]
+    answer = ("send", str(team.id), "Engineer_1", "Use PostgreSQL.", "--type", "answer",
+              "--question-id", str(ask.question_id), "--sender", "Team Leader")  # fmt: skip
+    try:
+        first = run(*answer, database_url=pg_schema_url)
+        assert first.returncode == 0, first.stderr
+        assert ": resolved" in first.stdout
+        (result,) = [
+            e for e in router.transcript(team.id, "Engineer_1") if e.get("tool_call_id") == "ask-7"
+        ]
+        assert "Use PostgreSQL." in result["content"]
+        transcript = router.transcript(team.id, "Engineer_1")
+        again = run(*answer, database_url=pg_schema_url)
+        assert again.returncode == 1 and again.stderr.count("\n") == 1
+        assert f"question {ask.question_id}" in again.stderr
+        assert router.transcript(team.id, "Engineer_1") == transcript  # answering twice: nothing
+        assert [m.type.value for m in router.messages(team.id)].count("answer") == 1
+    finally:
+        router.close()
+
+
 def test_stop_terminate_and_sweep_from_a_shell(pg_schema_url: str) -> None:
     router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
     team = router.create_team()
