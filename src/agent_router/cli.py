@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agent_router import errors, runtime, worker_sweeper
-from agent_router.celery_app import create_app
+from agent_router.celery_app import CeleryPublisher, create_app
 from agent_router.demo import DemoResult, LedgerTail, event_record, run_scenarios, setup_team
 from agent_router.domain import AgentState, AgentStatus, MessageType, RouteOutcome
 from agent_router.embedded import SweeperThread
@@ -703,8 +703,6 @@ ReasonOption = Annotated[
 @contextlib.contextmanager
 def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator[Router]:
     """A Router that publishes to the configured broker (none for memory://); closed after."""
-    from agent_router.celery_app import CeleryPublisher
-
     given: dict[str, Any] = {"database_url": database_url, "broker_url": broker_url}
     settings = Settings(**{k: v for k, v in given.items() if v})
     celery = None if settings.broker_url.startswith("memory://") else create_app(settings)
