@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from agent_router import Router, Settings
+from agent_router import Router, Settings, TurnTrigger
 from agent_router.outbox import RecordingPublisher
 from tests.integration.helpers import start_running, start_waiting
 
@@ -264,7 +265,7 @@ def test_an_operator_answers_a_blocked_ask_once(pg_schema_url: str) -> None:
         router.close()
 
 
-def test_stop_terminate_and_sweep_from_a_shell(pg_schema_url: str) -> None:
+def test_stop_and_terminate_from_a_shell(pg_schema_url: str) -> None:
     router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")
@@ -292,11 +293,29 @@ def test_stop_terminate_and_sweep_from_a_shell(pg_schema_url: str) -> None:
         assert refused.stderr == "agent-router: error: agent 'Designer_1' is terminated\n"
         lead = run("terminate", str(team.id), "Team Leader", database_url=url)
         assert lead.returncode == 1 and lead.stderr.startswith("agent-router: error: ")
+    finally:
+        router.close()
 
-        swept = run("sweep", "--json", database_url=url)
+
+def test_sweep_from_a_shell_takes_over_a_dead_turn(fresh_pg_url: str) -> None:
+    """A database of its own: a sweep acts on every team it finds."""
+    router = Router(Settings(database_url=fresh_pg_url, lease_seconds=0.2))
+    router.create_schema()
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    start_running(router, team.id, "Engineer_1", "Build it.")  # and its worker "dies"
+    time.sleep(0.5)
+    try:
+        swept = run("sweep", "--json", database_url=fresh_pg_url)
         assert swept.returncode == 0, swept.stderr
-        assert set(json.loads(swept.stdout)) == {
-            "republished", "taken_over", "reenqueued", "expired", "jobs_reported"
+        assert json.loads(swept.stdout) == {
+            "republished": 0, "taken_over": 1, "reenqueued": 0, "expired": 0, "jobs_reported": 0
         }  # fmt: skip
+        agent = router.agent(team.id, "Engineer_1")
+        assert (agent.state.value, agent.pending_trigger) == ("scheduled", TurnTrigger.RECOVERY)
+        again = run("sweep", database_url=fresh_pg_url)
+        assert again.stdout == (
+            "republished=0 taken_over=0 reenqueued=0 expired=0 jobs_reported=0\n"
+        )
     finally:
         router.close()
