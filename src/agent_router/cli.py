@@ -108,11 +108,17 @@ def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
 @app.command()
 def demo(
     as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object per line instead of the timeline.")
+        bool,
+        typer.Option(
+            "--json",
+            envvar="AGENT_ROUTER_JSON",
+            help="One JSON object per line instead of the timeline.",
+        ),
     ] = False,
     database_url: Annotated[
         str | None,
         typer.Option(
+            envvar="AGENT_ROUTER_DEMO_DATABASE_URL",
             help="Database to run on (its tables are created if missing). "
             "Default: a temporary SQLite file.",
         ),
@@ -120,6 +126,7 @@ def demo(
     broker_url: Annotated[
         str,
         typer.Option(
+            envvar="AGENT_ROUTER_DEMO_BROKER_URL",
             help="Celery broker. memory:// (default) runs turns on worker threads of this "
             "process; with redis://... start workers separately (`agent-router worker`, or "
             "`celery -A agent_router.celery_app worker`) with the same AGENT_ROUTER_DATABASE_URL,"
@@ -130,10 +137,14 @@ def demo(
         bool | None,
         typer.Option(
             "--embedded-workers/--no-embedded-workers",
+            envvar="AGENT_ROUTER_EMBEDDED_WORKERS",
             help="Run worker threads in this process. Default: on for memory://, off otherwise.",
         ),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for each step.")] = 60.0,
+    timeout: Annotated[
+        float,
+        typer.Option(envvar="AGENT_ROUTER_DEMO_TIMEOUT", help="Seconds to wait for each step."),
+    ] = 60.0,
 ) -> None:
     """Run the seed's team through the routing scenarios and print a live timeline.
 
@@ -193,17 +204,22 @@ def run(  # noqa: PLR0917 - typer options
     task: Annotated[str, typer.Argument(help="The task for the Team Leader.")],
     model: Annotated[
         str | None,
-        typer.Option(help="Model name (default: AGENT_ROUTER_OPENAI_MODEL)."),
+        typer.Option(envvar="AGENT_ROUTER_OPENAI_MODEL", help="Model name."),
     ] = None,
     base_url: Annotated[
         str | None,
         typer.Option(
-            help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 "
-            "(default: AGENT_ROUTER_OPENAI_BASE_URL, else the SDK's default)."
+            envvar="AGENT_ROUTER_OPENAI_BASE_URL",
+            help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default: the SDK's).",
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object per line instead of the timeline.")
+        bool,
+        typer.Option(
+            "--json",
+            envvar="AGENT_ROUTER_JSON",
+            help="One JSON object per line instead of the timeline.",
+        ),
     ] = False,
     roles: Annotated[
         Path | None,
@@ -214,25 +230,34 @@ def run(  # noqa: PLR0917 - typer options
     ] = None,
     database_url: Annotated[
         str | None,
-        typer.Option(help="Database (tables created if missing). Default: a temporary SQLite."),
+        typer.Option(
+            envvar="AGENT_ROUTER_RUN_DATABASE_URL",
+            help="Database (tables created if missing). Default: a temporary SQLite.",
+        ),
     ] = None,
     broker_url: Annotated[
         str,
         typer.Option(
+            envvar="AGENT_ROUTER_RUN_BROKER_URL",
             help="Celery broker: memory:// (default) runs turns on threads of this process; with "
             "redis://... start workers with AGENT_ROUTER_RUNTIME_FACTORY="
-            "agent_router.team_run:openai_runtime and the same AGENT_ROUTER_* settings."
+            "agent_router.team_run:openai_runtime and the same AGENT_ROUTER_* settings.",
         ),
     ] = "memory://",
     embedded_workers: Annotated[
         bool | None,
         typer.Option(
             "--embedded-workers/--no-embedded-workers",
+            envvar="AGENT_ROUTER_EMBEDDED_WORKERS",
             help="Run worker threads in this process. Default: on for memory://, off otherwise.",
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option(help="Seconds until every agent must be idle or completed.")
+        float,
+        typer.Option(
+            envvar="AGENT_ROUTER_RUN_TIMEOUT",
+            help="Seconds until every agent must be idle or completed.",
+        ),
     ] = 1800.0,
 ) -> None:
     """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
@@ -732,16 +757,23 @@ def send(  # noqa: PLR0917 - typer options
         bool,
         typer.Option(
             "--wake/--no-wake",
+            envvar="AGENT_ROUTER_WAKE",
             help="--no-wake: a context-only notice, seen at the next turn (starts none).",
         ),
     ] = True,
     dedup_key: Annotated[
         str | None,
-        typer.Option(help="Sending again with the same key delivers nothing new."),
+        typer.Option(
+            envvar="AGENT_ROUTER_DEDUP_KEY",
+            help="Sending again with the same key delivers nothing new.",
+        ),
     ] = None,
     question_id: Annotated[
         int | None,
-        typer.Option(help="With --type answer: the question answered (its asker is the receiver)."),
+        typer.Option(
+            envvar="AGENT_ROUTER_QUESTION_ID",
+            help="With --type answer: the question answered (its asker is the receiver).",
+        ),
     ] = None,
     database_url: DatabaseUrlOption = None,
     broker_url: BrokerUrlOption = None,
@@ -898,10 +930,18 @@ def bench(
         str | None,
         typer.Option(envvar="AGENT_ROUTER_BENCH_REDIS_URL", help="Redis: broker and wake keys."),
     ] = None,
-    samples: Annotated[int, typer.Option(help="Samples per latency figure.")] = 200,
-    queued: Annotated[int, typer.Option(help="Messages queued for the drain figures.")] = 100_000,
+    samples: Annotated[
+        int, typer.Option(envvar="AGENT_ROUTER_BENCH_SAMPLES", help="Samples per latency figure.")
+    ] = 200,
+    queued: Annotated[
+        int,
+        typer.Option(
+            envvar="AGENT_ROUTER_BENCH_QUEUED", help="Messages queued for the drain figures."
+        ),
+    ] = 100_000,
     as_json: Annotated[
-        bool, typer.Option("--json", help="A JSON list, one object per row.")
+        bool,
+        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="A JSON list, one object per row."),
     ] = False,
 ) -> None:
     """Measure routing, wake, turn start, throughput, burst and drain figures, each beside the
@@ -926,13 +966,23 @@ def bench(
 @app.command()
 def chaos(
     duration: Annotated[
-        float, typer.Option(help="Most seconds of chaos (kills) before the team settles.")
+        float,
+        typer.Option(
+            envvar="AGENT_ROUTER_CHAOS_DURATION",
+            help="Most seconds of chaos (kills) before the team settles.",
+        ),
     ] = 600.0,
     sends: Annotated[
         int | None,
-        typer.Option(help="Messages each of the 6 agents sends (default: enough for ten minutes)."),
+        typer.Option(
+            envvar="AGENT_ROUTER_CHAOS_SENDS",
+            help="Messages each of the 6 agents sends (default: enough for ten minutes).",
+        ),
     ] = None,
-    asks: Annotated[int | None, typer.Option(help="Asks each of the 6 agents makes.")] = None,
+    asks: Annotated[
+        int | None,
+        typer.Option(envvar="AGENT_ROUTER_CHAOS_ASKS", help="Asks each of the 6 agents makes."),
+    ] = None,
     admin_url: Annotated[
         str,
         typer.Option(
