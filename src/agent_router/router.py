@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -125,7 +127,7 @@ class Router:
             wake=True,
             dedup_key=None,
         )
-        try:
+        with self._refusals_reported(team_id, sender):
             agent, delivery, effects = self.store.create_agent_with_task(
                 team_id,
                 role=role,
@@ -133,13 +135,8 @@ class Router:
                 system_prompt=system_prompt,
                 task=request,
             )
-        except errors.RefusedError as exc:
-            self.hooks.after_reject(team_id, sender, exc)
-            raise
         assert delivery is not None
-        self._publish(effects)
-        self.hooks.after_route(team_id, sender, delivery)
-        return agent, delivery
+        return agent, self._delivered(team_id, sender, delivery, effects)
 
     # ------------------------------------------------------------------ reads
 
@@ -194,11 +191,23 @@ class Router:
             wake=wake,
             dedup_key=dedup_key,
         )
-        try:
+        with self._refusals_reported(team_id, sender):
             delivery, effects = self.store.route(request)
+        return self._delivered(team_id, sender, delivery, effects)
+
+    @contextmanager
+    def _refusals_reported(self, team_id: int, sender: str) -> Iterator[None]:
+        """A refused send reaches the hooks (metrics, task events), then the caller."""
+        try:
+            yield
         except errors.RefusedError as exc:
             self.hooks.after_reject(team_id, sender, exc)
             raise
+
+    def _delivered(
+        self, team_id: int, sender: str, delivery: Delivery, effects: Effects
+    ) -> Delivery:
+        """After the commit: publish what the routing scheduled, then tell the hooks."""
         self._publish(effects)
         self.hooks.after_route(team_id, sender, delivery)
         return delivery
@@ -335,8 +344,7 @@ class Router:
             or (MessageSubtype.ASK_MASTER if target == lead else MessageSubtype.ASK_OTHER),
             timeout_seconds=timeout_seconds,
         )
-        self._publish(effects)
-        self.hooks.after_route(turn.team_id, turn.display_name, delivery)
+        self._delivered(turn.team_id, turn.display_name, delivery, effects)
         return q
 
     def wait_for(
