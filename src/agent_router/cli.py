@@ -457,8 +457,10 @@ def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _settings(database_url: str | None = None) -> Settings:
-    return Settings(database_url=database_url) if database_url else Settings()
+def _settings(database_url: str | None = None, broker_url: str | None = None) -> Settings:
+    """Settings from AGENT_ROUTER_* variables, with the URLs given on the command line."""
+    given: dict[str, Any] = {"database_url": database_url, "broker_url": broker_url}
+    return Settings(**{k: v for k, v in given.items() if v})
 
 
 @contextlib.contextmanager
@@ -728,8 +730,7 @@ ReasonOption = Annotated[
 @contextlib.contextmanager
 def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator[Router]:
     """A Router that publishes to the configured broker (none for memory://); closed after."""
-    given: dict[str, Any] = {"database_url": database_url, "broker_url": broker_url}
-    settings = Settings(**{k: v for k, v in given.items() if v})
+    settings = _settings(database_url, broker_url)
     celery = None if settings.broker_url.startswith("memory://") else create_app(settings)
     router = Router(settings, publisher=CeleryPublisher(celery) if celery else None)
     try:
