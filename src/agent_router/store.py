@@ -2114,14 +2114,8 @@ class Store:
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
         with self._tx() as session:
             rows = session.scalars(
-                sa.select(OutboxRow)
-                .where(
-                    OutboxRow.published_at.is_(None),
-                    OutboxRow.created_at <= cutoff,
-                    sa.or_(OutboxRow.attempted_at.is_(None), OutboxRow.attempted_at <= cutoff),
-                )
-                .order_by(OutboxRow.id)
-                .limit(limit)
+                _unpublished_since(cutoff, limit)
+                .where(sa.or_(OutboxRow.attempted_at.is_(None), OutboxRow.attempted_at <= cutoff))
                 .with_for_update(skip_locked=True)
             ).all()
             now = utcnow()
@@ -2134,12 +2128,7 @@ class Store:
     ) -> list[OutboxEntry]:
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
         with self._sessions() as session:
-            rows = session.scalars(
-                sa.select(OutboxRow)
-                .where(OutboxRow.published_at.is_(None), OutboxRow.created_at <= cutoff)
-                .order_by(OutboxRow.id)
-                .limit(limit)
-            ).all()
+            rows = session.scalars(_unpublished_since(cutoff, limit)).all()
             return [_outbox_entry(r) for r in rows]
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:
@@ -2419,6 +2408,16 @@ def _message(row: MessageRow | sa.RowMapping, target_name: str, **overrides: Any
     else:
         values = {name: row[name] for name in _MESSAGE_FIELDS}
     return Message(**(values | {"target_name": target_name} | overrides))
+
+
+def _unpublished_since(cutoff: datetime, limit: int) -> sa.Select[OutboxRow]:
+    """Outbox rows never published and created at or before ``cutoff``, oldest first."""
+    return (
+        sa.select(OutboxRow)
+        .where(OutboxRow.published_at.is_(None), OutboxRow.created_at <= cutoff)
+        .order_by(OutboxRow.id)
+        .limit(limit)
+    )
 
 
 def _outbox_entry(row: OutboxRow) -> OutboxEntry:
