@@ -324,8 +324,7 @@ class ScriptedModel:
             q = questions[0]
             # Writing an answer takes a while too: the asker stays waiting on a running agent
             # for at least that long (seed 3.5), long enough to be seen by `agent-router status`.
-            if self.write_seconds:
-                time.sleep(self.write_seconds)
+            time.sleep(self.write_seconds)
             return {
                 "role": "assistant",
                 "content": f"Answering {q.sender}'s question {q.question_id}.",
@@ -415,8 +414,7 @@ class ScriptedModel:
     def _final(self, job: _Job) -> dict[str, Any]:
         # Writing the final answer takes a while, as a streamed answer does: a message that
         # arrives now lands after the last drain and must be picked up by a follow-up turn.
-        if self.write_seconds:
-            time.sleep(self.write_seconds)
+        time.sleep(self.write_seconds)
         text = f"Done: {_first_line(job.task)}"
         if job.answers:
             text += f" (told by {job.answers[-1]})"
