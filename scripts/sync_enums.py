@@ -9,7 +9,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from agent_router.models import Base
+from agent_router.store.models import Base
 
 path = Path(__file__).parents[1] / "src/agent_router/migrations/versions/0001_initial_schema.py"
 enums = {

@@ -54,7 +54,8 @@ class Settings(BaseSettings):
     runtime_factory: str | None = Field(
         None,
         description="`module:function` that builds a worker's runtime (called with the settings "
-        "and the Celery app; returns agent_router.runtime.Runtime): a host's own models, tools "
+        "and the Celery app; returns agent_router.worker.runtime.Runtime): a host's own models, "
+        "tools "
         "or turn runner in the standalone `agent-router worker`. Unset: the built-in ones.",
     )
     sqlite_busy_timeout_seconds: float = Field(

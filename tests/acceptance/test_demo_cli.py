@@ -13,7 +13,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from agent_router import cli
+from agent_router.ops import cli
 
 CLI = str(Path(sys.executable).parent / "agent-router")
 TIMEOUT = 240

@@ -27,10 +27,11 @@ import pytest
 from celery import Celery
 from kombu import Queue
 
-from agent_router import Settings, runtime
-from agent_router.celery_app import create_app
+from agent_router import Settings
 from agent_router.constants import RUN_AGENT_TURN
-from agent_router.demo import wait_quiescent
+from agent_router.ops.demo import wait_quiescent
+from agent_router.worker import runtime
+from agent_router.worker.celery_app import create_app
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT = 60.0
@@ -134,7 +135,7 @@ def test_flower_shows_turn_tasks_with_readable_args(
     flower_log, worker_log = tmp_path / "flower.log", tmp_path / "worker.log"
     base = f"http://127.0.0.1:{flower_port}"
     app = create_app(settings, main=f"agent_router_flower_{uuid.uuid4().hex[:6]}")
-    flower_cmd = [str(BIN / "celery"), "-A", "agent_router.celery_app", "flower"]
+    flower_cmd = [str(BIN / "celery"), "-A", "agent_router.worker.celery_app", "flower"]
     flower_cmd += [f"--port={flower_port}", "--address=127.0.0.1"]
     worker_cmd = [str(BIN / "agent-router"), "worker", "--concurrency=4", f"--hostname={hostname}"]
     try:

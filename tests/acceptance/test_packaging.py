@@ -44,7 +44,7 @@ def test_wheel_holds_the_package_data_and_the_console_script(wheel: Path) -> Non
     ):
         assert path in names, path
     assert not any(n.startswith(("tests/", "src/")) for n in names)
-    assert "agent-router = agent_router.cli:main" in entry_points
+    assert "agent-router = agent_router.ops.cli:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     for dependency in ("celery", "sqlalchemy", "alembic", "psycopg", "pydantic-settings"):
         assert any(dependency in r.lower() for r in requires), dependency
@@ -56,7 +56,7 @@ def test_the_installed_code_migrates_and_runs_the_demo(wheel: Path, tmp_path: Pa
         zf.extractall(site)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
     env["PYTHONPATH"] = str(site)  # ahead of the editable install of the source tree
-    cli = "import sys; from agent_router.cli import main; sys.argv[0] = 'agent-router'; main()"
+    cli = "import sys; from agent_router.ops.cli import main; sys.argv[0] = 'agent-router'; main()"
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-c", cli, *args], check=False, cwd=tmp_path,

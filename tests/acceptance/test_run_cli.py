@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_router.model import DEFAULT_SCRIPT, ROLE_SCRIPTS, ScriptedModel, directive
+from agent_router.agents.llm import DEFAULT_SCRIPT, ROLE_SCRIPTS, ScriptedModel, directive
 from tests.support.chat_server import ChatServer, RecordedRequest, Reply, completion
 
 CLI = str(Path(sys.executable).parent / "agent-router")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_router.chaos import CI_PROFILE, run_chaos
+from agent_router.ops.chaos import CI_PROFILE, run_chaos
 
 from ..conftest import PG_ADMIN_URL
 

@@ -20,9 +20,10 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from kombu import Queue
 
-from agent_router import Settings, runtime
-from agent_router.celery_app import create_app
-from agent_router.runtime import Runtime
+from agent_router import Settings
+from agent_router.worker import runtime
+from agent_router.worker.celery_app import create_app
+from agent_router.worker.runtime import Runtime
 
 #: Worker threads: every agent of a test team can run at once.
 CONCURRENCY = 8

@@ -25,9 +25,9 @@ from agent_router import (
     TurnTrigger,
     WaitOutcome,
 )
-from agent_router.checks import check_team, tool_pairing_problems
 from agent_router.domain import OutboxKind
 from agent_router.formats import parse
+from agent_router.ops.checks import check_team, tool_pairing_problems
 from agent_router.outbox import RecordingPublisher
 from agent_router.waker import InProcessWaker, RedisWaker
 

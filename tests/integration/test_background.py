@@ -11,11 +11,11 @@ import pytest
 from celery import Celery
 
 from agent_router import MessageType, Router
-from agent_router.celery_app import CeleryPublisher
-from agent_router.checks import check_team
-from agent_router.demo import wait_quiescent, wait_until
 from agent_router.domain import JobStatus
-from agent_router.runtime import Runtime
+from agent_router.ops.checks import check_team
+from agent_router.ops.demo import wait_quiescent, wait_until
+from agent_router.worker.publisher import CeleryPublisher
+from agent_router.worker.runtime import Runtime
 
 TIMEOUT = 60.0
 JOB = "tests.background_job"

@@ -18,13 +18,13 @@ from agent_router import (
     Settings,
     TurnStatus,
     TurnTrigger,
-    runtime,
 )
-from agent_router.checks import check_team
-from agent_router.demo import wait_quiescent
+from agent_router.agents.llm import directive
 from agent_router.formats import parse
-from agent_router.model import directive
-from agent_router.runtime import Runtime
+from agent_router.ops.checks import check_team
+from agent_router.ops.demo import wait_quiescent
+from agent_router.worker import runtime
+from agent_router.worker.runtime import Runtime
 
 TIMEOUT = 60.0
 

@@ -22,13 +22,13 @@ from agent_router import (
     Settings,
     TurnStatus,
     TurnTrigger,
-    runtime,
 )
-from agent_router.celery_app import create_app
-from agent_router.checks import check_team
-from agent_router.cli import embedded_worker
+from agent_router.agents.llm import Model, ScriptedModel
 from agent_router.constants import RUN_AGENT_TURN
-from agent_router.demo import (
+from agent_router.formats import parse
+from agent_router.ops.checks import check_team
+from agent_router.ops.cli import embedded_worker
+from agent_router.ops.demo import (
     RACE,
     STEER,
     WRAP_UP,
@@ -38,10 +38,10 @@ from agent_router.demo import (
     wait_quiescent,
     wait_until,
 )
-from agent_router.formats import parse
-from agent_router.model import Model, ScriptedModel
 from agent_router.outbox import RecordingPublisher
-from agent_router.runtime import Runtime
+from agent_router.worker import runtime
+from agent_router.worker.celery_app import create_app
+from agent_router.worker.runtime import Runtime
 
 TIMEOUT = 60.0
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agent_router import AgentState, RouteOutcome, Router, Turn, TurnTrigger
-from agent_router.checks import check_team
 from agent_router.domain import OutboxKind
+from agent_router.ops.checks import check_team
 
 from .helpers import assistant, start_running
 

@@ -11,10 +11,11 @@ from contextlib import contextmanager
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent_router import Router, Settings, errors, metrics
+from agent_router import Router, Settings, errors
 from agent_router.hooks import RouterHooks
 from agent_router.outbox import RecordingPublisher
 from agent_router.turn import Turn
+from agent_router.worker import metrics
 
 
 @pytest.fixture

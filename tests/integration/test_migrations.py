@@ -8,8 +8,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from agent_router.migrate import downgrade, upgrade
-from agent_router.models import Base
+from agent_router.store.migrate import downgrade, upgrade
+from agent_router.store.models import Base
 
 
 def _diff(url: str) -> list[object]:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from agent_router import Settings
+from agent_router.agents.openai_model import OpenAIModel
 from agent_router.errors import ConfigurationError, MalformedModelResponseError, ModelError
-from agent_router.openai_model import OpenAIModel
 from tests.support.chat_server import (
     CHAT_PATH,
     ChatServer,

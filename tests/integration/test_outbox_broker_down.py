@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from agent_router import MessageStatus, RouteOutcome, Settings, runtime
-from agent_router.celery_app import create_app
-from agent_router.chaos import PrivateRedis
-from agent_router.checks import check_team
-from agent_router.demo import wait_quiescent
+from agent_router import MessageStatus, RouteOutcome, Settings
+from agent_router.ops.chaos import PrivateRedis
+from agent_router.ops.checks import check_team
+from agent_router.ops.demo import wait_quiescent
+from agent_router.worker import runtime
+from agent_router.worker.celery_app import create_app
 
 TIMEOUT = 60.0
 

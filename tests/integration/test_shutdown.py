@@ -12,8 +12,9 @@ from pathlib import Path
 
 from celery import Celery
 
-from agent_router import AgentState, MessageType, Settings, TurnStatus, runtime
-from agent_router.demo import wait_until
+from agent_router import AgentState, MessageType, Settings, TurnStatus
+from agent_router.ops.demo import wait_until
+from agent_router.worker import runtime
 
 from .conftest import _wait_for_worker, _worker_env
 

@@ -27,8 +27,8 @@ from agent_router import (
     ToolCallsPendingError,
     Turn,
 )
-from agent_router.checks import check_team
 from agent_router.domain import RESTING_STATES, MessageStatus, OutboxKind
+from agent_router.ops.checks import check_team
 
 from .helpers import assistant, tool_call
 

@@ -21,8 +21,8 @@ from agent_router import (
     StaleTurnError,
     TurnTrigger,
 )
-from agent_router.checks import check_team
 from agent_router.domain import OutboxKind
+from agent_router.ops.checks import check_team
 from agent_router.outbox import RecordingPublisher
 
 from .helpers import assistant, start_running, tool_call

@@ -13,8 +13,8 @@ from agent_router import (
     ToolCallsPendingError,
     TurnTrigger,
 )
-from agent_router.checks import check_team, tool_pairing_problems
 from agent_router.errors import InvalidTranscriptEntryError
+from agent_router.ops.checks import check_team, tool_pairing_problems
 
 from .helpers import assistant, start_running, tool_call
 

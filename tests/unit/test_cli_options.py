@@ -10,7 +10,7 @@ import pytest
 import typer.core
 import typer.main
 
-from agent_router.cli import app
+from agent_router.ops.cli import app
 
 
 def _commands(command: Any, ctx: Any, path: str = "") -> Iterator[tuple[str, Any]]:

@@ -11,7 +11,7 @@ import pytest
 import typer.main
 import yaml
 
-from agent_router.cli import app
+from agent_router.ops.cli import app
 from agent_router.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,11 +18,11 @@ from agent_router import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.checks import check_team, tool_pairing_problems
-from agent_router.loop import TurnOutcome, run_turn
-from agent_router.model import Model, ScriptedModel
+from agent_router.agents.llm import Model, ScriptedModel
+from agent_router.agents.loop import TurnOutcome, run_turn
+from agent_router.agents.tools import default_registry
+from agent_router.ops.checks import check_team, tool_pairing_problems
 from agent_router.outbox import RecordingPublisher
-from agent_router.tools import default_registry
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from agent_router.agents.openai_model import assistant_message, request_messages
 from agent_router.errors import InvalidTranscriptEntryError, MalformedModelResponseError
-from agent_router.openai_model import assistant_message, request_messages
 
 
 def call(call_id: str, name: str = "do_work", arguments: Any = '{"step": "x"}') -> dict[str, Any]:

@@ -15,16 +15,17 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from agent_router import metrics
-from agent_router.celery_app import CeleryPublisher, create_app
+from agent_router.agents.llm import Model, ModelFactory, ScriptedModel
+from agent_router.agents.loop import run_turn
+from agent_router.agents.tools import ToolRegistry, default_registry
 from agent_router.domain import Agent
 from agent_router.hooks import HookChain, RouterHooks
-from agent_router.loop import run_turn
-from agent_router.model import Model, ModelFactory, ScriptedModel
 from agent_router.router import Router
 from agent_router.settings import Settings
-from agent_router.task_events import TaskEventHooks
-from agent_router.tools import ToolRegistry, default_registry
+from agent_router.worker import metrics
+from agent_router.worker.celery_app import create_app
+from agent_router.worker.publisher import CeleryPublisher
+from agent_router.worker.task_events import TaskEventHooks
 
 #: Runs one claimed turn to its end (the built-in loop, or a host's own loop over the turn API);
 #: returns its outcome (a ``StrEnum``), which becomes the task's result.

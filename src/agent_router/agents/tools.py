@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from agent_router import errors
+from agent_router.agents.llm import WORK_TOOL
+from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
     Agent,
     MessageSubtype,
@@ -31,8 +33,6 @@ from agent_router.domain import (
     Question,
     WaitOutcome,
 )
-from agent_router.model import WORK_TOOL
-from agent_router.roles import RoleCatalogue
 from agent_router.settings import Settings
 
 if TYPE_CHECKING:

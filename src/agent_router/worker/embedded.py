@@ -1,5 +1,5 @@
 """The sweeper on an in-process timer: the embedded mode's stand-in for ``celery beat``, and
-what every standalone worker runs (:mod:`agent_router.worker_sweeper`)."""
+what every standalone worker runs (:mod:`agent_router.worker.bootstep`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The seed's team, driven by tools through the seed's scenarios, explained from the ledger.
 
-The user gives the Team Leader instructions; the lead (a :class:`~agent_router.model.ScriptedModel`
+The user gives the Team Leader instructions; the lead (a
+:class:`~agent_router.agents.llm.ScriptedModel`
 that turns the ``@tool {json}`` lines of an instruction into tool calls) staffs its team with
 ``create_sub_agent`` and relays everything with its tools. Then:
 
@@ -29,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_router import errors
-from agent_router.checks import TeamReport, check_team, tool_pairing_problems
+from agent_router.agents.llm import AWAIT_QUESTION, directive
+from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
     RESTING_STATES,
     Agent,
@@ -47,8 +49,7 @@ from agent_router.domain import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.model import AWAIT_QUESTION, directive
-from agent_router.roles import RoleCatalogue
+from agent_router.ops.checks import TeamReport, check_team, tool_pairing_problems
 from agent_router.router import Router
 
 UI_ROLE = "UI Operator"

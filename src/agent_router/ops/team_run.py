@@ -6,7 +6,7 @@ by the lead (``create_sub_agent``) from the roles catalogue, each with its role'
 the role names one, its own model and temperature.
 
 Separate worker processes (``agent-router worker`` on a real broker) build the same runtime with
-``AGENT_ROUTER_RUNTIME_FACTORY=agent_router.team_run:openai_runtime`` and the ``openai_*``
+``AGENT_ROUTER_RUNTIME_FACTORY=agent_router.ops.team_run:openai_runtime`` and the ``openai_*``
 settings (``AGENT_ROUTER_OPENAI_MODEL``, ``AGENT_ROUTER_OPENAI_BASE_URL``, the API key).
 """
 
@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agent_router.checks import TeamReport, check_team
+from agent_router.agents.llm import Model, ModelFactory
+from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
     RESTING_STATES,
     AgentState,
@@ -26,8 +27,7 @@ from agent_router.domain import (
     MessageType,
 )
 from agent_router.errors import AgentRouterError
-from agent_router.model import Model, ModelFactory
-from agent_router.roles import RoleCatalogue
+from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
 from agent_router.settings import Settings
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from agent_router.domain import Agent
-    from agent_router.runtime import Runtime
+    from agent_router.worker.runtime import Runtime
 
 #: The variable naming a roles file for worker processes (the CLI's ``--roles`` sets it too).
 ROLES_FILE_ENV = "AGENT_ROUTER_ROLES_FILE"
@@ -49,9 +49,9 @@ class RunTimeoutError(AgentRouterError):
 
 
 def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
-    """One :class:`~agent_router.openai_model.OpenAIModel` per (model, temperature), shared
+    """One :class:`~agent_router.agents.openai_model.OpenAIModel` per (model, temperature), shared
     between threads; a role may override the default model and temperature."""
-    from agent_router.openai_model import OpenAIModel
+    from agent_router.agents.openai_model import OpenAIModel
 
     cache: dict[tuple[str | None, float | None], Model] = {}
     lock = threading.Lock()
@@ -82,9 +82,9 @@ def roles_from_env() -> RoleCatalogue:
 def openai_runtime(settings: Settings, app: Celery) -> Runtime:
     """``AGENT_ROUTER_RUNTIME_FACTORY`` target: a worker runtime that runs every agent with the
     OpenAI-compatible model of the ``openai_*`` settings and the catalogue's roles."""
-    from agent_router.celery_app import CeleryPublisher
-    from agent_router.runtime import Runtime
-    from agent_router.tools import default_registry
+    from agent_router.agents.tools import default_registry
+    from agent_router.worker.publisher import CeleryPublisher
+    from agent_router.worker.runtime import Runtime
 
     roles = roles_from_env()
     return Runtime(

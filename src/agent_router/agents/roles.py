@@ -79,7 +79,11 @@ class RoleCatalogue:
     @classmethod
     def default(cls) -> RoleCatalogue:
         """The seed's roles, shipped with the package."""
-        text = resources.files("agent_router").joinpath(DEFAULT_ROLES_RESOURCE).read_text("utf-8")
+        text = (
+            resources.files("agent_router.agents")
+            .joinpath(DEFAULT_ROLES_RESOURCE)
+            .read_text("utf-8")
+        )
         return cls.from_toml(text, source=DEFAULT_ROLES_RESOURCE)
 
     @classmethod

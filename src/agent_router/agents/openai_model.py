@@ -176,7 +176,8 @@ def _is_transient(status_code: int) -> bool:
 
 
 class OpenAIModel:
-    """A :class:`~agent_router.model.Model` calling an OpenAI-compatible Chat Completions server.
+    """A :class:`~agent_router.agents.llm.Model` calling an OpenAI-compatible Chat Completions
+    server.
 
     Everything comes from :class:`Settings` (``openai_*``). One instance holds one SDK client
     (a connection pool); it is safe to share between threads. Raises

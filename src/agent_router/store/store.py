@@ -50,7 +50,8 @@ from agent_router.domain import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.models import (
+from agent_router.settings import Settings
+from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
     Base,
@@ -63,7 +64,6 @@ from agent_router.models import (
     TurnRow,
     utcnow,
 )
-from agent_router.settings import Settings
 
 logger = logging.getLogger(__name__)
 

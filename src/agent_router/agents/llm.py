@@ -21,7 +21,8 @@ from agent_router.domain import Agent, MessageType
 
 logger = logging.getLogger(__name__)
 
-#: The built-in work tool the scripted sub-agents call (registered in :mod:`agent_router.tools`).
+#: The built-in work tool the scripted sub-agents call (registered in
+#: :mod:`agent_router.agents.tools`).
 WORK_TOOL = "do_work"
 
 

@@ -22,14 +22,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agent_router import errors, runtime, worker_sweeper
-from agent_router.celery_app import CeleryPublisher, create_app
-from agent_router.demo import DemoResult, LedgerTail, event_record, run_scenarios, setup_team
+from agent_router import errors
 from agent_router.domain import AgentState, AgentStatus, MessageType, RouteOutcome
-from agent_router.embedded import SweeperThread
+from agent_router.ops.demo import DemoResult, LedgerTail, event_record, run_scenarios, setup_team
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store import Store, utcnow
+from agent_router.worker import bootstep as worker_sweeper
+from agent_router.worker import runtime
+from agent_router.worker.celery_app import create_app
+from agent_router.worker.embedded import SweeperThread
+from agent_router.worker.publisher import CeleryPublisher
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -241,7 +244,7 @@ def run(  # noqa: PLR0917 - typer options
             envvar="AGENT_ROUTER_RUN_BROKER_URL",
             help="Celery broker: memory:// (default) runs turns on threads of this process; with "
             "redis://... start workers with AGENT_ROUTER_RUNTIME_FACTORY="
-            "agent_router.team_run:openai_runtime and the same AGENT_ROUTER_* settings.",
+            "agent_router.ops.team_run:openai_runtime and the same AGENT_ROUTER_* settings.",
         ),
     ] = "memory://",
     embedded_workers: Annotated[
@@ -265,9 +268,9 @@ def run(  # noqa: PLR0917 - typer options
     printing the live timeline. Exits non-zero if a turn failed or the team did not settle."""
     import os
 
-    from agent_router import team_run
-    from agent_router.roles import RoleCatalogue
-    from agent_router.tools import default_registry
+    from agent_router.agents.roles import RoleCatalogue
+    from agent_router.agents.tools import default_registry
+    from agent_router.ops import team_run
 
     memory = broker_url.startswith("memory://")
     in_process = memory if embedded_workers is None else embedded_workers
@@ -293,7 +296,7 @@ def run(  # noqa: PLR0917 - typer options
         models = team_run.openai_models(settings, catalogue)
         try:
             # Build one model now: a missing key or SDK fails before anything runs.
-            from agent_router.openai_model import OpenAIModel
+            from agent_router.agents.openai_model import OpenAIModel
 
             OpenAIModel(settings).close()
         except errors.ConfigurationError as exc:
@@ -373,7 +376,7 @@ def worker(
     # The sweeper on a timer in this worker (Settings.worker_sweeper), not only through beat.
     worker_sweeper.install(celery)
     if settings.metrics_port is not None:
-        from agent_router import metrics
+        from agent_router.worker import metrics
 
         # The store is looked up at scrape time: the runtime is built by the first task.
         metrics.serve(settings.metrics_port, store=lambda: runtime.current(celery).router.store)
@@ -870,7 +873,7 @@ def db_upgrade(
     ] = "head",
 ) -> None:
     """Apply the migrations up to ``revision`` (safe to run again: done ones are skipped)."""
-    from agent_router import migrate
+    from agent_router.store import migrate
 
     settings = _settings(database_url)
     migrate.upgrade(settings.database_url, revision)
@@ -950,7 +953,7 @@ def bench(
     import logging
     import tempfile
 
-    from agent_router import bench as bench_mod
+    from agent_router.ops import bench as bench_mod
 
     logging.getLogger("celery").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
@@ -998,7 +1001,7 @@ def chaos(
     Prints one summary line and exits non-zero if any bad count is not zero."""
     from dataclasses import replace
 
-    from agent_router.chaos import LONG_PROFILE, run_chaos
+    from agent_router.ops.chaos import LONG_PROFILE, run_chaos
 
     profile = replace(
         LONG_PROFILE,

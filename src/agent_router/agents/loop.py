@@ -32,15 +32,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from agent_router import errors
-from agent_router.domain import (
-    Agent,
-    EndOfTurn,
-    MessageSubtype,
-    MessageType,
-)
-from agent_router.model import Model, ModelFactory
-from agent_router.router import Router
-from agent_router.tools import (
+from agent_router.agents.llm import Model, ModelFactory
+from agent_router.agents.tools import (
     RESULT_RECORDED,
     ToolContext,
     ToolRegistry,
@@ -48,6 +41,13 @@ from agent_router.tools import (
     TurnSuspended,
     fail,
 )
+from agent_router.domain import (
+    Agent,
+    EndOfTurn,
+    MessageSubtype,
+    MessageType,
+)
+from agent_router.router import Router
 from agent_router.turn import Turn
 
 logger = logging.getLogger(__name__)

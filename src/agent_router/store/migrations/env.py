@@ -1,13 +1,13 @@
 """Alembic environment: the URL comes from the Config's ``sqlalchemy.url`` (set by
-:func:`agent_router.migrate.alembic_config`) or from ``AGENT_ROUTER_DATABASE_URL``."""
+:func:`agent_router.store.migrate.alembic_config`) or from ``AGENT_ROUTER_DATABASE_URL``."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from agent_router.models import Base
 from agent_router.settings import Settings
+from agent_router.store.models import Base
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or Settings().database_url

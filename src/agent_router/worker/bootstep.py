@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 class WorkerSweeper(bootsteps.StartStopStep):
-    """Worker bootstep: a :class:`~agent_router.embedded.SweeperThread` in the worker's main
+    """Worker bootstep: a :class:`~agent_router.worker.embedded.SweeperThread` in the worker's main
     process, from worker start to shutdown, unless ``Settings.worker_sweeper`` is off.
 
     It has its own :class:`~agent_router.router.Router` (one database connection at a time)
@@ -47,9 +47,9 @@ class WorkerSweeper(bootsteps.StartStopStep):
             return None
         # Imported here: the router pulls in the store and its driver, which a process that only
         # configures an app (beat, a sender) need not load.
-        from agent_router.celery_app import CeleryPublisher
-        from agent_router.embedded import SweeperThread
         from agent_router.router import Router
+        from agent_router.worker.embedded import SweeperThread
+        from agent_router.worker.publisher import CeleryPublisher
 
         router = Router(settings, publisher=CeleryPublisher(parent.app))
         # A prefork pool's children are forks of this process: each drops its copy of this

@@ -304,9 +304,9 @@ class Bench:
         """Turn start latency and the burst, with a real worker on the configured broker."""
         from celery.contrib.testing.worker import start_worker
 
-        from agent_router import runtime
+        from agent_router.worker import runtime
 
-        queue = f"agent_router.bench.{uuid.uuid4().hex[:8]}"
+        queue = f"agent_router.ops.bench.{uuid.uuid4().hex[:8]}"
         # The scripted model's final reply takes a quarter second to "write" (a short streamed
         # answer; real model calls take seconds), so that a burst lands on a running turn as it
         # does in production, not between turns of a model that answers in no time. Turn start

@@ -4,13 +4,13 @@ Six scripted agents (the lead and ``Chaos_1``..``Chaos_5``) send each other mess
 (``turn.ask`` + ``turn.wait_for``; answers through ``router.send``) while the harness SIGKILLs a
 random worker every few seconds (and restarts it), restarts Redis once, and terminates the
 workers' PostgreSQL backends once. Then it lets the team settle, stops the workers with a warm
-shutdown, and checks guarantees 2-5 and 7 from the database (:func:`agent_router.checks`).
+shutdown, and checks guarantees 2-5 and 7 from the database (:func:`agent_router.ops.checks`).
 
 The agents run on :func:`run_chaos_turn`, a host-style loop over the turn API whose every step
 is a pure function of the transcript, so a recovered turn carries on where the dead one stopped:
 each assistant message holds one tool call (``send``, ``ask`` or ``answer``), and sends carry a
 dedup key by index, so a redone send is never accepted twice. Workers load it through
-``Settings.runtime_factory = "agent_router.chaos:chaos_runtime"``.
+``Settings.runtime_factory = "agent_router.ops.chaos:chaos_runtime"``.
 
 Everything runs on a private Redis (another port) and a private PostgreSQL database, so other
 users of the machine's services are not disturbed.
@@ -44,8 +44,8 @@ import sqlalchemy as sa
 from celery import Celery
 
 from agent_router import errors, formats
-from agent_router.celery_app import CeleryPublisher, create_app
-from agent_router.checks import TeamReport, check_team
+from agent_router.agents.llm import ModelFactory
+from agent_router.agents.tools import ToolRegistry, default_registry
 from agent_router.domain import (
     RESTING_STATES,
     LedgerAction,
@@ -55,12 +55,13 @@ from agent_router.domain import (
     TurnTrigger,
     WaitOutcome,
 )
-from agent_router.model import ModelFactory
+from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
-from agent_router.runtime import Runtime, scripted_models
 from agent_router.settings import Settings
-from agent_router.tools import ToolRegistry, default_registry
 from agent_router.turn import Turn
+from agent_router.worker.celery_app import create_app
+from agent_router.worker.publisher import CeleryPublisher
+from agent_router.worker.runtime import Runtime, scripted_models
 
 logger = logging.getLogger(__name__)
 
@@ -527,7 +528,7 @@ def run_chaos(
         common: dict[str, Any] = {
             "broker_url": redis_server.url,
             "redis_url": redis_server.url,
-            "queue": f"agent_router.chaos.{uuid.uuid4().hex[:8]}",
+            "queue": f"agent_router.ops.chaos.{uuid.uuid4().hex[:8]}",
             "lease_seconds": profile.lease_seconds,
             "heartbeat_seconds": profile.heartbeat_seconds,
             "sweep_seconds": profile.sweep_seconds,
@@ -545,7 +546,7 @@ def run_chaos(
             env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
             env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in common.items()})
             env["AGENT_ROUTER_DATABASE_URL"] = f"{base}?application_name={WORKER_APP_NAME}"
-            env["AGENT_ROUTER_RUNTIME_FACTORY"] = "agent_router.chaos:chaos_runtime"
+            env["AGENT_ROUTER_RUNTIME_FACTORY"] = "agent_router.ops.chaos:chaos_runtime"
             workers = _Workers(env, profile.concurrency, workdir)
             for i in range(3):
                 workers.start(i)
@@ -553,7 +554,7 @@ def run_chaos(
                 [
                     str(Path(sys.executable).parent / "celery"),
                     "-A",
-                    "agent_router.celery_app",
+                    "agent_router.worker.celery_app",
                     "beat",
                     "--loglevel=WARNING",
                     "-s",
@@ -714,7 +715,7 @@ def _settle(
 
 def _open_question_report(router: Router, team_id: int) -> list[str]:
     """Why a question is still open: who asked whom, and where its ask message went."""
-    from agent_router.models import MessageRow, QuestionRow
+    from agent_router.store.models import MessageRow, QuestionRow
 
     lines = []
     with router.store.engine.connect() as conn:
@@ -737,7 +738,7 @@ def _open_question_report(router: Router, team_id: int) -> list[str]:
 
 
 def _questions(router: Router, team_id: int) -> list[QuestionStatus]:
-    from agent_router.models import QuestionRow
+    from agent_router.store.models import QuestionRow
 
     with router.store.engine.connect() as conn:
         rows = conn.execute(
@@ -753,7 +754,7 @@ def _open_questions(router: Router, team_id: int) -> int:
 def _recoveries(router: Router, team_id: int, kills: list[datetime]) -> list[Recovery]:
     """Each turn fenced after a kill and followed by a recovery turn, from the database: its
     lease, its TAKE_OVER ledger event and the recovery turn's start."""
-    from agent_router.models import TurnRow
+    from agent_router.store.models import TurnRow
 
     with router.store.engine.connect() as conn:
         leases = dict(

@@ -1,0 +1,90 @@
+"""The outbox publisher for Celery: turn tasks sent by name, labelled for monitors."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from celery import Celery
+from celery.result import AsyncResult
+
+from agent_router.constants import RUN_AGENT_TURN
+from agent_router.domain import OutboxEntry, OutboxKind
+
+logger = logging.getLogger(__name__)
+
+
+def turn_label(entry: OutboxEntry) -> str:
+    """A turn task as monitors show it: ``UI Operator_1 (team 3) epoch 2 [new]``. Names come
+    from the outbox payload (no database read); rows written before it carried them show ids."""
+    payload = entry.payload
+    who = payload.get("agent") or f"agent {entry.agent_id}"
+    team = f" (team {payload['team_id']})" if payload.get("team_id") is not None else ""
+    trigger = f" [{payload['trigger']}]" if payload.get("trigger") else ""
+    return f"{who}{team} epoch {entry.epoch}{trigger}"
+
+
+class CeleryPublisher:
+    """The outbox :class:`~agent_router.outbox.Publisher` for Celery.
+
+    ``send_task`` by name rather than ``run_agent_turn.apply_async``: the same message, but a
+    process that only sends (a web app) need not import the worker's task code, and the app is
+    explicit instead of Celery's thread-local current app."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def publish(self, entry: OutboxEntry) -> None:
+        if entry.kind is OutboxKind.ENQUEUE_TURN:
+            # A countdown batches completions: notices of background jobs that finish within
+            # the window coalesce into the one turn this task starts.
+            countdown = entry.payload.get("countdown")
+            self.app.send_task(
+                RUN_AGENT_TURN,
+                args=(entry.agent_id, entry.epoch),
+                countdown=float(countdown) if countdown else None,
+                # send_task by name cannot see the task's ignore_result; without this the Redis
+                # result backend subscribes to a result channel per send (and stalls sends while
+                # Redis is down), for a task whose outcome lives in the database.
+                ignore_result=True,
+                # What Flower and `celery events` show for the task instead of "(12, 3)".
+                argsrepr=turn_label(entry),
+                kwargsrepr="{}",
+            )
+            logger.debug(
+                "turn enqueued",
+                extra={"action": "publish", "agent_id": entry.agent_id, "epoch": entry.epoch},
+            )
+        elif entry.kind is OutboxKind.WAKE_WAITER:
+            # The Router hands wake signals to its waker and never here; should a host publish
+            # one through us anyway, the blocked asker's timeout re-reads the database.
+            logger.info(
+                "wake signal ignored: the router's waker carries it",
+                extra={"action": "publish", "agent_id": entry.agent_id, "kind": entry.kind.value},
+            )
+
+    def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
+        """A background job's outcome from the result backend (see ``sweeper.poll_jobs``):
+        ``None`` while it runs, and always when the app has no result backend."""
+        if not self.app.conf.result_backend:
+            return None
+        result: AsyncResult[Any] = AsyncResult(task_id, app=self.app)
+        state = result.state
+        if state == "SUCCESS":
+            return True, job_result_text(result.result)
+        if state == "FAILURE":
+            return False, job_result_text(result.result)
+        return None
+
+
+def job_result_text(value: Any) -> str:
+    """A job's return value (or exception) as the text of its notice."""
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {value}"
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return repr(value)

@@ -1,0 +1,96 @@
+"""Celery tasks. Thin: decode ids, call the domain, turn transient errors into retries.
+
+Declared with ``shared_task`` so a host's own Celery app can ``include=["agent_router.tasks"]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from celery import Task, shared_task
+
+from agent_router import errors
+from agent_router.constants import BACKGROUND_DONE, RUN_AGENT_TURN, SWEEP
+from agent_router.sweeper import sweep as sweep_once
+from agent_router.worker import runtime, task_events
+from agent_router.worker.publisher import CeleryPublisher, job_result_text
+
+logger = logging.getLogger(__name__)
+
+#: Retries of a claim that hit a database error; the outbox sweeper re-publishes after that.
+CLAIM_RETRIES = 8
+
+
+@shared_task(bind=True, name=RUN_AGENT_TURN, max_retries=CLAIM_RETRIES)
+def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
+    """Claim the fenced turn ``(agent_id, epoch)`` and run the agent loop to its end.
+
+    A duplicate or stale delivery claims nothing (the store ledgers ``claim_refused``) and
+    returns. Once claimed, the loop always runs the end-of-turn hook, also when it raises."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (agent_id, epoch)):
+        # A malformed message will never become valid: drop it rather than retry forever.
+        logger.error(
+            "malformed turn task", extra={"action": "claim", "agent_id": agent_id, "epoch": epoch}
+        )
+        return "malformed"
+    rt = runtime.current(self.app)
+    # Routing and state changes of this turn become task events (Flower shows its progress).
+    with task_events.reporting(self):
+        return _claim_and_run(self, rt, agent_id, epoch)
+
+
+def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epoch: int) -> str:
+    try:
+        turn = rt.router.claim(agent_id, epoch)
+    except errors.StoreError as exc:
+        logger.warning(
+            "claim failed on a database error; retrying",
+            extra={"action": "claim_retry", "agent_id": agent_id, "epoch": epoch},
+        )
+        raise task.retry(exc=exc, countdown=min(2**task.request.retries, 30)) from exc
+    except errors.UnknownAgentError:
+        logger.warning(
+            "turn task for an unknown agent",
+            extra={"action": "claim", "agent_id": agent_id, "epoch": epoch},
+        )
+        return "unknown_agent"
+    if turn is None:
+        logger.info(
+            "turn not claimed: duplicate or stale delivery",
+            extra={"action": "claim_refused", "agent_id": agent_id, "epoch": epoch},
+        )
+        return "refused"
+    return rt.runner(rt.router, turn, models=rt.models, tools=rt.tools).value
+
+
+@shared_task(bind=True, name=SWEEP, ignore_result=True)
+def sweep(self: Task[Any, Any]) -> dict[str, int]:
+    """One sweeper pass (beat runs it every ``Settings.sweep_seconds``). A database error fails
+    this pass only; the next tick tries again, and every step is idempotent."""
+    report = sweep_once(runtime.current(self.app).router)
+    return dataclasses.asdict(report)
+
+
+@shared_task(bind=True, name=BACKGROUND_DONE, max_retries=CLAIM_RETRIES, ignore_result=True)
+def background_done(
+    self: Task[Any, Any], outcome: Any, *, job_id: int, failed: bool = False
+) -> str:
+    """Link callback of a background job: route its completion to its agent as a notice.
+
+    As ``link`` it gets the job's return value; as ``link_error`` (``failed=True``) Celery
+    passes the job's task id, and the error is read from the result backend. Idempotent: the
+    poller may report the same job; the second report changes nothing."""
+    rt = runtime.current(self.app)
+    if failed:
+        publisher = CeleryPublisher(self.app)
+        known = publisher.job_outcome(str(outcome)) if isinstance(outcome, str) else None
+        text = known[1] if known else "the task raised (no result backend to say what)"
+    else:
+        text = job_result_text(outcome)
+    try:
+        job = rt.router.finish_background(job_id, ok=not failed, result=text)
+    except errors.StoreError as exc:
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 30)) from exc
+    return job.status.value
