@@ -1,0 +1,14 @@
+"""The ``agent-router`` command: ``demo``, ``run``, ``worker``, ``beat``, ``flower``, the
+operator's reads (``status``, ``ledger``, ``inspect``), acts (``send``, ``stop``, ``terminate``,
+``sweep``), ``db upgrade``, ``bench`` and ``chaos``."""
+
+# isort: skip_file
+# The modules register their commands on `app` in this order, which `--help` lists.
+from agent_router.ops.cli.common import app, embedded_worker
+from agent_router.ops.cli import processes, reads, acts
+
+__all__ = ["acts", "app", "embedded_worker", "main", "processes", "reads"]
+
+
+def main() -> None:
+    app()

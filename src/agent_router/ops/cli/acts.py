@@ -1,0 +1,261 @@
+"""The operator's acts and tools: ``send``, ``stop``, ``terminate``, ``sweep``, ``db``,
+``bench``, ``chaos``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import tempfile
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from agent_router.domain import AgentState, MessageType, RouteOutcome
+from agent_router.ops.cli.common import (
+    _OUTCOME_STYLES,
+    BrokerUrlOption,
+    DatabaseUrlOption,
+    JsonOption,
+    ReasonOption,
+    _acting_router,
+    _one_line_errors,
+    _settings,
+    app,
+)
+
+
+@app.command()
+@_one_line_errors
+def send(  # noqa: PLR0917 - typer options
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    to: Annotated[str, typer.Argument(help="Display name of the receiver.")],
+    content: Annotated[str, typer.Argument(help="The message.")],
+    sender: Annotated[
+        str,
+        typer.Option(envvar="AGENT_ROUTER_SENDER", help="user, system, or an agent's name."),
+    ] = "user",
+    message_type: Annotated[
+        MessageType, typer.Option("--type", envvar="AGENT_ROUTER_MESSAGE_TYPE")
+    ] = MessageType.MESSAGE,
+    wake: Annotated[
+        bool,
+        typer.Option(
+            "--wake/--no-wake",
+            envvar="AGENT_ROUTER_WAKE",
+            help="--no-wake: a context-only notice, seen at the next turn (starts none).",
+        ),
+    ] = True,
+    dedup_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_DEDUP_KEY",
+            help="Sending again with the same key delivers nothing new.",
+        ),
+    ] = None,
+    question_id: Annotated[
+        int | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_QUESTION_ID",
+            help="With --type answer: the question answered (its asker is the receiver).",
+        ),
+    ] = None,
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send a message into a team; it is routed by the receiver's state (and committed before
+    this returns). Prints the outcome."""
+    with _acting_router(database_url, broker_url) as router:
+        delivery = router.send(
+            team,
+            to=to,
+            content=content,
+            sender=sender,
+            type=message_type,
+            wake=wake,
+            dedup_key=dedup_key,
+            question_id=question_id,
+        )
+        published = router.publisher is not None
+    if as_json:
+        print(json.dumps({**dataclasses.asdict(delivery), "outcome": delivery.outcome.value}))
+        return
+    line = Text(f"message {delivery.message_id} to {delivery.target} (seq {delivery.seq}): ")
+    line.append(delivery.outcome.value, style=_OUTCOME_STYLES.get(delivery.outcome.value, ""))
+    if delivery.duplicate:
+        line.append(" (already sent with this dedup key)")
+    elif delivery.outcome is RouteOutcome.TRIGGERED_NEW_TURN and not published:
+        line.append(" (no broker here: a worker's sweeper publishes the turn)")
+    Console(highlight=False).print(line)
+
+
+@app.command()
+@_one_line_errors
+def stop(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    agent: Annotated[str, typer.Argument(help="Display name of a sub-agent.")],
+    reason: ReasonOption = "stopped by an operator",
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+) -> None:
+    """Stop a sub-agent cooperatively: a running turn stops at its next boundary (the rest of
+    its tool calls get `cancelled` results), its questions are cancelled, its mailbox is kept."""
+    with _acting_router(database_url, broker_url) as router:
+        state = router.stop(team, agent, reason=reason)
+    if state is AgentState.IDLE:
+        print(f"{agent} stopped: idle")
+    else:
+        print(f"{agent} is {state.value}: it stops at its next boundary")
+
+
+@app.command()
+@_one_line_errors
+def terminate(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    agent: Annotated[str, typer.Argument(help="Display name of a sub-agent.")],
+    reason: ReasonOption = "terminated by an operator",
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+) -> None:
+    """Terminate a sub-agent for good: its pending messages are dropped with the reason and
+    later sends to it are refused."""
+    with _acting_router(database_url, broker_url) as router:
+        router.terminate(team, agent, reason=reason)
+    print(f"{agent} terminated")
+
+
+@app.command()
+@_one_line_errors
+def sweep(
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run one sweeper pass now (what every worker runs on a timer) and print what it did."""
+    with _acting_router(database_url, broker_url) as router:
+        report = router.sweep()
+    if as_json:
+        print(json.dumps(dataclasses.asdict(report)))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in dataclasses.asdict(report).items()))
+
+
+db_app = typer.Typer(help="The router's database schema (Alembic migrations).")
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+@_one_line_errors
+def db_upgrade(
+    database_url: DatabaseUrlOption = None,
+    revision: Annotated[
+        str, typer.Option(envvar="AGENT_ROUTER_REVISION", help="Target revision.")
+    ] = "head",
+) -> None:
+    """Apply the migrations up to ``revision`` (safe to run again: done ones are skipped)."""
+    from agent_router.store import migrate
+
+    settings = _settings(database_url)
+    migrate.upgrade(settings.database_url, revision)
+    print(f"database at {revision}", file=sys.stderr)
+
+
+@app.command()
+@_one_line_errors
+def bench(
+    postgres_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_BENCH_POSTGRES_URL",
+            help="PostgreSQL for the production figures (its tables are created). "
+            "Without it (or --redis-url) only the embedded default is measured.",
+        ),
+    ] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(envvar="AGENT_ROUTER_BENCH_REDIS_URL", help="Redis: broker and wake keys."),
+    ] = None,
+    samples: Annotated[
+        int, typer.Option(envvar="AGENT_ROUTER_BENCH_SAMPLES", help="Samples per latency figure.")
+    ] = 200,
+    queued: Annotated[
+        int,
+        typer.Option(
+            envvar="AGENT_ROUTER_BENCH_QUEUED", help="Messages queued for the drain figures."
+        ),
+    ] = 100_000,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="A JSON list, one object per row."),
+    ] = False,
+) -> None:
+    """Measure routing, wake, turn start, throughput, burst and drain figures, each beside the
+    floor of this machine measured in the same run (see docs/benchmarks.md)."""
+
+    from agent_router.ops import bench as bench_mod
+
+    logging.getLogger("celery").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = bench_mod.run(
+            postgres_url=postgres_url,
+            redis_url=redis_url,
+            sqlite_path=f"{tmp}/bench.db",
+            samples=samples,
+            queued=queued,
+        )
+    print(bench_mod.to_json(rows) if as_json else bench_mod.render(rows))
+
+
+@app.command()
+def chaos(
+    duration: Annotated[
+        float,
+        typer.Option(
+            envvar="AGENT_ROUTER_CHAOS_DURATION",
+            help="Most seconds of chaos (kills) before the team settles.",
+        ),
+    ] = 600.0,
+    sends: Annotated[
+        int | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_CHAOS_SENDS",
+            help="Messages each of the 6 agents sends (default: enough for ten minutes).",
+        ),
+    ] = None,
+    asks: Annotated[
+        int | None,
+        typer.Option(envvar="AGENT_ROUTER_CHAOS_ASKS", help="Asks each of the 6 agents makes."),
+    ] = None,
+    admin_url: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_CHAOS_ADMIN_URL",
+            help="PostgreSQL URL allowed to create (and drop) the run's private database.",
+        ),
+    ] = "postgresql+psycopg://root@127.0.0.1:5432/test",
+) -> None:
+    """Kill workers, restart Redis and cut database connections while 6 scripted agents talk;
+    then check from the database that nothing was lost, duplicated or reordered.
+
+    Prints one summary line and exits non-zero if any bad count is not zero."""
+    from dataclasses import replace
+
+    from agent_router.ops.chaos import LONG_PROFILE, run_chaos
+
+    profile = replace(
+        LONG_PROFILE,
+        duration=duration,
+        sends_per_agent=LONG_PROFILE.sends_per_agent if sends is None else sends,
+        asks_per_agent=LONG_PROFILE.asks_per_agent if asks is None else asks,
+    )
+    result = run_chaos(profile, admin_url=admin_url, log=lambda line: print(line, flush=True))
+    print(result.recovery_line())
+    print(f"questions={result.questions} open_questions={result.open_questions}")
+    for violation in result.report.violations[:20]:
+        print(f"violation: {violation}")
+    print(result.summary())
+    raise typer.Exit(0 if result.ok else 1)

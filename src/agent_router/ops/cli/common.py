@@ -1,0 +1,198 @@
+"""What every ``agent-router`` command shares: the Typer app, settings from options and
+environment, one-line errors, the embedded worker."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from celery import Celery
+from rich.console import Console
+from rich.text import Text
+
+from agent_router import errors
+from agent_router.router import Router
+from agent_router.settings import Settings
+from agent_router.store import Store
+from agent_router.worker.celery_app import create_app
+from agent_router.worker.publisher import CeleryPublisher
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+app = typer.Typer(
+    help="Durable, receiver-state message routing between LLM agents running as Celery tasks.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+#: Worker threads of the embedded mode: one per agent that may run at once, with room to spare.
+EMBEDDED_CONCURRENCY = 8
+
+_OUTCOME_STYLES = {
+    "injected_inline": "bold magenta",
+    "triggered_new_turn": "bold green",
+    "coalesced": "cyan",
+    "queued": "dim",
+    "resolved": "bold blue",
+    "rejected": "bold red",
+}
+_ACTION_STYLES = {
+    "turn_claimed": "green",
+    "turn_ended": "yellow",
+    "follow_up": "bold yellow",
+    "claim_refused": "red",
+    "drain": "blue",
+}
+
+
+@contextlib.contextmanager
+def embedded_worker(celery: Celery, concurrency: int) -> Iterator[None]:
+    """Celery worker threads inside this process, for the ``memory://`` broker.
+
+    ``celery.contrib.testing.worker.start_worker`` is Celery's own way to run a full worker
+    (consumer, thread pool, acks, events) in a thread: it returns only once the consumer is
+    ready and shuts the worker down cleanly on exit, which a hand-rolled ``app.Worker`` thread
+    would have to re-implement. The ping check needs a result backend, so it is off."""
+    from celery.contrib.testing.worker import start_worker
+
+    with start_worker(
+        celery,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=60.0,
+    ):
+        yield
+
+
+def _redis_url(broker_url: str) -> str | None:
+    """Wake keys of blocked asks go through Redis whenever the broker is Redis, so that the
+    answering and the waiting process need not be the same; else the configured one."""
+    if broker_url.startswith(("redis://", "rediss://")):
+        return broker_url
+    return Settings().redis_url
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line that says what went wrong, for any error the CLI boundary catches."""
+    import pydantic
+    import sqlalchemy.exc
+
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        text = f"invalid setting {where}: {first['msg']}"
+    elif isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
+        text = f"database error: {exc.orig}"
+    elif isinstance(exc, errors.AgentRouterError):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    line = " ".join(text.split())
+    return line[:500] or type(exc).__name__
+
+
+def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """The CLI boundary: our errors and driver errors become one line on stderr and exit 1."""
+    import kombu.exceptions
+    import pydantic
+    import redis
+    import sqlalchemy.exc
+
+    caught = (
+        errors.AgentRouterError,
+        sqlalchemy.exc.SQLAlchemyError,
+        pydantic.ValidationError,
+        redis.RedisError,
+        kombu.exceptions.OperationalError,
+        ConnectionError,
+    )
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except caught as exc:
+            print(f"agent-router: error: {_error_line(exc)}", file=sys.stderr)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _settings(database_url: str | None = None, broker_url: str | None = None) -> Settings:
+    """Settings from AGENT_ROUTER_* variables, with the URLs given on the command line."""
+    given: dict[str, Any] = {"database_url": database_url, "broker_url": broker_url}
+    return Settings(**{k: v for k, v in given.items() if v})
+
+
+@contextlib.contextmanager
+def _store(database_url: str | None) -> Iterator[Store]:
+    """A store for one read; the pool is closed afterwards."""
+    store = Store(_settings(database_url))
+    try:
+        yield store
+    finally:
+        store.dispose()
+
+
+@contextlib.contextmanager
+def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator[Router]:
+    """A Router that publishes to the configured broker (none for memory://); closed after."""
+    settings = _settings(database_url, broker_url)
+    celery = None if settings.broker_url.startswith("memory://") else create_app(settings)
+    router = Router(settings, publisher=CeleryPublisher(celery) if celery else None)
+    try:
+        yield router
+    finally:
+        router.close()
+        if celery is not None:
+            celery.close()
+
+
+def _render(console: Console, record: dict[str, Any]) -> None:
+    line = Text()
+    line.append(f"{record['t']:8.3f}s  ", style="dim")
+    line.append(f"{record['agent'] or '-':<22} ", style="bold")
+    style = _OUTCOME_STYLES.get(record["outcome"] or "", _ACTION_STYLES.get(record["action"], ""))
+    line.append(record["text"], style=style)
+    console.print(line, soft_wrap=True)
+
+
+# Every option of the operating commands is also read from an AGENT_ROUTER_* variable; errors
+# are one line on stderr and exit 1 (the `_one_line_errors` boundary), never a traceback.
+
+DatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        envvar="AGENT_ROUTER_DATABASE_URL",
+        help="SQLAlchemy URL of the router's database.",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="JSON instead of a table.")
+]
+LoglevelOption = Annotated[
+    str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
+]
+BrokerUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--broker-url",
+        envvar="AGENT_ROUTER_BROKER_URL",
+        help="Broker the turn tasks go to. memory:// (the default) publishes nothing from here: "
+        "the sweeper of any worker on the database publishes the turn within a sweep period.",
+        show_default=False,
+    ),
+]
+ReasonOption = Annotated[
+    str,
+    typer.Option(envvar="AGENT_ROUTER_REASON", help="Recorded in the ledger (and in results)."),
+]

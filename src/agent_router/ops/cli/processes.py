@@ -1,0 +1,363 @@
+"""Commands that run something: ``demo``, ``run``, ``worker``, ``beat``, ``flower``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from agent_router import errors
+from agent_router.ops.cli.common import (
+    EMBEDDED_CONCURRENCY,
+    LoglevelOption,
+    _one_line_errors,
+    _redis_url,
+    _render,
+    app,
+    embedded_worker,
+)
+from agent_router.ops.demo import DemoResult, run_scenarios, setup_team
+from agent_router.ops.explain import LedgerTail
+from agent_router.settings import Settings
+from agent_router.worker import bootstep as worker_sweeper
+from agent_router.worker import runtime
+from agent_router.worker.celery_app import create_app
+from agent_router.worker.embedded import SweeperThread
+
+
+def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
+    if as_json:
+        for check in result.checks:
+            print(json.dumps({"event": "check", "name": check.name, "ok": check.ok,
+                              "detail": check.detail}), flush=True)  # fmt: skip
+        print(json.dumps({"event": "result", "team_id": result.team_id, "ok": result.ok}))
+        return
+    console.rule("checks")
+    for check in result.checks:
+        mark = Text("PASS ", style="bold green") if check.ok else Text("FAIL ", style="bold red")
+        console.print(mark + Text(check.name, style="bold") + Text(f"\n      {check.detail}"))
+    verdict = "all guarantees held" if result.ok else "a guarantee was broken"
+    console.print(Text(verdict, style="bold green" if result.ok else "bold red"))
+
+
+@app.command()
+def demo(
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            envvar="AGENT_ROUTER_JSON",
+            help="One JSON object per line instead of the timeline.",
+        ),
+    ] = False,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_DEMO_DATABASE_URL",
+            help="Database to run on (its tables are created if missing). "
+            "Default: a temporary SQLite file.",
+        ),
+    ] = None,
+    broker_url: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_DEMO_BROKER_URL",
+            help="Celery broker. memory:// (default) runs turns on worker threads of this "
+            "process; with redis://... start workers separately (`agent-router worker`, or "
+            "`celery -A agent_router.celery_app worker`) with the same AGENT_ROUTER_DATABASE_URL,"
+            " AGENT_ROUTER_BROKER_URL and AGENT_ROUTER_QUEUE.",
+        ),
+    ] = "memory://",
+    embedded_workers: Annotated[
+        bool | None,
+        typer.Option(
+            "--embedded-workers/--no-embedded-workers",
+            envvar="AGENT_ROUTER_EMBEDDED_WORKERS",
+            help="Run worker threads in this process. Default: on for memory://, off otherwise.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(envvar="AGENT_ROUTER_DEMO_TIMEOUT", help="Seconds to wait for each step."),
+    ] = 60.0,
+) -> None:
+    """Run the seed's team through the routing scenarios and print a live timeline.
+
+    Exits non-zero if a scenario check or a guarantee (check_team) failed."""
+    memory = broker_url.startswith("memory://")
+    in_process = memory if embedded_workers is None else embedded_workers
+    if memory and not in_process:
+        raise typer.BadParameter("memory:// is only reachable from this process's own workers")
+    console = Console(highlight=False, stderr=False)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    with tempfile.TemporaryDirectory(prefix="agent-router-demo-") as tmp:
+        url = database_url or f"sqlite:///{Path(tmp) / 'demo.db'}"
+        settings = Settings(
+            database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url)
+        )
+        celery = create_app(settings)
+        rt = runtime.configure(settings, app=celery)
+        router = rt.router
+        router.create_schema()
+        if not as_json:
+            where = "threads of this process" if in_process else "separate worker processes"
+            console.rule("agent-router demo")
+            console.print(f"database {url}\nbroker   {broker_url} (turns run on {where})")
+
+        def sink(record: dict[str, Any]) -> None:
+            if as_json:
+                print(json.dumps(record, default=str), flush=True)
+            else:
+                _render(console, record)
+
+        team = setup_team(router)
+        tail = LedgerTail(router, team.team.id, sink).start()
+        workers = embedded_worker(celery, EMBEDDED_CONCURRENCY) if in_process else None
+        # The embedded mode's beat: the sweeper on an in-process timer.
+        sweeper = SweeperThread(router) if in_process else contextlib.nullcontext()
+        try:
+            with workers or contextlib.nullcontext(), sweeper:
+                result = run_scenarios(router, team, timeout=timeout)
+        finally:
+            tail.stop()
+            runtime.reset()
+        _print_result(console, result, as_json)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command()
+def run(  # noqa: PLR0917 - typer options
+    task: Annotated[str, typer.Argument(help="The task for the Team Leader.")],
+    model: Annotated[
+        str | None,
+        typer.Option(envvar="AGENT_ROUTER_OPENAI_MODEL", help="Model name."),
+    ] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_OPENAI_BASE_URL",
+            help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default: the SDK's).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            envvar="AGENT_ROUTER_JSON",
+            help="One JSON object per line instead of the timeline.",
+        ),
+    ] = False,
+    roles: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_ROLES_FILE",
+            help="Roles catalogue (TOML). Default: the shipped seed roles.",
+        ),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_RUN_DATABASE_URL",
+            help="Database (tables created if missing). Default: a temporary SQLite.",
+        ),
+    ] = None,
+    broker_url: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_RUN_BROKER_URL",
+            help="Celery broker: memory:// (default) runs turns on threads of this process; with "
+            "redis://... start workers with AGENT_ROUTER_RUNTIME_FACTORY="
+            "agent_router.ops.team_run:openai_runtime and the same AGENT_ROUTER_* settings.",
+        ),
+    ] = "memory://",
+    embedded_workers: Annotated[
+        bool | None,
+        typer.Option(
+            "--embedded-workers/--no-embedded-workers",
+            envvar="AGENT_ROUTER_EMBEDDED_WORKERS",
+            help="Run worker threads in this process. Default: on for memory://, off otherwise.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="AGENT_ROUTER_RUN_TIMEOUT",
+            help="Seconds until every agent must be idle or completed.",
+        ),
+    ] = 1800.0,
+) -> None:
+    """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
+    from AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY) until every agent is idle or completed,
+    printing the live timeline. Exits non-zero if a turn failed or the team did not settle."""
+    import os
+
+    from agent_router.agents.roles import RoleCatalogue
+    from agent_router.agents.tools import default_registry
+    from agent_router.ops import team_run
+
+    memory = broker_url.startswith("memory://")
+    in_process = memory if embedded_workers is None else embedded_workers
+    if memory and not in_process:
+        raise typer.BadParameter("memory:// is only reachable from this process's own workers")
+    console = Console(highlight=False, stderr=False)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        catalogue = RoleCatalogue.from_file_or_default(roles)
+    except errors.ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--roles") from None
+    if roles is not None:
+        os.environ[team_run.ROLES_FILE_ENV] = str(roles)  # for this process's runtime factory
+
+    with tempfile.TemporaryDirectory(prefix="agent-router-run-") as tmp:
+        url = database_url or f"sqlite:///{Path(tmp) / 'run.db'}"
+        overrides: dict[str, Any] = {"openai_model": model} if model else {}
+        if base_url:
+            overrides["openai_base_url"] = base_url
+        settings = Settings(
+            database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url), **overrides
+        )
+        models = team_run.openai_models(settings, catalogue)
+        try:
+            # Build one model now: a missing key or SDK fails before anything runs.
+            from agent_router.agents.openai_model import OpenAIModel
+
+            OpenAIModel(settings).close()
+        except errors.ConfigurationError as exc:
+            console.print(Text(f"error: {exc}", style="bold red"))
+            raise typer.Exit(2) from None
+        celery = create_app(settings)
+        rt = runtime.configure(
+            settings, app=celery, models=models, tools=default_registry(catalogue)
+        )
+        router = rt.router
+        router.create_schema()
+        if not as_json:
+            console.rule("agent-router run")
+            console.print(
+                f"model    {settings.openai_model} at {settings.openai_base_url or 'default'}\n"
+                f"database {url}\nbroker   {broker_url}"
+            )
+
+        def sink(record: dict[str, Any]) -> None:
+            if as_json:
+                print(json.dumps(record, default=str), flush=True)
+            else:
+                _render(console, record)
+
+        team_id = team_run.start_team(router, task, catalogue)
+        tail = LedgerTail(router, team_id, sink).start()
+        workers = embedded_worker(celery, EMBEDDED_CONCURRENCY) if in_process else None
+        sweeper = SweeperThread(router) if in_process else contextlib.nullcontext()
+        try:
+            with workers or contextlib.nullcontext(), sweeper:
+                is_settled = team_run.wait_settled(router, team_id, timeout=timeout)
+            result = team_run.result_of(router, team_id, is_settled=is_settled)
+        finally:
+            tail.stop()
+            runtime.reset()
+    if as_json:
+        print(json.dumps({"event": "result", "team_id": team_id, "ok": result.ok,
+                          "settled": result.settled, "states": result.states,
+                          "failed_turns": result.failed_turns, "final": result.final}))  # fmt: skip
+    else:
+        console.rule("result")
+        for name, state in result.states.items():
+            console.print(f"{name:<24} {state}")
+        for failure in result.failed_turns:
+            console.print(Text(f"failed: {failure}", style="bold red"))
+        if not result.settled:
+            console.print(Text(f"the team did not settle within {timeout:.0f}s", style="bold red"))
+        if result.final:
+            console.print(Text("Team Leader: ", style="bold") + Text(result.final))
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(
+    ctx: typer.Context,
+    concurrency: Annotated[
+        int,
+        typer.Option(envvar="AGENT_ROUTER_CONCURRENCY", help="Turns run at once by this worker."),
+    ] = 8,
+    pool: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_POOL",
+            help="Celery pool: threads (default; turns wait on I/O) or prefork.",
+        ),
+    ] = "threads",
+    loglevel: Annotated[
+        str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
+    ] = "INFO",
+) -> None:
+    """Start a Celery worker for the router's tasks, configured by AGENT_ROUTER_* variables.
+
+    With AGENT_ROUTER_METRICS_PORT set it serves Prometheus metrics on that port.
+    Further arguments go to `celery worker` as they are (e.g. --hostname=w1@%h)."""
+    settings = Settings()
+    celery = create_app(settings)
+    # The sweeper on a timer in this worker (Settings.worker_sweeper), not only through beat.
+    worker_sweeper.install(celery)
+    if settings.metrics_port is not None:
+        from agent_router.worker import metrics
+
+        # The store is looked up at scrape time: the runtime is built by the first task.
+        metrics.serve(settings.metrics_port, store=lambda: runtime.current(celery).router.store)
+    celery.worker_main(
+        [
+            "worker",
+            f"--pool={pool}",
+            f"--concurrency={concurrency}",
+            f"--loglevel={loglevel}",
+            f"--queues={settings.queue}",
+            *ctx.args,
+        ]
+    )
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_one_line_errors
+def beat(
+    ctx: typer.Context,
+    loglevel: LoglevelOption = "INFO",
+    schedule_file: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_BEAT_SCHEDULE_FILE",
+            help="Where beat keeps its last-run times (default: celerybeat-schedule here).",
+        ),
+    ] = None,
+) -> None:
+    """Start `celery beat` with the router's schedule (the sweeper every sweep_seconds).
+
+    Run exactly one per deployment. Further arguments go to `celery beat` as they are."""
+    celery = create_app(Settings())
+    argv = ["beat", f"--loglevel={loglevel}"]
+    if schedule_file:
+        argv.append(f"--schedule={schedule_file}")
+    celery.start([*argv, *ctx.args])
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_one_line_errors
+def flower(
+    ctx: typer.Context,
+    port: Annotated[int, typer.Option(envvar="AGENT_ROUTER_FLOWER_PORT", help="HTTP port.")] = 5555,
+    address: Annotated[
+        str, typer.Option(envvar="AGENT_ROUTER_FLOWER_ADDRESS", help="Address to listen on.")
+    ] = "0.0.0.0",  # a dashboard: put it behind auth (docs/deployment.md)
+) -> None:
+    """Start Flower (`celery flower`, needs the `flower` package) on the router's broker.
+
+    Further arguments go to `celery flower` as they are (e.g. --basic-auth=user:pass)."""
+    celery = create_app(Settings())
+    celery.start(["flower", f"--port={port}", f"--address={address}", *ctx.args])

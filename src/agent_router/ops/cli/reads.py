@@ -1,0 +1,263 @@
+"""The operator's reads: ``status``, ``ledger``, ``inspect message|agent``."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from agent_router.domain import AgentState, AgentStatus
+from agent_router.ops.cli.common import (
+    DatabaseUrlOption,
+    JsonOption,
+    _one_line_errors,
+    _render,
+    _store,
+    app,
+)
+from agent_router.ops.explain import event_record
+from agent_router.store import utcnow
+
+
+def _lease_text(expires: datetime | None, now: datetime) -> str:
+    if expires is None:
+        return "-"
+    left = (expires - now).total_seconds()
+    return f"{left:.0f}s left" if left >= 0 else f"expired {-left:.0f}s ago"
+
+
+def _state_text(status: AgentStatus) -> str:
+    agent = status.agent
+    if agent.state is AgentState.WAITING:
+        return f"waiting ({'suspended' if agent.suspended else 'blocking'})"
+    return agent.state.value
+
+
+def _ids_text(ids: tuple[int, ...]) -> str:
+    return ",".join(str(i) for i in ids) or "-"
+
+
+@app.command()
+@_one_line_errors
+def status(
+    team: Annotated[
+        int | None,
+        typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id; all teams when omitted."),
+    ] = None,
+    database_url: DatabaseUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Agents of a team (or of all teams): state, epoch, mailbox depth, open questions, lease."""
+    with _store(database_url) as store:
+        statuses = store.agent_statuses(team)
+    now = utcnow()
+    if as_json:
+        for s in statuses:
+            print(
+                json.dumps(
+                    {
+                        "team_id": s.agent.team_id,
+                        "agent_id": s.agent.id,
+                        "agent": s.agent.display_name,
+                        "role": s.agent.role,
+                        "state": s.agent.state.value,
+                        "suspended": s.agent.suspended,
+                        "epoch": s.agent.epoch,
+                        "mailbox_depth": s.agent.mailbox_depth,
+                        "open_questions": list(s.open_questions),
+                        "questions_to_answer": list(s.questions_to_answer),
+                        "turn_id": s.turn_id,
+                        "lease_expires_at": s.lease_expires_at.isoformat() + "Z"
+                        if s.lease_expires_at
+                        else None,
+                    }
+                )
+            )
+        return
+    table = Table(title=f"team {team}" if team is not None else "all teams", title_justify="left")
+    for column in ("team", "agent", "state", "epoch", "mailbox", "asked", "to answer", "turn"):
+        table.add_column(
+            column, justify="right" if column in ("team", "epoch", "mailbox") else "left"
+        )
+    table.add_column("lease")
+    for s in statuses:
+        table.add_row(
+            str(s.agent.team_id),
+            s.agent.display_name,
+            Text(_state_text(s), style=_STATE_STYLES.get(s.agent.state, "")),
+            str(s.agent.epoch),
+            str(s.agent.mailbox_depth),
+            _ids_text(s.open_questions),
+            _ids_text(s.questions_to_answer),
+            str(s.turn_id) if s.turn_id is not None else "-",
+            _lease_text(s.lease_expires_at, now),
+        )
+    Console(highlight=False).print(table)
+
+
+_STATE_STYLES = {
+    AgentState.RUNNING: "bold green",
+    AgentState.WAITING: "bold blue",
+    AgentState.SCHEDULED: "cyan",
+    AgentState.COMPLETED: "yellow",
+    AgentState.TERMINATED: "red",
+}
+
+
+@app.command()
+@_one_line_errors
+def ledger(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    database_url: DatabaseUrlOption = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON object per line."),
+    ] = False,
+    after: Annotated[
+        int, typer.Option(envvar="AGENT_ROUTER_AFTER", help="Only events after this ledger id.")
+    ] = 0,
+) -> None:
+    """The team's timeline: routing decisions (with outcomes) and turns, from the ledger."""
+    with _store(database_url) as store:
+        store.team(team)  # an unknown team is an error, not an empty timeline
+        events = store.ledger(team, after_id=after)
+        messages = {m.id: m for m in store.messages(team)}
+    console = Console(highlight=False)
+    t0 = events[0].created_at.timestamp() if events else 0.0
+    for event in events:
+        record = event_record(event, messages, t0)
+        if as_json:
+            print(json.dumps(record, default=str))
+        else:
+            _render(console, record)
+
+
+inspect_app = typer.Typer(help="Look at one message or one agent's transcript, with provenance.")
+app.add_typer(inspect_app, name="inspect")
+
+
+@inspect_app.command("message")
+@_one_line_errors
+def inspect_message(
+    message_id: Annotated[int, typer.Argument(help="Message id.")],
+    database_url: DatabaseUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A message: who sent it to whom, how it was routed, and where it entered a transcript."""
+    with _store(database_url) as store:
+        msg = store.message(message_id)
+        events = store.message_events(message_id)
+        entry = next(
+            (e for e in store.transcript_entries(msg.target_agent_id) if e["message_id"] == msg.id),
+            None,
+        )
+    record: dict[str, Any] = {
+        "id": msg.id,
+        "team_id": msg.team_id,
+        "from": msg.source_name,
+        "to": msg.target_name,
+        "type": msg.type.value,
+        "subtype": msg.subtype.value if msg.subtype else None,
+        "question_id": msg.question_id,
+        "wake": msg.wake,
+        "seq": msg.seq,
+        "dedup_key": msg.dedup_key,
+        "created_at": msg.created_at.isoformat() + "Z",
+        "outcome": msg.outcome.value,
+        "status": msg.status.value,
+        "consumed_by_turn": msg.consumed_turn_id,
+        "drop_reason": msg.drop_reason,
+        "transcript_position": entry["position"] if entry else None,
+        "transcript_role": entry["payload"]["role"] if entry else None,
+        "content": msg.content,
+        "ledger": [
+            {"id": e.id, "action": e.action.value, "agent": e.agent_name, "detail": e.detail}
+            for e in events
+        ],
+    }
+    if as_json:
+        print(json.dumps(record, default=str))
+        return
+    console = Console(highlight=False)
+    for key, value in record.items():
+        if key not in ("content", "ledger") and value is not None:
+            console.print(Text(f"{key:>20}  ", style="dim") + Text(str(value)))
+    for e in events:
+        console.print(Text(f"{'ledger':>20}  ", style="dim") + Text(f"#{e.id} {e.action.value}"))
+    console.rule("content")
+    console.print(Text(msg.content))
+
+
+@inspect_app.command("agent")
+@_one_line_errors
+def inspect_agent(
+    team: Annotated[int, typer.Argument(help="Team id.")],
+    name: Annotated[str, typer.Argument(help="Display name, e.g. 'UI Operator_1'.")],
+    database_url: DatabaseUrlOption = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON entry per line."),
+    ] = False,
+    full: Annotated[
+        bool,
+        typer.Option("--full", envvar="AGENT_ROUTER_FULL", help="Whole contents, not previews."),
+    ] = False,
+) -> None:
+    """An agent's transcript, entry by entry, with each entry's turn and provenance."""
+    with _store(database_url) as store:
+        agent = store.agent(team, name)
+        entries = store.transcript_entries(agent.id)
+    if as_json:
+        for e in entries:
+            print(json.dumps(e, default=str))
+        return
+    console = Console(highlight=False)
+    console.print(
+        Text(f"{agent.display_name} ", style="bold")
+        + Text(
+            f"(team {agent.team_id}, {agent.state.value}, epoch {agent.epoch}, "
+            f"{agent.mailbox_depth} pending)"
+        )
+    )
+    for e in entries:
+        payload = e["payload"]
+        head = Text(f"[{e['position']}] ", style="dim")
+        head.append(payload.get("role", "?"), style="bold")
+        head.append(f"  turn {e['turn_id'] if e['turn_id'] is not None else '-'}", style="dim")
+        meta = e["meta"] or {}
+        if e["message_id"] is not None:
+            head.append(
+                f"  <- {meta.get('type')}"
+                + (f"/{meta['subtype']}" if meta.get("subtype") else "")
+                + f" from {meta.get('from')} (message {e['message_id']}"
+                + (f", question {meta['question_id']}" if meta.get("question_id") else "")
+                + ")",
+                style="cyan",
+            )
+        if meta.get("synthetic"):
+            head.append(f"  synthetic {meta['synthetic']}", style="yellow")
+        if payload.get("tool_call_id"):
+            head.append(f"  result of {payload['tool_call_id']}", style="magenta")
+        console.print(head)
+        for call in payload.get("tool_calls") or []:
+            fn = call.get("function", {})
+            console.print(
+                Text(f"    call {call.get('id')}: {fn.get('name')}({fn.get('arguments')})")
+            )
+        content = payload.get("content")
+        if content:
+            text = str(content)
+            if not full and len(text) > 300:
+                text = text[:300] + f"… ({len(text)} chars; --full for all)"
+            console.print(Text("    " + text.replace("\n", "\n    ")))
+
+
+# ---------------------------------------------------------------------- acting on a team
+#
+# The same transitions the tools and the host's code use, from a shell: each goes through the
+# Router (one transaction, a ledger event), and a turn it schedules is published to the broker.
