@@ -37,10 +37,10 @@ def test_wheel_holds_the_package_data_and_the_console_script(wheel: Path) -> Non
         metadata = zf.read(f"{dist_info}/METADATA").decode()
     for path in (
         "agent_router/py.typed",
-        "agent_router/roles.toml",
-        "agent_router/migrations/env.py",
-        "agent_router/migrations/script.py.mako",
-        "agent_router/migrations/versions/0001_initial_schema.py",
+        "agent_router/agents/roles.toml",
+        "agent_router/store/migrations/env.py",
+        "agent_router/store/migrations/script.py.mako",
+        "agent_router/store/migrations/versions/0001_initial_schema.py",
     ):
         assert path in names, path
     assert not any(n.startswith(("tests/", "src/")) for n in names)
