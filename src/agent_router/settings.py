@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -153,4 +155,24 @@ class Settings(BaseSettings):
         description="Every `agent-router worker` also runs the sweeper on a timer thread, every "
         "sweep_seconds (not on a worker slot, not through the broker), so that a dead turn is "
         "taken over within lease + sweep period; beat is then optional.",
+    )
+
+    # Tools beside the router's own: MCP servers and host functions (docs/tools.md).
+    mcp_servers: dict[str, Any] = Field(
+        default_factory=dict,
+        description="MCP servers given to every sub-agent role that lists none of its own: a JSON "
+        'object of name -> command line, URL, or table (e.g. {"time": "mcp-server-time", '
+        '"notes": {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": '
+        '"Bearer ${NOTES_TOKEN}"}}}).',
+    )
+    host_tools: str | None = Field(
+        None,
+        description="Comma-separated modules each worker imports; the functions they register "
+        "with @host_tool become tools.",
+    )
+    mcp_call_timeout_seconds: float = Field(
+        60.0, gt=0, description="Timeout of one MCP tool call; past it the model reads an error."
+    )
+    mcp_connect_timeout_seconds: float = Field(
+        20.0, gt=0, description="Timeout of starting or connecting to an MCP server."
     )

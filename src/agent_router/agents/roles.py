@@ -8,6 +8,11 @@ A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table 
     system_prompt = "You are ..."
     model = "gpt-4o-mini"      # optional: overrides the default model for this role
     temperature = 0.2          # optional
+    mcp_servers = ["time"]     # optional: the MCP servers this role gets (default: see below)
+    host_tools = ["*"]         # optional: host functions by name, "*" for all
+
+    [mcp_servers.time]         # optional: MCP servers roles may list (docs/tools.md)
+    command = ["mcp-server-time", "--local-timezone", "UTC"]
 
 The seed's roles ship with the package (``roles.toml``). A sub-agent's system prompt is
 snapshotted into its transcript when it is created: editing the catalogue later changes new
@@ -17,11 +22,12 @@ agents only.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from agent_router.agents.tool_config import McpServerSpec, ToolDeclaration, servers_from_mapping
 from agent_router.domain import LEAD_ROLE
 from agent_router.errors import ConfigurationError
 
@@ -36,6 +42,7 @@ class Role:
     system_prompt: str
     model: str | None = None  # None: the runner's default model
     temperature: float | None = None
+    tools: ToolDeclaration = field(default_factory=ToolDeclaration)  # beside the router's own tools
 
     def __post_init__(self) -> None:
         if not self.name.strip() or any(c in self.name for c in '"\n\r<>'):
@@ -50,7 +57,10 @@ class RoleCatalogue:
     """Roles by name. The lead's role (``Team Leader``) may be listed; it is never a sub-agent
     role."""
 
-    def __init__(self, roles: list[Role]) -> None:
+    def __init__(
+        self, roles: list[Role], mcp_servers: dict[str, McpServerSpec] | None = None
+    ) -> None:
+        self.mcp_servers = dict(mcp_servers or {})
         self._roles: dict[str, Role] = {}
         for role in roles:
             if role.name in self._roles:
@@ -66,7 +76,8 @@ class RoleCatalogue:
         entries = data.get("roles")
         if not isinstance(entries, list) or not entries:
             raise ConfigurationError(f"{source}: expected one or more [[roles]] tables")
-        return cls([_role(entry, source) for entry in entries])
+        servers = servers_from_mapping(data.get("mcp_servers", {}), source=source)
+        return cls([_role(entry, source) for entry in entries], servers)
 
     @classmethod
     def load(cls, path: str | Path) -> RoleCatalogue:
@@ -110,7 +121,10 @@ class RoleCatalogue:
 def _role(entry: Any, source: str) -> Role:
     if not isinstance(entry, dict):
         raise ConfigurationError(f"{source}: each [[roles]] entry must be a table")
-    unknown = set(entry) - {"name", "description", "system_prompt", "model", "temperature"}
+    unknown = set(entry) - {
+        *("name", "description", "system_prompt", "model", "temperature"),
+        *("mcp_servers", "host_tools"),
+    }
     if unknown:
         raise ConfigurationError(f"{source}: unknown role keys {sorted(unknown)}")
     try:
@@ -132,4 +146,5 @@ def _role(entry: Any, source: str) -> Role:
         system_prompt=prompt.strip(),
         model=model,
         temperature=float(temperature) if temperature is not None else None,
+        tools=ToolDeclaration.from_table(entry, source=f"{source}: role {name!r}"),
     )

@@ -7,11 +7,13 @@ the role names one, its own model and temperature.
 
 Separate worker processes (``agent-router worker`` on a real broker) build the same runtime with
 ``AGENT_ROUTER_RUNTIME_FACTORY=agent_router.ops.team_run:openai_runtime`` and the ``openai_*``
-settings (``AGENT_ROUTER_OPENAI_MODEL``, ``AGENT_ROUTER_OPENAI_BASE_URL``, the API key).
+settings (``AGENT_ROUTER_OPENAI_MODEL``, ``AGENT_ROUTER_OPENAI_BASE_URL``, the API key); their
+tools come from the roles file, ``AGENT_ROUTER_MCP_SERVERS`` and ``AGENT_ROUTER_HOST_TOOLS``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -34,6 +36,7 @@ from agent_router.settings import Settings
 if TYPE_CHECKING:
     from celery import Celery
 
+    from agent_router.agents.toolbox import AgentTools
     from agent_router.domain import Agent
     from agent_router.worker.runtime import Runtime
 
@@ -82,7 +85,7 @@ def roles_from_env() -> RoleCatalogue:
 def openai_runtime(settings: Settings, app: Celery) -> Runtime:
     """``AGENT_ROUTER_RUNTIME_FACTORY`` target: a worker runtime that runs every agent with the
     OpenAI-compatible model of the ``openai_*`` settings and the catalogue's roles."""
-    from agent_router.agents.tools import default_registry
+    from agent_router.agents.toolbox import agent_tools
     from agent_router.worker.publisher import CeleryPublisher
     from agent_router.worker.runtime import Runtime
 
@@ -90,9 +93,26 @@ def openai_runtime(settings: Settings, app: Celery) -> Runtime:
     return Runtime(
         router=Router(settings, publisher=CeleryPublisher(app)),
         models=openai_models(settings, roles),
-        tools=default_registry(roles),
+        tools=agent_tools(settings, roles),
         app=app,
     )
+
+
+def print_tool_listing(tools: AgentTools, roles: RoleCatalogue, *, as_json: bool) -> bool:
+    """Print what each role of the catalogue gets (``run --list-tools``); false when an MCP
+    server could not be listed."""
+    listings = [tools.listing(name) for name in roles.names()]
+    for listing in listings:
+        if as_json:
+            print(json.dumps({"event": "tools", "role": listing.role, "tools": listing.tools,
+                              "unavailable": listing.unavailable}))  # fmt: skip
+            continue
+        print(f"{listing.role}:")
+        for name, source in listing.tools.items():
+            print(f"  {name:<40} {source}")
+        for server, error in listing.unavailable.items():
+            print(f"  mcp:{server} unavailable: {error}")
+    return not any(listing.unavailable for listing in listings)
 
 
 @dataclass(kw_only=True)

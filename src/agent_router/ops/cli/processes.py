@@ -8,7 +8,7 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -31,6 +31,10 @@ from agent_router.worker import bootstep as worker_sweeper
 from agent_router.worker import runtime
 from agent_router.worker.celery_app import create_app
 from agent_router.worker.embedded import SweeperThread
+
+if TYPE_CHECKING:
+    from agent_router.agents.roles import RoleCatalogue
+    from agent_router.agents.toolbox import AgentTools
 
 
 def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
@@ -136,7 +140,7 @@ def demo(
 
 @app.command()
 def run(  # noqa: PLR0917 - typer options
-    task: Annotated[str, typer.Argument(help="The task for the Team Leader.")],
+    task: Annotated[str | None, typer.Argument(help="The task for the Team Leader.")] = None,
     model: Annotated[
         str | None,
         typer.Option(envvar="AGENT_ROUTER_OPENAI_MODEL", help="Model name."),
@@ -194,6 +198,32 @@ def run(  # noqa: PLR0917 - typer options
             help="Seconds until every agent must be idle or completed.",
         ),
     ] = 1800.0,
+    mcp_server: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mcp-server",
+            envvar="AGENT_ROUTER_RUN_MCP_SERVER",
+            help="NAME=COMMAND_OR_URL: an MCP server (a command line over stdio, or a streamable "
+            "HTTP URL) for every sub-agent role that lists none of its own; repeatable; adds to "
+            "AGENT_ROUTER_MCP_SERVERS (its variable holds entries without spaces, separated by "
+            "spaces).",
+        ),
+    ] = None,
+    host_tools: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_HOST_TOOLS",
+            help="Module(s), comma-separated, whose @host_tool functions become tools.",
+        ),
+    ] = None,
+    list_tools: Annotated[
+        bool,
+        typer.Option(
+            "--list-tools",
+            envvar="AGENT_ROUTER_RUN_LIST_TOOLS",
+            help="Print the tools each role gets, and exit.",
+        ),
+    ] = False,
 ) -> None:
     """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
     from AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY) until every agent is idle or completed,
@@ -201,7 +231,6 @@ def run(  # noqa: PLR0917 - typer options
     import os
 
     from agent_router.agents.roles import RoleCatalogue
-    from agent_router.agents.tools import default_registry
     from agent_router.ops import team_run
 
     memory = broker_url.startswith("memory://")
@@ -216,6 +245,12 @@ def run(  # noqa: PLR0917 - typer options
         raise typer.BadParameter(str(exc), param_hint="--roles") from None
     if roles is not None:
         os.environ[team_run.ROLES_FILE_ENV] = str(roles)  # for this process's runtime factory
+    tool_settings = Settings(host_tools=host_tools) if host_tools else Settings()
+    tools = _agent_tools(tool_settings, catalogue, mcp_server or [])
+    if list_tools:
+        raise typer.Exit(0 if team_run.print_tool_listing(tools, catalogue, as_json=as_json) else 1)
+    if task is None:
+        raise typer.BadParameter("a task is required (or --list-tools)", param_hint="TASK")
 
     with tempfile.TemporaryDirectory(prefix="agent-router-run-") as tmp:
         url = database_url or f"sqlite:///{Path(tmp) / 'run.db'}"
@@ -235,9 +270,7 @@ def run(  # noqa: PLR0917 - typer options
             console.print(Text(f"error: {exc}", style="bold red"))
             raise typer.Exit(2) from None
         celery = create_app(settings)
-        rt = runtime.configure(
-            settings, app=celery, models=models, tools=default_registry(catalogue)
-        )
+        rt = runtime.configure(settings, app=celery, models=models, tools=tools)
         router = rt.router
         router.create_schema()
         if not as_json:
@@ -279,6 +312,15 @@ def run(  # noqa: PLR0917 - typer options
         if result.final:
             console.print(Text("Team Leader: ", style="bold") + Text(result.final))
     raise typer.Exit(0 if result.ok else 1)
+
+
+def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str]) -> AgentTools:
+    from agent_router.agents.toolbox import agent_tools
+
+    try:
+        return agent_tools(settings, catalogue, server_options=servers)
+    except errors.ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--mcp-server/--host-tools/--roles") from None
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

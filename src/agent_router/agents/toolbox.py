@@ -1,0 +1,232 @@
+"""Each agent's tools: the router's own, plus what its role declares (MCP servers, host
+functions).
+
+:class:`AgentTools` is a :class:`~agent_router.agents.tools.ToolRegistry` the loop uses as it
+uses the built-in one: ``schemas(agent)`` and ``call(name, arguments, ctx)`` answer for the
+agent at hand. The tools of a declaration are assembled once per process (MCP tool lists are
+fetched from the servers then) and reused by every turn; a server that cannot be listed is left
+out of that turn and asked again at the next one.
+
+Which declaration an agent gets: ``declare(agent)`` when the host gives that function (tools per
+agent, e.g. by display name), else its role's (the roles file). A role that does not list
+``mcp_servers`` gets the default servers (those given outside the roles file) and one that does
+not list ``host_tools`` gets every host function; the lead gets neither by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent_router.agents.host_tools import HostToolset, default_host_tools, import_host_modules
+from agent_router.agents.roles import RoleCatalogue
+from agent_router.agents.tool_config import (
+    McpServerSpec,
+    ToolDeclaration,
+    server_from_option,
+    servers_from_mapping,
+)
+from agent_router.agents.tools import (
+    Audience,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    ToolResult,
+    default_registry,
+)
+from agent_router.domain import LEAD_ROLE, Agent
+from agent_router.errors import ConfigurationError
+from agent_router.settings import Settings
+
+if TYPE_CHECKING:
+    from agent_router.agents.mcp_client import McpHub
+
+logger = logging.getLogger(__name__)
+
+#: Decides an agent's own declaration (``None``: its role's).
+DeclareTools = Callable[[Agent], ToolDeclaration | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolListing:
+    """What a role gets: tool name -> where it comes from; servers that could not be listed."""
+
+    role: str
+    tools: dict[str, str]
+    unavailable: dict[str, str]
+
+
+class AgentTools(ToolRegistry):
+    def __init__(
+        self,
+        builtin: ToolRegistry,
+        *,
+        roles: RoleCatalogue,
+        servers: Mapping[str, McpServerSpec] = {},
+        default_servers: Iterable[str] = (),
+        host: HostToolset = default_host_tools,
+        declare: DeclareTools | None = None,
+        call_timeout: float = 60.0,
+        hub: Callable[[], McpHub] | None = None,
+    ) -> None:
+        super().__init__(t for t in map(builtin.get, builtin.names()) if t is not None)
+        self.roles = roles
+        self.servers = dict(servers)
+        self.default_servers = tuple(default_servers)
+        self.host = host
+        self.declare = declare
+        self.call_timeout = call_timeout
+        self._hub = hub
+        self._assembled: dict[ToolDeclaration, ToolRegistry] = {}
+        self._lock = threading.Lock()
+        for role in roles.names():
+            self.declared(role)  # an unknown server or host function fails here, not in a turn
+
+    def schemas(self, agent: Agent) -> list[dict[str, Any]]:
+        return self._registry(agent).schemas(agent)
+
+    def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return self._registry(ctx.agent).call(name, arguments, ctx)
+
+    def declared(self, role: str, declaration: ToolDeclaration | None = None) -> ToolDeclaration:
+        """The declaration with its defaults filled in: the servers and host functions named."""
+        if declaration is None:
+            found = self.roles.get(role)
+            declaration = found.tools if found is not None else ToolDeclaration()
+        lead = role == LEAD_ROLE
+        servers = declaration.mcp_servers
+        if servers is None:
+            servers = () if lead else self.default_servers
+        unknown = [s for s in servers if s not in self.servers]
+        if unknown:
+            known = ", ".join(self.servers) or "none"
+            raise ConfigurationError(
+                f"role {role!r}: unknown MCP servers {unknown}; known: {known}"
+            )
+        host_names = declaration.host_tools
+        if host_names is None:
+            host_names = () if lead else ("*",)
+        if "*" in host_names:
+            host_names = tuple(self.host.names())
+        self.host.select(host_names)  # unknown names are a configuration error
+        for name in host_names:
+            if name in self.names():
+                raise ConfigurationError(f"host tool {name!r} has the name of a router tool")
+        return ToolDeclaration(mcp_servers=tuple(servers), host_tools=host_names)
+
+    def listing(self, role: str) -> ToolListing:
+        """The tools ``role`` gets, fetching MCP tool lists (``agent-router run --list-tools``)."""
+        lead = role == LEAD_ROLE
+        tools = {
+            name: "router"
+            for name in self.names()
+            if (tool := self.get(name)) is not None
+            and tool.audience in (Audience.ALL, Audience.LEAD if lead else Audience.SUB_AGENT)
+        }
+        extra, unavailable = self._extra_tools(self.declared(role))
+        for tool, source in extra:
+            tools[tool.name] = source
+        return ToolListing(role=role, tools=tools, unavailable=unavailable)
+
+    def _registry(self, agent: Agent) -> ToolRegistry:
+        own = self.declare(agent) if self.declare is not None else None
+        declaration = self.declared(agent.role, own)
+        with self._lock:
+            cached = self._assembled.get(declaration)
+        if cached is not None:
+            return cached
+        registry = ToolRegistry(t for t in map(self.get, self.names()) if t is not None)
+        extra, unavailable = self._extra_tools(declaration)
+        for tool, source in extra:
+            try:
+                registry.register(tool)
+            except ValueError:
+                logger.warning(
+                    "tool name taken",
+                    extra={"action": "tool_skipped", "tool": tool.name, "source": source},
+                )
+        if not unavailable:  # keep asking servers that could not be listed
+            with self._lock:
+                self._assembled[declaration] = registry
+        return registry
+
+    def _extra_tools(
+        self, declaration: ToolDeclaration
+    ) -> tuple[list[tuple[Tool, str]], dict[str, str]]:
+        tools = [(t, "host") for t in self.host.select(declaration.host_tools)]
+        unavailable: dict[str, str] = {}
+        for name in declaration.mcp_servers or ():
+            try:
+                tools.extend((t, f"mcp:{name}") for t in self._mcp_tools(self.servers[name]))
+            except Exception as exc:  # a server down: its tools are missing, the turn goes on
+                logger.warning(
+                    "MCP server not listed",
+                    extra={"action": "mcp_list_failed", "server": name, "error": str(exc)},
+                )
+                unavailable[name] = str(exc)
+        return tools, unavailable
+
+    def _mcp_tools(self, spec: McpServerSpec) -> list[Tool]:
+        hub = self._hub() if self._hub is not None else _default_hub()
+        timeout = spec.call_timeout_seconds or self.call_timeout
+        return [
+            Tool(
+                name=remote.exposed_name,
+                description=f"(MCP server {spec.name}) {remote.description}".strip(),
+                parameters=remote.input_schema,
+                function=_mcp_call(hub, spec, remote.name, timeout),
+            )
+            for remote in hub.tools(spec)
+        ]
+
+
+def _mcp_call(
+    hub: McpHub, spec: McpServerSpec, name: str, timeout: float
+) -> Callable[[dict[str, Any], ToolContext], ToolResult]:
+    def call(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return hub.call(spec, name, arguments, timeout)
+
+    return call
+
+
+def _default_hub(connect_timeout: float = 20.0) -> McpHub:
+    try:
+        from agent_router.agents.mcp_client import process_hub
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"MCP servers need the mcp package: pip install 'agent-router[mcp]' ({exc})"
+        ) from exc
+    return process_hub(connect_timeout)
+
+
+def agent_tools(
+    settings: Settings,
+    roles: RoleCatalogue,
+    *,
+    builtin: ToolRegistry | None = None,
+    server_options: Iterable[str] = (),
+    host: HostToolset = default_host_tools,
+    declare: DeclareTools | None = None,
+) -> AgentTools:
+    """The tools of ``agent-router run`` and of its workers: the router's own, the roles file's
+    servers, ``settings.mcp_servers`` and ``server_options`` (``NAME=COMMAND_OR_URL``) as the
+    default servers, and the functions of the ``settings.host_tools`` modules."""
+    import_host_modules(settings.host_tools)
+    defaults = servers_from_mapping(settings.mcp_servers, source="AGENT_ROUTER_MCP_SERVERS")
+    for option in server_options:
+        spec = server_from_option(option)
+        defaults[spec.name] = spec
+
+    return AgentTools(
+        builtin or default_registry(roles),
+        roles=roles,
+        servers={**roles.mcp_servers, **defaults},
+        default_servers=defaults,
+        host=host,
+        declare=declare,
+        call_timeout=settings.mcp_call_timeout_seconds,
+        hub=lambda: _default_hub(settings.mcp_connect_timeout_seconds),
+    )
