@@ -1,0 +1,184 @@
+"""Declaring tools: MCP servers in the roles file, the environment and options; what each role
+gets by default; names that never collide; bad declarations refused with one typed error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_router import Settings
+from agent_router.agents.host_tools import HostToolset
+from agent_router.agents.mcp_client import namespaced, result_text
+from agent_router.agents.roles import RoleCatalogue
+from agent_router.agents.tool_config import (
+    McpServerSpec,
+    ToolDeclaration,
+    server_from_option,
+    servers_from_mapping,
+)
+from agent_router.agents.toolbox import agent_tools
+from agent_router.errors import ConfigurationError
+
+ROLES = """
+[mcp_servers.time]
+command = "mcp-server-time --local-timezone UTC"
+
+[mcp_servers.notes]
+url = "http://127.0.0.1:8000/mcp"
+headers = { Authorization = "Bearer ${NOTES_TOKEN}" }
+call_timeout_seconds = 5
+
+[[roles]]
+name = "Team Leader"
+system_prompt = "Lead."
+
+[[roles]]
+name = "Clock Reader"
+system_prompt = "Read clocks."
+mcp_servers = ["time"]
+host_tools = []
+
+[[roles]]
+name = "Writer"
+system_prompt = "Write."
+"""
+
+
+def test_the_roles_file_declares_servers_and_per_role_lists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    roles = RoleCatalogue.from_toml(ROLES)
+    time, notes = roles.mcp_servers["time"], roles.mcp_servers["notes"]
+    assert time.command == ("mcp-server-time", "--local-timezone", "UTC")
+    assert time.transport == "stdio"
+    assert notes.transport == "streamable-http" and notes.call_timeout_seconds == 5
+    monkeypatch.setenv("NOTES_TOKEN", "s3cret")
+    assert notes.resolved_headers() == {"Authorization": "Bearer s3cret"}
+    clock, writer = roles.get("Clock Reader"), roles.get("Writer")
+    assert clock is not None and writer is not None
+    assert clock.tools == ToolDeclaration(mcp_servers=("time",), host_tools=())
+    assert writer.tools == ToolDeclaration()  # the defaults
+
+
+def test_defaults_servers_from_settings_and_options_and_host_functions() -> None:
+    host = HostToolset()
+
+    @host.tool
+    def shout(text: str) -> str:
+        """Upper-cases a text."""
+        return text.upper()
+
+    settings = Settings(mcp_servers={"search": "http://127.0.0.1:9/mcp"})
+    tools = agent_tools(
+        settings, RoleCatalogue.from_toml(ROLES), server_options=["files=files-server /srv"],
+        host=host,
+    )  # fmt: skip
+    # Sub-agent roles without a list get every server given outside the file and every host
+    # function; the lead gets neither; a list is taken as it is.
+    assert tools.declared("Writer") == ToolDeclaration(
+        mcp_servers=("search", "files"), host_tools=("shout",)
+    )
+    assert tools.declared("Team Leader") == ToolDeclaration(mcp_servers=(), host_tools=())
+    assert tools.declared("Clock Reader") == ToolDeclaration(mcp_servers=("time",), host_tools=())
+    assert tools.servers["files"].command == ("files-server", "/srv")
+    # Servers that cannot be reached are reported, not fatal.
+    listing = tools.listing("Writer")
+    assert listing.tools["ask_master"] == "router" and "create_sub_agent" not in listing.tools
+    assert listing.tools["shout"] == "host"
+    assert set(listing.unavailable) == {"search", "files"}
+
+
+@pytest.mark.parametrize(
+    ("roles", "message"),
+    [
+        ('mcp_servers = ["nope"]', "unknown MCP servers ['nope']"),
+        ('host_tools = ["nope"]', "unknown host tools ['nope']"),
+        ('host_tools = ["ask_master"]', "name of a router tool"),
+        ("mcp_servers = 3", "must be a list of names"),
+    ],
+)
+def test_bad_role_declarations_are_refused(roles: str, message: str) -> None:
+    host = HostToolset()
+
+    @host.tool(name="ask_master")
+    def clash() -> str:
+        return ""
+
+    text = f'[[roles]]\nname = "R"\nsystem_prompt = "p"\n{roles}\n'
+    with pytest.raises(ConfigurationError, match=message.replace("[", r"\[")):
+        agent_tools(Settings(), RoleCatalogue.from_toml(text), host=host)
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({}, "exactly one of command, url"),
+        ({"command": "x", "url": "http://h/mcp"}, "exactly one of command, url"),
+        ({"url": "ftp://h"}, "url must be http"),
+        ({"command": "x", "headers": {"A": "b"}}, "headers need a url"),
+        ({"command": ["x", 1]}, "must be strings"),
+        ({"command": "x", "oops": 1}, "unknown keys"),
+        ({"url": "http://h/mcp", "call_timeout_seconds": 0}, "must be > 0"),
+    ],
+)
+def test_bad_server_declarations_are_refused(table: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        servers_from_mapping({"s": table}, source="test")
+
+
+@pytest.mark.parametrize("name", ["", "a b", "a__b", "x" * 25, "a.b"])
+def test_server_names_stay_usable_in_tool_names(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="invalid MCP server name"):
+        McpServerSpec(name=name, url="http://h/mcp")
+
+
+def test_options_name_a_command_line_or_a_url() -> None:
+    assert server_from_option("n=http://h:1/mcp").url == "http://h:1/mcp"
+    assert server_from_option("t = python -m mcp_server_time").command == (
+        "python", "-m", "mcp_server_time",
+    )  # fmt: skip
+    for bad in ("no-equals", "x=", "x='unclosed"):
+        with pytest.raises(ConfigurationError):
+            server_from_option(bad)
+
+
+def test_the_environment_variable_holds_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    servers = {"time": "mcp-server-time", "notes": {"url": "http://h/mcp"}}
+    monkeypatch.setenv("AGENT_ROUTER_MCP_SERVERS", json.dumps(servers))
+    parsed = servers_from_mapping(Settings().mcp_servers, source="env")
+    assert parsed["time"].command == ("mcp-server-time",) and parsed["notes"].url == "http://h/mcp"
+
+
+def test_tool_names_are_namespaced_and_never_collide() -> None:
+    names = namespaced("docs", ["search", "search.v2", "search_v2", "x" * 80, "y" * 80])
+    assert list(names.values()) == ["search", "search.v2", "search_v2", "x" * 80, "y" * 80]
+    exposed = list(names)
+    assert exposed[:2] == ["docs__search", "docs__search_v2"]
+    assert len(set(exposed)) == 5
+    assert all(len(n) <= 64 and n.startswith("docs__") for n in exposed)
+    assert all(set(n) <= set("abcdefghijklmnopqrstuvwxyz_0123456789-") for n in exposed)
+    # Two servers with a tool of the same name: two names.
+    assert set(namespaced("a", ["get"])).isdisjoint(namespaced("b", ["get"]))
+
+
+def test_a_roles_file_in_a_directory_loads(tmp_path: Path) -> None:
+    path = tmp_path / "roles.toml"
+    path.write_text(ROLES, encoding="utf-8")
+    assert set(RoleCatalogue.load(path).mcp_servers) == {"time", "notes"}
+
+
+def test_results_map_text_structured_content_and_errors() -> None:
+    from mcp import types
+
+    text = types.CallToolResult(content=[types.TextContent(type="text", text="hello")])
+    assert result_text(text) == "hello"
+    structured = types.CallToolResult(content=[], structured_content={"n": 1})
+    assert json.loads(result_text(structured)) == {"n": 1}
+    error = types.CallToolResult(
+        content=[types.TextContent(type="text", text="disk full")], is_error=True
+    )
+    assert json.loads(result_text(error)) == {
+        "ok": False, "error": "disk full", "reason": "tool_error",
+    }  # fmt: skip
