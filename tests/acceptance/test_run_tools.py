@@ -1,0 +1,94 @@
+"""``agent-router run`` with tools, as a user runs it (a subprocess): an MCP server from PyPI
+(``mcp-server-time``, stdio) declared in the roles file, a host tools module from an option, and
+``--list-tools``. The model is the scripted Chat Completions server (no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from agent_router.agents.llm import directive
+from tests.acceptance.test_run_cli import CLI, TIMEOUT, scripted_llm
+from tests.support.chat_server import ChatServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+CLOCK_ROLE = f"""
+[mcp_servers.time]
+command = ["{sys.executable}", "-m", "mcp_server_time", "--local-timezone", "UTC"]
+
+[[roles]]
+name = "Clock Reader"
+description = "Tells the time."
+system_prompt = "You are a Clock Reader. Answer with the time your tools give."
+mcp_servers = ["time"]
+"""
+
+TASK = "What time is it in Tokyo?\n" + directive(
+    "create_sub_agent",
+    role="Clock Reader",
+    task="Read the clock.\n"
+    + directive("time__get_current_time", timezone="Asia/Tokyo")
+    + "\n"
+    + directive("shout", text="done", times="2"),
+)
+
+
+def roles_file(tmp_path: Path) -> Path:
+    shipped = resources.files("agent_router.agents").joinpath("roles.toml").read_text("utf-8")
+    path = tmp_path / "roles.toml"
+    path.write_text(shipped + CLOCK_ROLE, encoding="utf-8")
+    return path
+
+
+def run_cli(*args: str, server: ChatServer | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_ROUTER_", "OPENAI_"))}
+    env.update(OPENAI_API_KEY="sk-test", AGENT_ROUTER_WORK_SECONDS="0", PYTHONPATH=str(REPO))
+    model = ["--model", "test-model", "--base-url", server.base_url] if server else []
+    return subprocess.run(
+        [CLI, "run", *args, *model, "--host-tools", "tests.support.host_tools_example"],
+        check=False, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=REPO,
+    )  # fmt: skip
+
+
+def test_list_tools_prints_what_each_role_gets(tmp_path: Path) -> None:
+    proc = run_cli("--roles", str(roles_file(tmp_path)), "--list-tools", "--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    listed = {r["role"]: r["tools"] for r in map(json.loads, proc.stdout.splitlines())}
+    assert listed["Clock Reader"]["time__get_current_time"] == "mcp:time"
+    assert listed["Clock Reader"]["shout"] == "host"
+    assert listed["Full-Stack Engineer"]["shout"] == "host"
+    assert "time__get_current_time" not in listed["Full-Stack Engineer"]
+    assert not any(k.startswith("time__") or k == "shout" for k in listed["Team Leader"])
+
+
+def test_a_sub_agent_calls_an_mcp_tool_and_a_host_function(tmp_path: Path) -> None:
+    with ChatServer(responder=scripted_llm) as server:
+        proc = run_cli(TASK, "--roles", str(roles_file(tmp_path)), "--json", server=server)
+        requests = server.requests
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["ok"] is True and result["states"]["Clock Reader_1"] == "completed", result
+
+    def tool_results(request: Any) -> dict[str, str]:
+        return {
+            m["tool_call_id"]: m["content"] for m in request.body["messages"] if m["role"] == "tool"
+        }
+
+    clock = [r for r in requests if "You are a Clock Reader" in r.body["messages"][0]["content"]]
+    calls = {
+        c["id"]: c["function"]["name"]
+        for r in clock
+        for m in r.body["messages"]
+        if m["role"] == "assistant"
+        for c in m.get("tool_calls") or []
+    }
+    results = {calls[k]: v for k, v in tool_results(clock[-1]).items()}
+    # The real server's answer landed in the transcript the model reads.
+    assert json.loads(results["time__get_current_time"])["timezone"] == "Asia/Tokyo"
+    assert results["shout"] == "DONE DONE"
