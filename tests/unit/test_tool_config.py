@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_router import Settings
+from agent_router import Agent, Router, Settings
 from agent_router.agents.host_tools import HostToolset
 from agent_router.agents.mcp_client import namespaced, result_text
 from agent_router.agents.roles import RoleCatalogue
@@ -20,6 +20,7 @@ from agent_router.agents.tool_config import (
 )
 from agent_router.agents.toolbox import agent_tools
 from agent_router.errors import ConfigurationError
+from agent_router.outbox import RecordingPublisher
 
 ROLES = """
 [mcp_servers.time]
@@ -182,3 +183,33 @@ def test_results_map_text_structured_content_and_errors() -> None:
     assert json.loads(result_text(error)) == {
         "ok": False, "error": "disk full", "reason": "tool_error",
     }  # fmt: skip
+
+
+def test_an_agent_can_differ_from_its_role(tmp_path: Path) -> None:
+    host = HostToolset()
+
+    @host.tool
+    def secret() -> str:
+        """Only for the auditor."""
+        return "s"
+
+    def declare(agent: Agent) -> ToolDeclaration | None:
+        if agent.display_name == "Auditor":
+            return ToolDeclaration(host_tools=("secret",))
+        return ToolDeclaration(host_tools=())
+
+    roles = RoleCatalogue.from_toml('[[roles]]\nname = "Writer"\nsystem_prompt = "p"\n')
+    tools = agent_tools(Settings(), roles, host=host, declare=declare)
+    router = Router(Settings(database_url=f"sqlite:///{tmp_path / 'r.db'}"),
+                    publisher=RecordingPublisher())  # fmt: skip
+    router.create_schema()
+    try:
+        team = router.create_team()
+        auditor = router.create_agent(team.id, role="Writer", display_name="Auditor")
+        writer = router.create_agent(team.id, role="Writer")
+        names = {a.display_name: {s["function"]["name"] for s in tools.schemas(a)}
+                 for a in (auditor, writer)}  # fmt: skip
+    finally:
+        router.close()
+    assert "secret" in names["Auditor"] and "secret" not in names["Writer_1"]
+    assert "ask_master" in names["Auditor"] and "ask_master" in names["Writer_1"]

@@ -8,7 +8,7 @@ A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table 
     system_prompt = "You are ..."
     model = "gpt-4o-mini"      # optional: overrides the default model for this role
     temperature = 0.2          # optional
-    mcp_servers = ["time"]     # optional: the MCP servers this role gets (default: see below)
+    mcp_servers = ["time"]     # optional: the MCP servers this role gets (docs/tools.md)
     host_tools = ["*"]         # optional: host functions by name, "*" for all
 
     [mcp_servers.time]         # optional: MCP servers roles may list (docs/tools.md)
