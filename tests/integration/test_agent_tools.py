@@ -82,11 +82,14 @@ def scripted(steps: list[Step], before: dict[int, Callable[[], object]] | None =
     return respond
 
 
-def run_sub_agent_turn(router: Router, settings: Settings, tools: AgentTools) -> Agent:
-    team = router.create_team()
-    agent = router.create_agent(team.id, role=ROLE)
-    router.send(team.id, to=agent.display_name, content="Use your tools.", sender="Team Leader",
-                type=MessageType.TASK)  # fmt: skip
+def run_sub_agent_turn(
+    router: Router, settings: Settings, tools: AgentTools, agent: Agent | None = None
+) -> Agent:
+    """Give a new sub-agent (or ``agent``) a message and run its turn to the end."""
+    if agent is None:
+        agent = router.create_agent(router.create_team().id, role=ROLE)
+    router.send(agent.team_id, to=agent.display_name, content="Use your tools.",
+                sender="Team Leader", type=MessageType.TASK)  # fmt: skip
     model = OpenAIModel(settings)
 
     def models(agent: Agent) -> Model:
@@ -98,7 +101,7 @@ def run_sub_agent_turn(router: Router, settings: Settings, tools: AgentTools) ->
         assert run_turn(router, turn, models=models, tools=tools) is TurnOutcome.ENDED
     finally:
         model.close()
-    transcript = router.transcript(team.id, agent.display_name)
+    transcript = router.transcript(agent.team_id, agent.display_name)
     assert tool_pairing_problems(transcript, open_allowed=False) == []
     return agent
 
@@ -296,3 +299,29 @@ def test_a_host_function_gets_validated_arguments(
     raised = json.loads(stored["raises"])
     assert raised["reason"] == "tool_failed" and "no room called attic" in raised["error"]
     assert stored["ping"] == "pong"
+
+
+def test_a_server_down_when_a_turn_starts_is_left_out_until_it_is_up(
+    router: Router, settings: Settings, chat: ChatServer
+) -> None:
+    notes = NotesServer()  # not started yet
+    roles = catalogue(f'mcp_servers = ["notes"]\n[mcp_servers.notes]\nurl = "{notes.url}"\n')
+    tools = agent_tools(settings, roles)
+    chat.responder = scripted(
+        [
+            [tool_call("early", "notes__add_note", {"text": "early"})],
+            "The notes server is down.",
+            [tool_call("later", "notes__add_note", {"text": "later"})],
+            "Noted.",
+        ]
+    )
+    agent = run_sub_agent_turn(router, settings, tools)  # the turn ends, it does not fail
+    with notes:
+        run_sub_agent_turn(router, settings, tools, agent)
+
+    first_turn, second_turn = chat.requests[0], chat.requests[2]
+    assert not any(name.startswith("notes__") for name in tool_schemas(first_turn))
+    assert "notes__add_note" in tool_schemas(second_turn)
+    stored = results(router, agent)
+    assert json.loads(stored["early"])["reason"] == "unknown_tool"
+    assert json.loads(stored["later"]) == {"count": 1, "notes": ["later"]}

@@ -316,13 +316,15 @@ class McpHub:
         with self._lock:
             if self._closed:
                 raise McpUnavailableError("the MCP client is closed")
-            connection = self._connections.get(spec.name)
-            if connection is None or connection.spec != spec:
-                # A new declaration under a known name: a new session (the old one is left to
-                # end with the process) and a fresh tool list.
-                connection = self._connections[spec.name] = _Connection(spec, self.connect_timeout)
-                self._tools.pop(spec.name, None)
-            return connection
+            old = self._connections.get(spec.name)
+            if old is not None and old.spec == spec:
+                return old
+            # A new declaration under a known name: a new session and a fresh tool list.
+            connection = self._connections[spec.name] = _Connection(spec, self.connect_timeout)
+            self._tools.pop(spec.name, None)
+        if old is not None:
+            asyncio.run_coroutine_threadsafe(old.reset(), self._loop)
+        return connection
 
     def _run(self, coroutine: Coroutine[Any, Any, T], timeout: float) -> T:
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)

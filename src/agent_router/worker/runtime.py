@@ -17,7 +17,7 @@ from celery import Celery
 
 from agent_router.agents.llm import Model, ModelFactory, ScriptedModel
 from agent_router.agents.loop import run_turn
-from agent_router.agents.tools import ToolRegistry, default_registry
+from agent_router.agents.tools import ToolRegistry
 from agent_router.domain import Agent
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.router import Router
@@ -57,6 +57,15 @@ def scripted_models(settings: Settings) -> ModelFactory:
     return factory
 
 
+def default_tools(settings: Settings) -> ToolRegistry:
+    """The router's own tools, plus the MCP servers and host functions the settings and the
+    roles file (``AGENT_ROUTER_ROLES_FILE``) declare."""
+    from agent_router.agents.toolbox import agent_tools
+    from agent_router.ops.team_run import roles_from_env
+
+    return agent_tools(settings, roles_from_env())
+
+
 def default_hooks() -> RouterHooks:
     """What a worker reports: Flower task events of the running turn, Prometheus metrics."""
     return HookChain([TaskEventHooks(), metrics.default_hooks()])
@@ -73,7 +82,7 @@ def _build(
     return Runtime(
         router=Router(settings, publisher=CeleryPublisher(app), hooks=hooks or default_hooks()),
         models=models or scripted_models(settings),
-        tools=tools or default_registry(),
+        tools=tools or default_tools(settings),
         app=app,
     )
 
