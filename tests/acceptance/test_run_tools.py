@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib import resources
@@ -92,3 +93,17 @@ def test_a_sub_agent_calls_an_mcp_tool_and_a_host_function(tmp_path: Path) -> No
     # The real server's answer landed in the transcript the model reads.
     assert json.loads(results["time__get_current_time"])["timezone"] == "Asia/Tokyo"
     assert results["shout"] == "DONE DONE"
+
+
+def test_bad_tool_options_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    bad_server = run_cli("--list-tools", "--mcp-server", "no-equals-sign")
+    assert bad_server.returncode == 2 and "NAME=COMMAND_OR_URL" in flat(bad_server.stderr)
+    unknown = tmp_path / "roles.toml"
+    unknown.write_text('[[roles]]\nname = "R"\nsystem_prompt = "p"\nmcp_servers = ["nope"]\n')
+    bad_role = run_cli("--list-tools", "--roles", str(unknown))
+    assert bad_role.returncode == 2 and "unknown MCP servers ['nope']" in flat(bad_role.stderr)
+
+
+def flat(text: str) -> str:
+    """The text of a boxed error, in one line."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())

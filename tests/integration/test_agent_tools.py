@@ -4,6 +4,7 @@ server through the OpenAI SDK. Everything runs on 127.0.0.1: no network."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -252,7 +253,8 @@ def test_a_host_function_gets_validated_arguments(
         return {"room": room, "people": people, "minutes": minutes}
 
     @host.tool(name="ping", description="Answers pong.")
-    def anything() -> str:
+    async def anything() -> str:
+        await asyncio.sleep(0)
         return "pong"
 
     chat.responder = scripted(

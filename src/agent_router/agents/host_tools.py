@@ -14,7 +14,8 @@ JSON schema of its arguments is derived by pydantic from the signature and type 
 pydantic model before the function runs: a bad call, or an exception of the function, is a
 result the model reads (``{"ok": false, ...}``), never a failed turn. A parameter annotated
 :class:`~agent_router.agents.tools.ToolContext` receives the call's context instead of an
-argument. A ``str`` return is the result as it is; anything else is sent as JSON.
+argument. A ``str`` return is the result as it is; anything else is sent as JSON. An ``async``
+function runs to its end on an event loop of its own, on the turn's thread.
 
 Importing a module registers its functions in :data:`default_host_tools`; workers import the
 module named by ``AGENT_ROUTER_HOST_TOOLS`` (``agent-router run --host-tools``).
@@ -22,6 +23,7 @@ module named by ``AGENT_ROUTER_HOST_TOOLS`` (``agent-router run --host-tools``).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import json
@@ -203,6 +205,8 @@ def _caller(
             kwargs[context_param] = ctx
         try:
             result = function(**kwargs)
+            if inspect.iscoroutine(result):  # an async function runs on a loop of its own
+                result = asyncio.run(result)
         except (TurnSuspended, errors.StaleTurnError, ToolError, errors.RefusedError):
             raise
         except Exception as exc:
