@@ -99,8 +99,14 @@ def _worker_env(settings: Settings, *, sweeper: bool = False) -> dict[str, str]:
 
 
 @pytest.fixture
+def worker_env_extra() -> dict[str, str]:
+    """More environment for :func:`subprocess_worker` (a test module overrides it)."""
+    return {}
+
+
+@pytest.fixture
 def subprocess_worker(
-    celery_settings: Settings, celery_app: Celery, tmp_path: Path
+    celery_settings: Settings, celery_app: Celery, tmp_path: Path, worker_env_extra: dict[str, str]
 ) -> Iterator[Runtime]:
     """``agent-router worker`` in its own process, configured only by AGENT_ROUTER_* variables.
     The test process's runtime only publishes (no worker in this process)."""
@@ -114,7 +120,7 @@ def subprocess_worker(
             "--loglevel=INFO",
             f"--hostname={hostname}",
         ],
-        env=_worker_env(celery_settings),
+        env={**_worker_env(celery_settings), **worker_env_extra},
         stdout=log,
         stderr=subprocess.STDOUT,
     )

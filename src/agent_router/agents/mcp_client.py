@@ -27,7 +27,7 @@ import threading
 from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import httpx2
 from mcp import ClientSession, StdioServerParameters, stdio_client, types
@@ -178,7 +178,7 @@ class _Connection:
                 env=spec.resolved_env() or None,
                 cwd=spec.cwd,
             )
-            return await stack.enter_async_context(stdio_client(params, errlog=sys.stderr))
+            return await stack.enter_async_context(stdio_client(params, errlog=_errlog()))
         assert spec.url is not None
         http = await stack.enter_async_context(
             httpx2.AsyncClient(
@@ -232,6 +232,19 @@ class _Connection:
                 "server_unavailable",
             )
         return result_text(result)
+
+
+def _errlog() -> TextIO:
+    """Where a stdio server's stderr goes: this process's stderr if it is a file (a Celery
+    worker replaces ``sys.stderr`` by a logging proxy without one), else the original stderr,
+    else nowhere."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None and stream.fileno() >= 0:
+                return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return _Process.devnull()
 
 
 def _describe(exc: BaseException) -> str:
@@ -339,6 +352,14 @@ class _Process:
     lock = threading.Lock()
     hub: McpHub | None = None
     pid = 0
+    _devnull: TextIO | None = None
+
+    @classmethod
+    def devnull(cls) -> TextIO:
+        with cls.lock:
+            if cls._devnull is None:
+                cls._devnull = open(os.devnull, "w")  # noqa: SIM115 - kept for the process
+            return cls._devnull
 
 
 def process_hub(connect_timeout: float = 20.0) -> McpHub:

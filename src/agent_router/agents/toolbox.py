@@ -163,7 +163,9 @@ class AgentTools(ToolRegistry):
                 tools.extend((t, f"mcp:{name}") for t in self._mcp_tools(self.servers[name]))
             except Exception as exc:  # a server down: its tools are missing, the turn goes on
                 logger.warning(
-                    "MCP server not listed",
+                    "MCP server %s not listed: %s",
+                    name,
+                    exc,
                     extra={"action": "mcp_list_failed", "server": name, "error": str(exc)},
                 )
                 unavailable[name] = str(exc)
