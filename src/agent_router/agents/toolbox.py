@@ -60,12 +60,16 @@ class ToolListing:
 
 
 class AgentTools(ToolRegistry):
+    """The router's own tools (``builtin``) for everyone, and per agent what it declares.
+    ``servers``: every server a declaration may name; ``default_servers``: those of a sub-agent
+    role that lists none; ``hub``: the MCP client (default: this process's)."""
+
     def __init__(
         self,
         builtin: ToolRegistry,
         *,
         roles: RoleCatalogue,
-        servers: Mapping[str, McpServerSpec] = {},
+        servers: Mapping[str, McpServerSpec] | None = None,
         default_servers: Iterable[str] = (),
         host: HostToolset = default_host_tools,
         declare: DeclareTools | None = None,
@@ -74,7 +78,7 @@ class AgentTools(ToolRegistry):
     ) -> None:
         super().__init__(t for t in map(builtin.get, builtin.names()) if t is not None)
         self.roles = roles
-        self.servers = dict(servers)
+        self.servers = dict(servers or {})
         self.default_servers = tuple(default_servers)
         self.host = host
         self.declare = declare
