@@ -325,5 +325,5 @@ def test_a_server_down_when_a_turn_starts_is_left_out_until_it_is_up(
     assert not any(name.startswith("notes__") for name in tool_schemas(first_turn))
     assert "notes__add_note" in tool_schemas(second_turn)
     stored = results(router, agent)
-    assert json.loads(stored["early"])["reason"] == "unknown_tool"
+    assert json.loads(stored["early"])["reason"] == "server_unavailable"
     assert json.loads(stored["later"]) == {"count": 1, "notes": ["later"]}

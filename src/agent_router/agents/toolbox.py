@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agent_router.agents.host_tools import HostToolset, default_host_tools, import_host_modules
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tool_config import (
+    NAMESPACE_SEPARATOR,
     McpServerSpec,
     ToolDeclaration,
     server_from_option,
@@ -36,6 +37,7 @@ from agent_router.agents.tools import (
     ToolRegistry,
     ToolResult,
     default_registry,
+    fail,
 )
 from agent_router.domain import LEAD_ROLE, Agent
 from agent_router.errors import ConfigurationError
@@ -93,7 +95,14 @@ class AgentTools(ToolRegistry):
         return self._registry(agent).schemas(agent)
 
     def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        return self._registry(ctx.agent).call(name, arguments, ctx)
+        registry = self._registry(ctx.agent)
+        server, separator, _ = name.partition(NAMESPACE_SEPARATOR)
+        if registry.get(name) is None and separator and server in self.servers:
+            # A tool of a server that could not be listed for this turn (the model saw it in an
+            # earlier one): say why it is missing.
+            return fail(f"MCP server {server!r} is unavailable: its tools are missing from this "
+                        "turn", "server_unavailable")  # fmt: skip
+        return registry.call(name, arguments, ctx)
 
     def declared(self, role: str, declaration: ToolDeclaration | None = None) -> ToolDeclaration:
         """The declaration with its defaults filled in: the servers and host functions named."""
