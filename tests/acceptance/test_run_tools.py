@@ -16,6 +16,7 @@ from typing import Any
 from agent_router.agents.llm import directive
 from tests.acceptance.test_run_cli import CLI, TIMEOUT, scripted_llm
 from tests.support.chat_server import ChatServer
+from tests.support.mcp_http_server import NotesServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,14 +59,23 @@ def run_cli(*args: str, server: ChatServer | None = None) -> subprocess.Complete
 
 
 def test_list_tools_prints_what_each_role_gets(tmp_path: Path) -> None:
-    proc = run_cli("--roles", str(roles_file(tmp_path)), "--list-tools", "--json")
+    with NotesServer() as notes:
+        proc = run_cli("--roles", str(roles_file(tmp_path)), "--list-tools", "--json",
+                       "--mcp-server", f"notes={notes.url}")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     listed = {r["role"]: r["tools"] for r in map(json.loads, proc.stdout.splitlines())}
+    # The role's own list from the roles file; host functions for every sub-agent role.
     assert listed["Clock Reader"]["time__get_current_time"] == "mcp:time"
     assert listed["Clock Reader"]["shout"] == "host"
-    assert listed["Full-Stack Engineer"]["shout"] == "host"
-    assert "time__get_current_time" not in listed["Full-Stack Engineer"]
-    assert not any(k.startswith("time__") or k == "shout" for k in listed["Team Leader"])
+    assert not any(k.startswith("notes__") for k in listed["Clock Reader"])
+    # A role without a list gets the server given as an option (HTTP here).
+    engineer = listed["Full-Stack Engineer"]
+    assert engineer["notes__add_note"] == "mcp:notes" and engineer["shout"] == "host"
+    assert "time__get_current_time" not in engineer
+    assert engineer["ask_master"] == "router"
+    # The lead gets the router's lead tools only.
+    assert not any("__" in k or k == "shout" for k in listed["Team Leader"])
+    assert "create_sub_agent" in listed["Team Leader"]
 
 
 def test_a_sub_agent_calls_an_mcp_tool_and_a_host_function(tmp_path: Path) -> None:
