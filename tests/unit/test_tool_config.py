@@ -213,3 +213,18 @@ def test_an_agent_can_differ_from_its_role(tmp_path: Path) -> None:
         router.close()
     assert "secret" in names["Auditor"] and "secret" not in names["Writer_1"]
     assert "ask_master" in names["Auditor"] and "ask_master" in names["Writer_1"]
+
+
+@pytest.mark.parametrize("name", ["", "a.b", "with space", "x" * 65])
+def test_host_tool_names_are_ones_models_accept(name: str) -> None:
+    host = HostToolset()
+    with pytest.raises(ConfigurationError, match="invalid host tool name"):
+        host.tool(name=name)(lambda: "")
+    assert host.names() == []
+
+
+def test_a_host_tool_name_is_registered_once() -> None:
+    host = HostToolset()
+    host.tool(name="once")(lambda: "")
+    with pytest.raises(ConfigurationError, match="already registered"):
+        host.tool(name="once")(lambda: "")

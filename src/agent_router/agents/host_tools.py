@@ -28,6 +28,7 @@ import importlib
 import inspect
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, get_type_hints, overload
@@ -50,6 +51,9 @@ from agent_router.errors import ConfigurationError
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: The tool names models accept.
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class HostToolset:
@@ -91,6 +95,10 @@ class HostToolset:
         return register(function) if function is not None else register
 
     def add(self, tool: Tool) -> Tool:
+        if not TOOL_NAME.match(tool.name):
+            raise ConfigurationError(
+                f"invalid host tool name {tool.name!r}: letters, digits, '_' and '-', at most 64"
+            )
         with self._lock:
             if tool.name in self._tools:
                 raise ConfigurationError(f"host tool {tool.name!r} is already registered")
