@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent_router import errors
 from agent_router.constants import BACKGROUND_DONE
@@ -32,12 +32,10 @@ from agent_router.domain import (
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
-from agent_router.store import Effects, SendRequest, Store
+from agent_router.store import SendRequest, Store
 from agent_router.store import utcnow as _utcnow
+from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
-
-if TYPE_CHECKING:
-    from agent_router.sweeper import SweepReport
 from agent_router.waker import InProcessWaker, RedisWaker, Waker
 
 logger = logging.getLogger(__name__)
@@ -64,6 +62,8 @@ class Router:
         self.settings = settings or Settings()
         self.store = store or Store(self.settings)
         self.publisher = publisher
+        # The one after-commit path: every committed transition's outbox rows come here.
+        self.store.set_publisher(self._publish_committed)
         self.waker: Waker = waker or (
             RedisWaker(self.settings.redis_url) if self.settings.redis_url else InProcessWaker()
         )
@@ -128,7 +128,7 @@ class Router:
             dedup_key=None,
         )
         with self._refusals_reported(team_id, sender):
-            agent, delivery, effects = self.store.create_agent_with_task(
+            agent, delivery = self.store.create_agent_with_task(
                 team_id,
                 role=role,
                 display_name=display_name,
@@ -136,30 +136,30 @@ class Router:
                 task=request,
             )
         assert delivery is not None
-        return agent, self._delivered(team_id, sender, delivery, effects)
+        return agent, self._delivered(team_id, sender, delivery)
 
     # ------------------------------------------------------------------ reads
 
     def team(self, team_id: int) -> Team:
-        return self.store.team(team_id)
+        return self.store.reads.team(team_id)
 
     def agent(self, team_id: int, display_name: str) -> Agent:
-        return self.store.agent(team_id, display_name)
+        return self.store.reads.agent(team_id, display_name)
 
     def agents(self, team_id: int) -> list[Agent]:
-        return self.store.agents(team_id)
+        return self.store.reads.agents(team_id)
 
     def transcript(self, team_id: int, display_name: str) -> list[dict[str, Any]]:
-        return self.store.transcript(self.agent(team_id, display_name).id)
+        return self.store.reads.transcript(self.agent(team_id, display_name).id)
 
     def ledger(self, team_id: int) -> list[LedgerEvent]:
-        return self.store.ledger(team_id)
+        return self.store.reads.ledger(team_id)
 
     def messages(self, team_id: int) -> list[Message]:
-        return self.store.messages(team_id)
+        return self.store.reads.messages(team_id)
 
     def question(self, question_id: int) -> Question:
-        return self.store.question(question_id)
+        return self.store.reads.question(question_id)
 
     # ------------------------------------------------------------------ routing
 
@@ -192,8 +192,8 @@ class Router:
             dedup_key=dedup_key,
         )
         with self._refusals_reported(team_id, sender):
-            delivery, effects = self.store.route(request)
-        return self._delivered(team_id, sender, delivery, effects)
+            delivery = self.store.route(request)
+        return self._delivered(team_id, sender, delivery)
 
     @contextmanager
     def _refusals_reported(self, team_id: int, sender: str) -> Iterator[None]:
@@ -204,11 +204,8 @@ class Router:
             self.hooks.after_reject(team_id, sender, exc)
             raise
 
-    def _delivered(
-        self, team_id: int, sender: str, delivery: Delivery, effects: Effects
-    ) -> Delivery:
-        """After the commit: publish what the routing scheduled, then tell the hooks."""
-        self._publish(effects)
+    def _delivered(self, team_id: int, sender: str, delivery: Delivery) -> Delivery:
+        """After the commit (and its publish): tell the hooks."""
         self.hooks.after_route(team_id, sender, delivery)
         return delivery
 
@@ -255,7 +252,7 @@ class Router:
             self.hooks.after_reject(
                 team_id if isinstance(team_id, int) else None, str(sender), problem
             )
-            if isinstance(team_id, int) and self.store.team_exists(team_id):
+            if isinstance(team_id, int) and self.store.reads.team_exists(team_id):
                 self.store.record_rejection(
                     team_id, "invalid_message", error=str(problem), to=str(to)[:200]
                 )
@@ -311,12 +308,11 @@ class Router:
         return turn
 
     def turn_of(self, record: TurnRecord) -> Turn:
-        agent = self.store.agent_by_id(record.agent_id)
+        agent = self.store.reads.agent_by_id(record.agent_id)
         return Turn(self, record, agent.team_id, agent.display_name)
 
     def end_turn(self, turn: Turn, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
-        result, effects = self.store.end_turn(turn.record, failed=failed, error=error)
-        self._publish(effects)
+        result = self.store.end_turn(turn.record, failed=failed, error=error)
         seconds = (_utcnow() - turn.record.started_at) / timedelta(seconds=1)
         self.hooks.after_end_turn(turn, result, seconds, failed=failed)
         return result
@@ -335,7 +331,7 @@ class Router:
         if problem is not None:
             raise problem
         lead = self.team(turn.team_id).lead.display_name
-        q, delivery, effects = self.store.ask(
+        q, delivery = self.store.ask(
             turn.record,
             target=target,
             question=question,
@@ -344,7 +340,7 @@ class Router:
             or (MessageSubtype.ASK_MASTER if target == lead else MessageSubtype.ASK_OTHER),
             timeout_seconds=timeout_seconds,
         )
-        self._delivered(turn.team_id, turn.display_name, delivery, effects)
+        self._delivered(turn.team_id, turn.display_name, delivery)
         return q
 
     def wait_for(
@@ -363,12 +359,12 @@ class Router:
     def _wait(self, turn: Turn, question: Question, *, give_up_at: float) -> WaitOutcome:
         try:
             while True:
-                current = self.store.question(question.id)
+                current = self.store.reads.question(question.id)
                 if not current.waiting:
                     return WaitOutcome.RESOLVED
                 until_deadline = (current.deadline - _utcnow()) / timedelta(seconds=1)
                 if until_deadline <= 0:
-                    self._publish(self.store.expire_questions(question_id=question.id)[1])
+                    self.store.expire_questions(question_id=question.id)
                     continue
                 remaining = give_up_at - time.monotonic()
                 if remaining <= 0:
@@ -384,29 +380,23 @@ class Router:
 
     def expire_questions(self) -> int:
         """Resolve every open question past its deadline with an ``expired`` result."""
-        count, effects = self.store.expire_questions()
-        self._publish(effects)
-        return count
+        return self.store.expire_questions()
 
     def take_over(self, team_id: int, display_name: str, *, reason: str) -> int:
         """Fence the agent's running turn (it can write nothing more) and schedule recovery."""
         agent = self.agent(team_id, display_name)
-        epoch, effects = self.store.take_over(agent.id, reason=reason)
-        self._publish(effects)
-        return epoch
+        return self.store.take_over(agent.id, reason=reason)
 
     def terminate(self, team_id: int, display_name: str, *, reason: str) -> None:
         """Final: later sends are refused, pending messages dropped with ``reason``."""
         agent = self.agent(team_id, display_name)
-        self._publish(self.store.terminate(agent.id, reason=reason))
+        self.store.terminate(agent.id, reason=reason)
 
     def stop(self, team_id: int, display_name: str, *, reason: str) -> AgentState:
         """Cooperative stop: the agent ends up ``idle`` with its mailbox kept; a running turn
         stops at its next boundary (the returned state is then still ``running``/``waiting``)."""
         agent = self.agent(team_id, display_name)
-        state, effects = self.store.request_stop(agent.id, reason=reason)
-        self._publish(effects)
-        return state
+        return self.store.request_stop(agent.id, reason=reason)
 
     def wait_output(
         self,
@@ -419,11 +409,9 @@ class Router:
         """Open a wait of the turn's agent for ``target``'s next output (block on it with
         :meth:`wait_for`). Refused with :class:`~agent_router.errors.AskRefusedError` if it would
         deadlock or ``target`` has nothing to work on."""
-        q, effects = self.store.wait_output(
+        return self.store.wait_output(
             turn.record, target=target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
         )
-        self._publish(effects)
-        return q
 
     # ------------------------------------------------------------------ background jobs
 
@@ -455,32 +443,21 @@ class Router:
         """Report a job's completion to its agent (idempotent: a second report is a no-op)."""
         limit = self.settings.max_content_bytes // 4  # room for the envelope; UTF-8 is <= 4x
         text = result if len(result) <= limit else result[: limit - 1] + "…"
-        job, _delivery, effects = self.store.finish_job(
+        return self.store.finish_job(
             job_id, ok=ok, result=text, batch_seconds=self.settings.background_batch_seconds
         )
-        self._publish(effects)
-        return job
 
     def background_jobs(self, team_id: int) -> list[BackgroundJob]:
-        return self.store.jobs(team_id)
+        return self.store.reads.jobs(team_id)
 
     # ------------------------------------------------------------------ outbox
 
-    def _publish(self, effects: Effects) -> None:
-        if effects.outbox:
-            self._publish_entries(self.publisher, effects.outbox)
-
-    def publish_effects(self, effects: Effects) -> None:
-        """Publish what a store transition committed (for callers of :attr:`store`)."""
-        self._publish(effects)
-
-    def publish_entries(self, entries: list[OutboxEntry]) -> int:
-        return self._publish_entries(self.publisher, entries)
+    def _publish_committed(self, entries: list[OutboxEntry]) -> None:
+        """The store's after-commit path: what a transition committed, published at once."""
+        self._publish_entries(self.publisher, entries)
 
     def sweep(self) -> SweepReport:
         """One sweeper pass (see :mod:`agent_router.sweeper`)."""
-        from agent_router.sweeper import sweep
-
         return sweep(self)
 
     def _publish_entries(self, publisher: Publisher | None, entries: list[OutboxEntry]) -> int:
@@ -516,4 +493,4 @@ class Router:
         )
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:
-        return self.store.outbox(team_id)
+        return self.store.reads.outbox(team_id)

@@ -51,18 +51,13 @@ def sweep(router: Router) -> SweepReport:
         else 0
     )
     taken_over = 0
-    for agent_id in router.store.expired_leases():
-        epoch, effects = router.store.take_over_expired(agent_id)
-        if epoch is not None:
+    for agent_id in router.store.reads.expired_leases():
+        if router.store.take_over_expired(agent_id) is not None:
             taken_over += 1
-            router.publish_effects(effects)
     reenqueued = 0
     if router.publisher is not None:
         # A turn task should start within a broker round trip; after a lease of waiting it is lost.
-        entries = router.store.stuck_scheduled(older_than_seconds=settings.lease_seconds)
-        reenqueued = len(entries)
-        if entries:
-            router.publish_entries(entries)
+        reenqueued = router.store.stuck_scheduled(older_than_seconds=settings.lease_seconds)
     expired = router.expire_questions()
     jobs_reported = poll_jobs(router)
     report = SweepReport(
@@ -95,7 +90,7 @@ def poll_jobs(router: Router) -> int:
     if not isinstance(outcomes, JobOutcomes):
         return 0
     reported = 0
-    for job in router.store.running_jobs(older_than_seconds=router.settings.sweep_seconds):
+    for job in router.store.reads.running_jobs(older_than_seconds=router.settings.sweep_seconds):
         try:
             outcome = outcomes.job_outcome(job.task_id)
         except Exception:  # the result backend is down: try again next pass

@@ -57,10 +57,10 @@ class Turn:
         self._router.store.append_tool_result(self.record, tool_call_id, content)
 
     def open_tool_calls(self) -> list[str]:
-        return self._router.store.open_tool_calls(self.agent_id)
+        return self._router.store.reads.open_tool_calls(self.agent_id)
 
     def transcript(self) -> list[dict[str, Any]]:
-        return self._router.store.transcript(self.agent_id)
+        return self._router.store.reads.transcript(self.agent_id)
 
     def ask(
         self,
@@ -100,7 +100,7 @@ class Turn:
 
     def stop_requested(self) -> bool:
         """Has the lead asked this agent to stop? Checked by the loop at every boundary."""
-        return self._router.store.stop_requested(self.agent_id)
+        return self._router.store.reads.stop_requested(self.agent_id)
 
     def finish_stop(self) -> None:
         """Honour a stop: the rest of the batch is ``cancelled``, the agent ``idle``."""
@@ -124,7 +124,7 @@ class Turn:
         return self._router.end_turn(self, failed=failed, error=error)
 
     def state(self) -> AgentState:
-        return self._router.store.agent_by_id(self.agent_id).state
+        return self._router.store.reads.agent_by_id(self.agent_id).state
 
     def __repr__(self) -> str:
         return (

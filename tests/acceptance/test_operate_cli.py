@@ -216,7 +216,7 @@ def test_send_routes_and_publishes_the_turn_to_the_broker(
         agent = router.agent(team.id, "Engineer_1")
         (row,) = router.outbox(team.id)
         assert row.epoch == agent.epoch
-        assert row.id not in {e.id for e in router.store.unpublished(limit=1_000_000)}
+        assert row.id not in {e.id for e in router.store.reads.unpublished(limit=1_000_000)}
         (raw,) = client.lrange(queue, 0, -1)
         headers = json.loads(raw)["headers"]
         assert headers["task"] == "agent_router.run_agent_turn"

@@ -88,7 +88,7 @@ def test_blocked_ask_suspends_and_the_answer_schedules_a_continuation(asks_route
     assert turn.wait_for(q, block_seconds=0.05) is WaitOutcome.SUSPENDED
     agent = router.agent(team.id, "Engineer_1")
     assert (agent.state, agent.suspended) == (AgentState.WAITING, True)
-    assert router.store.current_turn(agent.id) is None  # no worker held
+    assert router.store.reads.current_turn(agent.id) is None  # no worker held
     d = _answer(router, team.id, "Engineer_1", q.id)
     assert d.outcome is RouteOutcome.RESOLVED
     agent = router.agent(team.id, "Engineer_1")

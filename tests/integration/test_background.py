@@ -40,7 +40,7 @@ def job_tasks(celery_app: Celery) -> Celery:
 
 def _debug(router: Router, team_id: int, agent_id: int) -> str:
     lines = [f"job {j.id} finished {j.finished_at}" for j in router.background_jobs(team_id)]
-    turns = router.store.turns(agent_id)
+    turns = router.store.reads.turns(agent_id)
     lines += [f"turn {t.id} {t.trigger} {t.started_at}..{t.ended_at}" for t in turns]
     return "\n".join(lines)
 
@@ -72,14 +72,14 @@ def test_twenty_jobs_finishing_together_start_one_or_two_turns(
     )
     wait_quiescent(router, team.id, timeout=TIMEOUT)
 
-    turns = router.store.turns(agent.id)
+    turns = router.store.reads.turns(agent.id)
     assert 1 <= len(turns) <= 2, _debug(router, team.id, agent.id)
     finished = router.background_jobs(team.id)
     assert [j.status for j in finished] == [JobStatus.SUCCEEDED] * 20
     notices = _notices(router, team.id, agent.id)
     assert sorted(m.id for m in notices) == sorted(j.notice_message_id or 0 for j in finished)
     assert {m.source_name for m in notices} == {f"job:{JOB}"}
-    entries = router.store.transcript_entries(agent.id)
+    entries = router.store.reads.transcript_entries(agent.id)
     in_transcript = [e["message_id"] for e in entries if e["message_id"] is not None]
     for job, notice in zip(jobs, sorted(notices, key=lambda m: m.id), strict=True):
         assert in_transcript.count(notice.id) == 1, job

@@ -101,16 +101,16 @@ def test_worker_sweeper_connections_are_not_shared_with_forked_children(
     step = WorkerSweeper(SimpleNamespace(app=celery_app))
     sweeper = step.create(SimpleNamespace(app=celery_app))
     try:
-        engine = sweeper.router.store.engine
+        reads = sweeper.router.store.reads
         sweeper.router.sweep()  # the parent's pool now holds a connection
-        assert engine.pool.checkedin() == 1
+        assert reads.idle_connections() == 1
         pid = os.fork()
         if pid == 0:  # the child: a pool of its own, empty
-            os._exit(0 if engine.pool.checkedin() == 0 else 1)
+            os._exit(0 if reads.idle_connections() == 0 else 1)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         sweeper.router.sweep()  # the parent's connection was left alone
-        assert engine.pool.checkedin() == 1
+        assert reads.idle_connections() == 1
     finally:
         sweeper.router.close()
 
@@ -148,6 +148,6 @@ def test_worker_timer_takes_over_an_expired_lease_without_beat(
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-    turns = router.store.turns(router.agent(team.id, "Engineer_1").id)
+    turns = router.store.reads.turns(router.agent(team.id, "Engineer_1").id)
     assert [t.trigger for t in turns] == [TurnTrigger.NEW, TurnTrigger.RECOVERY]
     router.close()

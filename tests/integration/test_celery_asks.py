@@ -81,7 +81,7 @@ def test_two_askers_and_the_lead_share_one_worker_slot(one_slot_worker: Runtime)
         ]
         assert parse(result["content"]).message_id == answer.id
     # With one slot, at least one asker had to give its slot up and continue later.
-    turns = [t for name in names for t in router.store.turns(router.agent(team.id, name).id)]
+    turns = [t for name in names for t in router.store.reads.turns(router.agent(team.id, name).id)]
     assert any(t.status is TurnStatus.SUSPENDED for t in turns)
     assert any(t.trigger is TurnTrigger.CONTINUATION for t in turns)
     assert all(router.agent(team.id, n).state is AgentState.COMPLETED for n in names)

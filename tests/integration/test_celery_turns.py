@@ -65,7 +65,7 @@ def assert_scenarios(router: Router, result: DemoResult) -> None:
     assert wrap.outcome is RouteOutcome.INJECTED_INLINE
     assert race.outcome is RouteOutcome.INJECTED_INLINE
 
-    ui_turns = router.store.turns(ui.id)
+    ui_turns = router.store.reads.turns(ui.id)
     assert [t.trigger for t in ui_turns] == [
         TurnTrigger.NEW,
         TurnTrigger.NEW,
@@ -97,7 +97,7 @@ def assert_scenarios(router: Router, result: DemoResult) -> None:
         assert question.status is QuestionStatus.ANSWERED and not question.waiting
         answer = next(m for m in messages if m.id == question.answer_message_id)
         assert answer.outcome is RouteOutcome.RESOLVED
-        asker = router.store.agent_by_id(question.asker_agent_id)
+        asker = router.store.reads.agent_by_id(question.asker_agent_id)
         results = [
             e
             for e in router.transcript(team_id, asker.display_name)
@@ -106,7 +106,7 @@ def assert_scenarios(router: Router, result: DemoResult) -> None:
         assert len(results) == 1 and parse(results[0]["content"]).content == answer.content
 
     # 3.3: the engineer's second task started a new turn after the first ended.
-    engineer_turns = router.store.turns(engineer.id)
+    engineer_turns = router.store.reads.turns(engineer.id)
     assert [t.trigger for t in engineer_turns] == [TurnTrigger.NEW, TurnTrigger.NEW]
     assert engineer_turns[0].ended_at is not None
     assert engineer_turns[0].ended_at <= engineer_turns[1].started_at
@@ -185,7 +185,7 @@ def test_duplicate_delivery_runs_one_turn(inproc_worker: Runtime) -> None:
         )
         wait_quiescent(router, team.id, timeout=TIMEOUT)
 
-        turns = router.store.turns(agent.id)
+        turns = router.store.reads.turns(agent.id)
         assert len(turns) == 1 and turns[0].epoch == entry.epoch
         refused = [
             e
@@ -193,7 +193,7 @@ def test_duplicate_delivery_runs_one_turn(inproc_worker: Runtime) -> None:
             if e.action is LedgerAction.CLAIM_REFUSED and e.agent_id == agent.id
         ]
         assert len(refused) == 1 and refused[0].epoch == entry.epoch
-        entries = router.store.transcript_entries(agent.id)
+        entries = router.store.reads.transcript_entries(agent.id)
         assert [e["message_id"] for e in entries].count(delivery.message_id) == 1
         assert check_team(router, team.id, quiescent=True).ok
     finally:
@@ -245,7 +245,7 @@ def test_failed_turn_ends_tells_lead_and_follows_up(inproc_worker: Runtime) -> N
     models.go.set()
     wait_until(
         lambda: (
-            len(router.store.turns(agent.id)) == 2
+            len(router.store.reads.turns(agent.id)) == 2
             and router.agent(team.id, agent.display_name).state.value == "completed"
         ),
         "the follow-up turn to finish",
@@ -253,7 +253,7 @@ def test_failed_turn_ends_tells_lead_and_follows_up(inproc_worker: Runtime) -> N
     )
     wait_quiescent(router, team.id, timeout=TIMEOUT)
 
-    first, second = router.store.turns(agent.id)
+    first, second = router.store.reads.turns(agent.id)
     assert first.status is TurnStatus.FAILED
     assert (second.trigger, second.status) == (TurnTrigger.FOLLOW_UP, TurnStatus.ENDED)
     assert router.agent(team.id, agent.display_name).state.value == "completed"
@@ -289,14 +289,14 @@ def test_burst_of_100_messages_starts_one_turn(inproc_worker: Runtime) -> None:
     assert all(d.outcome is not RouteOutcome.TRIGGERED_NEW_TURN for d in deliveries[1:])
     wait_quiescent(router, team.id, timeout=TIMEOUT)
 
-    turns = router.store.turns(agent.id)
+    turns = router.store.reads.turns(agent.id)
     assert 1 <= len(turns) <= 2, turns
     assert turns[0].trigger is TurnTrigger.NEW
     assert all(t.trigger is TurnTrigger.FOLLOW_UP for t in turns[1:])
     ids = [d.message_id for d in deliveries]
     in_transcript = [
         e["message_id"]
-        for e in router.store.transcript_entries(agent.id)
+        for e in router.store.reads.transcript_entries(agent.id)
         if e["message_id"] is not None
     ]
     assert in_transcript == ids  # each once, in acceptance (seq) order

@@ -142,7 +142,7 @@ def test_concurrent_senders_and_a_draining_loop_keep_order_and_exactly_once(
     assert report.ok, report.violations
     assert report.delivered == senders * per_sender
     # Per sender, acceptance order is send order, and the transcript keeps it.
-    transcript = router.store.transcript_entries(agent.id)
+    transcript = router.store.reads.transcript_entries(agent.id)
     by_sender: dict[str, list[int]] = {}
     for entry in transcript:
         if entry["meta"] and entry["meta"].get("from", "").startswith("job:"):

@@ -56,7 +56,7 @@ def test_sends_survive_a_stopped_broker_and_turns_run_once_it_is_back(
         ]
         assert all(d.outcome is RouteOutcome.TRIGGERED_NEW_TURN for d in deliveries)
         ids = {a.id for a in subs} | {team.lead.id}
-        assert len([e for e in router.store.unpublished() if e.agent_id in ids]) == 3
+        assert len([e for e in router.store.reads.unpublished() if e.agent_id in ids]) == 3
         private_redis.start()
         with start_worker(
             app,

@@ -173,7 +173,7 @@ def test_waiting_agent_gets_message_as_tool_result(
         wake.kind is OutboxKind.WAKE_WAITER and wake.payload["question_id"] == question.question_id
     )
     assert all(e.kind is OutboxKind.ENQUEUE_TURN for e in publisher.entries)
-    assert wake.id not in {u.id for u in router.store.unpublished()}
+    assert wake.id not in {u.id for u in router.store.reads.unpublished()}
 
 
 def test_any_wake_message_resolves_a_wait_and_late_answer_is_delivered_normally(

@@ -49,7 +49,7 @@ def test_sigterm_lets_the_running_turn_finish(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(TIMEOUT) == 0, log.read_text()
         assert router.agent(team.id, agent.display_name).state is not AgentState.RUNNING
-        (turn,) = router.store.turns(agent.id)
+        (turn,) = router.store.reads.turns(agent.id)
         assert turn.status is TurnStatus.ENDED
     finally:
         runtime.reset()

@@ -97,7 +97,7 @@ def test_dead_asker_is_suspended_and_resumed_by_the_answer(fast_router: Router) 
     assert (agent.state, agent.suspended) == (AgentState.WAITING, True)
     assert router.question(q.id).status is QuestionStatus.OPEN
     # The blocked ask stays open; the call after it has not run, so it gets no result yet.
-    assert router.store.open_tool_calls(agent.id) == ["ask-1", "c2"]
+    assert router.store.reads.open_tool_calls(agent.id) == ["ask-1", "c2"]
     router.send(
         team.id,
         to="Engineer_1",
@@ -149,7 +149,7 @@ def test_unpublished_outbox_rows_are_published_by_the_sweeper(database_url: str)
     mine = [e for e in publisher.entries if e.agent_id == sweeper.agent(team.id, "Engineer_1").id]
     assert len(mine) == 1
     assert _count(sweeper, team.id, LedgerAction.REENQUEUED) == 0
-    assert all(e.id not in {u.id for u in sweeper.store.unpublished()} for e in mine)
+    assert all(e.id not in {u.id for u in sweeper.store.reads.unpublished()} for e in mine)
     sweeper.close()
 
 

@@ -246,7 +246,7 @@ def test_ask_master_suspends_and_the_answer_continues_the_batch(router: Router) 
     outcomes = t.run()
     assert outcomes[0] == (ENG, TurnOutcome.SUSPENDED)
     eng = t.agent(ENG)
-    turns = t.router.store.turns(eng.id)
+    turns = t.router.store.reads.turns(eng.id)
     assert [(x.trigger, x.status) for x in turns] == [
         (TurnTrigger.NEW, TurnStatus.SUSPENDED),
         (TurnTrigger.CONTINUATION, TurnStatus.ENDED),
@@ -340,7 +340,7 @@ def test_stop_during_a_batch_cancels_the_rest(router: Router) -> None:
         assert t.result(ENG, call).startswith("cancelled")
     eng = t.agent(ENG)
     assert (eng.state, eng.stop_requested, eng.mailbox_depth) == (AgentState.IDLE, False, 1)
-    (turn,) = t.router.store.turns(eng.id)
+    (turn,) = t.router.store.reads.turns(eng.id)
     assert turn.status is TurnStatus.STOPPED
     stops = (LedgerAction.STOP_REQUESTED, LedgerAction.STOPPED)
     actions = [e.action for e in t.router.ledger(t.id) if e.agent_id == eng.id]
@@ -428,11 +428,13 @@ def test_wait_sub_agent_output_consumes_only_that_agents_output(router: Router) 
     # The wait's result is the engineer's completion report (UI's messages did not end it).
     result = parse(t.result(LEAD, "wait_sub_agent_output-1-0"))
     assert (result.type, result.sender, result.content) == (MessageType.OUTPUT, ENG, "done")
-    entries = [e for lst in [t.router.store.transcript_entries(t.agent(LEAD).id)] for e in lst]
+    entries = [
+        e for lst in [t.router.store.reads.transcript_entries(t.agent(LEAD).id)] for e in lst
+    ]
     assert [e["message_id"] for e in entries].count(result.message_id) == 1
     from_ui = [e for e in entries if e["meta"] and e["meta"].get("from") == UI]
     assert from_ui and all(e["payload"]["role"] == "user" for e in from_ui)
-    lead_turns = t.router.store.turns(t.agent(LEAD).id)
+    lead_turns = t.router.store.reads.turns(t.agent(LEAD).id)
     assert lead_turns[1].trigger is TurnTrigger.CONTINUATION
     t.check()
 

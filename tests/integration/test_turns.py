@@ -31,7 +31,7 @@ def test_duplicate_and_stale_claims_return_none(router: Router) -> None:
     assert router.claim(agent.id, epoch) is None  # duplicate delivery of the same task
     refused = [e for e in router.ledger(team.id) if e.action is LedgerAction.CLAIM_REFUSED]
     assert len(refused) == 3
-    assert len(router.store.turns(agent.id)) == 1
+    assert len(router.store.reads.turns(agent.id)) == 1
 
 
 def test_superseded_turn_can_write_nothing(router: Router) -> None:
@@ -142,4 +142,4 @@ def test_failed_turn_closes_dangling_calls_and_still_follows_up(router: Router) 
     assert (end.follow_up, end.synthetic_results) == (True, 1)
     transcript = router.transcript(team.id, "Engineer_1")
     assert tool_pairing_problems(transcript, open_allowed=False) == []
-    assert router.store.turns(turn.agent_id)[-1].status.value == "failed"
+    assert router.store.reads.turns(turn.agent_id)[-1].status.value == "failed"

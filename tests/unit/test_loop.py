@@ -82,7 +82,7 @@ def test_failing_model_ends_turn_and_notifies_lead(router: Router) -> None:
     assert run_turn(router, turn, models=lambda a: Raises(), tools=default_registry()) is (
         TurnOutcome.FAILED
     )
-    (record,) = router.store.turns(agent.id)
+    (record,) = router.store.reads.turns(agent.id)
     assert record.status is TurnStatus.FAILED
     assert router.agent(team_id, agent.display_name).state.value == "completed"
     (notice,) = [m for m in router.messages(team_id) if m.type is MessageType.NOTICE]
@@ -129,6 +129,6 @@ def test_fenced_turn_stops_and_writes_nothing(router: Router) -> None:
     # Only the task it drained before the model call; the late reply was refused.
     assert [e["role"] for e in router.transcript(team_id, agent.display_name)] == ["user"]
     assert not [m for m in router.messages(team_id) if m.target_name == "Team Leader"]
-    turns = router.store.turns(agent.id)
+    turns = router.store.reads.turns(agent.id)
     assert turns[0].status is TurnStatus.FENCED
     assert router.agent(team_id, agent.display_name).pending_trigger is TurnTrigger.RECOVERY

@@ -128,7 +128,7 @@ def run_turn(
 def _run(
     router: Router, turn: Turn, heartbeat: Heartbeat, *, models: ModelFactory, tools: ToolRegistry
 ) -> TurnOutcome:
-    agent = router.store.agent_by_id(turn.agent_id)
+    agent = router.store.reads.agent_by_id(turn.agent_id)
     lead = router.team(turn.team_id).lead.display_name
     try:
         model = models(agent)

@@ -304,7 +304,7 @@ def _answer(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         raise ToolError(f"no question {question_id}", reason="unknown_question")
     if question.target_agent_id != ctx.turn.agent_id:
         raise ToolError(f"question {question_id} was not asked of you", reason="wrong_question")
-    asker = ctx.router.store.agent_by_id(question.asker_agent_id)
+    asker = ctx.router.store.reads.agent_by_id(question.asker_agent_id)
     result = json.loads(
         _send(ctx, asker.display_name, answer, MessageType.ANSWER, question_id=question_id)
     )

@@ -394,7 +394,7 @@ class Bench:
                     ),
                     timeout=120,
                 )
-                turns = len(router.store.turns(target.id))
+                turns = len(router.store.reads.turns(target.id))
                 before = len(started)
                 for _ in range(100):
                     noop.apply_async(queue=queue)

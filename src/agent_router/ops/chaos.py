@@ -463,18 +463,7 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
 
 
 def _terminate_backends(router: Router) -> int:
-    url = router.settings.database_url
-    dbname = url.rsplit("/", 1)[1].split("?")[0]
-    with router.store.engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :db AND application_name = :app"
-            ),
-            {"db": dbname, "app": WORKER_APP_NAME},
-        ).all()
-        conn.commit()
-    return len(rows)
+    return router.store.kill_connections(WORKER_APP_NAME)
 
 
 def _settle(
@@ -497,36 +486,15 @@ def _settle(
 
 def _open_question_report(router: Router, team_id: int) -> list[str]:
     """Why a question is still open: who asked whom, and where its ask message went."""
-    from agent_router.store.models import MessageRow, QuestionRow
-
     lines = []
-    with router.store.engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                QuestionRow.id,
-                QuestionRow.asker_agent_id,
-                QuestionRow.target_agent_id,
-                QuestionRow.waiting,
-                MessageRow.status,
-                MessageRow.outcome,
-                MessageRow.target_agent_id,
-            )
-            .join(MessageRow, MessageRow.question_id == QuestionRow.id, isouter=True)
-            .where(QuestionRow.team_id == team_id, QuestionRow.status == QuestionStatus.OPEN)
-        ).all()
+    rows = router.store.reads.open_question_report(team_id)
     for row in rows:
         lines.append("open question " + " ".join(str(v) for v in row))
     return lines
 
 
 def _questions(router: Router, team_id: int) -> list[QuestionStatus]:
-    from agent_router.store.models import QuestionRow
-
-    with router.store.engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(QuestionRow.status).where(QuestionRow.team_id == team_id)
-        ).all()
-    return [QuestionStatus(r[0]) for r in rows]
+    return router.store.reads.question_statuses(team_id)
 
 
 def _open_questions(router: Router, team_id: int) -> int:
@@ -536,14 +504,7 @@ def _open_questions(router: Router, team_id: int) -> int:
 def _recoveries(router: Router, team_id: int, kills: list[datetime]) -> list[Recovery]:
     """Each turn fenced after a kill and followed by a recovery turn, from the database: its
     lease, its TAKE_OVER ledger event and the recovery turn's start."""
-    from agent_router.store.models import TurnRow
-
-    with router.store.engine.connect() as conn:
-        leases = dict(
-            conn.execute(
-                sa.select(TurnRow.id, TurnRow.lease_expires_at).where(TurnRow.team_id == team_id)
-            ).all()
-        )
+    leases = router.store.reads.turn_leases(team_id)
     taken_over = {
         e.turn_id: e.created_at
         for e in router.ledger(team_id)
@@ -551,7 +512,7 @@ def _recoveries(router: Router, team_id: int, kills: list[datetime]) -> list[Rec
     }
     recoveries: list[Recovery] = []
     for agent in router.agents(team_id):
-        turns = router.store.turns(agent.id)
+        turns = router.store.reads.turns(agent.id)
         for dead, nxt in itertools.pairwise(turns):
             if dead.status is not TurnStatus.FENCED or nxt.trigger is not TurnTrigger.RECOVERY:
                 continue
@@ -584,6 +545,6 @@ def _check(router: Router, team_id: int, result: ChaosResult) -> None:
     result.recovered_turns = sum(
         1
         for a in router.agents(team_id)
-        for t in router.store.turns(a.id)
+        for t in router.store.reads.turns(a.id)
         if t.trigger is TurnTrigger.RECOVERY
     )

@@ -70,10 +70,10 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
     pending wake messages and open tool calls count as violations."""
     store = router.store
     report = TeamReport()
-    agents = {a.id: a for a in store.agents(team_id)}
-    messages = store.messages(team_id)
+    agents = {a.id: a for a in store.reads.agents(team_id)}
+    messages = store.reads.messages(team_id)
     report.messages = len(messages)
-    entries = {aid: store.transcript_entries(aid) for aid in agents}
+    entries = {aid: store.reads.transcript_entries(aid) for aid in agents}
     copies: dict[int, int] = {}
     for agent_entries in entries.values():
         for e in agent_entries:
@@ -127,7 +127,7 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
                 report.split_tool_results += 1
             report.violations.append(f"{agent.display_name}: {problem}")
 
-        turns = store.turns(aid)
+        turns = store.reads.turns(aid)
         running = [t for t in turns if t.status is TurnStatus.RUNNING]
         if len(running) > 1 or (quiescent and running):
             report.overlapping_turns += 1

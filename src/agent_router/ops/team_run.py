@@ -162,7 +162,7 @@ def result_of(router: Router, team_id: int, *, is_settled: bool) -> RunResult:
     lead = next(a for a in agents if a.is_lead)
     replies = [
         e.get("content")
-        for e in router.store.transcript(lead.id)
+        for e in router.store.reads.transcript(lead.id)
         if e.get("role") == "assistant" and e.get("content")
     ]
     return RunResult(

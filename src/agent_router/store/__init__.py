@@ -1,6 +1,8 @@
 """The only package that talks to the database."""
 
+from agent_router.store.engine import make_engine
 from agent_router.store.models import utcnow
-from agent_router.store.store import Effects, SendRequest, Store, make_engine
+from agent_router.store.store import Store
+from agent_router.store.values import SendRequest
 
-__all__ = ["Effects", "SendRequest", "Store", "make_engine", "utcnow"]
+__all__ = ["SendRequest", "Store", "make_engine", "utcnow"]

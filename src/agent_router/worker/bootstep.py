@@ -54,7 +54,7 @@ class WorkerSweeper(bootsteps.StartStopStep):
         router = Router(settings, publisher=CeleryPublisher(parent.app))
         # A prefork pool's children are forks of this process: each drops its copy of this
         # router's connection pool, so that it never uses (or closes) the parent's connections.
-        os.register_at_fork(after_in_child=partial(router.store.engine.dispose, close=False))
+        os.register_at_fork(after_in_child=partial(router.store.dispose, close=False))
         period = settings.sweep_seconds
         return SweeperThread(router, period=period, first_after=random.uniform(0.0, period))
 

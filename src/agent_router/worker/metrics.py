@@ -124,7 +124,7 @@ class MailboxCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         depth, agents = self._families()
         try:
-            counts = self._store().state_counts()
+            counts = self._store().reads.state_counts()
         except Exception:  # a scrape must not fail because the database is away
             logger.warning("mailbox depth not read", exc_info=True, extra={"action": "metrics"})
             return

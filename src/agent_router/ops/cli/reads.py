@@ -54,7 +54,7 @@ def status(
 ) -> None:
     """Agents of a team (or of all teams): state, epoch, mailbox depth, open questions, lease."""
     with _store(database_url) as store:
-        statuses = store.agent_statuses(team)
+        statuses = store.reads.agent_statuses(team)
     now = utcnow()
     if as_json:
         for s in statuses:
@@ -124,9 +124,9 @@ def ledger(
 ) -> None:
     """The team's timeline: routing decisions (with outcomes) and turns, from the ledger."""
     with _store(database_url) as store:
-        store.team(team)  # an unknown team is an error, not an empty timeline
-        events = store.ledger(team, after_id=after)
-        messages = {m.id: m for m in store.messages(team)}
+        store.reads.team(team)  # an unknown team is an error, not an empty timeline
+        events = store.reads.ledger(team, after_id=after)
+        messages = {m.id: m for m in store.reads.messages(team)}
     console = Console(highlight=False)
     t0 = events[0].created_at.timestamp() if events else 0.0
     for event in events:
@@ -150,10 +150,14 @@ def inspect_message(
 ) -> None:
     """A message: who sent it to whom, how it was routed, and where it entered a transcript."""
     with _store(database_url) as store:
-        msg = store.message(message_id)
-        events = store.message_events(message_id)
+        msg = store.reads.message(message_id)
+        events = store.reads.message_events(message_id)
         entry = next(
-            (e for e in store.transcript_entries(msg.target_agent_id) if e["message_id"] == msg.id),
+            (
+                e
+                for e in store.reads.transcript_entries(msg.target_agent_id)
+                if e["message_id"] == msg.id
+            ),
             None,
         )
     record: dict[str, Any] = {
@@ -210,8 +214,8 @@ def inspect_agent(
 ) -> None:
     """An agent's transcript, entry by entry, with each entry's turn and provenance."""
     with _store(database_url) as store:
-        agent = store.agent(team, name)
-        entries = store.transcript_entries(agent.id)
+        agent = store.reads.agent(team, name)
+        entries = store.reads.transcript_entries(agent.id)
     if as_json:
         for e in entries:
             print(json.dumps(e, default=str))

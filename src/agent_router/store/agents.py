@@ -1,0 +1,338 @@
+"""Teams and agents, under the team lock: create, stop, terminate (and bulk mailbox seeding)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, cast
+
+import sqlalchemy as sa
+
+from agent_router import errors
+from agent_router.domain import (
+    LEAD_DISPLAY_NAME,
+    LEAD_ROLE,
+    Agent,
+    AgentState,
+    Delivery,
+    LedgerAction,
+    MessageStatus,
+    MessageType,
+    QuestionStatus,
+    RouteOutcome,
+    Team,
+    TurnStatus,
+)
+from agent_router.store import queries, routing, turns, values, waits
+from agent_router.store.decisions import close_question, move
+from agent_router.store.models import (
+    AgentRow,
+    MessageRow,
+    QuestionRow,
+    TeamRow,
+    TurnRow,
+    utcnow,
+)
+from agent_router.store.tx import Tx
+from agent_router.store.values import SendRequest
+
+
+def create_team(tx: Tx, *, lead_system_prompt: str | None = None) -> Team:
+    session = tx.session
+    team = TeamRow()
+    session.add(team)
+    session.flush()
+    lead = insert_agent(tx, team.id, LEAD_DISPLAY_NAME, LEAD_ROLE, lead_system_prompt, is_lead=True)
+    tx.ledger(LedgerAction.TEAM_CREATED, team_id=team.id, agent_id=lead.id)
+    return Team(id=team.id, lead=values.agent(lead), created_at=team.created_at)
+
+
+def check_role(role: str) -> str:
+    """The role name, stripped; refused if empty, too long, or shaped like a markup or an
+    external sender."""
+    role = role.strip()
+    if (
+        not role
+        or len(role) > 100
+        or any(c in role for c in '"\n\r<>')
+        or role.startswith(routing.EXTERNAL_PREFIX)
+    ):
+        raise errors.InvalidMessageError(f"invalid role name {role!r}")
+    return role
+
+
+def create_agent_with_task(
+    tx: Tx,
+    team_id: int,
+    *,
+    role: str,
+    display_name: str | None = None,
+    system_prompt: str | None = None,
+    task: SendRequest | None = None,
+) -> tuple[Agent, Delivery | None]:
+    """Add a sub-agent and, when ``task`` is given, route that message to it (its ``to`` is
+    replaced by the new display name) in the same transaction: both exist, or neither.
+    ``role`` is checked by :func:`check_role` first."""
+    queries.team(tx.session, team_id, lock=True)
+    agent = add_agent(tx, team_id, role, display_name, system_prompt)
+    delivery: Delivery | None = None
+    if task is not None:
+        task = replace(task, team_id=team_id, to=agent.display_name)
+        delivery = routing.route(tx, task)
+    return values.agent(agent), delivery
+
+
+def add_agent(
+    tx: Tx,
+    team_id: int,
+    role: str,
+    display_name: str | None,
+    system_prompt: str | None,
+) -> AgentRow:
+    """Insert the agent (the caller holds the team lock)."""
+    session = tx.session
+    if display_name is None:
+        # {Role}_{n}, n counted per role from 1; the team lock makes the count safe.
+        taken = set(
+            session.scalars(
+                sa.select(AgentRow.display_name).where(
+                    AgentRow.team_id == team_id, AgentRow.role == role
+                )
+            )
+        )
+        n = 1
+        while f"{role}_{n}" in taken:
+            n += 1
+        display_name = f"{role}_{n}"
+    if queries.agent_by_name(tx.session, team_id, display_name) is not None:
+        raise tx.refuse(
+            errors.DuplicateDisplayNameError(
+                f"display name {display_name!r} is taken in team {team_id}"
+            ),
+            LedgerAction.SEND_REJECTED,
+            team_id=team_id,
+            reason="duplicate_display_name",
+            display_name=display_name,
+        )
+    agent = insert_agent(tx, team_id, display_name, role, system_prompt)
+    tx.ledger(
+        LedgerAction.AGENT_CREATED,
+        team_id=team_id,
+        agent_id=agent.id,
+        display_name=display_name,
+        role=role,
+    )
+    return agent
+
+
+def insert_agent(
+    tx: Tx,
+    team_id: int,
+    display_name: str,
+    role: str,
+    system_prompt: str | None,
+    *,
+    is_lead: bool = False,
+) -> AgentRow:
+    """A new idle agent; its system prompt, snapshotted now, opens its transcript."""
+    session = tx.session
+    agent = AgentRow(
+        team_id=team_id,
+        display_name=display_name,
+        role=role,
+        is_lead=is_lead,
+        state=AgentState.IDLE,
+        system_prompt=system_prompt,
+    )
+    session.add(agent)
+    session.flush()
+    if system_prompt:
+        queries.append(
+            tx.session, agent.id, {"role": "system", "content": system_prompt}, turn_id=None
+        )
+    return agent
+
+
+def lock_sub_agent_and_askers(
+    tx: Tx, agent_id: int, done: str
+) -> tuple[AgentRow, Sequence[QuestionRow]]:
+    """For stop and terminate: the team lock, then the agent and every agent with an open
+    question to it, by id. Refuses the lead and a terminated agent. Returns the agent and
+    the open questions asked of it."""
+    session = tx.session
+    probe = session.get(AgentRow, agent_id)
+    if probe is None:
+        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+    queries.team(tx.session, probe.team_id, lock=True)
+    asked_of = session.scalars(
+        sa.select(QuestionRow).where(
+            QuestionRow.target_agent_id == agent_id,
+            QuestionRow.status == QuestionStatus.OPEN,
+        )
+    ).all()
+    for locked_id in sorted({agent_id, *(q.asker_agent_id for q in asked_of)}):
+        queries.lock_agent(tx.session, locked_id)
+    agent = session.get(AgentRow, agent_id)
+    assert agent is not None
+    if agent.is_lead:
+        raise errors.InvalidMessageError(f"the Team Leader cannot be {done}")
+    if agent.state is AgentState.TERMINATED:
+        raise errors.AgentTerminatedError(f"{agent.display_name!r} is already terminated")
+    return agent, asked_of
+
+
+def terminate(tx: Tx, agent_id: int, *, reason: str) -> None:
+    """Final: fence any running turn, drop pending messages with ``reason``, cancel the
+    questions it asked, and release agents blocked on a question to it."""
+    session = tx.session
+    agent, waiters = lock_sub_agent_and_askers(tx, agent_id, "terminated")
+    dropped = _fence_and_drop(tx, agent, reason)
+    for own in session.scalars(
+        sa.select(QuestionRow).where(
+            QuestionRow.asker_agent_id == agent.id,
+            QuestionRow.status == QuestionStatus.OPEN,
+        )
+    ):
+        close_question(own, QuestionStatus.CANCELLED, stop_waiting=True)
+    for question in waiters:
+        asker = session.get(AgentRow, question.asker_agent_id)
+        assert asker is not None
+        close_question(question, QuestionStatus.CANCELLED)
+        if question.waiting:
+            waits.release(
+                tx,
+                asker,
+                question,
+                f"cancelled: {agent.display_name} was terminated ({reason})",
+            )
+    agent.epoch += 1
+    move(agent, AgentState.TERMINATED)
+    agent.suspended = False
+    agent.pending_trigger = None
+    tx.ledger(
+        LedgerAction.TERMINATED,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        epoch=agent.epoch,
+        reason=reason,
+        dropped=dropped,
+    )
+
+
+def _fence_and_drop(tx: Tx, agent: AgentRow, reason: str) -> int:
+    """Fence the agent's running turns, cancel its open tool calls and drop its pending
+    messages; returns how many were dropped."""
+    session = tx.session
+    now = utcnow()
+    running = session.scalars(
+        sa.select(TurnRow).where(TurnRow.agent_id == agent.id, TurnRow.status == TurnStatus.RUNNING)
+    ).all()
+    for turn in running:
+        turn.status = TurnStatus.FENCED
+        turn.ended_at = now
+        turn.error = f"terminated: {reason}"
+    turns.close_dangling(tx, agent, None, f"cancelled: agent terminated ({reason})", None)
+    dropped = cast(
+        "sa.CursorResult[Any]",
+        session.execute(
+            sa.update(MessageRow)
+            .where(
+                MessageRow.target_agent_id == agent.id,
+                MessageRow.status == MessageStatus.PENDING,
+            )
+            .values(status=MessageStatus.DROPPED, drop_reason=f"target terminated: {reason}")
+        ),
+    ).rowcount
+    return dropped
+
+
+def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
+    """Stop a sub-agent cooperatively. A resting, scheduled or suspended agent stops at once
+    (a queued turn task is fenced); a running or blocked one is flagged and stops at its next
+    boundary (:meth:`finish_stop`). Questions it asked and questions asked of it are
+    cancelled (blocked askers get a ``cancelled`` result); its mailbox is kept. Returns the
+    state after the request (``idle``, or ``running`` while the stop is pending)."""
+    session = tx.session
+    agent, asked_of = lock_sub_agent_and_askers(tx, agent_id, "stopped")
+    for question in asked_of:
+        close_question(question, QuestionStatus.CANCELLED)
+        if question.waiting:
+            asker = session.get(AgentRow, question.asker_agent_id)
+            assert asker is not None
+            waits.release(
+                tx,
+                asker,
+                question,
+                f"cancelled: {agent.display_name} was stopped ({reason})",
+            )
+    state_before = agent.state
+    own = queries.waiting_question(tx.session, agent.id)
+    if agent.state is AgentState.RUNNING or (
+        agent.state is AgentState.WAITING and not agent.suspended
+    ):
+        agent.stop_requested = True
+        if own is not None:  # blocked in a worker: end the wait, the turn then stops
+            close_question(own, QuestionStatus.CANCELLED)
+            waits.release(tx, agent, own, f"cancelled: stopped by the lead ({reason})")
+        action = LedgerAction.STOP_REQUESTED
+    else:
+        _stop_now(tx, agent, own, reason)
+        action = LedgerAction.STOPPED
+    tx.ledger(
+        action,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        epoch=agent.epoch,
+        reason=reason,
+        state_before=state_before.value,
+        cancelled_questions=len(asked_of),
+    )
+    return agent.state
+
+
+def _stop_now(tx: Tx, agent: AgentRow, own: QuestionRow | None, reason: str) -> None:
+    """A stop of an agent no worker holds: it is ``idle`` at once, a queued turn task fenced."""
+    if own is not None:  # suspended on a wait: its call gets the cancelled result
+        close_question(own, QuestionStatus.CANCELLED)
+        own.waiting = False
+    turns.close_dangling(tx, agent, None, f"cancelled: stopped by the lead ({reason})", None)
+    turns.cancel_own_questions(tx, agent, utcnow())
+    if agent.state in (AgentState.SCHEDULED, AgentState.WAITING):
+        agent.epoch += 1  # a queued turn task (or continuation) claims nothing
+    move(agent, AgentState.IDLE)
+    agent.suspended = False
+    agent.pending_trigger = None
+    agent.stop_requested = False
+
+
+def seed_mailbox(
+    tx: Tx, agent_id: int, count: int, *, content: str, sender: str = "system"
+) -> None:
+    """Queue ``count`` context-only notices for an agent in bulk (benchmarks and load tests:
+    it bypasses routing decisions, so it never wakes anyone)."""
+    session = tx.session
+    agent = queries.lock_agent(tx.session, agent_id)
+    if agent is None:
+        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+    first = agent.next_seq
+    agent.next_seq += count
+    now = utcnow()
+    for start in range(0, count, 10_000):
+        session.execute(
+            sa.insert(MessageRow),
+            [
+                {
+                    "team_id": agent.team_id,
+                    "seq": first + i,
+                    "source_name": sender,
+                    "target_agent_id": agent.id,
+                    "type": MessageType.NOTICE,
+                    "content": content,
+                    "wake": False,
+                    "outcome": RouteOutcome.QUEUED,
+                    "status": MessageStatus.PENDING,
+                    "created_at": now,
+                }
+                for i in range(start, min(count, start + 10_000))
+            ],
+        )

@@ -1,0 +1,201 @@
+"""The shared reads (most of them under lock) and the transcript append that transitions are
+built of. Functions of a session: the read views use them as well."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from agent_router import errors
+from agent_router.domain import (
+    MessageStatus,
+)
+from agent_router.store.models import (
+    AgentRow,
+    MessageRow,
+    OutboxRow,
+    QuestionRow,
+    TeamRow,
+    TranscriptEntryRow,
+    TurnRow,
+)
+
+
+def team(session: Session, team_id: int, *, lock: bool = False) -> TeamRow:
+    stmt = sa.select(TeamRow).where(TeamRow.id == team_id)
+    if lock:
+        stmt = stmt.with_for_update(key_share=True)
+    team = session.scalars(stmt).one_or_none()
+    if team is None:
+        raise errors.UnknownTeamError(f"unknown team {team_id}")
+    return team
+
+
+def agent_by_name(
+    session: Session, team_id: int, name: str, *, lock: bool = False
+) -> AgentRow | None:
+    stmt = sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.display_name == name)
+    if lock:
+        # See _lock_agent: the locked read must replace a stale, unlocked copy.
+        stmt = stmt.with_for_update(key_share=True).execution_options(populate_existing=True)
+    return session.scalars(stmt).one_or_none()
+
+
+def lock_agent(session: Session, agent_id: int) -> AgentRow | None:
+    # populate_existing: a row this session read before taking the lock (a probe) would
+    # otherwise keep its stale state, and a transition would act on what it was, not is.
+    stmt = (
+        sa.select(AgentRow)
+        .where(AgentRow.id == agent_id)
+        .with_for_update(key_share=True)
+        .execution_options(populate_existing=True)
+    )
+    return session.scalars(stmt).one_or_none()
+
+
+def mailbox_depth(session: Session, agent_id: int) -> int:
+    return (
+        session.scalar(
+            sa.select(sa.func.count())
+            .select_from(MessageRow)
+            .where(
+                MessageRow.target_agent_id == agent_id,
+                MessageRow.status == MessageStatus.PENDING,
+            )
+        )
+        or 0
+    )
+
+
+def next_position(session: Session, agent_id: int) -> int:
+    last = session.scalar(
+        sa.select(sa.func.max(TranscriptEntryRow.position)).where(
+            TranscriptEntryRow.agent_id == agent_id
+        )
+    )
+    return 0 if last is None else last + 1
+
+
+def waiting_question(session: Session, agent_id: int) -> QuestionRow | None:
+    return session.scalars(
+        sa.select(QuestionRow)
+        .where(QuestionRow.asker_agent_id == agent_id, QuestionRow.waiting.is_(True))
+        .with_for_update(key_share=True)
+    ).one_or_none()
+
+
+def open_tool_calls(session: Session, agent_id: int) -> list[str]:
+    """Tool call ids of the last assistant message that have no result yet, in order."""
+    last_assistant = session.scalars(
+        sa.select(TranscriptEntryRow)
+        .where(TranscriptEntryRow.agent_id == agent_id, TranscriptEntryRow.role == "assistant")
+        .order_by(TranscriptEntryRow.position.desc())
+        .limit(1)
+    ).one_or_none()
+    if last_assistant is None:
+        return []
+    calls = [str(c["id"]) for c in last_assistant.payload.get("tool_calls") or []]
+    if not calls:
+        return []
+    answered = set(
+        session.scalars(
+            sa.select(TranscriptEntryRow.tool_call_id).where(
+                TranscriptEntryRow.agent_id == agent_id,
+                TranscriptEntryRow.position > last_assistant.position,
+                TranscriptEntryRow.role == "tool",
+            )
+        )
+    )
+    return [c for c in calls if c not in answered]
+
+
+def append(
+    session: Session,
+    agent_id: int,
+    payload: dict[str, Any],
+    *,
+    turn_id: int | None,
+    message_id: int | None = None,
+    meta: dict[str, Any] | None = None,
+) -> None:
+    # One statement: the position is the next after the agent's last entry (the writer holds
+    # the agent's row lock, so no other append to this transcript runs meanwhile).
+    position = (
+        sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
+        .where(TranscriptEntryRow.agent_id == agent_id)
+        .scalar_subquery()
+    )
+    session.execute(
+        sa.insert(TranscriptEntryRow).values(
+            agent_id=agent_id,
+            position=position,
+            role=payload["role"],
+            payload=payload,
+            meta=meta,
+            message_id=message_id,
+            tool_call_id=payload.get("tool_call_id"),
+            turn_id=turn_id,
+        )
+    )
+
+
+def waiter_turn_id(session: Session, waiter: AgentRow, question: QuestionRow) -> int | None:
+    return session.scalar(
+        sa.select(TurnRow.id).where(
+            TurnRow.agent_id == waiter.id, TurnRow.epoch == question.asker_epoch
+        )
+    )
+
+
+def cycle_through(session: Session, asker: AgentRow, target: AgentRow) -> list[str]:
+    """The waits-for path target -> ... -> asker, if the new edge asker -> target closes one."""
+    names = {
+        a.id: a.display_name
+        for a in session.scalars(sa.select(AgentRow).where(AgentRow.team_id == asker.team_id))
+    }
+    edges = dict(
+        session.execute(
+            sa.select(QuestionRow.asker_agent_id, QuestionRow.target_agent_id).where(
+                QuestionRow.team_id == asker.team_id, QuestionRow.waiting.is_(True)
+            )
+        ).all()
+    )
+    path = [asker.id, target.id]
+    current = target.id
+    while current in edges:
+        current = edges[current]
+        path.append(current)
+        if current == asker.id:
+            return [names[i] for i in path]
+        if len(path) > len(names) + 1:  # pragma: no cover - a cycle not through asker
+            break
+    return []
+
+
+def unpublished_since(cutoff: datetime, limit: int) -> sa.Select[OutboxRow]:
+    """Outbox rows never published and created at or before ``cutoff``, oldest first."""
+    return (
+        sa.select(OutboxRow)
+        .where(OutboxRow.published_at.is_(None), OutboxRow.created_at <= cutoff)
+        .order_by(OutboxRow.id)
+        .limit(limit)
+    )
+
+
+def pending_wake(session: Session, agent_id: int) -> int:
+    """Pending wake messages in the agent's mailbox."""
+    return (
+        session.scalar(
+            sa.select(sa.func.count())
+            .select_from(MessageRow)
+            .where(
+                MessageRow.target_agent_id == agent_id,
+                MessageRow.status == MessageStatus.PENDING,
+                MessageRow.wake.is_(True),
+            )
+        )
+        or 0
+    )

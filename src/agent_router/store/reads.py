@@ -1,0 +1,374 @@
+"""Every read-only view of the store: what the router, the CLI, the checks, the metrics and the
+chaos run read. Each read is one short session, no lock."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from agent_router import errors
+from agent_router.domain import (
+    Agent,
+    AgentState,
+    AgentStatus,
+    BackgroundJob,
+    JobStatus,
+    LedgerEvent,
+    Message,
+    MessageStatus,
+    OutboxEntry,
+    Question,
+    QuestionStatus,
+    Team,
+    TurnRecord,
+    TurnStatus,
+)
+from agent_router.store import queries, values
+from agent_router.store.models import (
+    AgentRow,
+    BackgroundJobRow,
+    LedgerRow,
+    MessageRow,
+    OutboxRow,
+    QuestionRow,
+    TeamRow,
+    TranscriptEntryRow,
+    TurnRow,
+    utcnow,
+)
+
+
+class Reads:
+    """The read views (``store.reads``)."""
+
+    def __init__(self, sessions: sessionmaker[Session], engine: Engine) -> None:
+        self._sessions = sessions
+        self._engine = engine
+
+    def team(self, team_id: int) -> Team:
+        with self._sessions() as session:
+            queries.team(session, team_id)
+            lead = session.scalars(
+                sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.is_lead.is_(True))
+            ).one()
+            created = session.scalars(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
+            return Team(id=team_id, lead=values.agent(lead), created_at=created.one())
+
+    def agent(self, team_id: int, name: str) -> Agent:
+        with self._sessions() as session:
+            queries.team(session, team_id)
+            row = queries.agent_by_name(session, team_id, name)
+            if row is None:
+                raise errors.UnknownAgentError(f"no agent {name!r} in team {team_id}")
+            return values.agent(row, queries.mailbox_depth(session, row.id))
+
+    def agent_by_id(self, agent_id: int) -> Agent:
+        with self._sessions() as session:
+            row = session.get(AgentRow, agent_id)
+            if row is None:
+                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+            return values.agent(row, queries.mailbox_depth(session, row.id))
+
+    def agents(self, team_id: int) -> list[Agent]:
+        with self._sessions() as session:
+            queries.team(session, team_id)
+            rows = session.scalars(
+                sa.select(AgentRow).where(AgentRow.team_id == team_id).order_by(AgentRow.id)
+            ).all()
+            return [values.agent(r, queries.mailbox_depth(session, r.id)) for r in rows]
+
+    def team_exists(self, team_id: int) -> bool:
+        with self._sessions() as session:
+            return session.get(TeamRow, team_id) is not None
+
+    def question(self, question_id: int) -> Question:
+        with self._sessions() as session:
+            row = session.get(QuestionRow, question_id)
+            if row is None:
+                raise errors.UnknownQuestionError(f"no question {question_id}")
+            return values.question(row)
+
+    def stop_requested(self, agent_id: int) -> bool:
+        with self._sessions() as session:
+            return bool(
+                session.scalar(sa.select(AgentRow.stop_requested).where(AgentRow.id == agent_id))
+            )
+
+    def open_tool_calls(self, agent_id: int) -> list[str]:
+        with self._sessions() as session:
+            return queries.open_tool_calls(session, agent_id)
+
+    def transcript(self, agent_id: int) -> list[dict[str, Any]]:
+        with self._sessions() as session:
+            return list(
+                session.scalars(
+                    sa.select(TranscriptEntryRow.payload)
+                    .where(TranscriptEntryRow.agent_id == agent_id)
+                    .order_by(TranscriptEntryRow.position)
+                )
+            )
+
+    def transcript_entries(self, agent_id: int) -> list[dict[str, Any]]:
+        """Transcript with provenance: each entry's payload plus its metadata and ids."""
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(TranscriptEntryRow)
+                .where(TranscriptEntryRow.agent_id == agent_id)
+                .order_by(TranscriptEntryRow.position)
+            ).all()
+            return [
+                {
+                    "position": r.position,
+                    "payload": r.payload,
+                    "meta": r.meta,
+                    "message_id": r.message_id,
+                    "turn_id": r.turn_id,
+                }
+                for r in rows
+            ]
+
+    def messages(self, team_id: int) -> list[Message]:
+        with self._sessions() as session:
+            names = dict(
+                session.execute(
+                    sa.select(AgentRow.id, AgentRow.display_name).where(AgentRow.team_id == team_id)
+                ).all()
+            )
+            rows = session.scalars(
+                sa.select(MessageRow).where(MessageRow.team_id == team_id).order_by(MessageRow.id)
+            ).all()
+            return [values.message(r, names[r.target_agent_id]) for r in rows]
+
+    def message(self, message_id: int) -> Message:
+        """One message by id, with its delivery record."""
+        with self._sessions() as session:
+            row = session.get(MessageRow, message_id)
+            if row is None:
+                raise errors.UnknownMessageError(f"no message {message_id}")
+            target = session.get(AgentRow, row.target_agent_id)
+            assert target is not None
+            return values.message(row, target.display_name)
+
+    def message_events(self, message_id: int) -> list[LedgerEvent]:
+        """Ledger events about one message (its routing, a duplicate send, a drop)."""
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(LedgerRow, AgentRow.display_name)
+                .outerjoin(AgentRow, AgentRow.id == LedgerRow.agent_id)
+                .where(LedgerRow.message_id == message_id)
+                .order_by(LedgerRow.id)
+            ).all()
+            return [values.ledger_event(r, name) for r, name in rows]
+
+    def turns(self, agent_id: int) -> list[TurnRecord]:
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(TurnRow).where(TurnRow.agent_id == agent_id).order_by(TurnRow.id)
+            ).all()
+            return [values.turn(r) for r in rows]
+
+    def current_turn(self, agent_id: int) -> TurnRecord | None:
+        with self._sessions() as session:
+            agent = session.get(AgentRow, agent_id)
+            if agent is None:
+                return None
+            row = session.scalars(
+                sa.select(TurnRow).where(
+                    TurnRow.agent_id == agent_id,
+                    TurnRow.epoch == agent.epoch,
+                    TurnRow.status == TurnStatus.RUNNING,
+                )
+            ).one_or_none()
+            return values.turn(row) if row else None
+
+    def ledger(self, team_id: int, *, after_id: int = 0) -> list[LedgerEvent]:
+        """The team's ledger in order; ``after_id``: only events after that one (tailing)."""
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(LedgerRow, AgentRow.display_name)
+                .outerjoin(AgentRow, AgentRow.id == LedgerRow.agent_id)
+                .where(LedgerRow.team_id == team_id, LedgerRow.id > after_id)
+                .order_by(LedgerRow.id)
+            ).all()
+            return [values.ledger_event(r, name) for r, name in rows]
+
+    def expired_leases(self) -> list[int]:
+        """Agents whose current turn's lease has run out (its worker is presumed dead)."""
+        with self._sessions() as session:
+            return list(
+                session.scalars(
+                    sa.select(AgentRow.id)
+                    .join(
+                        TurnRow,
+                        sa.and_(TurnRow.agent_id == AgentRow.id, TurnRow.epoch == AgentRow.epoch),
+                    )
+                    .where(
+                        TurnRow.status == TurnStatus.RUNNING,
+                        TurnRow.lease_expires_at < utcnow(),
+                        AgentRow.state.in_([AgentState.RUNNING, AgentState.WAITING]),
+                    )
+                    .order_by(AgentRow.id)
+                )
+            )
+
+    def running_jobs(self, *, older_than_seconds: float, limit: int = 500) -> list[BackgroundJob]:
+        """Jobs with no completion seen yet, started at least ``older_than_seconds`` ago."""
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(BackgroundJobRow)
+                .where(
+                    BackgroundJobRow.status == JobStatus.RUNNING,
+                    BackgroundJobRow.created_at <= cutoff,
+                )
+                .order_by(BackgroundJobRow.created_at)
+                .limit(limit)
+            ).all()
+            return [values.job(r) for r in rows]
+
+    def jobs(self, team_id: int) -> list[BackgroundJob]:
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(BackgroundJobRow)
+                .where(BackgroundJobRow.team_id == team_id)
+                .order_by(BackgroundJobRow.id)
+            ).all()
+            return [values.job(r) for r in rows]
+
+    def unpublished(
+        self, *, older_than_seconds: float = 0.0, limit: int = 500
+    ) -> list[OutboxEntry]:
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._sessions() as session:
+            rows = session.scalars(queries.unpublished_since(cutoff, limit)).all()
+            return [values.outbox_entry(r) for r in rows]
+
+    def outbox(self, team_id: int) -> list[OutboxEntry]:
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(OutboxRow).where(OutboxRow.team_id == team_id).order_by(OutboxRow.id)
+            ).all()
+            return [values.outbox_entry(r) for r in rows]
+
+    def agent_statuses(self, team_id: int | None = None) -> list[AgentStatus]:
+        """Every agent of a team (or of all teams, ``None``) with its mailbox depth, open
+        questions and running turn's lease: a handful of queries, whatever the team size."""
+        with self._sessions() as session:
+            agents_q = sa.select(AgentRow).order_by(AgentRow.team_id, AgentRow.id)
+            if team_id is not None:
+                queries.team(session, team_id)
+                agents_q = agents_q.where(AgentRow.team_id == team_id)
+            rows = session.scalars(agents_q).all()
+            ids = [r.id for r in rows]
+            depth = dict(
+                session.execute(
+                    sa.select(MessageRow.target_agent_id, sa.func.count())
+                    .where(
+                        MessageRow.target_agent_id.in_(ids),
+                        MessageRow.status == MessageStatus.PENDING,
+                    )
+                    .group_by(MessageRow.target_agent_id)
+                ).all()
+            )
+            asked: dict[int, list[int]] = {}
+            to_answer: dict[int, list[int]] = {}
+            for qid, asker, target in session.execute(
+                sa.select(QuestionRow.id, QuestionRow.asker_agent_id, QuestionRow.target_agent_id)
+                .where(
+                    QuestionRow.status == QuestionStatus.OPEN,
+                    sa.or_(
+                        QuestionRow.asker_agent_id.in_(ids), QuestionRow.target_agent_id.in_(ids)
+                    ),
+                )
+                .order_by(QuestionRow.id)
+            ):
+                asked.setdefault(asker, []).append(qid)
+                to_answer.setdefault(target, []).append(qid)
+            running = {
+                t.agent_id: t
+                for t in session.scalars(
+                    sa.select(TurnRow).where(
+                        TurnRow.agent_id.in_(ids), TurnRow.status == TurnStatus.RUNNING
+                    )
+                )
+            }
+            statuses = []
+            for r in rows:
+                turn = running.get(r.id)
+                current = turn is not None and turn.epoch == r.epoch
+                statuses.append(
+                    AgentStatus(
+                        agent=values.agent(r, depth.get(r.id, 0)),
+                        open_questions=tuple(asked.get(r.id, ())),
+                        questions_to_answer=tuple(to_answer.get(r.id, ())),
+                        turn_id=turn.id if turn is not None and current else None,
+                        lease_expires_at=turn.lease_expires_at
+                        if turn is not None and current
+                        else None,
+                    )
+                )
+            return statuses
+
+    def state_counts(self) -> dict[AgentState, tuple[int, int]]:
+        """Per agent state: (agents, pending messages to them), over every team (metrics)."""
+        with self._sessions() as session:
+            agents = dict(
+                session.execute(
+                    sa.select(AgentRow.state, sa.func.count()).group_by(AgentRow.state)
+                ).all()
+            )
+            pending = dict(
+                session.execute(
+                    sa.select(AgentRow.state, sa.func.count())
+                    .select_from(MessageRow)
+                    .join(AgentRow, AgentRow.id == MessageRow.target_agent_id)
+                    .where(MessageRow.status == MessageStatus.PENDING)
+                    .group_by(AgentRow.state)
+                ).all()
+            )
+            return {s: (agents.get(s, 0), pending.get(s, 0)) for s in set(agents) | set(pending)}
+
+    def open_question_report(self, team_id: int) -> list[tuple[Any, ...]]:
+        """Each open question of the team with where its ask message went: question id, asker,
+        target, waiting, and the message's status, outcome and target (diagnostics)."""
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(
+                    QuestionRow.id,
+                    QuestionRow.asker_agent_id,
+                    QuestionRow.target_agent_id,
+                    QuestionRow.waiting,
+                    MessageRow.status,
+                    MessageRow.outcome,
+                    MessageRow.target_agent_id,
+                )
+                .join(MessageRow, MessageRow.question_id == QuestionRow.id, isouter=True)
+                .where(QuestionRow.team_id == team_id, QuestionRow.status == QuestionStatus.OPEN)
+            ).all()
+            return [tuple(r) for r in rows]
+
+    def question_statuses(self, team_id: int) -> list[QuestionStatus]:
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(QuestionRow.status).where(QuestionRow.team_id == team_id)
+            ).all()
+            return [QuestionStatus(s) for s in rows]
+
+    def turn_leases(self, team_id: int) -> dict[int, datetime | None]:
+        """Each turn of the team by id, with its lease's end."""
+        with self._sessions() as session:
+            return dict(
+                session.execute(
+                    sa.select(TurnRow.id, TurnRow.lease_expires_at).where(
+                        TurnRow.team_id == team_id
+                    )
+                ).tuples()
+            )
+
+    def idle_connections(self) -> int:
+        """Connections checked in to the engine's pool."""
+        return int(self._engine.pool.checkedin())  # type: ignore[attr-defined]

@@ -1,0 +1,144 @@
+"""Repairs of what a crash left behind: take over a dead turn, re-enqueue a lost turn task,
+claim unpublished outbox rows."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from agent_router import errors
+from agent_router.domain import (
+    AgentState,
+    LedgerAction,
+    OutboxEntry,
+    OutboxKind,
+    TurnStatus,
+    TurnTrigger,
+)
+from agent_router.store import queries, routing, turns, values
+from agent_router.store.decisions import move
+from agent_router.store.models import (
+    AgentRow,
+    OutboxRow,
+    TurnRow,
+    utcnow,
+)
+from agent_router.store.tx import Tx
+
+
+def take_over(
+    tx: Tx,
+    agent_id: int,
+    *,
+    reason: str,
+    expected_turn_id: int | None = None,
+    lease_check: bool = False,
+) -> int:
+    """Fence a running agent whose turn is presumed dead: bump the epoch so the old turn can
+    write nothing, then schedule a ``recovery`` turn, or, if it was blocked in an ask, leave
+    it suspended on that ask. Returns the new epoch."""
+    session = tx.session
+    agent = queries.lock_agent(tx.session, agent_id)
+    if agent is None:
+        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+    if agent.state not in (AgentState.RUNNING, AgentState.WAITING) or agent.suspended:
+        raise errors.TurnError(f"{agent.display_name} is {agent.state.value}: nothing to take over")
+    old = session.scalars(
+        sa.select(TurnRow).where(TurnRow.agent_id == agent.id, TurnRow.epoch == agent.epoch)
+    ).one_or_none()
+    if expected_turn_id is not None and (old is None or old.id != expected_turn_id):
+        raise errors.TurnError("the turn changed since it was found expired")
+    if lease_check and (
+        old is None or old.lease_expires_at is None or old.lease_expires_at >= utcnow()
+    ):
+        raise errors.TurnError("the lease was renewed")
+    if old is not None:
+        old.status = TurnStatus.FENCED
+        old.ended_at = utcnow()
+        old.error = reason
+    question = queries.waiting_question(tx.session, agent.id)
+    if question is not None:
+        move(agent, AgentState.WAITING)
+        agent.suspended = True
+        agent.epoch += 1
+        question.asker_epoch = agent.epoch
+    else:
+        turns.close_dangling(tx, agent, old.id if old else None, turns.INTERRUPTED_RESULT, None)
+        routing.schedule(tx, agent, TurnTrigger.RECOVERY)
+    tx.ledger(
+        LedgerAction.TAKE_OVER,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        turn_id=old.id if old else None,
+        epoch=agent.epoch,
+        reason=reason,
+        suspended=agent.suspended,
+    )
+    return agent.epoch
+
+
+def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
+    """Re-enqueue agents left ``scheduled`` whose turn task never started (the task was
+    lost after being published): scheduled, and its last enqueue published, longer ago
+    than ``older_than_seconds``. Fenced claims make a duplicate harmless. Returns how many
+    were re-enqueued."""
+    session = tx.session
+    cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+    reenqueued = 0
+    agents = session.scalars(
+        sa.select(AgentRow)
+        .where(AgentRow.state == AgentState.SCHEDULED, AgentRow.scheduled_at < cutoff)
+        .order_by(AgentRow.id)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for agent in agents:
+        # Unpublished: the outbox re-publisher covers it. Published within the cutoff
+        # (perhaps by this very sweep): the task has not yet had its time to start.
+        recent = session.scalar(
+            sa.select(sa.func.count())
+            .select_from(OutboxRow)
+            .where(
+                OutboxRow.agent_id == agent.id,
+                OutboxRow.epoch == agent.epoch,
+                sa.or_(OutboxRow.published_at.is_(None), OutboxRow.published_at >= cutoff),
+            )
+        )
+        if recent:
+            continue
+        agent.scheduled_at = utcnow()
+        tx.outbox(
+            agent,
+            OutboxKind.ENQUEUE_TURN,
+            trigger=(agent.pending_trigger or TurnTrigger.NEW).value,
+            reenqueued=True,
+        )
+        tx.ledger(
+            LedgerAction.REENQUEUED,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            epoch=agent.epoch,
+        )
+        reenqueued += 1
+    return reenqueued
+
+
+def claim_unpublished(
+    tx: Tx, *, older_than_seconds: float = 0.0, limit: int = 500
+) -> list[OutboxEntry]:
+    """Outbox rows to publish again: unpublished, older than ``older_than_seconds``, and not
+    taken by a sweeper within that time. They are taken (``attempted_at``) in this
+    transaction, skipping rows another sweeper holds locked, so that the timers of many
+    workers publish a lost row once, not once each. A publish that fails leaves the row to
+    the next pass after the same delay."""
+    session = tx.session
+    cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+    rows = session.scalars(
+        queries.unpublished_since(cutoff, limit)
+        .where(sa.or_(OutboxRow.attempted_at.is_(None), OutboxRow.attempted_at <= cutoff))
+        .with_for_update(skip_locked=True)
+    ).all()
+    now = utcnow()
+    for row in rows:
+        row.attempted_at = now
+    return [values.outbox_entry(r) for r in rows]

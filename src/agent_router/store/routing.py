@@ -1,0 +1,388 @@
+"""Routing: accept a message and deliver it by the receiver's state, resolve a waiter, schedule
+a turn. The lock: the target agent's row (and the question an answer answers)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.orm import aliased
+
+from agent_router import errors, formats
+from agent_router.domain import (
+    AgentState,
+    Delivery,
+    LedgerAction,
+    MessageStatus,
+    MessageType,
+    OutboxKind,
+    QuestionKind,
+    QuestionStatus,
+    RouteOutcome,
+    TurnTrigger,
+)
+from agent_router.store import decisions, queries, values
+from agent_router.store.decisions import close_question, move
+from agent_router.store.models import (
+    AgentRow,
+    MessageRow,
+    QuestionRow,
+    utcnow,
+)
+from agent_router.store.tx import Refused, Tx
+from agent_router.store.values import SendRequest
+
+#: Senders that are not agents of the team. ``job:<name>`` is a background job.
+EXTERNAL_SENDERS = frozenset({"user", "system"})
+
+EXTERNAL_PREFIX = "job:"
+
+# The first statement of every send, built once (it runs on the hot path): lock the target and
+# take its next sequence number, returning it with the sender's id and state.
+_sender = aliased(AgentRow, name="sender")
+
+_of_sender = sa.select(_sender.id).where(
+    _sender.team_id == sa.bindparam("b_team"), _sender.display_name == sa.bindparam("b_sender")
+)
+
+_LOCK_TARGET = (
+    sa.update(AgentRow)
+    .where(
+        AgentRow.team_id == sa.bindparam("b_team"), AgentRow.display_name == sa.bindparam("b_to")
+    )
+    .values(next_seq=AgentRow.next_seq + 1)
+    .returning(
+        AgentRow,
+        _of_sender.scalar_subquery(),
+        _of_sender.with_only_columns(_sender.state).scalar_subquery(),
+    )
+    .execution_options(populate_existing=True, synchronize_session=False)
+)
+
+
+def route(tx: Tx, req: SendRequest) -> Delivery:
+    """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`)."""
+    target, source_id = _lock_target(tx, req)
+    if req.dedup_key is not None:
+        duplicate = _duplicate(tx, req, target)
+        if duplicate is not None:
+            return duplicate
+    state_before = target.state
+    answered = question_for_answer(tx, req, target) if req.type is MessageType.ANSWER else None
+    waiting_on: QuestionRow | None = None
+    if target.state is AgentState.WAITING:
+        # An answer usually answers the very question waited on: then it is read once.
+        waiting_on = (
+            answered
+            if answered is not None and answered.waiting
+            else queries.waiting_question(tx.session, target.id)
+        )
+    # Decided from the state before anything changes, so the row is inserted once, final.
+    outcome = decisions.decide(
+        target.state,
+        _waiting(waiting_on),
+        decisions.Incoming(
+            type=req.type,
+            sender_id=source_id,
+            wake=req.wake,
+            answers=answered.id if answered is not None else None,
+        ),
+    )
+    msg = _insert_message(
+        tx, req, target, source_id=source_id, outcome=outcome, waiting_on=waiting_on
+    )
+    if answered is not None:
+        close_question(answered, QuestionStatus.ANSWERED, answer_message_id=msg.id)
+    if outcome is RouteOutcome.RESOLVED:
+        assert waiting_on is not None
+        if waiting_on.kind is QuestionKind.OUTPUT:
+            # The output is consumed by the wait: it is this wait's answer, delivered once.
+            close_question(waiting_on, QuestionStatus.ANSWERED, answer_message_id=msg.id)
+        resolve_waiter(tx, target, waiting_on, msg, turn_id=msg.consumed_turn_id)
+    elif outcome is RouteOutcome.TRIGGERED_NEW_TURN:
+        schedule(tx, target, TurnTrigger.NEW)
+    tx.ledger(
+        LedgerAction.ROUTE,
+        team_id=req.team_id,
+        agent_id=target.id,
+        outcome=outcome,
+        message_id=msg.id,
+        epoch=target.epoch,
+        seq=msg.seq,
+        type=req.type.value,
+        sender=req.sender,
+        wake=req.wake,
+        state_before=state_before.value,
+        state_after=target.state.value,
+    )
+    return Delivery(
+        message_id=msg.id,
+        outcome=outcome,
+        target=target.display_name,
+        seq=msg.seq,
+        epoch=target.epoch,
+    )
+
+
+def _waiting(question: QuestionRow | None) -> decisions.Waiting | None:
+    if question is None:
+        return None
+    return decisions.Waiting(
+        id=question.id, kind=question.kind, target_agent_id=question.target_agent_id
+    )
+
+
+def _lock_target(tx: Tx, req: SendRequest) -> tuple[AgentRow, int | None]:
+    """The locked target row (its next sequence number taken) and the sender's id; refused for
+    an unknown team, target or sender, a self-send, and a terminated target or sender."""
+    # One statement locks the target, takes its next sequence number and reads its state
+    # (UPDATE ... RETURNING: the row lock of an UPDATE that changes no key column is the
+    # same FOR NO KEY UPDATE lock), and reads the sender's id and state on the way. A refusal
+    # rolls the increment back with everything else.
+    found = tx.session.execute(
+        _LOCK_TARGET, {"b_team": req.team_id, "b_to": req.to, "b_sender": req.sender}
+    ).one_or_none()
+    if found is None:
+        queries.team(tx.session, req.team_id)  # an unknown team says so, not "unknown agent"
+        resolve_sender(req, sender_of(tx, req))
+        raise reject(
+            req,
+            errors.UnknownAgentError(f"no agent {req.to!r} in team {req.team_id}"),
+            "unknown_target",
+        )
+    target, source_id, source_state = found
+    source_id = resolve_sender(req, (source_id, source_state))
+    if source_id == target.id:
+        raise reject(req, errors.InvalidMessageError("an agent cannot message itself"), "self_send")
+    if target.state is AgentState.TERMINATED:
+        raise reject(
+            req, errors.AgentTerminatedError(f"agent {req.to!r} is terminated"), "terminated"
+        )
+    return target, source_id
+
+
+def _duplicate(tx: Tx, req: SendRequest, target: AgentRow) -> Delivery | None:
+    """The first delivery of ``req.dedup_key`` to ``target``, if there was one."""
+    first = tx.session.scalars(
+        sa.select(MessageRow).where(
+            MessageRow.target_agent_id == target.id, MessageRow.dedup_key == req.dedup_key
+        )
+    ).one_or_none()
+    if first is None:
+        return None
+    target.next_seq -= 1  # no new message: give the number back
+    tx.ledger(
+        LedgerAction.DUPLICATE_SEND,
+        team_id=req.team_id,
+        agent_id=target.id,
+        outcome=first.outcome,
+        message_id=first.id,
+        dedup_key=req.dedup_key,
+    )
+    return Delivery(
+        message_id=first.id,
+        outcome=first.outcome,
+        target=target.display_name,
+        seq=first.seq,
+        epoch=target.epoch,
+        duplicate=True,
+    )
+
+
+def _insert_message(
+    tx: Tx,
+    req: SendRequest,
+    target: AgentRow,
+    *,
+    source_id: int | None,
+    outcome: RouteOutcome,
+    waiting_on: QuestionRow | None,
+) -> MessageRow:
+    """The message row, final as inserted: a resolving message is delivered as it is inserted,
+    into the turn that waits for it."""
+    resolves = outcome is RouteOutcome.RESOLVED
+    waiter_turn_id = (
+        queries.waiter_turn_id(tx.session, target, waiting_on)
+        if resolves and waiting_on is not None
+        else None
+    )
+    msg = MessageRow(
+        team_id=req.team_id,
+        seq=target.next_seq - 1,
+        source_name=req.sender,
+        source_agent_id=source_id,
+        target_agent_id=target.id,
+        type=req.type,
+        subtype=req.subtype,
+        content=req.content,
+        question_id=req.question_id,
+        wake=req.wake,
+        dedup_key=req.dedup_key,
+        outcome=outcome,
+        status=MessageStatus.DELIVERED if resolves else MessageStatus.PENDING,
+        consumed_turn_id=waiter_turn_id,
+        consumed_at=utcnow() if resolves else None,
+    )
+    tx.session.add(msg)
+    tx.session.flush()
+    return msg
+
+
+def reject(req: SendRequest, error: errors.AgentRouterError, reason: str) -> Refused:
+    return Refused(
+        error,
+        LedgerAction.SEND_REJECTED,
+        team_id=req.team_id,
+        outcome=RouteOutcome.REJECTED,
+        reason=reason,
+        to=req.to,
+        sender=req.sender,
+        message=str(error),
+    )
+
+
+def resolve_sender(req: SendRequest, found: tuple[int | None, AgentState | None]) -> int | None:
+    """The sending agent's id (``None`` for an external sender), from ``found``: its
+    ``(id, state)`` as read with the target, or ``(None, None)`` when no such agent."""
+    if is_external(req.sender):
+        return None  # display names may not take these forms, so no lookup is needed
+    source_id, state = found
+    if source_id is not None:
+        if state is AgentState.TERMINATED:
+            raise reject(
+                req,
+                errors.AgentTerminatedError(f"sender {req.sender!r} is terminated"),
+                "sender_terminated",
+            )
+        return source_id
+    raise reject(
+        req,
+        errors.UnknownAgentError(
+            f"unknown sender {req.sender!r}: not an agent of team {req.team_id}, "
+            f"nor 'user', 'system' or 'job:<name>'"
+        ),
+        "unknown_sender",
+    )
+
+
+def question_for_answer(tx: Tx, req: SendRequest, target: AgentRow) -> QuestionRow:
+    session = tx.session
+    if req.question_id is None:
+        raise reject(
+            req, errors.InvalidMessageError("an answer needs a question_id"), "no_question_id"
+        )
+    question = session.scalars(
+        sa.select(QuestionRow)
+        .where(QuestionRow.id == req.question_id)
+        .with_for_update(key_share=True)
+    ).one_or_none()
+    if question is None or question.team_id != req.team_id:
+        raise reject(
+            req,
+            errors.UnknownQuestionError(f"no question {req.question_id} in team {req.team_id}"),
+            "unknown_question",
+        )
+    if question.asker_agent_id != target.id:
+        raise reject(
+            req,
+            errors.WrongQuestionError(
+                f"question {question.id} was not asked by {target.display_name!r}"
+            ),
+            "wrong_question",
+        )
+    if question.kind is not QuestionKind.ASK:
+        raise reject(
+            req,
+            errors.WrongQuestionError(
+                f"{question.id} is not a question but a wait for output: nothing to answer"
+            ),
+            "wrong_question",
+        )
+    if question.status is not QuestionStatus.OPEN:
+        raise reject(
+            req,
+            errors.QuestionClosedError(
+                f"question {question.id} is already {question.status.value}"
+            ),
+            "question_closed",
+        )
+    return question
+
+
+def resolve_waiter(
+    tx: Tx,
+    target: AgentRow,
+    question: QuestionRow,
+    msg: MessageRow,
+    *,
+    turn_id: int | None = None,
+) -> None:
+    """The message becomes the blocked call's tool result, in this transaction. ``turn_id``
+    (the waiting turn) is given when ``msg`` was inserted already delivered."""
+    question.waiting = False  # before the next statement: one UPDATE of the question
+    if msg.status is not MessageStatus.DELIVERED:
+        turn_id = queries.waiter_turn_id(tx.session, target, question)
+        msg.status = MessageStatus.DELIVERED
+        msg.consumed_turn_id = turn_id
+        msg.consumed_at = utcnow()
+    message = values.message(msg, target.display_name)
+    queries.append(
+        tx.session,
+        target.id,
+        {
+            "role": "tool",
+            "tool_call_id": question.tool_call_id,
+            "content": formats.render(formats.envelope_of(message)),
+        },
+        turn_id=turn_id,
+        message_id=msg.id,
+        meta=formats.metadata(message),
+    )
+    tx.ledger(
+        LedgerAction.QUESTION_RESOLVED,
+        team_id=target.team_id,
+        agent_id=target.id,
+        message_id=msg.id,
+        epoch=target.epoch,
+        question_id=question.id,
+        suspended=target.suspended,
+    )
+    continue_waiter(tx, target, question)
+
+
+def schedule(tx: Tx, agent: AgentRow, trigger: TurnTrigger) -> None:
+    """Fence a new epoch and enqueue exactly one turn task for it (through the outbox)."""
+    agent.epoch += 1
+    move(agent, AgentState.SCHEDULED)
+    agent.pending_trigger = trigger
+    agent.scheduled_at = utcnow()
+    tx.outbox(agent, OutboxKind.ENQUEUE_TURN, trigger=trigger.value)
+
+
+def continue_waiter(tx: Tx, asker: AgentRow, question: QuestionRow) -> None:
+    if asker.suspended:
+        asker.suspended = False
+        schedule(tx, asker, TurnTrigger.CONTINUATION)
+    else:
+        move(asker, AgentState.RUNNING)
+        tx.outbox(asker, OutboxKind.WAKE_WAITER, question_id=question.id)
+
+
+def sender_of(tx: Tx, req: SendRequest) -> tuple[int | None, AgentState | None]:
+    if is_external(req.sender):
+        return None, None
+    row = queries.agent_by_name(tx.session, req.team_id, req.sender)
+    return (row.id, row.state) if row is not None else (None, None)
+
+
+def is_external(sender: str) -> bool:
+    return sender in EXTERNAL_SENDERS or (
+        sender.startswith(EXTERNAL_PREFIX) and len(sender) > len(EXTERNAL_PREFIX)
+    )
+
+
+def check_display_name(name: str) -> None:
+    if not name or len(name) > 200 or any(c in name for c in '"\n\r<>') or name != name.strip():
+        raise errors.InvalidMessageError(f"invalid display name {name!r}")
+    if is_external(name) or name.startswith(EXTERNAL_PREFIX):
+        raise errors.InvalidMessageError(
+            f"display name {name!r} is reserved for external senders (user, system, job:<name>)"
+        )

@@ -1,0 +1,443 @@
+"""A turn's transitions, under its agent's row lock and checked against the fence: claim, drain,
+append, end, lease, suspend, stop."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, cast
+
+import sqlalchemy as sa
+
+from agent_router import errors, formats
+from agent_router.domain import (
+    AgentState,
+    EndOfTurn,
+    LedgerAction,
+    Message,
+    MessageStatus,
+    QuestionStatus,
+    TurnRecord,
+    TurnStatus,
+    TurnTrigger,
+)
+from agent_router.store import queries, routing, values
+from agent_router.store.decisions import close_question, move
+from agent_router.store.models import (
+    AgentRow,
+    MessageRow,
+    QuestionRow,
+    TranscriptEntryRow,
+    TurnRow,
+    utcnow,
+)
+from agent_router.store.tx import Tx
+from agent_router.store.values import Claim
+
+#: The synthetic result of a tool call whose turn died or ended first. It says that the call may
+#: have taken effect (a sub-agent created, a message sent) so that the model looks before it
+#: repeats a call that is not idempotent.
+INTERRUPTED_RESULT = (
+    "interrupted: the turn running this tool call ended before it returned; it may or may not "
+    "have taken effect, so check (list_sub_agents, list_agents, get_sub_agent_status) before "
+    "repeating it"
+)
+
+STOPPED_RESULT = "cancelled: the agent was stopped before this tool call ran"
+
+
+def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
+    """Claim the scheduled turn of ``epoch`` (default: the current one); ``None`` if there is
+    nothing to claim: a duplicate or stale delivery, or no turn scheduled. The claim carries
+    the agent's team and name, so that starting the turn needs no second read."""
+    session = tx.session
+    agent = queries.lock_agent(tx.session, agent_id)
+    if agent is None:
+        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+    if agent.state is not AgentState.SCHEDULED or (epoch is not None and epoch != agent.epoch):
+        tx.ledger(
+            LedgerAction.CLAIM_REFUSED,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            epoch=epoch,
+            current_epoch=agent.epoch,
+            state=agent.state.value,
+        )
+        return None
+    trigger = agent.pending_trigger or TurnTrigger.NEW
+    move(agent, AgentState.RUNNING)
+    agent.pending_trigger = None
+    now = utcnow()
+    turn = TurnRow(
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        epoch=agent.epoch,
+        trigger=trigger,
+        status=TurnStatus.RUNNING,
+        started_at=now,
+        lease_expires_at=now + timedelta(seconds=tx.settings.lease_seconds),
+    )
+    session.add(turn)
+    session.flush()
+    tx.ledger(
+        LedgerAction.TURN_CLAIMED,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        turn_id=turn.id,
+        epoch=agent.epoch,
+        trigger=trigger.value,
+    )
+    return Claim(values.turn(turn), agent.team_id, agent.display_name)
+
+
+def fenced(tx: Tx, turn: TurnRecord, operation: str) -> tuple[AgentRow, TurnRow]:
+    """Lock the turn's agent and check the fence; a stale turn writes nothing."""
+    session = tx.session
+    agent = queries.lock_agent(tx.session, turn.agent_id)
+    row = session.get(TurnRow, turn.id)
+    if (
+        agent is None
+        or row is None
+        or agent.epoch != turn.epoch
+        or row.status is not TurnStatus.RUNNING
+        or agent.state not in (AgentState.RUNNING, AgentState.WAITING)
+    ):
+        raise tx.refuse(
+            errors.StaleTurnError(
+                f"turn {turn.id} (epoch {turn.epoch}) is no longer current: {operation} refused"
+            ),
+            LedgerAction.STALE_WRITE_REFUSED,
+            team_id=agent.team_id if agent else None,
+            agent_id=turn.agent_id,
+            turn_id=turn.id,
+            epoch=turn.epoch,
+            operation=operation,
+            current_epoch=agent.epoch if agent else None,
+        )
+    return agent, row
+
+
+def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:
+    """Move pending messages, in sequence order, into the transcript; consumed in this
+    transaction. Refused while the last assistant tool calls still lack results."""
+    session = tx.session
+    batch = limit or tx.settings.drain_batch_size
+    agent = _drainable(tx, turn)
+    # Core rows and two set-based statements: a drain of a thousand messages is one
+    # SELECT, one multi-row INSERT and one UPDATE, not a unit of work per message.
+    rows = session.execute(
+        sa.select(MessageRow.__table__)
+        .where(
+            MessageRow.target_agent_id == agent.id,
+            MessageRow.status == MessageStatus.PENDING,
+        )
+        .order_by(MessageRow.seq)
+        .limit(batch)
+    ).all()
+    if not rows:
+        return []
+    now = utcnow()
+    position = queries.next_position(tx.session, agent.id)
+    delivered = [
+        values.message(
+            row._mapping,
+            agent.display_name,
+            status=MessageStatus.DELIVERED,
+            consumed_turn_id=turn.id,
+        )
+        for row in rows
+    ]
+    session.execute(
+        sa.insert(TranscriptEntryRow),
+        [
+            {
+                "agent_id": agent.id,
+                "position": position + k,
+                "role": "user",
+                "payload": {
+                    "role": "user",
+                    "content": formats.render(formats.envelope_of(message)),
+                },
+                "meta": formats.metadata(message),
+                "message_id": message.id,
+                "turn_id": turn.id,
+                "created_at": now,
+            }
+            for k, message in enumerate(delivered)
+        ],
+    )
+    session.execute(
+        sa.update(MessageRow)
+        .where(MessageRow.id.in_([m.id for m in delivered]))
+        .values(status=MessageStatus.DELIVERED, consumed_turn_id=turn.id, consumed_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    tx.ledger(
+        LedgerAction.DRAIN,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        turn_id=turn.id,
+        epoch=turn.epoch,
+        count=len(delivered),
+        first_seq=delivered[0].seq,
+        last_seq=delivered[-1].seq,
+    )
+    return delivered
+
+
+def _drainable(tx: Tx, turn: TurnRecord) -> AgentRow:
+    """The turn's agent, locked, if it may drain: running, and no tool call left open."""
+    agent, _row = fenced(tx, turn, "drain")
+    if agent.state is not AgentState.RUNNING:
+        raise tx.refuse(
+            errors.TurnError(f"{agent.display_name} is {agent.state.value}: cannot drain"),
+            LedgerAction.STALE_WRITE_REFUSED,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            turn_id=turn.id,
+            operation="drain",
+        )
+    dangling = queries.open_tool_calls(tx.session, agent.id)
+    if dangling:
+        raise tx.refuse(
+            errors.ToolCallsPendingError(
+                f"tool calls {dangling} have no result yet: a drain would split them "
+                "from their assistant message"
+            ),
+            LedgerAction.STALE_WRITE_REFUSED,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            turn_id=turn.id,
+            operation="drain",
+            dangling=dangling,
+        )
+    return agent
+
+
+def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
+    """Append an assistant message (checked by :func:`validate_assistant`) to the transcript."""
+    agent, _row = fenced(tx, turn, "append_assistant")
+    dangling = queries.open_tool_calls(tx.session, agent.id)
+    if dangling:
+        raise tx.refuse(
+            errors.ToolCallsPendingError(
+                f"tool calls {dangling} need results before the next assistant message"
+            ),
+            LedgerAction.STALE_WRITE_REFUSED,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            turn_id=turn.id,
+            operation="append_assistant",
+        )
+    queries.append(tx.session, agent.id, payload, turn_id=turn.id)
+
+
+def append_tool_result(tx: Tx, turn: TurnRecord, tool_call_id: str, content: str) -> None:
+    agent, _row = fenced(tx, turn, "append_tool_result")
+    if tool_call_id not in queries.open_tool_calls(tx.session, agent.id):
+        raise tx.refuse(
+            errors.InvalidTranscriptEntryError(
+                f"{tool_call_id!r} is not an open tool call of the last assistant message"
+            ),
+            LedgerAction.STALE_WRITE_REFUSED,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            turn_id=turn.id,
+            operation="append_tool_result",
+        )
+    queries.append(
+        tx.session,
+        agent.id,
+        {"role": "tool", "tool_call_id": tool_call_id, "content": content},
+        turn_id=turn.id,
+    )
+
+
+def close_dangling(
+    tx: Tx, agent: AgentRow, turn_id: int | None, result: str, keep: str | None
+) -> int:
+    closed = 0
+    for call_id in queries.open_tool_calls(tx.session, agent.id):
+        if call_id == keep:
+            continue
+        queries.append(
+            tx.session,
+            agent.id,
+            {"role": "tool", "tool_call_id": call_id, "content": result},
+            turn_id=turn_id,
+            meta={"synthetic": result.split(":", 1)[0]},
+        )
+        tx.ledger(
+            LedgerAction.SYNTHETIC_TOOL_RESULT,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            turn_id=turn_id,
+            tool_call_id=call_id,
+            result=result,
+        )
+        closed += 1
+    return closed
+
+
+def end_turn(
+    tx: Tx, turn: TurnRecord, *, failed: bool = False, error: str | None = None
+) -> EndOfTurn:
+    """The end-of-turn hook: one follow-up if wake messages are pending, else completed."""
+    agent, row = fenced(tx, turn, "end")
+    if agent.stop_requested and not failed:
+        stop_turn(tx, agent, row, reason="stop requested by the lead")
+        return EndOfTurn(follow_up=False, state=agent.state, epoch=agent.epoch)
+    question = queries.waiting_question(tx.session, agent.id)
+    closed = close_dangling(
+        tx,
+        agent,
+        turn.id,
+        INTERRUPTED_RESULT,
+        question.tool_call_id if question else None,
+    )
+    if question is not None:
+        # The turn ends while blocked (it failed): the ask stays open, suspended.
+        question_turn_ended = True
+        move(agent, AgentState.WAITING)
+        agent.suspended = True
+    else:
+        question_turn_ended = False
+    row.status = TurnStatus.FAILED if failed else TurnStatus.ENDED
+    row.ended_at = utcnow()
+    row.error = error
+    follow_up = False
+    if not question_turn_ended:
+        if queries.pending_wake(tx.session, agent.id):
+            follow_up = True
+            routing.schedule(tx, agent, TurnTrigger.FOLLOW_UP)
+        else:
+            move(agent, AgentState.COMPLETED)
+    tx.ledger(
+        LedgerAction.TURN_ENDED,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        turn_id=turn.id,
+        epoch=turn.epoch,
+        failed=failed,
+        error=error,
+        state=agent.state.value,
+        synthetic_results=closed,
+    )
+    if follow_up:
+        tx.ledger(
+            LedgerAction.FOLLOW_UP,
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            turn_id=turn.id,
+            epoch=agent.epoch,
+        )
+    return EndOfTurn(
+        follow_up=follow_up, state=agent.state, epoch=agent.epoch, synthetic_results=closed
+    )
+
+
+def renew_lease(tx: Tx, turn: TurnRecord) -> bool:
+    """Extend a running turn's lease; ``False`` if the turn was fenced (stop working)."""
+    session = tx.session
+    renewed = cast(
+        "sa.CursorResult[Any]",
+        session.execute(
+            sa.update(TurnRow)
+            .where(
+                TurnRow.id == turn.id,
+                TurnRow.status == TurnStatus.RUNNING,
+                TurnRow.epoch
+                == sa.select(AgentRow.epoch).where(AgentRow.id == turn.agent_id).scalar_subquery(),
+            )
+            .values(lease_expires_at=utcnow() + timedelta(seconds=tx.settings.lease_seconds))
+        ),
+    ).rowcount
+    return bool(renewed)
+
+
+def suspend(tx: Tx, turn: TurnRecord) -> bool:
+    """A blocked asker gives up its worker. Decided under the agent lock: ``True`` if it is now
+    suspended (the answer will schedule a continuation), ``False`` if the answer already came
+    (the tool result is in the transcript and this turn continues)."""
+    agent, row = fenced(tx, turn, "suspend")
+    if agent.state is not AgentState.WAITING:
+        return False
+    agent.suspended = True
+    row.status = TurnStatus.SUSPENDED
+    row.ended_at = utcnow()
+    tx.ledger(
+        LedgerAction.TURN_ENDED,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        turn_id=turn.id,
+        epoch=turn.epoch,
+        state=agent.state.value,
+        suspended=True,
+    )
+    return True
+
+
+def finish_stop(tx: Tx, turn: TurnRecord) -> None:
+    """The turn honours a stop at a boundary: the rest of its batch gets ``cancelled``
+    results, its open questions are cancelled, the agent is ``idle`` (mailbox kept)."""
+    agent, row = fenced(tx, turn, "stop")
+    stop_turn(tx, agent, row, reason="stop requested by the lead")
+
+
+def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> None:
+    now = utcnow()
+    closed = close_dangling(tx, agent, row.id, STOPPED_RESULT, None)
+    cancel_own_questions(tx, agent, now)
+    row.status = TurnStatus.STOPPED
+    row.ended_at = now
+    move(agent, AgentState.IDLE)
+    agent.suspended = False
+    agent.stop_requested = False
+    tx.ledger(
+        LedgerAction.STOPPED,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        turn_id=row.id,
+        epoch=agent.epoch,
+        reason=reason,
+        cancelled_tool_calls=closed,
+    )
+
+
+def cancel_own_questions(tx: Tx, agent: AgentRow, now: Any) -> None:
+    session = tx.session
+    for own in session.scalars(
+        sa.select(QuestionRow).where(
+            QuestionRow.asker_agent_id == agent.id, QuestionRow.status == QuestionStatus.OPEN
+        )
+    ):
+        close_question(own, QuestionStatus.CANCELLED, stop_waiting=True)
+
+
+def validate_assistant(message: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        raise errors.InvalidTranscriptEntryError("an assistant message needs role 'assistant'")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise errors.InvalidTranscriptEntryError("assistant content must be a string or None")
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise errors.InvalidTranscriptEntryError("tool_calls must be a list")
+    seen: set[str] = set()
+    for call in calls:
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("id"), str)
+            or not call["id"]
+            or not isinstance(call.get("function"), dict)
+            or not isinstance(call["function"].get("name"), str)
+        ):
+            raise errors.InvalidTranscriptEntryError(f"malformed tool call {call!r}")
+        if call["id"] in seen:
+            raise errors.InvalidTranscriptEntryError(f"duplicate tool call id {call['id']!r}")
+        seen.add(call["id"])
+    if content is None and not calls:
+        raise errors.InvalidTranscriptEntryError("an assistant message needs content or tool calls")
+    payload: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        payload["tool_calls"] = calls
+    return payload

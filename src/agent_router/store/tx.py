@@ -1,0 +1,119 @@
+"""The unit of work: one transaction's session, settings, buffered ledger and buffered outbox.
+
+Every transition is a function of a :class:`Tx`. Ledger events and outbox rows written through
+it are buffered on the transaction: the ledger rows are inserted together just before commit,
+and the outbox entries are handed to the store's publisher after commit (never before, never
+for a transaction that rolled back).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, SessionTransaction
+
+from agent_router import errors
+from agent_router.domain import LedgerAction, OutboxEntry, OutboxKind, RouteOutcome
+from agent_router.settings import Settings
+from agent_router.store.models import AgentRow, LedgerRow, OutboxRow, utcnow
+
+logger = logging.getLogger("agent_router.store")
+
+_LEDGER_BUFFER = "agent_router.ledger"
+
+
+class Refused(Exception):  # noqa: N818 - control flow, never escapes the store
+    """Abort the transaction, then record a ledger event and raise ``error``."""
+
+    def __init__(self, error: errors.AgentRouterError, action: LedgerAction, **ledger: Any) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.action = action
+        self.ledger = ledger
+
+
+class Tx:
+    """One open transaction. ``entries``: the outbox rows it wrote, in order."""
+
+    def __init__(self, session: Session, settings: Settings) -> None:
+        self.session = session
+        self.settings = settings
+        self.entries: list[OutboxEntry] = []
+
+    def ledger(
+        self,
+        action: LedgerAction,
+        *,
+        team_id: int | None,
+        agent_id: int | None = None,
+        outcome: RouteOutcome | None = None,
+        message_id: int | None = None,
+        turn_id: int | None = None,
+        epoch: int | None = None,
+        **detail: Any,
+    ) -> None:
+        # Buffered: the transaction's events are written together just before it commits (one
+        # statement, no unit of work). Nothing reads the ledger inside a writing transaction.
+        self.session.info.setdefault(_LEDGER_BUFFER, []).append(
+            {
+                "team_id": team_id,
+                "agent_id": agent_id,
+                "action": action,
+                "outcome": outcome,
+                "message_id": message_id,
+                "turn_id": turn_id,
+                "epoch": epoch,
+                "detail": detail,
+                "created_at": utcnow(),
+            }
+        )
+        logger.info(
+            action.value,
+            extra={
+                "action": action.value,
+                "team_id": team_id,
+                "agent_id": agent_id,
+                "outcome": outcome.value if outcome else None,
+                "message_id": message_id,
+                "epoch": epoch,
+            },
+        )
+
+    def outbox(self, agent: AgentRow, kind: OutboxKind, **payload: Any) -> OutboxEntry:
+        """Write an outbox row for ``agent``'s current epoch; published after commit."""
+        if kind is OutboxKind.ENQUEUE_TURN:
+            # Names for monitors (Flower shows the task as "UI Operator_1 (team 3) epoch 2"):
+            # carried here so that publishing needs no extra read.
+            payload = {"agent": agent.display_name, "team_id": agent.team_id, **payload}
+        row = OutboxRow(
+            team_id=agent.team_id, agent_id=agent.id, kind=kind, epoch=agent.epoch, payload=payload
+        )
+        self.session.add(row)
+        self.session.flush()
+        entry = OutboxEntry(
+            id=row.id, kind=kind, agent_id=agent.id, epoch=agent.epoch, payload=payload
+        )
+        self.entries.append(entry)
+        return entry
+
+    @staticmethod
+    def refuse(error: errors.AgentRouterError, action: LedgerAction, **ledger: Any) -> Refused:
+        """A refusal to raise: the transaction rolls back, then ``action`` is ledgered with
+        ``ledger`` in a transaction of its own and ``error`` reaches the caller."""
+        return Refused(error, action, **ledger)
+
+
+def write_ledger_buffer(session: Session) -> None:
+    rows = session.info.pop(_LEDGER_BUFFER, None)
+    if rows:
+        session.flush()  # the rows they name exist first
+        session.connection().execute(sa.insert(LedgerRow), rows)
+
+
+def drop_ledger_buffer(session: Session, transaction: SessionTransaction) -> None:
+    # A rolled-back transaction's events never happened. Only the outermost transaction counts:
+    # every flush runs in a subtransaction of its own.
+    if transaction.parent is None:
+        session.info.pop(_LEDGER_BUFFER, None)

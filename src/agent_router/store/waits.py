@@ -1,0 +1,339 @@
+"""Waits-for edges under the team lock: ask, wait for an output, expire, release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from agent_router import errors
+from agent_router.domain import (
+    AgentState,
+    Delivery,
+    LedgerAction,
+    MessageStatus,
+    MessageSubtype,
+    MessageType,
+    Question,
+    QuestionKind,
+    QuestionStatus,
+    TurnRecord,
+)
+from agent_router.store import queries, routing, turns, values
+from agent_router.store.decisions import close_question, move
+from agent_router.store.models import (
+    AgentRow,
+    MessageRow,
+    QuestionRow,
+    TurnRow,
+    utcnow,
+)
+from agent_router.store.tx import Refused, Tx
+from agent_router.store.values import SendRequest
+
+
+def open_wait_edge(
+    tx: Tx,
+    turn: TurnRecord,
+    target: str,
+    tool_call_id: str,
+    *,
+    operation: str,
+    verb: str,
+    kind: QuestionKind | None = None,
+) -> tuple[AgentRow, AgentRow]:
+    """The checks before a new waits-for edge (an ask, or a wait for an output), under the
+    team lock that serializes edge creation, then both agents' locks by id. Refused (a
+    ledger event, no wait) for an unknown, terminated or same target, a tool call that is not
+    open, or an edge that would close a cycle. Returns the locked (waiter, target) rows."""
+    session = tx.session
+    probe = session.get(AgentRow, turn.agent_id)
+    if probe is None:
+        raise errors.UnknownAgentError(f"no agent with id {turn.agent_id}")
+    team_id = probe.team_id
+    queries.team(tx.session, team_id, lock=True)
+    target_row = queries.agent_by_name(tx.session, team_id, target)
+
+    def refuse(reason: str, message: str, cycle: list[str] | None = None) -> Refused:
+        return wait_refusal(turn, team_id, target, reason, message, cycle=cycle, kind=kind)
+
+    if target_row is None:
+        raise refuse("unknown_target", f"no agent {target!r} in this team")
+    for agent_id in sorted({turn.agent_id, target_row.id}):
+        queries.lock_agent(tx.session, agent_id)
+    waiter, _row = turns.fenced(tx, turn, operation)
+    if target_row.id == waiter.id:
+        what = "ask itself" if verb == "ask" else "wait for its own output"
+        raise refuse("self", f"an agent cannot {what}")
+    if target_row.state is AgentState.TERMINATED:
+        raise refuse("terminated", f"{target!r} is terminated")
+    if tool_call_id not in queries.open_tool_calls(tx.session, waiter.id):
+        raise tx.refuse(
+            errors.InvalidTranscriptEntryError(
+                f"{tool_call_id!r} is not an open tool call of the last assistant message"
+            ),
+            LedgerAction.ASK_REFUSED,
+            team_id=team_id,
+            agent_id=waiter.id,
+            turn_id=turn.id,
+            reason="bad_tool_call_id",
+        )
+    cycle = queries.cycle_through(tx.session, waiter, target_row)
+    if cycle:
+        raise refuse("cycle", f"this {verb} would deadlock: " + " -> ".join(cycle), cycle=cycle)
+    return waiter, target_row
+
+
+def open_question(
+    tx: Tx,
+    waiter: AgentRow,
+    target: AgentRow,
+    tool_call_id: str,
+    *,
+    kind: QuestionKind,
+    timeout_seconds: float | None,
+) -> QuestionRow:
+    """The new waits-for edge (checked by :func:`open_wait_edge`): an open question with
+    its deadline, and the waiter ``waiting``, blocking in its worker."""
+    session = tx.session
+    timeout = timeout_seconds or tx.settings.question_timeout_seconds
+    question = QuestionRow(
+        team_id=waiter.team_id,
+        asker_agent_id=waiter.id,
+        target_agent_id=target.id,
+        tool_call_id=tool_call_id,
+        asker_epoch=waiter.epoch,
+        status=QuestionStatus.OPEN,
+        kind=kind,
+        waiting=True,
+        deadline=utcnow() + timedelta(seconds=timeout),
+    )
+    session.add(question)
+    session.flush()
+    move(waiter, AgentState.WAITING)
+    waiter.suspended = False
+    return question
+
+
+def ask(
+    tx: Tx,
+    turn: TurnRecord,
+    *,
+    target: str,
+    question: str,
+    tool_call_id: str,
+    subtype: MessageSubtype,
+    timeout_seconds: float | None = None,
+) -> tuple[Question, Delivery]:
+    """Open a question from the turn's agent to ``target`` and put the asker in ``waiting``.
+
+    Refused (no wait, a ledger event) when it asks oneself, targets a terminated or unknown
+    agent, or would close a cycle in the team's waits-for graph."""
+    asker, target_row = open_wait_edge(tx, turn, target, tool_call_id, operation="ask", verb="ask")
+    team_id = asker.team_id
+    q = open_question(
+        tx,
+        asker,
+        target_row,
+        tool_call_id,
+        kind=QuestionKind.ASK,
+        timeout_seconds=timeout_seconds,
+    )
+    tx.ledger(
+        LedgerAction.ASK,
+        team_id=team_id,
+        agent_id=asker.id,
+        turn_id=turn.id,
+        epoch=asker.epoch,
+        question_id=q.id,
+        target=target,
+    )
+    delivery = routing.route(
+        tx,
+        SendRequest(
+            team_id=team_id,
+            to=target,
+            content=question,
+            sender=asker.display_name,
+            type=MessageType.ASK,
+            subtype=subtype,
+            question_id=q.id,
+        ),
+    )
+    return values.question(q), delivery
+
+
+def expire_questions(tx: Tx, *, question_id: int | None = None) -> int:
+    """Resolve open questions past their deadline with an ``expired`` tool result; the asker
+    continues (woken if blocked, a continuation turn if suspended)."""
+    session = tx.session
+    expired = 0
+    stmt = sa.select(QuestionRow.id, QuestionRow.team_id).where(
+        QuestionRow.status == QuestionStatus.OPEN, QuestionRow.deadline <= utcnow()
+    )
+    if question_id is not None:
+        stmt = stmt.where(QuestionRow.id == question_id)
+    overdue = session.execute(stmt.order_by(QuestionRow.team_id, QuestionRow.id)).all()
+    for qid, team_id in overdue:
+        question = session.get(QuestionRow, qid)
+        assert question is not None
+        asker = queries.lock_agent(tx.session, question.asker_agent_id)
+        assert asker is not None
+        session.refresh(question, with_for_update=True)
+        if question.status is not QuestionStatus.OPEN:
+            continue
+        close_question(question, QuestionStatus.EXPIRED)
+        expired += 1
+        tx.ledger(
+            LedgerAction.QUESTION_EXPIRED,
+            team_id=team_id,
+            agent_id=asker.id,
+            question_id=qid,
+            waiting=question.waiting,
+        )
+        if question.waiting:
+            release(
+                tx,
+                asker,
+                question,
+                "expired: no answer arrived before the question's deadline",
+            )
+    return expired
+
+
+def release(
+    tx: Tx,
+    asker: AgentRow,
+    question: QuestionRow,
+    result: str,
+) -> None:
+    """End a wait without an answer: a synthetic tool result, then wake or continue."""
+    session = tx.session
+    turn_id = session.scalar(
+        sa.select(TurnRow.id).where(
+            TurnRow.agent_id == asker.id, TurnRow.epoch == question.asker_epoch
+        )
+    )
+    queries.append(
+        tx.session,
+        asker.id,
+        {"role": "tool", "tool_call_id": question.tool_call_id, "content": result},
+        turn_id=turn_id,
+        meta={"synthetic": result.split(":", 1)[0], "question_id": question.id},
+    )
+    question.waiting = False
+    tx.ledger(
+        LedgerAction.QUESTION_CANCELLED,
+        team_id=asker.team_id,
+        agent_id=asker.id,
+        epoch=asker.epoch,
+        question_id=question.id,
+        result=result,
+    )
+    routing.continue_waiter(tx, asker, question)
+
+
+def wait_output(
+    tx: Tx,
+    turn: TurnRecord,
+    *,
+    target: str,
+    tool_call_id: str,
+    timeout_seconds: float | None = None,
+) -> Question:
+    """The lead waits for ``target``'s next output (a waits-for edge lead -> target, checked
+    for cycles like an ask). An output of ``target`` already in the lead's mailbox is
+    consumed at once; otherwise the lead is ``waiting`` until one arrives."""
+    lead, target_probe = open_wait_edge(
+        tx,
+        turn,
+        target,
+        tool_call_id,
+        operation="wait_output",
+        verb="wait",
+        kind=QuestionKind.OUTPUT,
+    )
+    team_id = lead.team_id
+    ready = _ready_output(tx, turn, lead, target_probe, target)
+    q = open_question(
+        tx,
+        lead,
+        target_probe,
+        tool_call_id,
+        kind=QuestionKind.OUTPUT,
+        timeout_seconds=timeout_seconds,
+    )
+    tx.ledger(
+        LedgerAction.WAIT_OUTPUT,
+        team_id=team_id,
+        agent_id=lead.id,
+        turn_id=turn.id,
+        epoch=lead.epoch,
+        question_id=q.id,
+        target=target,
+        ready=ready is not None,
+    )
+    if ready is not None:
+        close_question(q, QuestionStatus.ANSWERED, answer_message_id=ready.id)
+        # The blocking path: state back to running, the wake signal unneeded but harmless.
+        routing.resolve_waiter(tx, lead, q, ready)
+    return values.question(q)
+
+
+def _ready_output(
+    tx: Tx, turn: TurnRecord, lead: AgentRow, target_row: AgentRow, target: str
+) -> MessageRow | None:
+    """An output of ``target`` already pending for ``lead``. Refused when there is none and
+    ``target`` rests with nothing to work on (it would never produce one)."""
+    ready = tx.session.scalars(
+        sa.select(MessageRow)
+        .where(
+            MessageRow.target_agent_id == lead.id,
+            MessageRow.source_agent_id == target_row.id,
+            MessageRow.type == MessageType.OUTPUT,
+            MessageRow.status == MessageStatus.PENDING,
+        )
+        .order_by(MessageRow.seq)
+        .limit(1)
+    ).one_or_none()
+    if (
+        ready is None
+        and target_row.state in (AgentState.IDLE, AgentState.COMPLETED)
+        and not queries.pending_wake(tx.session, target_row.id)
+    ):
+        raise wait_refusal(
+            turn,
+            lead.team_id,
+            target,
+            "not_working",
+            f"{target!r} is {target_row.state.value} with nothing to work on: "
+            "it will produce no output until it is given a task",
+            kind=QuestionKind.OUTPUT,
+        )
+    return ready
+
+
+def wait_refusal(
+    turn: TurnRecord,
+    team_id: int,
+    target: str,
+    reason: str,
+    message: str,
+    *,
+    cycle: list[str] | None = None,
+    kind: QuestionKind | None = None,
+) -> Refused:
+    """A refused wait edge: the tool gets :class:`AskRefusedError`, the ledger ``ask_refused``."""
+    extra = {"kind": kind.value} if kind is not None else {}
+    return Refused(
+        errors.AskRefusedError(message, cycle=cycle),
+        LedgerAction.ASK_REFUSED,
+        team_id=team_id,
+        agent_id=turn.agent_id,
+        turn_id=turn.id,
+        epoch=turn.epoch,
+        reason=reason,
+        target=target,
+        cycle=cycle or [],
+        **extra,
+    )
