@@ -233,20 +233,7 @@ class Router:
         if problem is None:
             problem = self._content_problem(content)
         if problem is None:
-            if not isinstance(to, str) or not to:
-                problem = errors.InvalidMessageError("`to` must be a display name")
-            elif not isinstance(sender, str) or not sender:
-                problem = errors.InvalidMessageError("`sender` must be a non-empty string")
-            elif not isinstance(wake, bool):
-                problem = errors.InvalidMessageError("`wake` must be a bool")
-            elif question_id is not None and (
-                not isinstance(question_id, int) or isinstance(question_id, bool)
-            ):
-                problem = errors.InvalidMessageError("`question_id` must be an int")
-            elif dedup_key is not None and (
-                not isinstance(dedup_key, str) or not dedup_key or len(dedup_key) > 200
-            ):
-                problem = errors.InvalidMessageError("`dedup_key` must be 1-200 characters")
+            problem = _field_problem(to, sender, wake, question_id, dedup_key)
         if problem is not None or msg_type is None:
             assert problem is not None
             self.hooks.after_reject(
@@ -416,8 +403,8 @@ class Router:
     # ------------------------------------------------------------------ background jobs
 
     def track_background(self, team_id: int, agent: str, signature: Any) -> BackgroundJob:
-        """Start the Celery task ``signature`` on ``agent``'s behalf (the seed's "completion
-        notification pool"). The job is recorded first; its completion becomes one ``notice``
+        """Start the Celery task ``signature`` on ``agent``'s behalf, with a notification when it
+        completes. The job is recorded first; its completion becomes one ``notice``
         from ``job:<task name>`` to the agent, through a link / link_error callback at once, or
         through the sweeper's poller (which reads the result backend) if the callback is lost.
         Completions within ``Settings.background_batch_seconds`` wake the agent once.
@@ -494,3 +481,24 @@ class Router:
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:
         return self.store.reads.outbox(team_id)
+
+
+def _field_problem(
+    to: Any, sender: Any, wake: Any, question_id: Any, dedup_key: Any
+) -> errors.InvalidMessageError | None:
+    """The first malformed field of a send other than its type and content, if any."""
+    if not isinstance(to, str) or not to:
+        return errors.InvalidMessageError("`to` must be a display name")
+    if not isinstance(sender, str) or not sender:
+        return errors.InvalidMessageError("`sender` must be a non-empty string")
+    if not isinstance(wake, bool):
+        return errors.InvalidMessageError("`wake` must be a bool")
+    if question_id is not None and (
+        not isinstance(question_id, int) or isinstance(question_id, bool)
+    ):
+        return errors.InvalidMessageError("`question_id` must be an int")
+    if dedup_key is not None and (
+        not isinstance(dedup_key, str) or not dedup_key or len(dedup_key) > 200
+    ):
+        return errors.InvalidMessageError("`dedup_key` must be 1-200 characters")
+    return None

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from agent_router.router import Router
+    from agent_router.domain import BackgroundJob
+    from agent_router.outbox import Publisher
+    from agent_router.settings import Settings
+    from agent_router.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +24,22 @@ class JobOutcomes(Protocol):
     def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
         """``(succeeded, result text)`` once the task finished; ``None`` while it has not (or
         nothing is known about it)."""
+
+
+class Sweepable(Protocol):
+    """What a pass needs of the router (:class:`~agent_router.router.Router` is one)."""
+
+    settings: Settings
+    store: Store
+    publisher: Publisher | None
+
+    def publish_outbox(
+        self, publisher: Publisher | None = None, *, older_than_seconds: float = 0.0
+    ) -> int: ...
+
+    def expire_questions(self) -> int: ...
+
+    def finish_background(self, job_id: int, *, ok: bool, result: str) -> BackgroundJob: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +61,7 @@ class SweepReport:
         )
 
 
-def sweep(router: Router) -> SweepReport:
+def sweep(router: Sweepable) -> SweepReport:
     settings = router.settings
     # Rows younger than a sweep period are probably being published right now by their writer.
     republished = (
@@ -82,7 +101,7 @@ def sweep(router: Router) -> SweepReport:
     return report
 
 
-def poll_jobs(router: Router) -> int:
+def poll_jobs(router: Sweepable) -> int:
     """The completion poller: report background jobs that finished but whose link callback
     never arrived (lost with a worker or a broker restart). Jobs younger than a sweep period
     are left to their callback."""

@@ -67,14 +67,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
             return duplicate
     state_before = target.state
     answered = question_for_answer(tx, req, target) if req.type is MessageType.ANSWER else None
-    waiting_on: QuestionRow | None = None
-    if target.state is AgentState.WAITING:
-        # An answer usually answers the very question waited on: then it is read once.
-        waiting_on = (
-            answered
-            if answered is not None and answered.waiting
-            else queries.waiting_question(tx.session, target.id)
-        )
+    waiting_on = _waiting_on(tx, target, answered)
     # Decided from the state before anything changes, so the row is inserted once, final.
     outcome = decisions.decide(
         target.state,
@@ -120,6 +113,16 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
         seq=msg.seq,
         epoch=target.epoch,
     )
+
+
+def _waiting_on(tx: Tx, target: AgentRow, answered: QuestionRow | None) -> QuestionRow | None:
+    """The question a waiting target is blocked on (``None`` unless it is waiting)."""
+    if target.state is not AgentState.WAITING:
+        return None
+    # An answer usually answers the very question waited on: then it is read once.
+    if answered is not None and answered.waiting:
+        return answered
+    return queries.waiting_question(tx.session, target.id)
 
 
 def _waiting(question: QuestionRow | None) -> decisions.Waiting | None:

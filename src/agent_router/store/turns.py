@@ -3,7 +3,8 @@ append, end, lease, suspend, stop."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -136,6 +137,30 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
     if not rows:
         return []
     now = utcnow()
+    delivered = _into_transcript(tx, agent, turn, rows, now)
+    session.execute(
+        sa.update(MessageRow)
+        .where(MessageRow.id.in_([m.id for m in delivered]))
+        .values(status=MessageStatus.DELIVERED, consumed_turn_id=turn.id, consumed_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    tx.ledger(
+        LedgerAction.DRAIN,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        turn_id=turn.id,
+        epoch=turn.epoch,
+        count=len(delivered),
+        first_seq=delivered[0].seq,
+        last_seq=delivered[-1].seq,
+    )
+    return delivered
+
+
+def _into_transcript(
+    tx: Tx, agent: AgentRow, turn: TurnRecord, rows: Sequence[sa.Row[Any]], now: datetime
+) -> list[Message]:
+    """The drained messages as user entries of the transcript, in one multi-row INSERT."""
     position = queries.next_position(tx.session, agent.id)
     delivered = [
         values.message(
@@ -146,7 +171,7 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
         )
         for row in rows
     ]
-    session.execute(
+    tx.session.execute(
         sa.insert(TranscriptEntryRow),
         [
             {
@@ -164,22 +189,6 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
             }
             for k, message in enumerate(delivered)
         ],
-    )
-    session.execute(
-        sa.update(MessageRow)
-        .where(MessageRow.id.in_([m.id for m in delivered]))
-        .values(status=MessageStatus.DELIVERED, consumed_turn_id=turn.id, consumed_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    tx.ledger(
-        LedgerAction.DRAIN,
-        team_id=agent.team_id,
-        agent_id=agent.id,
-        turn_id=turn.id,
-        epoch=turn.epoch,
-        count=len(delivered),
-        first_seq=delivered[0].seq,
-        last_seq=delivered[-1].seq,
     )
     return delivered
 
