@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _known_backend(cls, value: str) -> str:
+        # The short forms hosts and platforms hand out mean the installed psycopg 3 driver.
+        for short in ("postgres://", "postgresql://"):
+            if value.startswith(short):
+                return "postgresql+psycopg://" + value.removeprefix(short)
         if not value.startswith(("sqlite", "postgresql")):
             raise ValueError("database_url must be a sqlite:// or postgresql:// URL")
         return value
@@ -175,4 +179,11 @@ class Settings(BaseSettings):
     )
     mcp_connect_timeout_seconds: float = Field(
         20.0, gt=0, description="Timeout of starting or connecting to an MCP server."
+    )
+
+    # Fields below were added for observability: log lines, metrics and traces.
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="Log lines of `agent-router worker`, `beat` and the CLI: text (the message "
+        "followed by its team, agent, outcome and ids as key=value) or json (one object a line).",
     )

@@ -77,6 +77,14 @@ def test_demo_timeline_is_readable() -> None:
     ):
         assert text in out, text
     assert "FAIL" not in out
+    # The database is kept and the next commands point at it.
+    url = next(line.split()[-1] for line in out.splitlines() if "agent-router ledger" in line)
+    assert Path(url.removeprefix("sqlite:///")).is_file()
+    ledger = subprocess.run(
+        [CLI, "ledger", "1", "--json", "--database-url", url],
+        check=False, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert ledger.returncode == 0 and len(ledger.stdout.splitlines()) > 20, ledger.stderr
 
 
 def test_demo_help_documents_real_services() -> None:

@@ -85,4 +85,6 @@ def test_run_timeline_and_a_missing_key() -> None:
             [CLI, "run", "x", "--model", "m", "--base-url", server.base_url],
             check=False, capture_output=True, text=True, timeout=TIMEOUT, env=env,
         )  # fmt: skip
-    assert no_key.returncode == 2 and "API key" in no_key.stdout
+    assert no_key.returncode == 1, no_key.stderr
+    [line] = no_key.stderr.splitlines()
+    assert line.startswith("agent-router: error:") and "API key" in line

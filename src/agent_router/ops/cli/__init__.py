@@ -1,14 +1,23 @@
 """The ``agent-router`` command: ``demo``, ``run``, ``worker``, ``beat``, ``flower``, the
 operator's reads (``status``, ``ledger``, ``inspect``), acts (``send``, ``stop``, ``terminate``,
-``sweep``), ``db upgrade``, ``bench`` and ``chaos``."""
+``sweep``), ``db``, ``bench``, ``chaos`` and ``doctor``."""
 
 # isort: skip_file
 # The modules register their commands on `app` in this order, which `--help` lists.
 from agent_router.ops.cli.common import app, embedded_worker
-from agent_router.ops.cli import processes, reads, acts
+from agent_router.ops.cli import failures
+from agent_router.ops.cli import processes, reads, acts, diagnose
 
-__all__ = ["acts", "app", "embedded_worker", "main", "processes", "reads"]
+__all__ = [
+    "acts",
+    "app",
+    "diagnose",
+    "embedded_worker",
+    "main",
+    "processes",
+    "reads",
+]
 
 
 def main() -> None:
-    app()
+    failures.run_quietly_on_broken_pipe(app)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from celery import Celery
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
-from agent_router import errors
+from agent_router.ops import preflight
+from agent_router.ops.cli import failures
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store import Store
@@ -80,47 +81,38 @@ def _redis_url(broker_url: str) -> str | None:
 
 
 def _error_line(exc: BaseException) -> str:
-    """One line that says what went wrong, for any error the CLI boundary catches."""
-    import pydantic
-    import sqlalchemy.exc
-
-    if isinstance(exc, pydantic.ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
-        text = f"invalid setting {where}: {first['msg']}"
-    elif isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
-        text = f"database error: {exc.orig}"
-    elif isinstance(exc, errors.AgentRouterError):
-        text = str(exc)
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    line = " ".join(text.split())
-    return line[:500] or type(exc).__name__
+    """One line that says what went wrong and what to do, for any error the CLI boundary
+    catches."""
+    return failures.error_line(exc)
 
 
 def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """The CLI boundary: our errors and driver errors become one line on stderr and exit 1."""
-    import kombu.exceptions
-    import pydantic
-    import redis
-    import sqlalchemy.exc
+    """The CLI boundary: any error becomes one line on stderr (with a hint) and exit 1;
+    ``--traceback`` lets it through whole. Click's own exits and usage errors pass."""
+    import click
+    import typer.exceptions
 
-    caught = (
-        errors.AgentRouterError,
-        sqlalchemy.exc.SQLAlchemyError,
-        pydantic.ValidationError,
-        redis.RedisError,
-        kombu.exceptions.OperationalError,
-        ConnectionError,
+    passing = (
+        typer.exceptions.Exit,
+        typer.exceptions.Abort,
+        typer.exceptions.TyperException,
+        click.exceptions.Exit,
+        click.ClickException,
+        click.Abort,
+        BrokenPipeError,
     )
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
-        except caught as exc:
-            print(f"agent-router: error: {_error_line(exc)}", file=sys.stderr)
-            raise typer.Exit(1) from None
+        except passing:
+            raise
+        except Exception as exc:
+            if failures.OPTIONS.traceback:
+                raise
+            failures.report(exc)
+            raise typer.Exit(failures.EXIT_FAILURE) from None
 
     return wrapper
 
@@ -134,7 +126,9 @@ def _settings(database_url: str | None = None, broker_url: str | None = None) ->
 @contextlib.contextmanager
 def _store(database_url: str | None) -> Iterator[Store]:
     """A store for one read; the pool is closed afterwards."""
-    store = Store(_settings(database_url))
+    settings = _settings(database_url)
+    preflight.existing_database(settings.database_url)
+    store = Store(settings)
     try:
         yield store
     finally:
@@ -145,7 +139,16 @@ def _store(database_url: str | None) -> Iterator[Store]:
 def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator[Router]:
     """A Router that publishes to the configured broker (none for memory://); closed after."""
     settings = _settings(database_url, broker_url)
+    preflight.existing_database(settings.database_url)
     celery = None if settings.broker_url.startswith("memory://") else create_app(settings)
+    if celery is not None and not (broker := preflight.broker(settings.broker_url)).ok:
+        # What the act commits stays in the outbox; every worker's sweeper publishes it.
+        failures.warn(
+            f"{broker.detail}: nothing is published from here; a worker's sweeper publishes "
+            "the turn once the broker is back"
+        )
+        celery.close()
+        celery = None
     router = Router(settings, publisher=CeleryPublisher(celery) if celery else None)
     try:
         yield router
@@ -156,10 +159,20 @@ def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator
 
 
 def _render(console: Console, record: dict[str, Any]) -> None:
+    """One timeline line; on a terminal the text wraps at word boundaries under itself, in a
+    pipe it stays one line (for grep)."""
+    style = _OUTCOME_STYLES.get(record["outcome"] or "", _ACTION_STYLES.get(record["action"], ""))
+    if console.is_terminal:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=9, justify="right", style="dim", no_wrap=True)
+        grid.add_column(width=21, style="bold", overflow="fold")
+        grid.add_column(ratio=1)
+        grid.add_row(f"{record['t']:8.3f}s", record["agent"] or "-", Text(record["text"], style))
+        console.print(grid)
+        return
     line = Text()
     line.append(f"{record['t']:8.3f}s  ", style="dim")
     line.append(f"{record['agent'] or '-':<22} ", style="bold")
-    style = _OUTCOME_STYLES.get(record["outcome"] or "", _ACTION_STYLES.get(record["action"], ""))
     line.append(record["text"], style=style)
     console.print(line, soft_wrap=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -15,12 +16,15 @@ from rich.console import Console
 from rich.text import Text
 
 from agent_router import errors
+from agent_router.ops import logs, preflight
 from agent_router.ops.cli.common import (
     EMBEDDED_CONCURRENCY,
+    DatabaseUrlOption,
     LoglevelOption,
     _one_line_errors,
     _redis_url,
     _render,
+    _settings,
     app,
     embedded_worker,
 )
@@ -52,7 +56,20 @@ def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
     console.print(Text(verdict, style="bold green" if result.ok else "bold red"))
 
 
+def _print_next_steps(console: Console, url: str, team_id: int) -> None:
+    console.rule("next")
+    console.print(f"the demo's database is kept: {url}\nlook at the team with:")
+    for command in (
+        f"agent-router status {team_id} --database-url {url}",
+        f"agent-router ledger {team_id} --database-url {url}",
+        f"agent-router timeline {team_id} -o team.html --database-url {url}",
+        f"agent-router web --database-url {url}",
+    ):
+        console.print(f"  {command}", soft_wrap=True)
+
+
 @app.command()
+@_one_line_errors
 def demo(
     as_json: Annotated[
         bool,
@@ -67,7 +84,7 @@ def demo(
         typer.Option(
             envvar="AGENT_ROUTER_DEMO_DATABASE_URL",
             help="Database to run on (its tables are created if missing). "
-            "Default: a temporary SQLite file.",
+            "Default: a new SQLite file in a temporary directory, kept for a look afterwards.",
         ),
     ] = None,
     broker_url: Annotated[
@@ -102,43 +119,53 @@ def demo(
         raise typer.BadParameter("memory:// is only reachable from this process's own workers")
     console = Console(highlight=False, stderr=False)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if not memory:
+        # A broker or Redis that is down would make every publish retry (and the demo hang).
+        preflight.broker(broker_url).require()
+        preflight.redis_server(_redis_url(broker_url)).require()
 
-    with tempfile.TemporaryDirectory(prefix="agent-router-demo-") as tmp:
-        url = database_url or f"sqlite:///{Path(tmp) / 'demo.db'}"
-        settings = Settings(
-            database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url)
-        )
-        celery = create_app(settings)
-        rt = runtime.configure(settings, app=celery)
-        router = rt.router
-        router.create_schema()
-        if not as_json:
-            where = "threads of this process" if in_process else "separate worker processes"
-            console.rule("agent-router demo")
-            console.print(f"database {url}\nbroker   {broker_url} (turns run on {where})")
+    # The database is kept: `status`, `ledger` and `timeline` read it afterwards.
+    url = database_url or _kept_sqlite_url("demo")
+    settings = Settings(database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url))
+    celery = create_app(settings)
+    rt = runtime.configure(settings, app=celery)
+    router = rt.router
+    router.create_schema()
+    if not as_json:
+        where = "threads of this process" if in_process else "separate worker processes"
+        console.rule("agent-router demo")
+        console.print(f"database {url}\nbroker   {broker_url} (turns run on {where})")
 
-        def sink(record: dict[str, Any]) -> None:
-            if as_json:
-                print(json.dumps(record, default=str), flush=True)
-            else:
-                _render(console, record)
+    def sink(record: dict[str, Any]) -> None:
+        if as_json:
+            print(json.dumps(record, default=str), flush=True)
+        else:
+            _render(console, record)
 
-        team = setup_team(router)
-        tail = LedgerTail(router, team.team.id, sink).start()
-        workers = embedded_worker(celery, EMBEDDED_CONCURRENCY) if in_process else None
-        # The embedded mode's beat: the sweeper on an in-process timer.
-        sweeper = SweeperThread(router) if in_process else contextlib.nullcontext()
-        try:
-            with workers or contextlib.nullcontext(), sweeper:
-                result = run_scenarios(router, team, timeout=timeout)
-        finally:
-            tail.stop()
-            runtime.reset()
-        _print_result(console, result, as_json)
+    team = setup_team(router)
+    tail = LedgerTail(router, team.team.id, sink).start()
+    workers = embedded_worker(celery, EMBEDDED_CONCURRENCY) if in_process else None
+    # The embedded mode's beat: the sweeper on an in-process timer.
+    sweeper = SweeperThread(router) if in_process else contextlib.nullcontext()
+    try:
+        with workers or contextlib.nullcontext(), sweeper:
+            result = run_scenarios(router, team, timeout=timeout)
+    finally:
+        tail.stop()
+        runtime.reset()
+    _print_result(console, result, as_json)
+    if not as_json:
+        _print_next_steps(console, url, team.team.id)
     raise typer.Exit(0 if result.ok else 1)
 
 
+def _kept_sqlite_url(what: str) -> str:
+    """A new SQLite file in a new temporary directory, left in place for a look afterwards."""
+    return f"sqlite:///{Path(tempfile.mkdtemp(prefix=f'agent-router-{what}-')) / f'{what}.db'}"
+
+
 @app.command()
+@_one_line_errors
 def run(  # noqa: PLR0917 - typer options
     task: Annotated[str | None, typer.Argument(help="The task for the Team Leader.")] = None,
     model: Annotated[
@@ -261,14 +288,12 @@ def run(  # noqa: PLR0917 - typer options
             database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url), **overrides
         )
         models = team_run.openai_models(settings, catalogue)
-        try:
-            # Build one model now: a missing key or SDK fails before anything runs.
-            from agent_router.agents.openai_model import OpenAIModel
+        # Build one model now: a missing key or SDK, or a server that does not answer, fails
+        # before anything runs.
+        from agent_router.agents.openai_model import OpenAIModel
 
-            OpenAIModel(settings).close()
-        except errors.ConfigurationError as exc:
-            console.print(Text(f"error: {exc}", style="bold red"))
-            raise typer.Exit(2) from None
+        OpenAIModel(settings).close()
+        preflight.model_endpoint(settings).require()
         celery = create_app(settings)
         rt = runtime.configure(settings, app=celery, models=models, tools=tools)
         router = rt.router
@@ -324,7 +349,8 @@ def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def worker(
+@_one_line_errors
+def worker(  # noqa: PLR0917 - typer options
     ctx: typer.Context,
     concurrency: Annotated[
         int,
@@ -340,12 +366,36 @@ def worker(
     loglevel: Annotated[
         str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
     ] = "INFO",
+    database_url: DatabaseUrlOption = None,
+    broker_url: Annotated[
+        str | None,
+        typer.Option(
+            "--broker-url",
+            envvar="AGENT_ROUTER_BROKER_URL",
+            help="Broker the turn tasks come from: redis://... or amqp://..., the one the "
+            "senders use.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start a Celery worker for the router's tasks, configured by AGENT_ROUTER_* variables.
 
-    With AGENT_ROUTER_METRICS_PORT set it serves Prometheus metrics on that port.
-    Further arguments go to `celery worker` as they are (e.g. --hostname=w1@%h)."""
-    settings = Settings()
+    It refuses a memory:// broker (no other process can reach it) and a database without the
+    router's schema. With AGENT_ROUTER_METRICS_PORT set it serves Prometheus metrics on that
+    port. Further arguments go to `celery worker` as they are (e.g. --hostname=w1@%h)."""
+    settings = _settings(database_url, broker_url)
+    if settings.broker_url.startswith("memory://"):
+        raise preflight.NotReadyError(
+            "a standalone worker on memory:// never receives work: that broker reaches only "
+            "the threads of the process that sends",
+            hint="set --broker-url (AGENT_ROUTER_BROKER_URL) to the redis:// or amqp:// broker "
+            "the senders use; `agent-router demo` and `run` need no worker",
+        )
+    preflight.database_ready(settings.database_url)
+    # The runtime a task builds reads Settings() from the environment: the options go there.
+    os.environ["AGENT_ROUTER_DATABASE_URL"] = settings.database_url
+    os.environ["AGENT_ROUTER_BROKER_URL"] = settings.broker_url
+    logs.install_on_celery(settings.log_format)
     celery = create_app(settings)
     # The sweeper on a timer in this worker (Settings.worker_sweeper), not only through beat.
     worker_sweeper.install(celery)
@@ -382,7 +432,9 @@ def beat(
     """Start `celery beat` with the router's schedule (the sweeper every sweep_seconds).
 
     Run exactly one per deployment. Further arguments go to `celery beat` as they are."""
-    celery = create_app(Settings())
+    settings = Settings()
+    logs.install_on_celery(settings.log_format)
+    celery = create_app(settings)
     argv = ["beat", f"--loglevel={loglevel}"]
     if schedule_file:
         argv.append(f"--schedule={schedule_file}")

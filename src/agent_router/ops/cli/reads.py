@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from datetime import datetime
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -17,18 +20,23 @@ from agent_router.ops.cli.common import (
     JsonOption,
     _one_line_errors,
     _render,
+    _settings,
     _store,
     app,
 )
-from agent_router.ops.explain import event_record
+from agent_router.ops.explain import LedgerTail
+from agent_router.router import Router
 from agent_router.store import utcnow
+
+#: How often ``ledger --follow`` reads new events.
+FOLLOW_POLL_SECONDS = 0.5
 
 
 def _lease_text(expires: datetime | None, now: datetime) -> str:
     if expires is None:
         return "-"
     left = (expires - now).total_seconds()
-    return f"{left:.0f}s left" if left >= 0 else f"expired {-left:.0f}s ago"
+    return f"{left:.0f}s left" if left >= 0 else "expired"
 
 
 def _state_text(status: AgentStatus) -> str:
@@ -52,10 +60,10 @@ def status(
     database_url: DatabaseUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Agents of a team (or of all teams): state, epoch, mailbox depth, open questions, lease."""
+    """Agents of a team (or of all teams): state, epoch, mailbox depth (mail), the questions
+    they asked and those they are to answer, their running turn and its lease."""
     with _store(database_url) as store:
         statuses = store.reads.agent_statuses(team)
-    now = utcnow()
     if as_json:
         for s in statuses:
             print(
@@ -79,15 +87,34 @@ def status(
                 )
             )
         return
-    table = Table(title=f"team {team}" if team is not None else "all teams", title_justify="left")
-    for column in ("team", "agent", "state", "epoch", "mailbox", "asked", "to answer", "turn"):
+    console = Console(highlight=False)
+    teams = sorted({s.agent.team_id for s in statuses})
+    if not teams:
+        console.print("no agents" if team is None else f"team {team} has no agents")
+    for team_id in teams:
+        console.print(_status_table(team_id, [s for s in statuses if s.agent.team_id == team_id]))
+
+
+def _status_table(team_id: int, statuses: list[AgentStatus]) -> Table:
+    """One team's agents in at most 80 columns: no column is cut (names fold)."""
+    now = utcnow()
+    table = Table(
+        title=f"team {team_id}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("agent", overflow="fold", min_width=21)
+    table.add_column("state", no_wrap=True)
+    for column in ("epoch", "mail", "asked", "answers", "turn", "lease"):
         table.add_column(
-            column, justify="right" if column in ("team", "epoch", "mailbox") else "left"
+            column,
+            justify="right" if column in ("epoch", "mail", "turn") else "left",
+            overflow="fold",
         )
-    table.add_column("lease")
     for s in statuses:
         table.add_row(
-            str(s.agent.team_id),
             s.agent.display_name,
             Text(_state_text(s), style=_STATE_STYLES.get(s.agent.state, "")),
             str(s.agent.epoch),
@@ -97,7 +124,7 @@ def status(
             str(s.turn_id) if s.turn_id is not None else "-",
             _lease_text(s.lease_expires_at, now),
         )
-    Console(highlight=False).print(table)
+    return table
 
 
 _STATE_STYLES = {
@@ -111,7 +138,7 @@ _STATE_STYLES = {
 
 @app.command()
 @_one_line_errors
-def ledger(
+def ledger(  # noqa: PLR0917 - typer options
     team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
     database_url: DatabaseUrlOption = None,
     as_json: Annotated[
@@ -121,20 +148,61 @@ def ledger(
     after: Annotated[
         int, typer.Option(envvar="AGENT_ROUTER_AFTER", help="Only events after this ledger id.")
     ] = 0,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            envvar="AGENT_ROUTER_FOLLOW",
+            help="Keep printing new events as they are written (Ctrl-C ends).",
+        ),
+    ] = False,
+    agents: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--agent",
+            envvar="AGENT_ROUTER_LEDGER_AGENT",
+            help="Only this agent's events (repeat for more agents).",
+        ),
+    ] = None,
+    outcomes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--outcome",
+            envvar="AGENT_ROUTER_LEDGER_OUTCOME",
+            help="Only routing events with this outcome, e.g. queued or rejected (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """The team's timeline: routing decisions (with outcomes) and turns, from the ledger."""
-    with _store(database_url) as store:
-        store.reads.team(team)  # an unknown team is an error, not an empty timeline
-        events = store.reads.ledger(team, after_id=after)
-        messages = {m.id: m for m in store.reads.messages(team)}
     console = Console(highlight=False)
-    t0 = events[0].created_at.timestamp() if events else 0.0
-    for event in events:
-        record = event_record(event, messages, t0)
+
+    def sink(record: dict[str, Any]) -> None:
+        if record["id"] <= after or (agents and record["agent"] not in agents):
+            return
+        if outcomes and record["outcome"] not in outcomes:
+            return
         if as_json:
-            print(json.dumps(record, default=str))
+            print(json.dumps(record, default=str), flush=True)
         else:
             _render(console, record)
+
+    with _store(database_url) as store:
+        store.reads.team(team)  # an unknown team is an error, not an empty timeline
+    router = Router(_settings(database_url))
+    tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
+    try:
+        if not follow:
+            tail.flush()
+            return
+        tail.start()
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+    finally:
+        if follow:
+            tail.stop()
+        router.close()
 
 
 inspect_app = typer.Typer(help="Look at one message or one agent's transcript, with provenance.")

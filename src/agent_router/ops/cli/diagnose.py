@@ -1,0 +1,121 @@
+"""Options every command takes (``--traceback``, ``--log-format``) and the commands that say what
+is wrong with a deployment: ``doctor``, ``db current``, ``db history``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from agent_router.ops import logs, preflight
+from agent_router.ops.cli import failures
+from agent_router.ops.cli.acts import db_app
+from agent_router.ops.cli.common import (
+    BrokerUrlOption,
+    DatabaseUrlOption,
+    JsonOption,
+    _one_line_errors,
+    _settings,
+    app,
+)
+
+
+@app.callback()
+def main_options(
+    traceback: Annotated[
+        bool,
+        typer.Option(
+            "--traceback",
+            envvar="AGENT_ROUTER_TRACEBACK",
+            help="On failure print the whole traceback instead of one line.",
+        ),
+    ] = False,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            envvar="AGENT_ROUTER_LOG_FORMAT",
+            help="Log lines on stderr: text (one line each, with their ids) or json.",
+        ),
+    ] = "text",
+) -> None:
+    """Durable, receiver-state message routing between LLM agents running as Celery tasks."""
+    failures.OPTIONS.traceback = failures.OPTIONS.traceback or traceback
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("text or json", param_hint="--log-format")
+    logs.configure_cli("json" if log_format == "json" else "text", traceback=traceback)
+
+
+@app.command()
+def doctor(
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    model: Annotated[
+        bool,
+        typer.Option(
+            "--model/--no-model",
+            envvar="AGENT_ROUTER_DOCTOR_MODEL",
+            help="Also check that the model endpoint (AGENT_ROUTER_OPENAI_BASE_URL) answers.",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Check the database, its schema, the broker, Redis and (with --model) the model endpoint,
+    as this configuration sees them. Exits 1 if any check failed."""
+    try:
+        settings = _settings(database_url, broker_url)
+    except Exception as exc:
+        failures.report(exc)
+        raise typer.Exit(failures.EXIT_FAILURE) from None
+    checks = preflight.all_checks(settings, model=model)
+    console = Console(highlight=False)
+    for check in checks:
+        if as_json:
+            print(json.dumps({"check": check.name, "ok": check.ok, "detail": check.detail,
+                              "hint": check.hint or None}))  # fmt: skip
+            continue
+        style = "bold green" if check.ok else "bold red"
+        line = Text("ok   " if check.ok else "FAIL ", style=style)
+        line.append(f"{check.name:<9}", style="bold")
+        line.append(check.detail)
+        if not check.ok and check.hint:
+            line.append(f" (hint: {check.hint})", style="yellow")
+        console.print(line, soft_wrap=True)
+    raise typer.Exit(0 if all(c.ok for c in checks) else failures.EXIT_FAILURE)
+
+
+@db_app.command("current")
+@_one_line_errors
+def db_current(database_url: DatabaseUrlOption = None) -> None:
+    """Print the database's schema revision (nothing when no migration was applied)."""
+    from alembic import command
+
+    from agent_router.store import migrate
+
+    settings = _settings(database_url)
+    preflight.existing_database(settings.database_url)
+    command.current(migrate.alembic_config(settings.database_url))
+
+
+@db_app.command("history")
+@_one_line_errors
+def db_history(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", envvar="AGENT_ROUTER_VERBOSE", help="Each revision in full."
+        ),
+    ] = False,
+) -> None:
+    """List the schema revisions this version of agent-router ships, newest first."""
+    from alembic import command
+
+    from agent_router.store import migrate
+
+    # The history is the package's scripts: no database is read.
+    command.history(migrate.alembic_config("sqlite://"), verbose=verbose)
+    sys.stdout.flush()

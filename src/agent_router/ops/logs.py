@@ -1,0 +1,150 @@
+"""Log lines that say who and what: the ``extra=`` fields the router logs with (team, agent,
+outcome, message, turn and question ids) rendered into the text, or every field as one JSON
+object per line.
+
+Celery's formatter prints the message alone, so ``logger.info("route", extra={...})`` reads
+``route``. :class:`ContextFilter`, put on a handler, appends the fields to the message itself,
+so that any formatter (Celery's included) shows them: ``route team_id=3 agent_id=7
+outcome=queued message_id=41``. :class:`JsonFormatter` writes ``{"message": "route",
+"team_id": 3, ...}`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+LogFormat = Literal["text", "json"]
+
+#: Attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD = frozenset(
+    {*logging.LogRecord("", 0, "", 0, "", None, None).__dict__}
+    | {"message", "asctime", "taskName", "_ar_context"}
+)
+#: Celery adds these to task log records; they are in its own format already.
+_CELERY = frozenset({"data", "task_name", "task_id"})
+#: Fields shown first, in this order; the rest follow alphabetically.
+_ORDER = (
+    "team_id",
+    "agent",
+    "agent_id",
+    "action",
+    "outcome",
+    "message_id",
+    "turn_id",
+    "question_id",
+    "epoch",
+)
+
+
+def context_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The ``extra=`` fields of a record that are set (not ``None``), the known ones first."""
+    fields = {
+        k: v
+        for k, v in record.__dict__.items()
+        if k not in _STANDARD and k not in _CELERY and not k.startswith("_") and v is not None
+    }
+    ordered = {k: fields.pop(k) for k in _ORDER if k in fields}
+    return ordered | dict(sorted(fields.items()))
+
+
+def _text(value: Any) -> str:
+    text = str(value)
+    return json.dumps(text) if not text or any(c.isspace() for c in text) else text
+
+
+class ContextFilter(logging.Filter):
+    """Appends a record's ``extra=`` fields to its message as ``key=value`` pairs (once, however
+    many handlers the record passes)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "_ar_context", False):
+            return True
+        fields = context_fields(record)
+        if fields:
+            pairs = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
+            record.msg = f"{record.getMessage()} {pairs}"
+            record.args = None
+        record._ar_context = True
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, every ``extra=`` field, and
+    the traceback (as text) when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **context_fields(record),
+        }
+        task_id = getattr(record, "task_id", None)
+        if task_id:
+            entry["task_id"] = task_id
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def apply(handler: logging.Handler, log_format: LogFormat) -> None:
+    """Make ``handler`` write context-rich text (its own formatter kept) or JSON."""
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    elif not any(isinstance(f, ContextFilter) for f in handler.filters):
+        handler.addFilter(ContextFilter())
+
+
+def install_on_celery(log_format: LogFormat) -> None:
+    """Apply ``log_format`` to the handlers Celery sets up in a worker or beat process."""
+    from celery.signals import after_setup_logger, after_setup_task_logger
+
+    def _setup(logger: logging.Logger, **_: Any) -> None:
+        for handler in logger.handlers:
+            apply(handler, log_format)
+
+    after_setup_logger.connect(_setup, weak=False)
+    after_setup_task_logger.connect(_setup, weak=False)
+
+
+class OneLineFormatter(logging.Formatter):
+    """What the CLI prints for a log record: ``agent-router: warning: outbox publish failed
+    action=publish``, without the traceback (``--traceback`` keeps it)."""
+
+    def __init__(self, *, traceback: bool) -> None:
+        super().__init__("agent-router: %(levelname)s: %(message)s")
+        self.traceback = traceback
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.levelname = record.levelname.lower()
+        if self.traceback:
+            return super().format(record)
+        line = self.formatMessage(_with_message(record))
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            line += f" ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+        return line
+
+
+def _with_message(record: logging.LogRecord) -> logging.LogRecord:
+    record.message = record.getMessage()
+    return record
+
+
+def configure_cli(log_format: LogFormat, *, traceback: bool, level: int = logging.WARNING) -> None:
+    """The CLI's own logging: warnings and errors on stderr, one line each (or JSON)."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.addFilter(ContextFilter())
+        handler.setFormatter(OneLineFormatter(traceback=traceback))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)

@@ -1,0 +1,217 @@
+"""Is everything the router needs there? The database, its schema, the broker, Redis and the model
+endpoint, each checked in a few seconds without changing anything.
+
+``agent-router doctor`` prints every check; other commands call the one they need first, so that a
+missing piece is one line with a hint instead of a traceback, a hang, or an empty file left
+behind."""
+
+from __future__ import annotations
+
+import socket
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from agent_router import errors
+from agent_router.settings import Settings
+
+#: Seconds each network check waits before it reports the service unreachable.
+CHECK_TIMEOUT = 3.0
+#: A table every version of the schema has: its absence means the schema was never created.
+SCHEMA_TABLE = "ar_agents"
+UPGRADE_HINT = "create it with `agent-router db upgrade --database-url URL`"
+
+
+class NotReadyError(errors.ConfigurationError):
+    """Raised when something the command needs is missing or unreachable."""
+
+    def __init__(self, message: str, *, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Check:
+    """One preflight check: what was checked, whether it passed, and what to do if not."""
+
+    name: str
+    ok: bool
+    detail: str
+    hint: str = ""
+
+    def require(self) -> None:
+        """Raise :class:`NotReadyError` unless the check passed."""
+        if not self.ok:
+            raise NotReadyError(self.detail, hint=self.hint)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def sqlite_path(database_url: str) -> Path | None:
+    """The file of a SQLite URL; ``None`` for PostgreSQL and in-memory SQLite."""
+    url = sa.make_url(database_url)
+    if not url.drivername.startswith("sqlite") or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database)
+
+
+def database(database_url: str) -> Check:
+    """The database answers (a SQLite file must exist already: none is created here)."""
+    where = redact(database_url)
+    try:
+        existing_database(database_url)
+    except NotReadyError as exc:
+        return Check("database", False, str(exc), exc.hint)
+    engine = sa.create_engine(database_url, connect_args=_connect_args(database_url))
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except sa.exc.DBAPIError as exc:
+        reason = " ".join(str(exc.orig).split())[:200]
+        return Check(
+            "database",
+            False,
+            f"cannot connect to the database {where}: {reason}",
+            "check --database-url (or AGENT_ROUTER_DATABASE_URL) and that the server runs",
+        )
+    finally:
+        engine.dispose()
+    return Check("database", True, f"{where} answers")
+
+
+def existing_database(database_url: str) -> None:
+    """Raise :class:`NotReadyError` if ``database_url`` names a SQLite file that does not exist
+    (connecting would create an empty one)."""
+    path = sqlite_path(database_url)
+    if path is not None and not path.is_file():
+        raise NotReadyError(
+            f"no database at {path}",
+            hint=f"pass --database-url (or AGENT_ROUTER_DATABASE_URL), or {UPGRADE_HINT}",
+        )
+
+
+def schema(database_url: str) -> Check:
+    """The router's tables exist (call after :func:`database` passed)."""
+    engine = sa.create_engine(database_url, connect_args=_connect_args(database_url))
+    try:
+        present = sa.inspect(engine).has_table(SCHEMA_TABLE)
+    finally:
+        engine.dispose()
+    if not present:
+        return Check(
+            "schema",
+            False,
+            f"the database {redact(database_url)} has no agent-router schema",
+            UPGRADE_HINT,
+        )
+    return Check("schema", True, "the router's tables exist")
+
+
+def database_ready(database_url: str) -> None:
+    """Raise :class:`NotReadyError` unless the database answers and has the schema."""
+    database(database_url).require()
+    schema(database_url).require()
+
+
+def broker(broker_url: str) -> Check:
+    """The Celery broker accepts a connection (``memory://`` always does, in this process)."""
+    from kombu import Connection
+
+    if broker_url.startswith("memory://"):
+        return Check("broker", True, "memory:// (in this process only)")
+    where = redact(broker_url)
+    try:
+        with Connection(broker_url, connect_timeout=CHECK_TIMEOUT) as conn:
+            conn.ensure_connection(
+                max_retries=1, interval_start=0, interval_step=0, timeout=int(CHECK_TIMEOUT)
+            )
+    except Exception as exc:  # kombu raises each transport's own errors
+        return Check(
+            "broker",
+            False,
+            f"broker {where} unreachable: {_reason(exc)}",
+            "start it, or check --broker-url (or AGENT_ROUTER_BROKER_URL)",
+        )
+    return Check("broker", True, f"{where} answers")
+
+
+def redis_server(redis_url: str | None) -> Check:
+    """Redis (wake keys of blocked asks) answers a PING; unset means in-process wake signals."""
+    if redis_url is None:
+        return Check("redis", True, "not configured: wake signals stay in-process")
+    import redis
+
+    where = redact(redis_url)
+    client = redis.Redis.from_url(
+        redis_url, socket_connect_timeout=CHECK_TIMEOUT, socket_timeout=CHECK_TIMEOUT
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        return Check(
+            "redis",
+            False,
+            f"Redis {where} unreachable: {_reason(exc)}",
+            "start it, or check AGENT_ROUTER_REDIS_URL",
+        )
+    finally:
+        client.close()
+    return Check("redis", True, f"{where} answers")
+
+
+def model_endpoint(settings: Settings) -> Check:
+    """The OpenAI-compatible server accepts a TCP connection (no request is sent, no key used)."""
+    base = settings.openai_base_url or "https://api.openai.com/v1"
+    parts = urllib.parse.urlsplit(base)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=CHECK_TIMEOUT):
+            pass
+    except OSError as exc:
+        return Check(
+            "model",
+            False,
+            f"model endpoint {base} unreachable: {_reason(exc)}",
+            "start the server, or check --base-url (or AGENT_ROUTER_OPENAI_BASE_URL)",
+        )
+    return Check("model", True, f"{base} accepts connections")
+
+
+def all_checks(settings: Settings, *, model: bool) -> list[Check]:
+    """Every check, in the order a deployment needs them; the schema only when the database
+    answered, the model endpoint only when asked for."""
+    checks = [database(settings.database_url)]
+    if checks[0].ok:
+        checks.append(schema(settings.database_url))
+    checks.append(broker(settings.broker_url))
+    # A Redis broker carries the wake keys too when no other Redis is configured.
+    redis_url = settings.redis_url
+    if redis_url is None and settings.broker_url.startswith(("redis://", "rediss://")):
+        redis_url = settings.broker_url
+    checks.append(redis_server(redis_url))
+    if model:
+        checks.append(model_endpoint(settings))
+    return checks
+
+
+def _connect_args(database_url: str) -> dict[str, object]:
+    if database_url.startswith("sqlite"):
+        return {}
+    return {"connect_timeout": int(CHECK_TIMEOUT)}
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
