@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make PostgreSQL, Redis and RabbitMQ answer on 127.0.0.1 for the test suite: use them if they
-# answer, start them if installed, install them (Debian packages) if missing. Fails loudly
+# answer, start them if installed, install them (Debian packages) if missing; install Chromium
+# and its driver (Debian packages) for the browser tests if missing. Fails loudly
 # otherwise: the suite never skips a real-service test. (RabbitMQ serves one test: the seed
 # scenarios through a worker on an amqp:// broker; everything else uses Redis.)
 set -euo pipefail
@@ -94,5 +95,9 @@ start_rabbitmq() {
 pg_up || start_pg
 redis_up || start_redis
 amqp_up || start_rabbitmq
+# The browser tests drive a real headless Chromium through its WebDriver.
+if ! have chromium || ! have chromedriver; then
+  apt_install chromium chromium-driver
+fi
 echo "services: PostgreSQL on $PG_HOST:$PG_PORT, Redis on 127.0.0.1:$REDIS_PORT and RabbitMQ on" \
   "127.0.0.1:$AMQP_PORT answer" >&2

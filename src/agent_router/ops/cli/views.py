@@ -1,0 +1,68 @@
+"""Commands that draw a team: ``timeline`` (a swimlane page or a Mermaid diagram) and ``web``
+(the live, read-only UI)."""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agent_router.ops import preflight
+from agent_router.ops.cli.common import DatabaseUrlOption, _one_line_errors, _settings, app
+from agent_router.router import Router
+
+
+class TimelineFormat(enum.StrEnum):
+    HTML = "html"
+    MERMAID = "mermaid"
+
+
+@app.command()
+@_one_line_errors
+def timeline(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            envvar="AGENT_ROUTER_TIMELINE_OUTPUT",
+            help="File to write (default: standard output).",
+        ),
+    ] = None,
+    fmt: Annotated[
+        TimelineFormat,
+        typer.Option(
+            "--format",
+            envvar="AGENT_ROUTER_TIMELINE_FORMAT",
+            help="html: a self-contained swimlane page (no network needed to view it); "
+            "mermaid: a sequence diagram.",
+        ),
+    ] = TimelineFormat.HTML,
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Draw a team's story: one lane per agent, turns as bars coloured by trigger, messages as
+    arrows coloured by routing outcome, asks linked to their answers; hover or click one to
+    read its ledger line and the message."""
+    from agent_router.ops.timeline import render_html, render_mermaid, team_timeline
+
+    settings = _settings(database_url)
+    preflight.existing_database(settings.database_url)
+    router = Router(settings)
+    try:
+        data = team_timeline(router, team)
+    finally:
+        router.close()
+    text = render_mermaid(data) if fmt is TimelineFormat.MERMAID else render_html(data)
+    if output is None or str(output) == "-":
+        sys.stdout.write(text)
+        return
+    output.write_text(text, encoding="utf-8")
+    print(
+        f"{output}: team {team}, {len(data['lanes'])} lanes, {len(data['turns'])} turns, "
+        f"{len(data['messages'])} messages",
+        file=sys.stderr,
+    )
