@@ -66,3 +66,36 @@ def timeline(
         f"{len(data['messages'])} messages",
         file=sys.stderr,
     )
+
+
+@app.command()
+@_one_line_errors
+def web(
+    database_url: DatabaseUrlOption = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_WEB_HOST",
+            help="Address to listen on. The UI has no login: keep it on 127.0.0.1 (or behind "
+            "an authenticating proxy).",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="AGENT_ROUTER_WEB_PORT", help="HTTP port.")] = 8765,
+) -> None:
+    """Serve a read-only live UI of the router's database: the teams, each team's agents with
+    their state and counts, its swimlane following new events, and an agent's transcript with
+    the provenance of every entry. Ctrl-C stops it."""
+    from agent_router.ops.web.server import make_server
+
+    settings = _settings(database_url)
+    preflight.database_ready(settings.database_url)
+    router = Router(settings)
+    server = make_server(router, host, port)
+    print(f"agent-router web on http://{host}:{server.server_port}/", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        router.close()
