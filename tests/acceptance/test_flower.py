@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import pytest
 from celery import Celery
+from celery.events.state import State
 from kombu import Queue
 
 from agent_router import Settings
@@ -32,6 +33,7 @@ from agent_router.constants import RUN_AGENT_TURN
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime
 from agent_router.worker.celery_app import create_app
+from tests.support.browser import chromium, screenshot
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT = 60.0
@@ -79,7 +81,7 @@ def process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
 
 
 class EventTap:
-    """Celery's own event receiver on a thread: every ``task-progress`` event, as sent."""
+    """Celery's own event receiver on a thread: every task event, as sent."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -90,9 +92,7 @@ class EventTap:
 
     def _run(self) -> None:
         with self.app.connection_for_read() as conn:
-            self._receiver = self.app.events.Receiver(
-                conn, handlers={"task-progress": self.events.append}
-            )
+            self._receiver = self.app.events.Receiver(conn, handlers={"*": self.events.append})
             self.ready.set()
             self._receiver.capture(limit=None, timeout=None, wakeup=False)
 
@@ -105,6 +105,35 @@ class EventTap:
     def __exit__(self, *exc: object) -> None:
         self._receiver.should_stop = True
         self._thread.join(timeout=10)
+
+
+FLOWER_ROWS = """
+return [...document.querySelectorAll("table tbody tr")].map((r) => r.innerText);
+"""
+FLOWER_HEADERS = """
+return [...document.querySelectorAll("table thead th")].map((h) => h.textContent.trim());
+"""
+
+
+def flower_page_in_a_browser(base: str, label: str) -> None:
+    """Flower's task list in a real browser: each turn reads as its label, state and result."""
+    with chromium() as driver:
+        driver.get(f"{base}/tasks")
+        deadline = time.monotonic() + START_TIMEOUT
+        rows: list[str] = []
+        while time.monotonic() < deadline:
+            rows = driver.execute_script(FLOWER_ROWS) or []
+            if any(label in row for row in rows):
+                break
+            time.sleep(0.5)
+        row = next((r for r in rows if label in r), None)
+        assert row is not None, rows
+        assert "SUCCESS" in row and "'ended'" in row, row
+        headers = driver.execute_script(FLOWER_HEADERS)
+        for column in ("Name", "args", "State", "Result", "Worker"):
+            assert column in headers, headers
+        assert not any(r.strip() == "agent_router.run_agent_turn" for r in rows)
+        screenshot(driver, "flower_tasks")
 
 
 def test_flower_shows_turn_tasks_with_readable_args(
@@ -135,8 +164,8 @@ def test_flower_shows_turn_tasks_with_readable_args(
     flower_log, worker_log = tmp_path / "flower.log", tmp_path / "worker.log"
     base = f"http://127.0.0.1:{flower_port}"
     app = create_app(settings, main=f"agent_router_flower_{uuid.uuid4().hex[:6]}")
-    flower_cmd = [str(BIN / "celery"), "-A", "agent_router.worker.celery_app", "flower"]
-    flower_cmd += [f"--port={flower_port}", "--address=127.0.0.1"]
+    # Our command, with its defaults: 127.0.0.1 and the columns that show each turn's label.
+    flower_cmd = [str(BIN / "agent-router"), "flower", f"--port={flower_port}"]
     worker_cmd = [str(BIN / "agent-router"), "worker", "--concurrency=4", f"--hostname={hostname}"]
     try:
         with process(flower_cmd, env, flower_log), process(worker_cmd, env, worker_log):
@@ -164,7 +193,13 @@ def test_flower_shows_turn_tasks_with_readable_args(
                     )
                     wait_quiescent(router, team.id, timeout=60)
                     poll(
-                        lambda: any(e.get("agent") == "Team Leader" for e in tap.events) or None,
+                        lambda: (
+                            any(
+                                e.get("agent") == "Team Leader" and e.get("action") == "turn_ended"
+                                for e in tap.events
+                            )
+                            or None
+                        ),
                         "the lead's progress events",
                         worker_log,
                         timeout=10,
@@ -190,8 +225,18 @@ def test_flower_shows_turn_tasks_with_readable_args(
             # Compact: names and numbers, never a transcript or a message's content.
             assert "health" not in json.dumps(task)
 
-            # Routing and state changes were sent as custom events of that very task.
-            progress = [e for e in tap.events if e["uuid"] == task["uuid"]]
+            # Routing and state changes were sent as task-started events of that very task.
+            events = [e for e in tap.events if e.get("uuid") == task["uuid"]]
+            progress = [e for e in events if "action" in e]
+            assert {e["type"] for e in progress} == {"task-started"}
+            # Celery's event state (Flower's) shows the turn STARTED until it succeeded.
+            state = State()
+            tasks: dict[str, Any] = state.tasks  # type: ignore[attr-defined]
+            for event in events:
+                if event["type"] == "task-succeeded":
+                    assert tasks[task["uuid"]].state == "STARTED"
+                state.event(event)
+            assert tasks[task["uuid"]].state == "SUCCESS"
             steps = [(e["action"], e.get("agent_state") or e.get("outcome")) for e in progress]
             assert steps[0] == ("turn_claimed", "running")
             assert ("route", "triggered_new_turn") in steps  # its report woke the lead
@@ -203,6 +248,8 @@ def test_flower_shows_turn_tasks_with_readable_args(
             url = f"{base}/api/tasks?taskname={RUN_AGENT_TURN}&limit=1000"
             args = {t.get("args") for t in json.loads(http_get(url)).values()}
             assert lead_label in args
+
+            flower_page_in_a_browser(base, label)
 
             metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics").decode()
             assert 'agent_router_turns_started_total{trigger="new"} 2.0' in metrics

@@ -1,10 +1,13 @@
-"""Routing and agent-state changes as custom Celery task events, so that Flower (and
-``celery events``) show a turn's progress next to its task.
+"""Routing and agent-state changes as Celery task events, so that Flower (and ``celery
+events``) show a turn's progress next to its task.
 
 A turn task enters :func:`reporting` around its work; while it runs, :class:`TaskEventHooks` sends
-a ``task-progress`` event for each message routed and each state change of the agent. Events carry
-names, ids and outcomes, never message content or transcripts. Outside a turn task (a web process
-sending a message) there is no task to attach an event to, and nothing is sent.
+a ``task-started`` event for each message routed and each state change of the agent. The type is
+Celery's own: monitors keep showing the running turn as ``STARTED`` (a custom type would become a
+state of its own that no "started" filter finds), and Celery's event state merges the fields into
+the task it keeps. Events carry names, ids and outcomes, never message content or transcripts.
+Outside a turn task (a web process sending a message) there is no task to attach an event to, and
+nothing is sent.
 
 Field names avoid those Celery's event state keeps for a task (``state``, ``name``, ``args``,
 ``result``...), since event fields are merged into the task Flower shows.
@@ -29,8 +32,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The custom event type; Flower shows the task's state as ``PROGRESS`` until it ends.
-PROGRESS_EVENT = "task-progress"
+#: The event type of progress reports: the running task stays ``STARTED`` in monitors.
+PROGRESS_EVENT = "task-started"
 
 _current: contextvars.ContextVar[Task[Any, Any] | None] = contextvars.ContextVar(
     "agent_router_current_task", default=None
@@ -48,8 +51,8 @@ def reporting(task: Task[Any, Any]) -> Iterator[None]:
 
 
 def send_progress(**fields: Any) -> bool:
-    """Send one ``task-progress`` event for the running turn task; ``False`` outside one. A lost
-    event costs nothing but a line in Flower, so it is sent without retries."""
+    """Send one progress event (``task-started``) for the running turn task; ``False`` outside
+    one. A lost event costs nothing but a line in Flower, so it is sent without retries."""
     task = _current.get()
     if task is None or not task.request.id:
         return False

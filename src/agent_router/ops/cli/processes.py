@@ -441,17 +441,42 @@ def beat(
     celery.start([*argv, *ctx.args])
 
 
+#: Flower's task list columns: the turn's label (agent, team, epoch, trigger) is its args.
+FLOWER_TASK_COLUMNS = "name,args,state,result,received,started,runtime,worker"
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @_one_line_errors
 def flower(
     ctx: typer.Context,
     port: Annotated[int, typer.Option(envvar="AGENT_ROUTER_FLOWER_PORT", help="HTTP port.")] = 5555,
     address: Annotated[
-        str, typer.Option(envvar="AGENT_ROUTER_FLOWER_ADDRESS", help="Address to listen on.")
-    ] = "0.0.0.0",  # a dashboard: put it behind auth (docs/deployment.md)
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_FLOWER_ADDRESS",
+            help="Address to listen on. A dashboard: keep it on 127.0.0.1 or put it behind "
+            "auth (docs/deployment.md).",
+        ),
+    ] = "127.0.0.1",
+    tasks_columns: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_FLOWER_TASKS_COLUMNS",
+            help="Columns of Flower's task list; the args column reads "
+            "`UI Operator_1 (team 3) epoch 2 [new]`.",
+        ),
+    ] = FLOWER_TASK_COLUMNS,
 ) -> None:
     """Start Flower (`celery flower`, needs the `flower` package) on the router's broker.
 
     Further arguments go to `celery flower` as they are (e.g. --basic-auth=user:pass)."""
     celery = create_app(Settings())
-    celery.start(["flower", f"--port={port}", f"--address={address}", *ctx.args])
+    celery.start(
+        [
+            "flower",
+            f"--port={port}",
+            f"--address={address}",
+            f"--tasks_columns={tasks_columns}",
+            *ctx.args,
+        ]
+    )
