@@ -187,3 +187,9 @@ class Settings(BaseSettings):
         description="Log lines of `agent-router worker`, `beat` and the CLI: text (the message "
         "followed by its team, agent, outcome and ids as key=value) or json (one object a line).",
     )
+    tracing: bool = Field(
+        False,
+        description="Record OpenTelemetry spans per route and per turn in workers (needs the "
+        "`otel` extra; spans go to the process's tracer provider, e.g. set up by "
+        "opentelemetry-instrument and the OTEL_* variables).",
+    )

@@ -251,6 +251,12 @@ def test_flower_shows_turn_tasks_with_readable_args(
 
             flower_page_in_a_browser(base, label)
 
+            # The worker's log lines carry their context in the text (Celery's formatter).
+            log = worker_log.read_text()
+            assert f"route team_id={team.id} agent_id=" in log, log[-3000:]
+            assert "outcome=triggered_new_turn" in log
+            assert f"turn ended agent_id={engineer.id} action=turn_end outcome=" in log
+
             metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics").decode()
             assert 'agent_router_turns_started_total{trigger="new"} 2.0' in metrics
             assert 'agent_router_turn_duration_seconds_count{status="ended"} 2.0' in metrics

@@ -66,9 +66,15 @@ def default_tools(settings: Settings) -> ToolRegistry:
     return agent_tools(settings, roles_from_env())
 
 
-def default_hooks() -> RouterHooks:
-    """What a worker reports: Flower task events of the running turn, Prometheus metrics."""
-    return HookChain([TaskEventHooks(), metrics.default_hooks()])
+def default_hooks(settings: Settings | None = None) -> RouterHooks:
+    """What a worker reports: Flower task events of the running turn, Prometheus metrics, and
+    OpenTelemetry spans when ``settings.tracing`` is on."""
+    hooks: list[RouterHooks] = [TaskEventHooks(), metrics.default_hooks()]
+    if settings is not None and settings.tracing:
+        from agent_router.worker.tracing import TracingHooks
+
+        hooks.append(TracingHooks())
+    return HookChain(hooks)
 
 
 def _build(
@@ -80,7 +86,9 @@ def _build(
 ) -> Runtime:
     app = app or create_app(settings)
     return Runtime(
-        router=Router(settings, publisher=CeleryPublisher(app), hooks=hooks or default_hooks()),
+        router=Router(
+            settings, publisher=CeleryPublisher(app), hooks=hooks or default_hooks(settings)
+        ),
         models=models or scripted_models(settings),
         tools=tools or default_tools(settings),
         app=app,

@@ -1,0 +1,97 @@
+"""OpenTelemetry spans from the Router's hooks, recorded by the SDK's in-memory exporter: one
+span per message routed and per turn, a turn linked to the message that woke it, a message sent
+from inside a turn a child of that turn's span."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from agent_router import Router, Settings, errors
+from agent_router.hooks import HookChain
+from agent_router.outbox import RecordingPublisher
+from agent_router.worker import runtime
+from agent_router.worker.tracing import TracingHooks
+from tests.integration.helpers import assistant
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def traced(sqlite_url: str, exporter: InMemorySpanExporter) -> Iterator[Router]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    router = Router(
+        Settings(database_url=sqlite_url),
+        publisher=RecordingPublisher(),
+        hooks=TracingHooks(tracer_provider=provider),
+    )
+    router.create_schema()
+    yield router
+    router.close()
+
+
+def attrs(span: ReadableSpan) -> dict[str, object]:
+    return {k.removeprefix("agent_router."): v for k, v in (span.attributes or {}).items()}
+
+
+def test_route_and_turn_spans_are_linked(traced: Router, exporter: InMemorySpanExporter) -> None:
+    team = traced.create_team().id
+    traced.create_agent(team, role="UI Operator")
+    woke = traced.send(team, to="UI Operator_1", content="Build the login page.")
+    turn = traced.claim_turn(team, "UI Operator_1")
+    assert turn is not None
+    turn.drain()
+    report = traced.send(team, to="Team Leader", content="Half done.", sender="UI Operator_1")
+    turn.append_assistant(assistant("Done."))
+    turn.end()
+    traced.terminate(team, "UI Operator_1", reason="done")
+    with pytest.raises(errors.AgentTerminatedError):
+        traced.send(team, to="UI Operator_1", content="Too late.")
+
+    spans = exporter.get_finished_spans()
+    routes = [s for s in spans if s.name == "agent_router.route"]
+    [turn_span] = [s for s in spans if s.name == "agent_router.turn"]
+    by_message = {attrs(s).get("message_id"): s for s in routes}
+
+    first = by_message[woke.message_id]
+    assert attrs(first) | {"team_id": team} == {
+        "team_id": team, "sender": "user", "target": "UI Operator_1",
+        "outcome": "triggered_new_turn", "message_id": woke.message_id, "epoch": 1,
+        "duplicate": False,
+    }  # fmt: skip
+    assert first.parent is None
+
+    assert attrs(turn_span)["agent"] == "UI Operator_1"
+    assert attrs(turn_span)["turn_id"] == turn.id
+    assert attrs(turn_span)["trigger"] == "new"
+    assert attrs(turn_span)["state"] == "completed"
+    assert attrs(turn_span)["failed"] is False
+    # The turn links to the route span of the message that woke it.
+    assert [link.context.span_id for link in turn_span.links] == [first.context.span_id]
+
+    # Sent from inside the turn: a child of the turn's span.
+    inner = by_message[report.message_id]
+    assert inner.parent is not None and inner.parent.span_id == turn_span.context.span_id
+    assert inner.context.trace_id == turn_span.context.trace_id
+
+    [rejected] = [s for s in routes if attrs(s)["outcome"] == "rejected"]
+    assert rejected.status.status_code is StatusCode.ERROR
+
+
+def test_tracing_is_off_unless_configured(sqlite_url: str) -> None:
+    def kinds(settings: Settings) -> set[str]:
+        chain = runtime.default_hooks(settings)
+        assert isinstance(chain, HookChain)
+        return {type(h).__name__ for h in chain.hooks}
+
+    assert "TracingHooks" not in kinds(Settings(database_url=sqlite_url))
+    assert "TracingHooks" in kinds(Settings(database_url=sqlite_url, tracing=True))
