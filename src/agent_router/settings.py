@@ -187,6 +187,18 @@ class Settings(BaseSettings):
         description="Log lines of `agent-router worker`, `beat` and the CLI: text (the message "
         "followed by its team, agent, outcome and ids as key=value) or json (one object a line).",
     )
+    metrics_address: str = Field(
+        "127.0.0.1",
+        description="Address the Prometheus endpoint (metrics_port) listens on; 0.0.0.0 for a "
+        "scraper on another host.",
+    )
+    metrics_cluster_gauges: bool = Field(
+        False,
+        description="Also serve the cluster-wide gauges read from the database (mailbox depth, "
+        "agents by state, oldest pending message, open questions, unpublished outbox) from this "
+        "worker. They read the same from every process: serve them from one, this way or with "
+        "`agent-router metrics`.",
+    )
     tracing: bool = Field(
         False,
         description="Record OpenTelemetry spans per route and per turn in workers (needs the "

@@ -156,6 +156,7 @@ def test_flower_shows_turn_tasks_with_readable_args(
         AGENT_ROUTER_WORK_SECONDS="0.01",
         AGENT_ROUTER_SCRIPTED_WRITE_SECONDS="0",
         AGENT_ROUTER_METRICS_PORT=str(metrics_port),
+        AGENT_ROUTER_METRICS_CLUSTER_GAUGES="true",
         # The session database holds every earlier test's teams: no sweeping of their leftovers.
         AGENT_ROUTER_WORKER_SWEEPER="false",
         # Flower 2 serves its API only with authentication, or when told it may go without.

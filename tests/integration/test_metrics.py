@@ -4,9 +4,15 @@ A private registry per test, so counts start at zero; the Router reports through
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -16,6 +22,16 @@ from agent_router.hooks import RouterHooks
 from agent_router.outbox import RecordingPublisher
 from agent_router.turn import Turn
 from agent_router.worker import metrics
+from agent_router.worker.embedded import SweeperThread
+from tests.integration.helpers import start_waiting
+
+CLI = str(Path(sys.executable).parent / "agent-router")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -113,3 +129,85 @@ def test_a_failing_hook_never_fails_routing(settings: Settings) -> None:
         assert router.claim_turn(team.id, "Team Leader") is not None
     finally:
         router.close()
+
+
+def test_labels_start_at_zero_and_no_created_series(
+    metered: Router, registry: CollectorRegistry
+) -> None:
+    with served(metered, registry) as scrape:
+        text = scrape()
+    for line in (
+        'agent_router_messages_routed_total{outcome="rejected"} 0.0',
+        'agent_router_messages_routed_total{outcome="resolved"} 0.0',
+        'agent_router_turns_started_total{trigger="recovery"} 0.0',
+        'agent_router_turn_duration_seconds_count{status="failed"} 0.0',
+        'agent_router_wait_duration_seconds_count{outcome="suspended"} 0.0',
+        'agent_router_sweep_repairs_total{kind="taken_over"} 0.0',
+        "agent_router_sweeps_total 0.0",
+    ):
+        assert line in text, line
+    assert "_created" not in text
+
+
+def test_cluster_gauges_read_from_the_database(
+    metered: Router, registry: CollectorRegistry
+) -> None:
+    router = metered
+    with served(router, registry) as scrape:
+        before = scrape()
+        team = router.create_team()
+        router.create_agent(team.id, role="UI Operator")
+        start_waiting(router, team.id, "UI Operator_1", "Team Leader")  # one open question
+        router.send(team.id, to="UI Operator_1", content="later", wake=False)  # pending
+        time.sleep(0.05)
+        after = scrape()
+    name = "agent_router_open_questions"
+    assert sample(after, name) == sample(before, name) + 1
+    assert sample(after, "agent_router_oldest_pending_message_age_seconds") > 0
+    # The recording publisher published every turn task: nothing left in the outbox.
+    assert sample(after, "agent_router_outbox_unpublished") == sample(
+        before, "agent_router_outbox_unpublished"
+    )
+
+
+def test_sweeper_passes_are_counted(metered: Router, registry: CollectorRegistry) -> None:
+    hooks = metrics.PrometheusHooks(CollectorRegistry())
+    with SweeperThread(metered, period=0.05, first_after=0.0, on_report=hooks.record_sweep) as s:
+        deadline = time.monotonic() + 30
+        while s.passes < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert hooks.sweeps._value.get() >= 2
+
+
+def test_the_endpoint_binds_loopback_by_default(registry: CollectorRegistry) -> None:
+    server = metrics.serve(0, registry=registry)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_metrics_command_serves_the_cluster_gauges_once(sqlite_url: str) -> None:
+    router = Router(Settings(database_url=sqlite_url), publisher=None)
+    router.create_schema()
+    team = router.create_team()
+    router.send(team.id, to="Team Leader", content="go")  # no publisher: stays in the outbox
+    router.close()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+    cmd = [CLI, "metrics", "--database-url", sqlite_url, "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith(f"agent-router metrics on http://127.0.0.1:{port}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = bytes(response.read()).decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert sample(text, "agent_router_outbox_unpublished") == 1
+    assert sample(text, 'agent_router_mailbox_depth{agent_state="scheduled"}') == 1
+    assert sample(text, 'agent_router_agents{agent_state="scheduled"}') == 1
+    # Only the gauges: the counters are each worker's own.
+    assert "agent_router_messages_routed_total" not in text

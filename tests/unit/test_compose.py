@@ -64,7 +64,10 @@ def test_the_topology_is_complete() -> None:
     assert migrate["command"] == ["agent-router", "db", "upgrade"]
     assert migrate["restart"] == "no"
     assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in (*workers, "beat", "flower"):
+    # One exporter of the cluster gauges, read by the Prometheus of the compose file.
+    assert ours()["metrics"]["command"][:2] == ["agent-router", "metrics"]
+    assert "prometheus" in names and "grafana" in names
+    for name in (*workers, "beat", "flower", "metrics"):
         depends = ours()[name]["depends_on"]
         assert depends["migrate"]["condition"] == "service_completed_successfully", name
         assert depends["redis"]["condition"] == "service_healthy", name
@@ -73,7 +76,7 @@ def test_the_topology_is_complete() -> None:
 
 def test_one_image_built_from_the_dockerfile() -> None:
     mine = ours()
-    assert set(mine) == set(services()) - {"postgres", "redis"}
+    assert set(mine) == set(services()) - {"postgres", "redis", "prometheus", "grafana"}
     for name, service in mine.items():
         assert service["build"] == {"context": "..", "dockerfile": "compose/Dockerfile"}, name
     dockerfile = DOCKERFILE.read_text()

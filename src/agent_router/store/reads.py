@@ -332,6 +332,24 @@ class Reads:
             )
             return {s: (agents.get(s, 0), pending.get(s, 0)) for s in set(agents) | set(pending)}
 
+    def cluster_figures(self) -> tuple[float, int, int]:
+        """Over every team (metrics): the age in seconds of the oldest pending message (0 when
+        none is pending), the open questions, and the outbox rows not yet published."""
+        with self._sessions() as session:
+            oldest = session.scalar(
+                sa.select(sa.func.min(MessageRow.created_at)).where(
+                    MessageRow.status == MessageStatus.PENDING
+                )
+            )
+            questions = session.scalar(
+                sa.select(sa.func.count()).where(QuestionRow.status == QuestionStatus.OPEN)
+            )
+            outbox = session.scalar(
+                sa.select(sa.func.count()).where(OutboxRow.published_at.is_(None))
+            )
+        age = max(0.0, (utcnow() - oldest).total_seconds()) if oldest is not None else 0.0
+        return age, int(questions or 0), int(outbox or 0)
+
     def open_question_report(self, team_id: int) -> list[tuple[Any, ...]]:
         """Each open question of the team with where its ask message went: question id, asker,
         target, waiting, and the message's status, outcome and target (diagnostics)."""

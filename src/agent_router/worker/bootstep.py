@@ -56,7 +56,14 @@ class WorkerSweeper(bootsteps.StartStopStep):
         # router's connection pool, so that it never uses (or closes) the parent's connections.
         os.register_at_fork(after_in_child=partial(router.store.dispose, close=False))
         period = settings.sweep_seconds
-        return SweeperThread(router, period=period, first_after=random.uniform(0.0, period))
+        on_report = None
+        if settings.metrics_port is not None:
+            from agent_router.worker import metrics
+
+            on_report = metrics.default_hooks().record_sweep
+        return SweeperThread(
+            router, period=period, first_after=random.uniform(0.0, period), on_report=on_report
+        )
 
     def stop(self, parent: Any) -> None:
         sweeper, self.obj = self.obj, None

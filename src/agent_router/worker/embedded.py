@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from agent_router.router import Router
 from agent_router.sweeper import SweepReport
@@ -19,9 +20,16 @@ class SweeperThread:
     the next pass repairs whatever this one could not."""
 
     def __init__(
-        self, router: Router, *, period: float | None = None, first_after: float | None = None
+        self,
+        router: Router,
+        *,
+        period: float | None = None,
+        first_after: float | None = None,
+        on_report: Callable[[SweepReport], None] | None = None,
     ) -> None:
         self.router = router
+        # Told every pass's report (the worker counts them in its metrics).
+        self.on_report = on_report
         self.period = router.settings.sweep_seconds if period is None else period
         # When the first pass runs (default: one period in). Workers that each run a timer
         # start theirs at a random point of the period, so that their passes interleave.
@@ -54,6 +62,8 @@ class SweeperThread:
             due = max(due + self.period, time.monotonic())
             try:
                 self.last_report = self.router.sweep()
+                if self.on_report is not None:
+                    self.on_report(self.last_report)
             except Exception:
                 logger.exception("sweep failed", extra={"action": "sweep_failed"})
             self.passes += 1

@@ -1,8 +1,11 @@
 """Prometheus metrics of a worker: a :class:`~agent_router.hooks.RouterHooks` that counts what the
-Router does, plus a collector that reads mailbox depths from the database at scrape time.
+Router does (and what its sweeper timer repairs), plus a collector of cluster-wide gauges read
+from the database at scrape time.
 
-Served by ``agent-router worker`` on ``Settings.metrics_port``. Metrics live in the worker
-process: use the threads pool (the default) or one scrape target per process.
+Served by ``agent-router worker`` on ``Settings.metrics_port``. Counters live in the worker
+process: use the threads pool (the default) or one scrape target per process; a ``sum()`` over
+workers is the deployment's total. The cluster gauges are the same from every process, so one
+process serves them: ``agent-router metrics`` (or a worker with ``metrics_cluster_gauges``).
 """
 
 from __future__ import annotations
@@ -12,19 +15,27 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent_router.domain import AgentState, TurnTrigger
+from agent_router.domain import AgentState, RouteOutcome, TurnTrigger, WaitOutcome
 from agent_router.hooks import RouterHooks
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from agent_router.domain import Delivery, EndOfTurn, WaitOutcome
+    from agent_router.domain import Delivery, EndOfTurn
     from agent_router.errors import AgentRouterError
     from agent_router.store import Store
+    from agent_router.sweeper import SweepReport
     from agent_router.turn import Turn
 
 logger = logging.getLogger(__name__)
@@ -33,6 +44,8 @@ logger = logging.getLogger(__name__)
 TURN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
 #: A blocked ask ends within ``ask_block_seconds`` (30 s by default), then suspends.
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+#: The repairs a sweeper pass reports (fields of ``SweepReport``).
+SWEEP_KINDS = ("republished", "taken_over", "reenqueued", "expired", "jobs_reported")
 
 
 class PrometheusHooks(RouterHooks):
@@ -76,6 +89,39 @@ class PrometheusHooks(RouterHooks):
             "Recovery turns started after a dead worker's turn was taken over.",
             registry=registry,
         )
+        self.sweeps = Counter(
+            "agent_router_sweeps",
+            "Sweeper passes this process ran (its timer; beat's task passes are not counted).",
+            registry=registry,
+        )
+        self.sweep_repairs = Counter(
+            "agent_router_sweep_repairs",
+            "What sweeper passes of this process repaired, by kind (republished, taken_over, "
+            "reenqueued, expired, jobs_reported).",
+            ["kind"],
+            registry=registry,
+        )
+        self._zero_labels()
+
+    def _zero_labels(self) -> None:
+        """Every label value exists from the start at 0, so that rate() and alerts see a
+        series before the first event of its kind (a first rejection, a first recovery)."""
+        for outcome in RouteOutcome:
+            self.routed.labels(outcome=outcome.value)
+        for trigger in TurnTrigger:
+            self.turns_started.labels(trigger=trigger.value)
+        for status in ("ended", "failed"):
+            self.turn_seconds.labels(status=status)
+        for wait in WaitOutcome:
+            self.wait_seconds.labels(outcome=wait.value)
+        for kind in SWEEP_KINDS:
+            self.sweep_repairs.labels(kind=kind)
+
+    def record_sweep(self, report: SweepReport) -> None:
+        """Count one sweeper pass and what it repaired."""
+        self.sweeps.inc()
+        for kind in SWEEP_KINDS:
+            self.sweep_repairs.labels(kind=kind).inc(getattr(report, kind))
 
     def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
         if not delivery.duplicate:
@@ -99,9 +145,12 @@ class PrometheusHooks(RouterHooks):
             self.follow_ups.inc()
 
 
-class MailboxCollector(Collector):
-    """Pending messages and agents by agent state, read from the database at each scrape, so the
-    gauge is right whichever worker routed the messages."""
+class ClusterCollector(Collector):
+    """Gauges of the whole deployment, read from the database at each scrape: pending messages
+    and agents by agent state, the age of the oldest pending message, open questions and
+    unpublished outbox rows. Every process would read the same figures, so exactly one serves
+    them (``agent-router metrics``, or the worker with ``metrics_cluster_gauges``): a ``sum()``
+    over scrape targets stays right."""
 
     def __init__(self, store: Callable[[], Store]) -> None:
         self._store = store
@@ -111,7 +160,7 @@ class MailboxCollector(Collector):
         # start-up free of queries (and of building the runtime before the pool forks).
         yield from self._families()
 
-    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
         return (
             GaugeMetricFamily(
                 "agent_router_mailbox_depth",
@@ -119,21 +168,38 @@ class MailboxCollector(Collector):
                 labels=["agent_state"],
             ),
             GaugeMetricFamily("agent_router_agents", "Agents, by state.", labels=["agent_state"]),
+            GaugeMetricFamily(
+                "agent_router_oldest_pending_message_age_seconds",
+                "Age of the oldest message still pending in any mailbox (0 when none is).",
+            ),
+            GaugeMetricFamily("agent_router_open_questions", "Questions not yet resolved."),
+            GaugeMetricFamily(
+                "agent_router_outbox_unpublished",
+                "Outbox rows (turn tasks) not yet published to the broker.",
+            ),
         )
 
     def collect(self) -> Iterator[Metric]:
-        depth, agents = self._families()
+        depth, agents, oldest, questions, outbox = self._families()
         try:
-            counts = self._store().reads.state_counts()
+            reads = self._store().reads
+            counts = reads.state_counts()
+            figures = reads.cluster_figures()
         except Exception:  # a scrape must not fail because the database is away
-            logger.warning("mailbox depth not read", exc_info=True, extra={"action": "metrics"})
+            logger.warning("cluster gauges not read", exc_info=True, extra={"action": "metrics"})
             return
         for state in AgentState:
             n_agents, pending = counts.get(state, (0, 0))
             depth.add_metric([state.value], pending)
             agents.add_metric([state.value], n_agents)
-        yield depth
-        yield agents
+        oldest.add_metric([], figures[0])
+        questions.add_metric([], figures[1])
+        outbox.add_metric([], figures[2])
+        yield from (depth, agents, oldest, questions, outbox)
+
+
+#: The earlier name of :class:`ClusterCollector`.
+MailboxCollector = ClusterCollector
 
 
 class _Default:
@@ -154,15 +220,18 @@ def serve(
     *,
     store: Callable[[], Store] | None = None,
     registry: CollectorRegistry = REGISTRY,
-    addr: str = "0.0.0.0",  # scraped from other hosts
+    addr: str = "127.0.0.1",
 ) -> WSGIServer:
     """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread; with ``store``,
-    mailbox depths are read from it at each scrape. Returns the server (``shutdown()`` stops
-    it)."""
+    the cluster gauges are read from it at each scrape. ``addr`` is loopback unless the
+    deployment says otherwise (``Settings.metrics_address``). Returns the server
+    (``shutdown()`` stops it)."""
+    # Counters get no `_created` series: one per label set, and no dashboard reads them.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     if registry is REGISTRY:
         default_hooks()  # registered now, so a scrape before the first turn lists them too
     if store is not None:
-        registry.register(MailboxCollector(store))
+        registry.register(ClusterCollector(store))
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     logger.info("metrics served", extra={"action": "metrics", "port": server.server_port})
     return server

@@ -381,8 +381,9 @@ def worker(  # noqa: PLR0917 - typer options
     """Start a Celery worker for the router's tasks, configured by AGENT_ROUTER_* variables.
 
     It refuses a memory:// broker (no other process can reach it) and a database without the
-    router's schema. With AGENT_ROUTER_METRICS_PORT set it serves Prometheus metrics on that
-    port. Further arguments go to `celery worker` as they are (e.g. --hostname=w1@%h)."""
+    router's schema. With AGENT_ROUTER_METRICS_PORT set it serves its Prometheus counters on
+    that port (AGENT_ROUTER_METRICS_ADDRESS, default 127.0.0.1). Further arguments go to
+    `celery worker` as they are (e.g. --hostname=w1@%h)."""
     settings = _settings(database_url, broker_url)
     if settings.broker_url.startswith("memory://"):
         raise preflight.NotReadyError(
@@ -403,7 +404,13 @@ def worker(  # noqa: PLR0917 - typer options
         from agent_router.worker import metrics
 
         # The store is looked up at scrape time: the runtime is built by the first task.
-        metrics.serve(settings.metrics_port, store=lambda: runtime.current(celery).router.store)
+        metrics.serve(
+            settings.metrics_port,
+            store=(lambda: runtime.current(celery).router.store)
+            if settings.metrics_cluster_gauges
+            else None,
+            addr=settings.metrics_address,
+        )
     celery.worker_main(
         [
             "worker",

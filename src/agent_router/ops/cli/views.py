@@ -99,3 +99,43 @@ def web(
     finally:
         server.server_close()
         router.close()
+
+
+@app.command("metrics")
+@_one_line_errors
+def metrics_exporter(
+    database_url: DatabaseUrlOption = None,
+    port: Annotated[
+        int, typer.Option(envvar="AGENT_ROUTER_CLUSTER_METRICS_PORT", help="HTTP port.")
+    ] = 9101,
+    address: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_METRICS_ADDRESS",
+            help="Address to listen on (0.0.0.0 for a scraper on another host).",
+        ),
+    ] = "127.0.0.1",
+) -> None:
+    """Serve the deployment's cluster-wide Prometheus gauges, read from the database at each
+    scrape: mailbox depth and agents by state, the oldest pending message's age, open questions,
+    unpublished outbox rows. Run one (workers serve only their own counters). Ctrl-C stops it."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from agent_router.worker import metrics
+
+    settings = _settings(database_url)
+    preflight.database_ready(settings.database_url)
+    router = Router(settings)
+    server = metrics.serve(
+        port, store=lambda: router.store, registry=CollectorRegistry(), addr=address
+    )
+    print(f"agent-router metrics on http://{address}:{server.server_port}/metrics", file=sys.stderr)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        router.close()
