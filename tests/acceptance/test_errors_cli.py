@@ -225,3 +225,13 @@ def test_db_current_and_history(fresh_pg_url: str) -> None:
     current = run("db", "current", "--database-url", fresh_pg_url)
     assert current.returncode == 0, current.stderr
     assert current.stdout.split()[0] == head and "(head)" in current.stdout
+
+
+def test_help_is_reflowed_text_not_raw_markup() -> None:
+    proc = run("--help", COLUMNS="300")
+    assert proc.returncode == 0
+    assert "``" not in proc.stdout and "`" not in proc.stdout
+    # The docstring's line breaks do not survive as short lines: paragraphs reflow.
+    assert "OpenAI-compatible model (API key from AGENT_ROUTER_OPENAI_API_KEY" in proc.stdout
+    for command in ("doctor", "timeline", "web", "metrics"):
+        assert f" {command} " in proc.stdout, command

@@ -29,6 +29,8 @@ app = typer.Typer(
     help="Durable, receiver-state message routing between LLM agents running as Celery tasks.",
     no_args_is_help=True,
     add_completion=False,
+    # Docstrings are Markdown: paragraphs reflow, `code` shows as code, not as raw marks.
+    rich_markup_mode="markdown",
 )
 
 #: Worker threads of the embedded mode: one per agent that may run at once, with room to spare.
