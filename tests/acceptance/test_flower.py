@@ -256,7 +256,10 @@ def test_flower_shows_turn_tasks_with_readable_args(
             log = worker_log.read_text()
             assert f"route team_id={team.id} agent_id=" in log, log[-3000:]
             assert "outcome=triggered_new_turn" in log
-            assert f"turn ended agent_id={engineer.id} action=turn_end outcome=" in log
+            assert (
+                f"turn ended team_id={team.id} agent={json.dumps(engineer.display_name)} "
+                f"agent_id={engineer.id} action=turn_end outcome="
+            ) in log
 
             metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics").decode()
             assert 'agent_router_turns_started_total{trigger="new"} 2.0' in metrics

@@ -41,6 +41,11 @@ def test_wheel_holds_the_package_data_and_the_console_script(wheel: Path) -> Non
         "agent_router/store/migrations/env.py",
         "agent_router/store/migrations/script.py.mako",
         "agent_router/store/migrations/versions/0001_initial_schema.py",
+        # The swimlane page and the web UI are drawn from these.
+        "agent_router/ops/web/static/swimlane.js",
+        "agent_router/ops/web/static/swimlane.css",
+        "agent_router/ops/web/static/app.js",
+        "agent_router/ops/web/static/index.html",
     ):
         assert path in names, path
     assert not any(n.startswith(("tests/", "src/")) for n in names)

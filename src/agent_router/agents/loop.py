@@ -320,7 +320,14 @@ def _with_retries(operation: Callable[[], T]) -> T:
 
 
 def _ids(turn: Turn) -> dict[str, Any]:
-    return {"agent_id": turn.agent_id, "turn_id": turn.id, "epoch": turn.epoch}
+    """Who a turn's log records are about: shown in the text by ``ops.logs``."""
+    return {
+        "team_id": turn.team_id,
+        "agent": turn.display_name,
+        "agent_id": turn.agent_id,
+        "turn_id": turn.id,
+        "epoch": turn.epoch,
+    }
 
 
 def _log_end(turn: Turn, end: EndOfTurn, outcome: TurnOutcome) -> None:
