@@ -331,7 +331,8 @@ def _ids(turn: Turn) -> dict[str, Any]:
 
 
 def _log_end(turn: Turn, end: EndOfTurn, outcome: TurnOutcome) -> None:
-    logger.info(
+    # The store's turn_ended ledger event is the turn's end at INFO; this adds the loop's view.
+    logger.debug(
         "turn ended",
         extra={
             "action": "turn_end",

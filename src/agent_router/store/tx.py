@@ -34,6 +34,11 @@ class Refused(Exception):  # noqa: N818 - control flow, never escapes the store
         self.ledger = ledger
 
 
+#: Detail fields a ledger event's log record carries too (scalars; no content, no name a
+#: LogRecord attribute already has).
+_LOGGED_DETAIL = ("trigger", "state", "failed", "suspended", "question_id", "count", "reason")
+
+
 class Tx:
     """One open transaction. ``entries``: the outbox rows it wrote, in order."""
 
@@ -77,7 +82,10 @@ class Tx:
                 "agent_id": agent_id,
                 "outcome": outcome.value if outcome else None,
                 "message_id": message_id,
+                "turn_id": turn_id,
                 "epoch": epoch,
+                # What the event's detail says of a turn or a question, for the log line.
+                **{k: detail[k] for k in _LOGGED_DETAIL if detail.get(k) is not None},
             },
         )
 
