@@ -235,3 +235,16 @@ def test_help_is_reflowed_text_not_raw_markup() -> None:
     assert "OpenAI-compatible model (API key from AGENT_ROUTER_OPENAI_API_KEY" in proc.stdout
     for command in ("doctor", "timeline", "web", "metrics"):
         assert f" {command} " in proc.stdout, command
+
+
+def test_json_log_format_for_the_cli(team_url: tuple[str, int]) -> None:
+    url, team = team_url
+    proc = run(
+        "--log-format", "json", "send", str(team), "UI Operator_1", "hello",
+        "--database-url", url, "--broker-url", DOWN_REDIS,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stderr.splitlines()
+    record = json.loads(line)
+    assert record["level"] == "WARNING" and record["logger"] == "agent_router.cli"
+    assert "sweeper publishes" in record["message"]

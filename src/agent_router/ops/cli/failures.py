@@ -3,6 +3,7 @@ DO)``, exit status 1; the whole traceback with ``--traceback`` (or AGENT_ROUTER_
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -86,7 +87,9 @@ def report(exc: BaseException) -> None:
 
 
 def warn(text: str) -> None:
-    print(f"agent-router: warning: {text}", file=sys.stderr, flush=True)
+    """A warning through the CLI's logging: one line on stderr (``agent-router: warning:``), or
+    a JSON object with ``--log-format json``."""
+    logging.getLogger("agent_router.cli").warning(text)
 
 
 def run_quietly_on_broken_pipe(main: object) -> None:
