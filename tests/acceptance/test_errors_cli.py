@@ -16,6 +16,7 @@ import pytest
 
 from agent_router import Router, Settings
 from agent_router.outbox import RecordingPublisher
+from tests.support.chat_server import ChatServer, error
 
 CLI = str(Path(sys.executable).parent / "agent-router")
 #: Nothing listens on port 1 of this machine: a broker, Redis or model server that is down.
@@ -248,3 +249,18 @@ def test_json_log_format_for_the_cli(team_url: tuple[str, int]) -> None:
     record = json.loads(line)
     assert record["level"] == "WARNING" and record["logger"] == "agent_router.cli"
     assert "sweeper publishes" in record["message"]
+
+
+def test_run_with_a_failing_model_logs_one_line_per_record(tmp_path: Path) -> None:
+    with ChatServer(responder=lambda _request: error(401, "bad key")) as server:
+        proc = run(
+            "run", "do it", "--model", "m", "--base-url", server.base_url, "--timeout", "60",
+            cwd=tmp_path, OPENAI_API_KEY="sk-test", timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines and all(line.startswith("agent-router: ") for line in lines), lines
+    failed = next(line for line in lines if "turn failed" in line)
+    assert failed.startswith("agent-router: error: turn failed team_id=")
+    assert 'agent="Team Leader"' in failed and "ModelError" in failed

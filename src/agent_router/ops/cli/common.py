@@ -62,7 +62,11 @@ def embedded_worker(celery: Celery, concurrency: int) -> Iterator[None]:
     ready and shuts the worker down cleanly on exit, which a hand-rolled ``app.Worker`` thread
     would have to re-implement. The ping check needs a result backend, so it is off."""
     from celery.contrib.testing.worker import start_worker
+    from celery.signals import setup_logging
 
+    # A receiver of setup_logging tells Celery to leave logging alone: the CLI's one-line
+    # handler (or JSON) stays, instead of Celery's, which prints each failed turn's traceback.
+    setup_logging.connect(_keep_cli_logging, weak=False)
     with start_worker(
         celery,
         pool="threads",
@@ -72,6 +76,10 @@ def embedded_worker(celery: Celery, concurrency: int) -> Iterator[None]:
         shutdown_timeout=60.0,
     ):
         yield
+
+
+def _keep_cli_logging(**_: Any) -> None:
+    """Receiver of Celery's setup_logging in the CLI's own process: configure nothing."""
 
 
 def _redis_url(broker_url: str) -> str | None:
