@@ -28,11 +28,9 @@ def _iso(event_time: Any) -> str:
     return f"{event_time.isoformat()}Z"
 
 
-def team_timeline(router: Router, team_id: int, *, after_id: int = 0) -> dict[str, Any]:
+def team_timeline(router: Router, team_id: int) -> dict[str, Any]:
     """The swimlane data of ``team_id``: lanes, turns, messages and the explained ledger.
-
-    Times are seconds since the team's first event. ``after_id`` is accepted for callers that
-    poll; the whole story is returned either way (turns span events)."""
+    Times are seconds since the team's first event."""
     router.store.reads.team(team_id)  # an unknown team is an error
     events = router.ledger(team_id)
     messages = {m.id: m for m in router.messages(team_id)}
@@ -75,7 +73,6 @@ def team_timeline(router: Router, team_id: int, *, after_id: int = 0) -> dict[st
                 "at": _iso(e.created_at),
             }
             for e in events
-            if e.id > after_id
         ],
     }
 
