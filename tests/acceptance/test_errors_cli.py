@@ -264,3 +264,26 @@ def test_run_with_a_failing_model_logs_one_line_per_record(tmp_path: Path) -> No
     failed = next(line for line in lines if "turn failed" in line)
     assert failed.startswith("agent-router: error: turn failed team_id=")
     assert 'agent="Team Leader"' in failed and "ModelError" in failed
+
+
+def test_ledger_follow_into_a_closed_pipe_ends(team_url: tuple[str, int]) -> None:
+    url, team = team_url
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+    follow = subprocess.Popen(
+        [CLI, "ledger", str(team), "--follow", "--json", "--database-url", url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        assert follow.stdout is not None and follow.stderr is not None
+        ready, _, _ = select.select([follow.stdout], [], [], 60)
+        assert ready and follow.stdout.readline()
+        follow.stdout.close()  # what `| head -1` does
+        router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+        router.send(team, to="UI Operator_1", content="one more event to print")
+        router.close()
+        follow.wait(timeout=60)
+        assert follow.stderr.read() == b""
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()

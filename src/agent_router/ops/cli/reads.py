@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
+import threading
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -176,16 +176,24 @@ def ledger(  # noqa: PLR0917 - typer options
 ) -> None:
     """The team's timeline: routing decisions (with outcomes) and turns, from the ledger."""
     console = Console(highlight=False)
+    reader_gone = threading.Event()  # stdout was closed (`ledger --follow | head -1`)
 
     def sink(record: dict[str, Any]) -> None:
-        if record["id"] <= after or (agents and record["agent"] not in agents):
+        if reader_gone.is_set() or record["id"] <= after:
             return
-        if outcomes and record["outcome"] not in outcomes:
+        if (agents and record["agent"] not in agents) or (
+            outcomes and record["outcome"] not in outcomes
+        ):
             return
-        if as_json:
-            print(json.dumps(record, default=str), flush=True)
-        else:
-            _render(console, record)
+        try:
+            if as_json:
+                print(json.dumps(record, default=str), flush=True)
+            else:
+                _render(console, record)
+        except BrokenPipeError:
+            if not follow:
+                raise
+            reader_gone.set()  # the follower's thread stops printing; the command ends
 
     with _store(database_url) as store:
         store.reads.team(team)  # an unknown team is an error, not an empty timeline
@@ -197,12 +205,13 @@ def ledger(  # noqa: PLR0917 - typer options
             return
         tail.start()
         with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
+            reader_gone.wait()
     finally:
         if follow:
             tail.stop()
         router.close()
+    if reader_gone.is_set():
+        raise BrokenPipeError  # ends quietly (see failures.run_quietly_on_broken_pipe)
 
 
 inspect_app = typer.Typer(help="Look at one message or one agent's transcript, with provenance.")
