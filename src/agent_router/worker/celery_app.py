@@ -1,18 +1,21 @@
-"""The standalone Celery app and its reliability configuration.
+"""The standalone Celery app, and :func:`install`, which wires the router into a host's app.
 
 Run a worker with ``agent-router worker`` or ``celery -A agent_router.celery_app worker``.
-A host with its own Celery app instead adds ``include=["agent_router.tasks"]`` (the tasks are
-``shared_task``\\ s) and applies :func:`celery_config` (or its own equivalent) to its app.
+A host with its own Celery app calls :func:`install` instead: the reliability options the
+router needs (late acks, reject on worker lost, ignore result, JSON) are options of its own
+tasks, so nothing app-wide changes; ``install`` only adds what the host's app lacks (a route for
+``agent_router.*``, the sweeper's beat entry, the tasks, the worker's sweeper step).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
 from celery import Celery
 
-from agent_router.constants import SWEEP, SWEEP_SCHEDULE_ENTRY
+from agent_router.constants import SWEEP, SWEEP_SCHEDULE_ENTRY, TASK_PREFIX
 from agent_router.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -23,7 +26,12 @@ MEMORY_POLLING_SECONDS = 0.02
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    """The configuration the router's guarantees rely on, one reason per line."""
+    """The configuration of the router's own app (:func:`create_app`), one reason per line.
+
+    The options a turn's reliability rests on (late acks, reject on worker lost, ignore result,
+    JSON) are set on the tasks themselves (see :mod:`agent_router.worker.tasks`) and the publish
+    retry policy on each publish: none of these are needed here, and a host never applies this
+    to its own app (it calls :func:`install`)."""
     transport_options: dict[str, Any] = {
         # Redis (and SQS) redeliver an unacknowledged message after this long. With late acks a
         # turn is acknowledged only when it ends, so this must outlast the longest turn plus its
@@ -39,13 +47,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "accept_content": ["json"],
         "result_serializer": "json",
         "event_serializer": "json",
-        # The outcome of a turn is in the database (turns, ledger); results would be dead weight.
-        "task_ignore_result": True,
-        # Acknowledge a turn task after it ran, not when it was received: a worker that dies
-        # mid-turn leaves the message on the broker to be redelivered.
-        "task_acks_late": True,
-        # ... including when the worker process is killed (OOM, SIGKILL), not only on a crash.
-        "task_reject_on_worker_lost": True,
         # A worker reserves one message per free slot: a long turn never sits on queued turns
         # that another worker could start now.
         "worker_prefetch_multiplier": 1,
@@ -54,16 +55,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "broker_transport_options": transport_options,
-        # Our tasks go to our queue, whatever the host's default queue is.
-        "task_routes": {"agent_router.*": {"queue": settings.queue}},
-        # A publish to a broker that is down fails fast instead of stalling `send()`: the turn
-        # task is in the outbox (committed), and the sweeper publishes it once the broker is back.
-        "task_publish_retry_policy": {
-            "max_retries": 1,
-            "interval_start": 0.1,
-            "interval_step": 0.2,
-            "interval_max": 0.2,
-        },
+        # Our tasks go to our queue.
+        "task_routes": routes(settings),
         "broker_connection_timeout": 2.0,
         # A worker that starts before the broker keeps retrying instead of exiting.
         "broker_connection_retry_on_startup": True,
@@ -79,6 +72,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # The sweeper, for `celery beat` (see beat_schedule).
         "beat_schedule": beat_schedule(settings),
     }
+
+
+def routes(settings: Settings) -> dict[str, dict[str, str]]:
+    """The route of the router's tasks: ``agent_router.*`` to ``Settings.queue``."""
+    return {f"{TASK_PREFIX}*": {"queue": settings.queue}}
 
 
 #: How long a background job's result stays in the result backend for the poller to read.
@@ -122,6 +120,39 @@ def create_app(settings: Settings | None = None, *, main: str = "agent_router") 
     app.conf.update(celery_config(settings))
     # So that a bare `celery -A agent_router.celery_app worker` consumes our queue.
     app.conf.task_default_queue = settings.queue
+    return app
+
+
+def install(app: Celery, settings: Settings | None = None) -> Celery:
+    """Wire the router into a host's Celery ``app`` without changing anything of the host's.
+
+    It merges, never replaces: the route ``agent_router.* -> Settings.queue`` goes in front of
+    the host's ``task_routes`` (its own routes still decide every other task), the sweeper's beat
+    entry is added to the host's schedule unless one of that name is there, the router's tasks
+    are registered, and each worker of the app runs the sweeper on a timer. App-wide defaults
+    (acks, results, serializers, prefetch, transport options) are left as the host set them.
+    Idempotent; returns ``app``."""
+    settings = settings or Settings()
+    # Importing the tasks registers them (shared tasks) with every app, this one included.
+    importlib.import_module("agent_router.tasks")
+    from agent_router.worker import bootstep
+
+    ours = routes(settings)
+    current = app.conf.task_routes
+    if current is None or current == {}:
+        app.conf.update(task_routes=ours)
+    elif isinstance(current, dict):
+        if ours.keys() - current.keys():
+            app.conf.update(task_routes={**ours, **current})
+    else:
+        existing = tuple(current) if isinstance(current, (list, tuple)) else (current,)
+        if ours not in existing:
+            app.conf.update(task_routes=(ours, *existing))
+    schedule = dict(app.conf.beat_schedule or {})
+    for name, entry in beat_schedule(settings).items():
+        schedule.setdefault(name, entry)
+    app.conf.beat_schedule = schedule
+    bootstep.install(app)
     return app
 
 

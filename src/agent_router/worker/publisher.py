@@ -15,6 +15,15 @@ from agent_router.domain import OutboxEntry, OutboxKind
 logger = logging.getLogger(__name__)
 
 
+#: Retries of one publish (see :meth:`CeleryPublisher.publish`).
+PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0.1,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
+
+
 def turn_label(entry: OutboxEntry) -> str:
     """A turn task as monitors show it: ``UI Operator_1 (team 3) epoch 2 [new]``. Names come
     from the outbox payload (no database read); rows written before it carried them show ids."""
@@ -48,6 +57,10 @@ class CeleryPublisher:
                 # result backend subscribes to a result channel per send (and stalls sends while
                 # Redis is down), for a task whose outcome lives in the database.
                 ignore_result=True,
+                # A publish to a broker that is down fails fast instead of stalling `send()`:
+                # the row is in the outbox (committed), and the sweeper publishes it once the
+                # broker is back. Per publish, so the host app's own policy stays as it is.
+                retry_policy=PUBLISH_RETRY_POLICY,
                 # What Flower and `celery events` show for the task instead of "(12, 3)".
                 argsrepr=turn_label(entry),
                 kwargsrepr="{}",

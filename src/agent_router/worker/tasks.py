@@ -1,6 +1,14 @@
 """Celery tasks. Thin: decode ids, call the domain, turn transient errors into retries.
 
-Declared with ``shared_task`` so a host's own Celery app can ``include=["agent_router.tasks"]``.
+Declared with ``shared_task`` so a host's own Celery app can include them
+(:func:`agent_router.worker.install`). Their reliability options are their own, never app-wide
+defaults of the app that runs them:
+
+- ``acks_late``: a turn task is acknowledged after it ran, so a worker that dies mid-turn leaves
+  the message on the broker to be redelivered;
+- ``reject_on_worker_lost``: the same when the worker process is killed (OOM, SIGKILL);
+- ``ignore_result``: a turn's outcome is in the database (turns, ledger);
+- ``serializer="json"``: arguments are ids, and no message of ours needs pickle.
 """
 
 from __future__ import annotations
@@ -19,11 +27,19 @@ from agent_router.worker.publisher import CeleryPublisher, job_result_text
 
 logger = logging.getLogger(__name__)
 
+#: The options every task of the router carries (see the module's docstring).
+RELIABLE: dict[str, Any] = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "ignore_result": True,
+    "serializer": "json",
+}
+
 #: Retries of a claim that hit a database error; the outbox sweeper re-publishes after that.
 CLAIM_RETRIES = 8
 
 
-@shared_task(bind=True, name=RUN_AGENT_TURN, max_retries=CLAIM_RETRIES)
+@shared_task(bind=True, name=RUN_AGENT_TURN, max_retries=CLAIM_RETRIES, **RELIABLE)
 def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
     """Claim the fenced turn ``(agent_id, epoch)`` and run the agent loop to its end.
 
@@ -65,7 +81,7 @@ def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epo
     return rt.runner(rt.router, turn, models=rt.models, tools=rt.tools).value
 
 
-@shared_task(bind=True, name=SWEEP, ignore_result=True)
+@shared_task(bind=True, name=SWEEP, **RELIABLE)
 def sweep(self: Task[Any, Any]) -> dict[str, int]:
     """One sweeper pass (beat runs it every ``Settings.sweep_seconds``). A database error fails
     this pass only; the next tick tries again, and every step is idempotent."""
@@ -73,7 +89,7 @@ def sweep(self: Task[Any, Any]) -> dict[str, int]:
     return dataclasses.asdict(report)
 
 
-@shared_task(bind=True, name=BACKGROUND_DONE, max_retries=CLAIM_RETRIES, ignore_result=True)
+@shared_task(bind=True, name=BACKGROUND_DONE, max_retries=CLAIM_RETRIES, **RELIABLE)
 def background_done(
     self: Task[Any, Any], outcome: Any, *, job_id: int, failed: bool = False
 ) -> str:
