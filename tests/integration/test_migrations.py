@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from agent_router.store.migrate import downgrade, upgrade
+from agent_router.store.migrate import VERSION_TABLE, downgrade, upgrade
 from agent_router.store.models import Base
 
 
@@ -16,7 +16,9 @@ def _diff(url: str) -> list[object]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            ctx = MigrationContext.configure(
+                conn, opts={"compare_type": True, "version_table": VERSION_TABLE}
+            )
             return list(compare_metadata(ctx, Base.metadata))
     finally:
         engine.dispose()
@@ -58,7 +60,7 @@ def test_downgrade_base_removes_everything(fresh_pg_url: str) -> None:
     downgrade(fresh_pg_url, "base")
     engine = sa.create_engine(fresh_pg_url)
     with engine.connect() as conn:
-        tables = set(sa.inspect(conn).get_table_names()) - {"alembic_version"}
+        tables = set(sa.inspect(conn).get_table_names()) - {VERSION_TABLE}
         enums = conn.execute(sa.text("SELECT count(*) FROM pg_type WHERE typname LIKE 'ar_%'"))
         assert (tables, enums.scalar()) == (set(), 0)
     engine.dispose()

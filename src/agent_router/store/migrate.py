@@ -1,13 +1,36 @@
-"""Alembic, driven from Python (``agent-router db upgrade``) with the package's own scripts."""
+"""The router's Alembic history, run three ways: ``agent-router db upgrade`` (the CLI),
+:func:`upgrade` from Python, and :func:`upgrade_connection` from a host's own Alembic ``env.py``.
+
+Its revisions are recorded in a version table of its own, :data:`VERSION_TABLE`, so a host's
+Alembic history (in the default ``alembic_version``) and the router's never see each other's
+revisions, whichever migrates first. A database migrated before the router had its own table
+keeps its state: the first upgrade moves the router's revision out of ``alembic_version``
+(:func:`adopt_default_version_table`).
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.pool import NullPool
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+#: Where the router's Alembic revision is recorded (never the host's ``alembic_version``).
+VERSION_TABLE = "agent_router_alembic_version"
+
+#: Alembic's default version table: where releases before :data:`VERSION_TABLE` kept theirs.
+DEFAULT_VERSION_TABLE = "alembic_version"
+
+logger = logging.getLogger(__name__)
 
 
 def alembic_config(database_url: str) -> Config:
@@ -23,3 +46,70 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
 def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(alembic_config(database_url), revision)
+
+
+def current(database_url: str) -> str | None:
+    """The router's revision in the database (``None`` before its first migration)."""
+    engine = sa.create_engine(database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            return ctx.get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def upgrade_connection(connection: sa.Connection, revision: str = "head") -> None:
+    """Upgrade the router's schema on a host's ``connection``: for a host's Alembic ``env.py``,
+    called after its own ``context.run_migrations()`` (it commits its own transaction)::
+
+        with context.begin_transaction():
+            context.run_migrations()
+        agent_router.store.migrate.upgrade_connection(connection)
+
+    It uses neither the host's ``context`` nor its version table."""
+    adopt_default_version_table(connection)
+    script = ScriptDirectory(str(MIGRATIONS))
+
+    def steps(heads: Any, _context: MigrationContext) -> Any:
+        return script._upgrade_revs(revision, heads)
+
+    ctx = MigrationContext.configure(
+        connection,
+        opts={"version_table": VERSION_TABLE, "fn": steps, "render_as_batch": True},
+    )
+    with Operations.context(ctx), ctx.begin_transaction():
+        ctx.run_migrations()
+    if connection.in_transaction():
+        connection.commit()
+
+
+def adopt_default_version_table(connection: sa.Connection) -> bool:
+    """Move the router's revision from ``alembic_version`` to :data:`VERSION_TABLE`, once.
+
+    Only a revision of the router's own history moves; a host's revision stays where it is,
+    and ``alembic_version`` is dropped only if the router's row was all it held. Runs in the
+    connection's transaction (the caller commits). Returns whether anything moved."""
+    inspector = sa.inspect(connection)
+    if not inspector.has_table(DEFAULT_VERSION_TABLE) or inspector.has_table(VERSION_TABLE):
+        return False
+    ours = {rev.revision for rev in ScriptDirectory(str(MIGRATIONS)).walk_revisions()}
+    legacy = sa.table(DEFAULT_VERSION_TABLE, sa.column("version_num", sa.String(32)))
+    found = [r for (r,) in connection.execute(sa.select(legacy.c.version_num)) if r in ours]
+    if not found:
+        return False
+    version = sa.Table(
+        VERSION_TABLE,
+        sa.MetaData(),
+        sa.Column("version_num", sa.String(32), primary_key=True),
+    )
+    version.create(connection)
+    connection.execute(version.insert(), [{"version_num": r} for r in found])
+    connection.execute(legacy.delete().where(legacy.c.version_num.in_(found)))
+    if connection.execute(sa.select(sa.func.count()).select_from(legacy)).scalar() == 0:
+        connection.execute(sa.text(f"DROP TABLE {DEFAULT_VERSION_TABLE}"))
+    logger.info(
+        "router revision moved to its own version table",
+        extra={"action": "migrate", "revisions": found, "table": VERSION_TABLE},
+    )
+    return True

@@ -30,6 +30,7 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
     import pydantic
     import redis
     import sqlalchemy.exc
+    from alembic.util import CommandError
 
     hint: str | None = getattr(exc, "hint", None)
     if isinstance(exc, pydantic.ValidationError):
@@ -66,6 +67,11 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
         )
     if isinstance(exc, errors.AgentRouterError):
         return str(exc), hint
+    if isinstance(exc, CommandError):
+        return f"migration error: {exc}", (
+            "the router's revision is in agent_router_alembic_version; `agent-router db upgrade` "
+            "upgrades to head"
+        )
     if isinstance(exc, ConnectionError | OSError):
         return f"{type(exc).__name__}: {exc}", hint or "`agent-router doctor` checks every service"
     return f"{type(exc).__name__}: {exc}", "run again with --traceback for the whole traceback"

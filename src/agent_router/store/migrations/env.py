@@ -1,12 +1,14 @@
 """Alembic environment: the URL comes from the Config's ``sqlalchemy.url`` (set by
-:func:`agent_router.store.migrate.alembic_config`) or from ``AGENT_ROUTER_DATABASE_URL``."""
+:func:`agent_router.store.migrate.alembic_config`) or from ``AGENT_ROUTER_DATABASE_URL``.
+Revisions are recorded in the router's own version table, never in ``alembic_version``."""
 
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import Connection, engine_from_config, pool
 
 from agent_router.settings import Settings
+from agent_router.store.migrate import VERSION_TABLE, adopt_default_version_table
 from agent_router.store.models import Base
 
 config = context.config
@@ -15,7 +17,9 @@ target_metadata = Base.metadata
 
 
 def run_offline() -> None:
-    context.configure(url=url, target_metadata=target_metadata, literal_binds=True)
+    context.configure(
+        url=url, target_metadata=target_metadata, literal_binds=True, version_table=VERSION_TABLE
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -32,9 +36,14 @@ def run_online() -> None:
         _run(connectable)
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
+    # A database migrated when the router's revision lived in `alembic_version` keeps its state.
+    adopt_default_version_table(connection)
+    if connection.in_transaction():
+        connection.commit()
     context.configure(
-        connection=connection,  # type: ignore[arg-type]
+        connection=connection,
+        version_table=VERSION_TABLE,
         target_metadata=target_metadata,
         render_as_batch=True,  # SQLite alters tables by copying them
     )
