@@ -1,5 +1,5 @@
-"""The operator's acts and tools: ``send``, ``stop``, ``terminate``, ``sweep``, ``db``,
-``bench``, ``chaos``."""
+"""The operator's acts and tools: ``send``, ``stop``, ``terminate``, ``sweep``, ``check``,
+``db``, ``bench``, ``chaos``."""
 
 from __future__ import annotations
 
@@ -142,6 +142,42 @@ def sweep(
         print(json.dumps(dataclasses.asdict(report)))
     else:
         print(" ".join(f"{k}={v}" for k, v in dataclasses.asdict(report).items()))
+
+
+@app.command()
+@_one_line_errors
+def check(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    quiescent: Annotated[
+        bool,
+        typer.Option(
+            "--quiescent",
+            envvar="AGENT_ROUTER_QUIESCENT",
+            help="The team is at rest: a pending message or an open tool call also counts.",
+        ),
+    ] = False,
+    database_url: DatabaseUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check the team's guarantees from the database (nothing lost, duplicated or reordered,
+    one turn at a time, every tool call answered). Exit status 1 on a violation."""
+    from agent_router.ops.checks import check_team
+    from agent_router.router import Router
+
+    router = Router(_settings(database_url))
+    try:
+        router.team(team)  # an unknown team is an error, not a clean report
+        report = check_team(router, team, quiescent=quiescent)
+    finally:
+        router.close()
+    if as_json:
+        print(json.dumps({**dataclasses.asdict(report), "ok": report.ok}))
+    else:
+        print(report.summary())
+        for violation in report.violations:
+            print(f"violation: {violation}")
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 db_app = typer.Typer(help="The router's database schema (Alembic migrations).")

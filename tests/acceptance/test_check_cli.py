@@ -1,0 +1,50 @@
+"""``agent-router check TEAM`` runs the guarantee checks from a shell: exit 0 and a summary for a
+sound team, exit 1 with one line per violation once a delivered message is gone from the
+transcript it was delivered into."""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from agent_router import Router, Settings
+from agent_router.outbox import RecordingPublisher
+from tests.integration.helpers import start_running
+
+from .test_operate_cli import run
+
+
+def test_check_passes_a_sound_team_and_fails_a_lost_message(sqlite_url: str) -> None:
+    router = Router(Settings(database_url=sqlite_url), publisher=RecordingPublisher())
+    router.create_schema()
+    team = router.create_team()
+    router.create_agent(team.id, role="UI Operator")
+    turn = start_running(router, team.id, "UI Operator_1", "Build the login page.")
+    turn.append_assistant({"role": "assistant", "content": "Done."})
+    turn.end()
+    message_id = router.messages(team.id)[0].id
+    router.close()
+
+    sound = run("check", str(team.id), "--quiescent", database_url=sqlite_url)
+    assert sound.returncode == 0, sound.stderr
+    assert "lost=0" in sound.stdout and "violation" not in sound.stdout
+
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("DELETE FROM ar_transcript_entries WHERE message_id = :m"), {"m": message_id}
+        )
+    engine.dispose()
+    broken = run("check", str(team.id), database_url=sqlite_url)
+    assert broken.returncode == 1
+    assert f"violation: message {message_id} marked delivered but not in a transcript" in (
+        broken.stdout.splitlines()
+    )
+    as_json = run("check", str(team.id), "--json", database_url=sqlite_url)
+    report = json.loads(as_json.stdout)
+    assert (as_json.returncode, report["ok"], report["lost"]) == (1, False, 1)
+
+    unknown = run("check", "999999", database_url=sqlite_url)
+    assert unknown.returncode == 1
+    assert len(unknown.stderr.strip().splitlines()) == 1
