@@ -146,6 +146,9 @@ class Agent:
     pending_trigger: TurnTrigger | None
     mailbox_depth: int = 0
     stop_requested: bool = False
+    #: The Celery task (``name`` or ``name@queue``) that runs this agent's turns when a host owns
+    #: them; ``None``: the built-in loop.
+    runner: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +204,9 @@ class Question:
     deadline: datetime
     answer_message_id: int | None = None
     kind: QuestionKind = QuestionKind.ASK
+    #: Display names of the asker and of the agent asked (filled by the Router's reads).
+    asker: str = ""
+    target: str = ""
 
 
 class JobStatus(enum.StrEnum):

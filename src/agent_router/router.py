@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -13,6 +14,7 @@ from typing import Any
 from agent_router import errors
 from agent_router.constants import BACKGROUND_DONE
 from agent_router.domain import (
+    LEAD_ROLE,
     Agent,
     AgentState,
     BackgroundJob,
@@ -83,8 +85,15 @@ class Router:
         if isinstance(self.waker, RedisWaker):
             self.waker.close()
 
-    def create_team(self, *, lead_system_prompt: str | None = None) -> Team:
-        return self.store.create_team(lead_system_prompt=lead_system_prompt)
+    def create_team(
+        self, *, lead_system_prompt: str | None = None, lead_runner: str | None = None
+    ) -> Team:
+        """A new team with its lead. ``lead_runner``: the host's Celery task that runs the lead's
+        turns (``name`` or ``name@queue``; default ``Settings.runners["Team Leader"]``, else
+        the built-in loop)."""
+        return self.store.create_team(
+            lead_system_prompt=lead_system_prompt, lead_runner=self._runner(LEAD_ROLE, lead_runner)
+        )
 
     def create_agent(
         self,
@@ -93,13 +102,32 @@ class Router:
         role: str,
         display_name: str | None = None,
         system_prompt: str | None = None,
+        runner: str | None = None,
     ) -> Agent:
-        """Add a sub-agent; its display name is ``{role}_{n}`` unless given."""
+        """Add a sub-agent; its display name is ``{role}_{n}`` unless given. ``runner``: the
+        host's Celery task for its turns (default ``Settings.runners[role]``, else the built-in
+        loop)."""
         if not isinstance(role, str):
             raise errors.InvalidMessageError("role must be a string")
         return self.store.create_agent(
-            team_id, role=role, display_name=display_name, system_prompt=system_prompt
+            team_id,
+            role=role,
+            display_name=display_name,
+            system_prompt=system_prompt,
+            runner=self._runner(role, runner),
         )
+
+    def _runner(self, role: str, runner: str | None) -> str | None:
+        """The runner recorded with a new agent: the one given, else the role's setting."""
+        chosen = runner if runner is not None else self.settings.runners.get(role)
+        if chosen is None:
+            return None
+        task, at, queue = chosen.partition("@") if isinstance(chosen, str) else ("", "", "")
+        if not task or (at and not queue) or len(chosen) > 300 or any(c.isspace() for c in chosen):
+            raise errors.InvalidMessageError(
+                f"invalid runner {chosen!r}: a Celery task name, or name@queue"
+            )
+        return chosen
 
     def create_agent_with_task(
         self,
@@ -110,12 +138,14 @@ class Router:
         sender: str = "user",
         display_name: str | None = None,
         system_prompt: str | None = None,
+        runner: str | None = None,
     ) -> tuple[Agent, Delivery]:
         """Add a sub-agent and send it its first ``task`` in one transaction: a crash or a
         refused task (too large, unknown sender, ...) leaves neither behind. The task wakes the
         new agent like any message to an idle one (``triggered_new_turn``)."""
         if not isinstance(role, str):
             raise errors.InvalidMessageError("role must be a string")
+        runner = self._runner(role, runner)
         request = self._validate(
             team_id,
             to=display_name or role,  # replaced by the new agent's display name
@@ -134,6 +164,7 @@ class Router:
                 display_name=display_name,
                 system_prompt=system_prompt,
                 task=request,
+                runner=runner,
             )
         assert delivery is not None
         return agent, self._delivered(team_id, sender, delivery)
@@ -159,7 +190,26 @@ class Router:
         return self.store.reads.messages(team_id)
 
     def question(self, question_id: int) -> Question:
-        return self.store.reads.question(question_id)
+        """The question, with the display names of who asked (``asker``) and who was asked
+        (``target``)."""
+        return self.store.reads.named_question(question_id)
+
+    def answer(self, question_id: int, text: str, *, sender: str | None = None) -> Delivery:
+        """Answer a question by its id: the answer goes to whoever asked it (resolving their
+        wait), from ``sender`` (default: the agent it was asked of; ``"user"`` for a person).
+        Answering a closed question raises :class:`~agent_router.errors.QuestionClosedError`
+        and changes nothing."""
+        if not isinstance(question_id, int) or isinstance(question_id, bool):
+            raise errors.InvalidMessageError("`question_id` must be an int")
+        question = self.question(question_id)
+        return self.send(
+            question.team_id,
+            to=question.asker,
+            content=text,
+            sender=sender or question.target,
+            type=MessageType.ANSWER,
+            question_id=question_id,
+        )
 
     # ------------------------------------------------------------------ routing
 
@@ -328,7 +378,7 @@ class Router:
             timeout_seconds=timeout_seconds,
         )
         self._delivered(turn.team_id, turn.display_name, delivery)
-        return q
+        return dataclasses.replace(q, asker=turn.display_name, target=target)
 
     def wait_for(
         self, turn: Turn, question: Question, *, block_seconds: float | None = None

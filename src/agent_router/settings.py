@@ -154,6 +154,13 @@ class Settings(BaseSettings):
     )
 
     # Fields below were added for recovery time (issue 6).
+    runners: dict[str, str] = Field(
+        default_factory=dict,
+        description="Host-owned roles: role name -> the Celery task (`name` or `name@queue`) "
+        'that runs the turns of agents of that role, e.g. {"Team Leader": "chat.lead_turn"}. '
+        "Recorded with each agent when it is created (a runner given to create_team or "
+        "create_agent, or in the roles file, comes first).",
+    )
     worker_sweeper: bool = Field(
         True,
         description="Every `agent-router worker` also runs the sweeper on a timer thread, every "

@@ -43,6 +43,7 @@ class Role:
     model: str | None = None  # None: the runner's default model
     temperature: float | None = None
     tools: ToolDeclaration = field(default_factory=ToolDeclaration)  # beside the router's own tools
+    runner: str | None = None  # the host's Celery task for this role's turns; None: built-in loop
 
     def __post_init__(self) -> None:
         if not self.name.strip() or any(c in self.name for c in '"\n\r<>'):
@@ -122,7 +123,7 @@ def _role(entry: Any, source: str) -> Role:
     if not isinstance(entry, dict):
         raise ConfigurationError(f"{source}: each [[roles]] entry must be a table")
     unknown = set(entry) - {
-        *("name", "description", "system_prompt", "model", "temperature"),
+        *("name", "description", "system_prompt", "model", "temperature", "runner"),
         *("mcp_servers", "host_tools"),
     }
     if unknown:
@@ -140,6 +141,9 @@ def _role(entry: Any, source: str) -> Role:
         raise ConfigurationError(f"{source}: role {name!r}: name, texts and model are strings")
     if temperature is not None and not isinstance(temperature, int | float):
         raise ConfigurationError(f"{source}: role {name!r}: temperature must be a number")
+    runner = entry.get("runner")
+    if runner is not None and not isinstance(runner, str):
+        raise ConfigurationError(f"{source}: role {name!r}: runner must be a task name")
     return Role(
         name=name.strip(),
         description=description.strip(),
@@ -147,4 +151,5 @@ def _role(entry: Any, source: str) -> Role:
         model=model,
         temperature=float(temperature) if temperature is not None else None,
         tools=ToolDeclaration.from_table(entry, source=f"{source}: role {name!r}"),
+        runner=runner,
     )

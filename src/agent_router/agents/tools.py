@@ -276,6 +276,7 @@ def _create_sub_agent(roles: RoleCatalogue) -> ToolFunction:
             task=task,
             sender=ctx.turn.display_name,
             system_prompt=role.system_prompt if role is not None else None,
+            runner=role.runner if role is not None else None,
         )
         return ok(
             display_name=agent.display_name,

@@ -37,12 +37,22 @@ from agent_router.store.tx import Tx
 from agent_router.store.values import SendRequest
 
 
-def create_team(tx: Tx, *, lead_system_prompt: str | None = None) -> Team:
+def create_team(
+    tx: Tx, *, lead_system_prompt: str | None = None, lead_runner: str | None = None
+) -> Team:
     session = tx.session
     team = TeamRow()
     session.add(team)
     session.flush()
-    lead = insert_agent(tx, team.id, LEAD_DISPLAY_NAME, LEAD_ROLE, lead_system_prompt, is_lead=True)
+    lead = insert_agent(
+        tx,
+        team.id,
+        LEAD_DISPLAY_NAME,
+        LEAD_ROLE,
+        lead_system_prompt,
+        is_lead=True,
+        runner=lead_runner,
+    )
     tx.ledger(LedgerAction.TEAM_CREATED, team_id=team.id, agent_id=lead.id)
     return Team(id=team.id, lead=values.agent(lead), created_at=team.created_at)
 
@@ -69,12 +79,13 @@ def create_agent_with_task(
     display_name: str | None = None,
     system_prompt: str | None = None,
     task: SendRequest | None = None,
+    runner: str | None = None,
 ) -> tuple[Agent, Delivery | None]:
     """Add a sub-agent and, when ``task`` is given, route that message to it (its ``to`` is
     replaced by the new display name) in the same transaction: both exist, or neither.
     ``role`` is checked by :func:`check_role` first."""
     queries.team(tx.session, team_id, lock=True)
-    agent = add_agent(tx, team_id, role, display_name, system_prompt)
+    agent = add_agent(tx, team_id, role, display_name, system_prompt, runner=runner)
     delivery: Delivery | None = None
     if task is not None:
         task = replace(task, team_id=team_id, to=agent.display_name)
@@ -88,6 +99,8 @@ def add_agent(
     role: str,
     display_name: str | None,
     system_prompt: str | None,
+    *,
+    runner: str | None = None,
 ) -> AgentRow:
     """Insert the agent (the caller holds the team lock)."""
     session = tx.session
@@ -114,7 +127,7 @@ def add_agent(
             reason="duplicate_display_name",
             display_name=display_name,
         )
-    agent = insert_agent(tx, team_id, display_name, role, system_prompt)
+    agent = insert_agent(tx, team_id, display_name, role, system_prompt, runner=runner)
     tx.ledger(
         LedgerAction.AGENT_CREATED,
         team_id=team_id,
@@ -133,8 +146,10 @@ def insert_agent(
     system_prompt: str | None,
     *,
     is_lead: bool = False,
+    runner: str | None = None,
 ) -> AgentRow:
-    """A new idle agent; its system prompt, snapshotted now, opens its transcript."""
+    """A new idle agent; its system prompt, snapshotted now, opens its transcript. ``runner``:
+    the host's task for its turns (``None``: the built-in loop)."""
     session = tx.session
     agent = AgentRow(
         team_id=team_id,
@@ -143,6 +158,7 @@ def insert_agent(
         is_lead=is_lead,
         state=AgentState.IDLE,
         system_prompt=system_prompt,
+        runner=runner,
     )
     session.add(agent)
     session.flush()

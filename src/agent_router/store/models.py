@@ -101,6 +101,9 @@ class AgentRow(Base):
     stop_requested: Mapped[bool] = mapped_column(default=False)
     scheduled_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The Celery task (``name`` or ``name@queue``) that runs this agent's turns when a host owns
+    # them; NULL: the built-in loop (``agent_router.run_agent_turn``).
+    runner: Mapped[str | None] = mapped_column(sa.String(300))
 
 
 class MessageRow(Base):

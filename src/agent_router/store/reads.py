@@ -3,6 +3,7 @@ chaos run read. Each read is one short session, no lock."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -91,6 +92,24 @@ class Reads:
             if row is None:
                 raise errors.UnknownQuestionError(f"no question {question_id}")
             return values.question(row)
+
+    def named_question(self, question_id: int) -> Question:
+        """The question with the display names of its asker and of the agent asked."""
+        with self._sessions() as session:
+            row = session.get(QuestionRow, question_id)
+            if row is None:
+                raise errors.UnknownQuestionError(f"no question {question_id}")
+            found = session.execute(
+                sa.select(AgentRow.id, AgentRow.display_name).where(
+                    AgentRow.id.in_((row.asker_agent_id, row.target_agent_id))
+                )
+            ).all()
+            names = {agent_id: name for agent_id, name in found}
+            return dataclasses.replace(
+                values.question(row),
+                asker=names[row.asker_agent_id],
+                target=names[row.target_agent_id],
+            )
 
     def stop_requested(self, agent_id: int) -> bool:
         with self._sessions() as session:

@@ -101,9 +101,13 @@ class Store:
 
     # ------------------------------------------------------------------ teams and agents
 
-    def create_team(self, *, lead_system_prompt: str | None = None) -> Team:
+    def create_team(
+        self, *, lead_system_prompt: str | None = None, lead_runner: str | None = None
+    ) -> Team:
         with self._tx() as tx:
-            return agents.create_team(tx, lead_system_prompt=lead_system_prompt)
+            return agents.create_team(
+                tx, lead_system_prompt=lead_system_prompt, lead_runner=lead_runner
+            )
 
     def create_agent(
         self,
@@ -112,9 +116,14 @@ class Store:
         role: str,
         display_name: str | None = None,
         system_prompt: str | None = None,
+        runner: str | None = None,
     ) -> Agent:
         agent, _ = self.create_agent_with_task(
-            team_id, role=role, display_name=display_name, system_prompt=system_prompt
+            team_id,
+            role=role,
+            display_name=display_name,
+            system_prompt=system_prompt,
+            runner=runner,
         )
         return agent
 
@@ -126,6 +135,7 @@ class Store:
         display_name: str | None = None,
         system_prompt: str | None = None,
         task: SendRequest | None = None,
+        runner: str | None = None,
     ) -> tuple[Agent, Delivery | None]:
         """Add a sub-agent and, when ``task`` is given, route that message to it in the same
         transaction: both exist, or neither."""
@@ -141,6 +151,7 @@ class Store:
                     display_name=display_name,
                     system_prompt=system_prompt,
                     task=task,
+                    runner=runner,
                 )
         except IntegrityError as exc:  # pragma: no cover - the team lock makes this unreachable
             raise errors.DuplicateDisplayNameError(str(exc.orig)) from exc

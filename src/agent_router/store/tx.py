@@ -95,6 +95,8 @@ class Tx:
             # Names for monitors (Flower shows the task as "UI Operator_1 (team 3) epoch 2"):
             # carried here so that publishing needs no extra read.
             payload = {"agent": agent.display_name, "team_id": agent.team_id, **payload}
+            if agent.runner:  # a host owns the agent's turns: its task is published by name
+                payload["task"] = agent.runner
         row = OutboxRow(
             team_id=agent.team_id, agent_id=agent.id, kind=kind, epoch=agent.epoch, payload=payload
         )

@@ -79,6 +79,7 @@ def agent(row: AgentRow, mailbox_depth: int = 0) -> Agent:
         pending_trigger=row.pending_trigger,
         mailbox_depth=mailbox_depth,
         stop_requested=row.stop_requested,
+        runner=row.runner,
     )
 
 

@@ -34,6 +34,29 @@ def turn_label(entry: OutboxEntry) -> str:
     return f"{who}{team} epoch {entry.epoch}{trigger}"
 
 
+def send_turn(app: Celery, runner: str | None, agent_id: int, epoch: int, **options: Any) -> None:
+    """Publish the fenced turn ``(agent_id, epoch)`` to the task that runs the agent's turns, by
+    name: ``runner`` (``name`` or ``name@queue``, a host's task) or the built-in loop's. No
+    task code is imported: any process can start a host's turn."""
+    task, _, queue = (runner or RUN_AGENT_TURN).partition("@")
+    if queue:
+        options["queue"] = queue
+    app.send_task(
+        task,
+        args=(agent_id, epoch),
+        # send_task by name cannot see the task's ignore_result; without this the Redis result
+        # backend subscribes to a result channel per send (and stalls sends while Redis is
+        # down), for a task whose outcome lives in the database.
+        ignore_result=True,
+        # A publish to a broker that is down fails fast instead of stalling `send()`: the row
+        # is in the outbox (committed), and the sweeper publishes it once the broker is back.
+        # Per publish, so the host app's own policy stays as it is.
+        retry_policy=PUBLISH_RETRY_POLICY,
+        kwargsrepr="{}",
+        **options,
+    )
+
+
 class CeleryPublisher:
     """The outbox :class:`~agent_router.outbox.Publisher` for Celery.
 
@@ -49,21 +72,14 @@ class CeleryPublisher:
             # A countdown batches completions: notices of background jobs that finish within
             # the window coalesce into the one turn this task starts.
             countdown = entry.payload.get("countdown")
-            self.app.send_task(
-                RUN_AGENT_TURN,
-                args=(entry.agent_id, entry.epoch),
+            send_turn(
+                self.app,
+                entry.payload.get("task"),
+                entry.agent_id,
+                entry.epoch,
                 countdown=float(countdown) if countdown else None,
-                # send_task by name cannot see the task's ignore_result; without this the Redis
-                # result backend subscribes to a result channel per send (and stalls sends while
-                # Redis is down), for a task whose outcome lives in the database.
-                ignore_result=True,
-                # A publish to a broker that is down fails fast instead of stalling `send()`:
-                # the row is in the outbox (committed), and the sweeper publishes it once the
-                # broker is back. Per publish, so the host app's own policy stays as it is.
-                retry_policy=PUBLISH_RETRY_POLICY,
                 # What Flower and `celery events` show for the task instead of "(12, 3)".
                 argsrepr=turn_label(entry),
-                kwargsrepr="{}",
             )
             logger.debug(
                 "turn enqueued",

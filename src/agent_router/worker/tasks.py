@@ -23,7 +23,7 @@ from agent_router import errors
 from agent_router.constants import BACKGROUND_DONE, RUN_AGENT_TURN, SWEEP
 from agent_router.sweeper import sweep as sweep_once
 from agent_router.worker import runtime, task_events
-from agent_router.worker.publisher import CeleryPublisher, job_result_text
+from agent_router.worker.publisher import CeleryPublisher, job_result_text, send_turn
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,16 @@ def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
 
 def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epoch: int) -> str:
     try:
+        runner = rt.router.store.reads.agent_by_id(agent_id).runner
+        if runner:
+            # A host owns this agent's turns: the built-in loop never runs one. Forwarded with
+            # the same fence, so the host's task claims (or refuses) it as any delivery.
+            send_turn(task.app, runner, agent_id, epoch)
+            logger.info(
+                "turn forwarded to the host's task",
+                extra={"action": "forward", "agent_id": agent_id, "epoch": epoch, "task": runner},
+            )
+            return "forwarded"
         turn = rt.router.claim(agent_id, epoch)
     except errors.StoreError as exc:
         logger.warning(
