@@ -1,0 +1,8 @@
+from django.urls import path
+
+from chat import views
+
+urlpatterns = [
+    path("rooms/", views.rooms),
+    path("rooms/<int:room_id>/", views.room),
+]
