@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from agent_router import Router, Settings, TurnTrigger
 from agent_router.outbox import RecordingPublisher
+from agent_router.store.migrate import VERSION_TABLE
 from tests.integration.helpers import start_running, start_waiting
 
 CLI = str(Path(sys.executable).parent / "agent-router")
@@ -190,7 +191,8 @@ def test_db_upgrade_migrates_an_empty_database_and_is_idempotent(fresh_pg_url: s
         tables = set(sa.inspect(engine).get_table_names())
     finally:
         engine.dispose()
-    assert {"ar_teams", "ar_agents", "ar_messages", "ar_ledger", "alembic_version"} <= tables
+    assert {"ar_teams", "ar_agents", "ar_messages", "ar_ledger", VERSION_TABLE} <= tables
+    assert "alembic_version" not in tables  # the host's Alembic table is never the router's
     # The migrated schema serves the CLI at once.
     assert run("status", "--json", database_url=fresh_pg_url).stdout == ""
 

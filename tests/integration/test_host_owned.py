@@ -1,0 +1,252 @@
+"""Host-owned agents on a real worker (Redis, PostgreSQL): every path that starts a turn of an
+agent whose runner is a host's task publishes that task by name, and the built-in loop never
+runs such a turn.
+
+The host's task is registered on the test's own Celery app (as a host would); the lead's replies
+it writes are marked ``(host)``, so a lead reply without the mark would have come from the
+built-in loop."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from kombu import Queue
+
+from agent_router import (
+    AgentState,
+    InvalidMessageError,
+    LedgerAction,
+    MessageSubtype,
+    MessageType,
+    Router,
+    Settings,
+    TurnTrigger,
+)
+from agent_router.agents import hosted
+from agent_router.agents.llm import ScriptedModel, directive
+from agent_router.constants import RUN_AGENT_TURN
+from agent_router.ops.checks import check_team
+from agent_router.ops.demo import wait_quiescent, wait_until
+from agent_router.worker import install, runtime
+from agent_router.worker.runtime import Runtime
+
+TIMEOUT = 60.0
+
+
+class HostLead:
+    """The host's own model for its lead: the scripted lead, replies marked ``(host)``."""
+
+    def __init__(self) -> None:
+        self.scripted = ScriptedModel(script=None, name="Team Leader")
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        reply = self.scripted.complete(messages, tools)
+        if reply.get("content"):
+            reply["content"] = f"(host) {reply['content']}"
+        return reply
+
+
+@pytest.fixture
+def host_worker(
+    celery_settings: Settings, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Runtime, str]]:
+    """A host app with its own task for lead turns, wired with ``install``; one worker consumes
+    the host's queue and the router's. Returns the runtime and the lead runner."""
+    monkeypatch.setenv("AGENT_ROUTER_WORKER_SWEEPER", "false")  # sweeps are run by the tests
+    host_queue = f"host.{uuid.uuid4().hex[:8]}"
+    app = Celery(f"host_{uuid.uuid4().hex[:6]}", broker=redis_url)
+    task_name = f"host.lead_turn_{uuid.uuid4().hex[:6]}"
+    # A blocked wait suspends quickly, so that the lead's continuation turns are exercised.
+    settings = celery_settings.model_copy(update={"ask_block_seconds": 0.2})
+
+    @app.task(name=task_name, acks_late=True, reject_on_worker_lost=True)
+    def lead_turn(agent_id: int, epoch: int) -> str:
+        with hosted.claim(agent_id, epoch) as turn:
+            if turn is None:
+                return "refused"
+            model = HostLead()
+            while turn.step(model.complete(turn.messages(), turn.tools)) is None:
+                pass
+        return str(turn.outcome)
+
+    install(app, settings)
+    rt = runtime.configure(settings, app=app)
+    try:
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=8,
+            perform_ping_check=False,
+            shutdown_timeout=60.0,
+            queues=[host_queue, celery_settings.queue],
+        ):
+            yield rt, f"{task_name}@{host_queue}"
+    finally:
+        runtime.reset()
+        with app.connection_for_write() as conn:
+            for queue in (host_queue, celery_settings.queue):
+                Queue(queue, channel=conn.default_channel).delete()
+        app.close()
+
+
+def _lead_texts(router: Router, team: int) -> list[str]:
+    return [
+        str(e["content"])
+        for e in router.transcript(team, "Team Leader")
+        if e["role"] == "assistant" and e.get("content")
+    ]
+
+
+def _claims(router: Router, team: int, name: str) -> list[TurnTrigger]:
+    return [t.trigger for t in router.store.reads.turns(router.agent(team, name).id)]
+
+
+def test_sends_follow_ups_and_continuations_of_a_host_owned_lead_run_the_hosts_task(
+    host_worker: tuple[Runtime, str],
+) -> None:
+    rt, runner = host_worker
+    router = rt.router
+    team = router.create_team(lead_runner=runner).id
+    assert router.agent(team, "Team Leader").runner == runner
+    # The lead staffs a sub-agent (built-in loop) that asks it a question first: the lead's
+    # host turn answers it with the built-in tool, the sub-agent finishes and reports.
+    ask = directive("ask_master", question="Which auth module?")
+    create = directive("create_sub_agent", role="Full-Stack Engineer", task=f"Build it.\n{ask}")
+    router.send(team, to="Team Leader", content=f"Build the login page.\n{create}")
+    wait_until(
+        lambda: any("from Full-Stack Engineer_1" in t for t in _lead_texts(router, team)),
+        "the sub-agent's report to reach the host's lead",
+        timeout=TIMEOUT,
+    )
+    wait_quiescent(router, team, timeout=TIMEOUT)
+    texts = _lead_texts(router, team)
+    assert texts and all(t.startswith("(host) ") for t in texts)
+    # The sub-agent ran on the built-in loop, and its question was answered by the host's lead.
+    sub_texts = [
+        e for e in router.transcript(team, "Full-Stack Engineer_1") if e["role"] == "assistant"
+    ]
+    assert sub_texts and not any(str(e.get("content")).startswith("(host)") for e in sub_texts)
+    asks = [e for e in router.ledger(team) if e.action is LedgerAction.QUESTION_RESOLVED]
+    assert asks
+    assert len(_claims(router, team, "Team Leader")) >= 2  # the send, then the report's turn
+    assert check_team(router, team, quiescent=True).violations == []
+
+
+def test_a_suspended_host_turn_continues_in_the_hosts_task(
+    host_worker: tuple[Runtime, str], celery_settings: Settings
+) -> None:
+    rt, runner = host_worker
+    router = rt.router
+    team = router.create_team(lead_runner=runner).id
+    router.create_agent(team, role="UI Operator")
+    # The sub-agent's turn is held here (its task is never published), so it writes its output
+    # only once the lead's wait has suspended.
+    offline = Router(celery_settings)
+    offline.send(team, to="UI Operator_1", content="Build the form.", sender="Team Leader")
+    sub = offline.claim_turn(team, "UI Operator_1")
+    assert sub is not None
+    sub.drain()
+    wait = directive("wait_sub_agent_output", display_name="UI Operator_1")
+    router.send(team, to="Team Leader", content=f"Wait for the form.\n{wait}")
+    wait_until(
+        lambda: router.agent(team, "Team Leader").suspended,
+        "the host's lead to suspend in its wait",
+        timeout=TIMEOUT,
+    )
+    sub.append_assistant({"role": "assistant", "content": "The form is built."})
+    router.send(
+        team,
+        to="Team Leader",
+        content="The form is built.",
+        sender="UI Operator_1",
+        type=MessageType.OUTPUT,
+        subtype=MessageSubtype.COMPLETION_REPORT,
+    )
+    sub.end()
+    offline.close()
+    wait_until(
+        lambda: TurnTrigger.CONTINUATION in _claims(router, team, "Team Leader"),
+        "the lead's continuation turn",
+        timeout=TIMEOUT,
+    )
+    wait_quiescent(router, team, timeout=TIMEOUT)
+    assert _claims(router, team, "Team Leader")[:2] == [TurnTrigger.NEW, TurnTrigger.CONTINUATION]
+    texts = _lead_texts(router, team)
+    assert texts and all(t.startswith("(host) ") for t in texts)
+    assert check_team(router, team, quiescent=True).violations == []
+
+
+def test_a_built_in_turn_task_for_a_host_owned_agent_is_forwarded(
+    host_worker: tuple[Runtime, str], celery_settings: Settings
+) -> None:
+    rt, runner = host_worker
+    offline = Router(celery_settings)  # commits the turn enqueue, publishes nothing
+    team = offline.create_team(lead_runner=runner).id
+    offline.send(team, to="Team Leader", content="Status, please.")
+    epoch = offline.agent(team, "Team Leader").epoch
+    lead_id = offline.agent(team, "Team Leader").id
+    offline.close()
+    # A delivery of the built-in task (an outbox row of an older release, a hand-sent task):
+    # the built-in loop does not run it; the host's task does, under the same fence.
+    rt.app.send_task(RUN_AGENT_TURN, args=(lead_id, epoch))
+    router = rt.router
+    wait_until(lambda: _lead_texts(router, team) != [], "the host's lead reply", timeout=TIMEOUT)
+    assert _lead_texts(router, team) == ["(host) Noted 1 update(s) from user."]
+    # The outbox row itself, published now (as the sweeper re-publishes), is a stale duplicate.
+    (entry,) = router.outbox(team)
+    assert entry.payload["task"] == runner
+    assert router.publisher is not None
+    router.publisher.publish(entry)
+    wait_quiescent(router, team, timeout=TIMEOUT)
+    assert _claims(router, team, "Team Leader") == [TurnTrigger.NEW]
+
+
+def test_a_taken_over_host_turn_is_recovered_by_the_hosts_task(
+    host_worker: tuple[Runtime, str],
+) -> None:
+    rt, runner = host_worker
+    router = rt.router
+    team = router.create_team(lead_runner=runner).id
+    offline = Router(router.settings)
+    offline.send(team, to="Team Leader", content="Plan the release.")
+    offline.close()
+    dead = router.claim_turn(team, "Team Leader")  # ... and its worker dies
+    assert dead is not None
+    router.take_over(team, "Team Leader", reason="worker lost")
+    wait_until(lambda: _lead_texts(router, team) != [], "the recovered reply", timeout=TIMEOUT)
+    wait_quiescent(router, team, timeout=TIMEOUT)
+    assert _lead_texts(router, team) == ["(host) Noted 1 update(s) from user."]
+    assert _claims(router, team, "Team Leader") == [TurnTrigger.NEW, TurnTrigger.RECOVERY]
+    assert router.agent(team, "Team Leader").state is AgentState.COMPLETED
+
+
+def test_answer_by_question_id_and_names_on_questions(host_worker: tuple[Runtime, str]) -> None:
+    rt, _runner = host_worker
+    router = Router(rt.router.settings)  # no publisher: nothing runs, the states stay put
+    try:
+        team = router.create_team().id
+        router.create_agent(team, role="UI Operator")
+        router.send(team, to="UI Operator_1", content="start", sender="user")
+        turn = router.claim_turn(team, "UI Operator_1")
+        assert turn is not None
+        turn.drain()
+        call = {"id": "ask-1", "type": "function", "function": {"name": "ask_master"}}
+        turn.append_assistant({"role": "assistant", "content": None, "tool_calls": [call]})
+        question = turn.ask("Team Leader", "Which auth module?", tool_call_id="ask-1")
+        assert (question.asker, question.target) == ("UI Operator_1", "Team Leader")
+        read = router.question(question.id)
+        assert (read.asker, read.target) == ("UI Operator_1", "Team Leader")
+        delivery = router.answer(question.id, "Use OAuth.")
+        assert delivery.target == "UI Operator_1"
+        answered = [m for m in router.messages(team) if m.type is MessageType.ANSWER]
+        assert [(m.source_name, m.question_id) for m in answered] == [("Team Leader", question.id)]
+        assert not router.question(question.id).waiting
+        with pytest.raises(InvalidMessageError):
+            router.create_team(lead_runner="host task with spaces")
+    finally:
+        router.close()
