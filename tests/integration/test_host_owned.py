@@ -29,6 +29,8 @@ from agent_router import (
 )
 from agent_router.agents import hosted
 from agent_router.agents.llm import ScriptedModel, directive
+from agent_router.agents.roles import RoleCatalogue
+from agent_router.agents.tools import ToolContext, default_registry
 from agent_router.constants import RUN_AGENT_TURN
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent, wait_until
@@ -248,5 +250,56 @@ def test_answer_by_question_id_and_names_on_questions(host_worker: tuple[Runtime
         assert not router.question(question.id).waiting
         with pytest.raises(InvalidMessageError):
             router.create_team(lead_runner="host task with spaces")
+    finally:
+        router.close()
+
+
+def test_a_runner_comes_from_the_call_the_roles_file_or_the_settings(sqlite_url: str) -> None:
+    settings = Settings(
+        database_url=sqlite_url,
+        runners={"Team Leader": "chat.lead_turn@chat", "Reviewer": "chat.review_turn"},
+    )
+    router = Router(settings)
+    router.create_schema()
+    try:
+        team = router.create_team().id
+        assert router.agent(team, "Team Leader").runner == "chat.lead_turn@chat"
+        assert router.create_agent(team, role="Reviewer").runner == "chat.review_turn"
+        given = router.create_agent(team, role="Reviewer", runner="chat.other")
+        assert given.runner == "chat.other"
+        assert router.create_agent(team, role="UI Operator").runner is None
+        # A role of the roles file with a runner: the lead's create_sub_agent records it.
+        roles = RoleCatalogue.from_toml(
+            '[[roles]]\nname = "Designer"\nsystem_prompt = "You design."\n'
+            'runner = "chat.design_turn@design"\n'
+        )
+        role = roles.get("Designer")
+        assert role is not None and role.runner == "chat.design_turn@design"
+        router.send(team, to="Team Leader", content="go")
+        lead_turn = router.claim_turn(team, "Team Leader")
+        assert lead_turn is not None
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "create_sub_agent", "arguments": "{}"},
+        }
+        lead_turn.drain()
+        lead_turn.append_assistant({"role": "assistant", "content": None, "tool_calls": [call]})
+        ctx = ToolContext(
+            router=router,
+            turn=lead_turn,
+            agent=router.agent(team, "Team Leader"),
+            settings=settings,
+            call_id="c1",
+        )
+        default_registry(roles).call("create_sub_agent", {"role": "Designer", "task": "x"}, ctx)
+        designer = router.agent(team, "Designer_1")
+        assert designer.runner == "chat.design_turn@design"
+        # ... and its turn enqueue names the task, for any publisher in any process.
+        (enqueue,) = [e for e in router.outbox(team) if e.agent_id == designer.id]
+        assert enqueue.payload["task"] == "chat.design_turn@design"
+        for bad in ("", "a b", "task@", "@queue"):
+            with pytest.raises(InvalidMessageError):
+                router.create_agent(team, role="Reviewer", runner=bad)
     finally:
         router.close()
