@@ -303,3 +303,31 @@ def test_a_runner_comes_from_the_call_the_roles_file_or_the_settings(sqlite_url:
                 router.create_agent(team, role="Reviewer", runner=bad)
     finally:
         router.close()
+
+
+def test_a_host_owned_sub_agent_reports_to_the_lead_as_the_built_in_loop_does(
+    host_worker: tuple[Runtime, str],
+) -> None:
+    rt, runner = host_worker
+    router = rt.router
+    team = router.create_team().id  # the lead on the built-in loop
+    router.create_agent(team, role="Reviewer", runner=runner)
+    router.send(team, to="Reviewer_1", content="Review the login page.", sender="Team Leader")
+    wait_until(
+        lambda: any(e.action is LedgerAction.TURN_CLAIMED for e in _lead_claims(router, team)),
+        "the lead's turn for the report",
+        timeout=TIMEOUT,
+    )
+    wait_quiescent(router, team, timeout=TIMEOUT)
+    reports = [
+        m
+        for m in router.messages(team)
+        if m.subtype is MessageSubtype.COMPLETION_REPORT and m.source_name == "Reviewer_1"
+    ]
+    assert [m.content for m in reports] == ["(host) Noted 1 update(s) from Team Leader."]
+    assert check_team(router, team, quiescent=True).violations == []
+
+
+def _lead_claims(router: Router, team: int) -> list[Any]:
+    lead = router.agent(team, "Team Leader").id
+    return [e for e in router.ledger(team) if e.agent_id == lead]
