@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from agent_router import Router, Settings
 from agent_router.outbox import RecordingPublisher
-from tests.integration.helpers import start_running
+from tests.integration.helpers import start_running, start_waiting
 
 from .test_operate_cli import run
 
@@ -48,3 +48,21 @@ def test_check_passes_a_sound_team_and_fails_a_lost_message(sqlite_url: str) -> 
     unknown = run("check", "999999", database_url=sqlite_url)
     assert unknown.returncode == 1
     assert len(unknown.stderr.strip().splitlines()) == 1
+
+
+def test_answer_by_question_id_reaches_the_asker_once(sqlite_url: str) -> None:
+    router = Router(Settings(database_url=sqlite_url), publisher=RecordingPublisher())
+    router.create_schema()
+    team = router.create_team()
+    router.create_agent(team.id, role="UI Operator")
+    start_waiting(router, team.id, "UI Operator_1", "Team Leader", call_id="ask-1")
+    (question,) = [m.question_id for m in router.messages(team.id) if m.question_id]
+    assert question is not None
+    router.close()
+
+    done = run("answer", str(question), "Use OAuth.", database_url=sqlite_url)
+    assert done.returncode == 0, done.stderr
+    assert "answer to UI Operator_1" in done.stdout and "resolved" in done.stdout
+    again = run("answer", str(question), "Use OAuth.", database_url=sqlite_url)
+    assert again.returncode == 1
+    assert len(again.stderr.strip().splitlines()) == 1

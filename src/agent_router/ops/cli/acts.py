@@ -1,5 +1,5 @@
-"""The operator's acts and tools: ``send``, ``stop``, ``terminate``, ``sweep``, ``check``,
-``db``, ``bench``, ``chaos``."""
+"""The operator's acts and tools: ``send``, ``answer``, ``stop``, ``terminate``, ``sweep``,
+``check``, ``db``, ``bench``, ``chaos``."""
 
 from __future__ import annotations
 
@@ -142,6 +142,27 @@ def sweep(
         print(json.dumps(dataclasses.asdict(report)))
     else:
         print(" ".join(f"{k}={v}" for k, v in dataclasses.asdict(report).items()))
+
+
+@app.command()
+@_one_line_errors
+def answer(
+    question: Annotated[
+        int, typer.Argument(envvar="AGENT_ROUTER_QUESTION_ID", help="The question's id.")
+    ],
+    content: Annotated[str, typer.Argument(help="The answer.")],
+    sender: Annotated[
+        str,
+        typer.Option(envvar="AGENT_ROUTER_SENDER", help="Who answers (an agent's name, user)."),
+    ] = "user",
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+) -> None:
+    """Answer a question by its id: the answer goes to whoever asked it and resolves their wait
+    (a closed question is a one-line error and changes nothing)."""
+    with _acting_router(database_url, broker_url) as router:
+        delivery = router.answer(question, content, sender=sender)
+    print(f"answer to {delivery.target} (message {delivery.message_id}): {delivery.outcome.value}")
 
 
 @app.command()
