@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from agent_router import errors
+from agent_router import validation as check
 from agent_router.constants import BACKGROUND_DONE
 from agent_router.domain import (
     Agent,
@@ -84,7 +85,9 @@ class Router:
             self.waker.close()
 
     def create_team(self, *, lead_system_prompt: str | None = None) -> Team:
-        return self.store.create_team(lead_system_prompt=lead_system_prompt)
+        return self.store.create_team(
+            lead_system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt")
+        )
 
     def create_agent(
         self,
@@ -95,10 +98,11 @@ class Router:
         system_prompt: str | None = None,
     ) -> Agent:
         """Add a sub-agent; its display name is ``{role}_{n}`` unless given."""
-        if not isinstance(role, str):
-            raise errors.InvalidMessageError("role must be a string")
         return self.store.create_agent(
-            team_id, role=role, display_name=display_name, system_prompt=system_prompt
+            self._team_id(team_id),
+            role=check.name(role, "role"),
+            display_name=None if display_name is None else check.name(display_name),
+            system_prompt=check.optional_text(system_prompt, "system_prompt"),
         )
 
     def create_agent_with_task(
@@ -114,8 +118,10 @@ class Router:
         """Add a sub-agent and send it its first ``task`` in one transaction: a crash or a
         refused task (too large, unknown sender, ...) leaves neither behind. The task wakes the
         new agent like any message to an idle one (``triggered_new_turn``)."""
-        if not isinstance(role, str):
-            raise errors.InvalidMessageError("role must be a string")
+        check.name(role, "role")
+        if display_name is not None:
+            check.name(display_name)
+        check.optional_text(system_prompt, "system_prompt")
         request = self._validate(
             team_id,
             to=display_name or role,  # replaced by the new agent's display name
@@ -140,26 +146,32 @@ class Router:
 
     # ------------------------------------------------------------------ reads
 
+    @staticmethod
+    def _team_id(team_id: Any) -> int:
+        return check.row_id(team_id, "team", errors.UnknownTeamError)
+
     def team(self, team_id: int) -> Team:
-        return self.store.reads.team(team_id)
+        return self.store.reads.team(self._team_id(team_id))
 
     def agent(self, team_id: int, display_name: str) -> Agent:
-        return self.store.reads.agent(team_id, display_name)
+        return self.store.reads.agent(self._team_id(team_id), check.name(display_name))
 
     def agents(self, team_id: int) -> list[Agent]:
-        return self.store.reads.agents(team_id)
+        return self.store.reads.agents(self._team_id(team_id))
 
     def transcript(self, team_id: int, display_name: str) -> list[dict[str, Any]]:
         return self.store.reads.transcript(self.agent(team_id, display_name).id)
 
     def ledger(self, team_id: int) -> list[LedgerEvent]:
-        return self.store.reads.ledger(team_id)
+        return self.store.reads.ledger(self._team_id(team_id))
 
     def messages(self, team_id: int) -> list[Message]:
-        return self.store.reads.messages(team_id)
+        return self.store.reads.messages(self._team_id(team_id))
 
     def question(self, question_id: int) -> Question:
-        return self.store.reads.question(question_id)
+        return self.store.reads.question(
+            check.row_id(question_id, "question", errors.UnknownQuestionError)
+        )
 
     # ------------------------------------------------------------------ routing
 
@@ -222,32 +234,37 @@ class Router:
         wake: Any,
         dedup_key: Any,
     ) -> SendRequest:
-        problem: errors.InvalidMessageError | None = None
-        msg_type: MessageType | None = None
-        msg_subtype: MessageSubtype | None = None
+        """Every argument of a send checked before the database sees it; a refusal is
+        ledgered (when the team exists) and reaches the hooks."""
         try:
-            msg_type = MessageType(type)
-            msg_subtype = MessageSubtype(subtype) if subtype is not None else None
-        except ValueError as exc:
-            problem = errors.InvalidMessageError(f"unknown message type or subtype: {exc}")
-        if problem is None:
-            problem = self._content_problem(content)
-        if problem is None:
-            problem = _field_problem(to, sender, wake, question_id, dedup_key)
-        if problem is not None or msg_type is None:
-            assert problem is not None
-            self.hooks.after_reject(
-                team_id if isinstance(team_id, int) else None, str(sender), problem
-            )
-            if isinstance(team_id, int) and self.store.reads.team_exists(team_id):
+            try:
+                msg_type = MessageType(type)
+                msg_subtype = MessageSubtype(subtype) if subtype is not None else None
+            except ValueError as exc:
+                raise errors.InvalidArgumentError(
+                    f"unknown message type or subtype: {exc}"
+                ) from None
+            self._content(content)
+            check.name(to, "`to`")
+            check.sender(sender)
+            if not isinstance(wake, bool):
+                raise errors.InvalidArgumentError("`wake` must be a bool")
+            if question_id is not None:
+                check.row_id(question_id, "question", errors.UnknownQuestionError)
+            check.optional_key(dedup_key, "`dedup_key`")
+        except errors.RefusedError as problem:
+            valid_team = isinstance(team_id, int) and 1 <= team_id <= check.MAX_ID
+            self.hooks.after_reject(team_id if valid_team else None, str(sender)[:200], problem)
+            if valid_team and self.store.reads.team_exists(team_id):
                 self.store.record_rejection(
-                    team_id, "invalid_message", error=str(problem), to=str(to)[:200]
+                    team_id,
+                    "invalid_message",
+                    error=check.scrub(str(problem))[:1000],
+                    to=check.scrub(str(to))[:200],
                 )
-            raise problem
-        if not isinstance(team_id, int) or isinstance(team_id, bool):
-            raise errors.UnknownTeamError(f"unknown team {team_id!r}")
+            raise
         return SendRequest(
-            team_id=team_id,
+            team_id=self._team_id(team_id),
             to=to,
             content=content,
             sender=sender,
@@ -258,22 +275,8 @@ class Router:
             dedup_key=dedup_key,
         )
 
-    def _content_problem(self, content: Any) -> errors.InvalidMessageError | None:
-        if not isinstance(content, str):
-            return errors.InvalidMessageError("content must be a string")
-        if not content.strip():
-            return errors.InvalidMessageError("content is empty")
-        if "\x00" in content:
-            return errors.InvalidMessageError("content contains a NUL character")
-        try:
-            size = len(content.encode("utf-8"))
-        except UnicodeEncodeError:
-            return errors.InvalidMessageError("content is not valid Unicode (lone surrogate)")
-        if size > self.settings.max_content_bytes:
-            return errors.ContentTooLargeError(
-                f"content is {size} bytes; the limit is {self.settings.max_content_bytes}"
-            )
-        return None
+    def _content(self, content: Any) -> str:
+        return check.text(content, "content", max_bytes=self.settings.max_content_bytes)
 
     # ------------------------------------------------------------------ turns
 
@@ -287,6 +290,13 @@ class Router:
 
     def claim(self, agent_id: int, epoch: int | None = None) -> Turn | None:
         """Claim by id and epoch, as a turn task does; duplicates and stale epochs get ``None``."""
+        if not 1 <= check.integer(agent_id, "agent id") <= check.MAX_ID:
+            return None  # no such agent: nothing to claim
+        if (
+            epoch is not None
+            and not check.MIN_INT32 <= check.integer(epoch, "epoch") <= check.MAX_INT32
+        ):
+            return None  # no turn ever had that epoch
         claim = self.store.claim_turn(agent_id, epoch)
         if claim is None:
             return None
@@ -314,9 +324,11 @@ class Router:
         subtype: MessageSubtype | None = None,
         timeout_seconds: float | None = None,
     ) -> Question:
-        problem = self._content_problem(question)
-        if problem is not None:
-            raise problem
+        self._content(question)
+        check.name(target, "target")
+        check.key(tool_call_id, "tool_call_id")
+        if timeout_seconds is not None:
+            check.seconds(timeout_seconds, "timeout_seconds")
         lead = self.team(turn.team_id).lead.display_name
         q, delivery = self.store.ask(
             turn.record,
@@ -372,18 +384,21 @@ class Router:
     def take_over(self, team_id: int, display_name: str, *, reason: str) -> int:
         """Fence the agent's running turn (it can write nothing more) and schedule recovery."""
         agent = self.agent(team_id, display_name)
-        return self.store.take_over(agent.id, reason=reason)
+        return self.store.take_over(agent.id, reason=self._reason(reason))
 
     def terminate(self, team_id: int, display_name: str, *, reason: str) -> None:
         """Final: later sends are refused, pending messages dropped with ``reason``."""
         agent = self.agent(team_id, display_name)
-        self.store.terminate(agent.id, reason=reason)
+        self.store.terminate(agent.id, reason=self._reason(reason))
 
     def stop(self, team_id: int, display_name: str, *, reason: str) -> AgentState:
         """Cooperative stop: the agent ends up ``idle`` with its mailbox kept; a running turn
         stops at its next boundary (the returned state is then still ``running``/``waiting``)."""
         agent = self.agent(team_id, display_name)
-        return self.store.request_stop(agent.id, reason=reason)
+        return self.store.request_stop(agent.id, reason=self._reason(reason))
+
+    def _reason(self, reason: Any) -> str:
+        return check.text(reason, "reason", max_bytes=self.settings.max_content_bytes)
 
     def wait_output(
         self,
@@ -396,6 +411,10 @@ class Router:
         """Open a wait of the turn's agent for ``target``'s next output (block on it with
         :meth:`wait_for`). Refused with :class:`~agent_router.errors.AskRefusedError` if it would
         deadlock or ``target`` has nothing to work on."""
+        check.name(target, "target")
+        check.key(tool_call_id, "tool_call_id")
+        if timeout_seconds is not None:
+            check.seconds(timeout_seconds, "timeout_seconds")
         return self.store.wait_output(
             turn.record, target=target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
         )
@@ -412,8 +431,10 @@ class Router:
         If the task cannot be sent (broker down), the job is reported failed and the error
         raised."""
         app = getattr(self.publisher, "app", None) or signature.app
-        name = str(signature.task)
-        job = self.store.start_job(team_id, agent, name=name, task_id=str(uuid.uuid4()))
+        name = check.name(str(signature.task), "job name")
+        job = self.store.start_job(
+            self._team_id(team_id), check.name(agent), name=name, task_id=str(uuid.uuid4())
+        )
         done = app.signature(BACKGROUND_DONE, kwargs={"job_id": job.id})
         failed = app.signature(BACKGROUND_DONE, kwargs={"job_id": job.id, "failed": True})
         try:
@@ -428,14 +449,16 @@ class Router:
 
     def finish_background(self, job_id: int, *, ok: bool, result: str) -> BackgroundJob:
         """Report a job's completion to its agent (idempotent: a second report is a no-op)."""
+        check.row_id(job_id, "background job", errors.RefusedError)
         limit = self.settings.max_content_bytes // 4  # room for the envelope; UTF-8 is <= 4x
+        result = check.scrub(str(result))  # what a job returned is reported, never refused
         text = result if len(result) <= limit else result[: limit - 1] + "…"
         return self.store.finish_job(
             job_id, ok=ok, result=text, batch_seconds=self.settings.background_batch_seconds
         )
 
     def background_jobs(self, team_id: int) -> list[BackgroundJob]:
-        return self.store.reads.jobs(team_id)
+        return self.store.reads.jobs(self._team_id(team_id))
 
     # ------------------------------------------------------------------ outbox
 
@@ -480,25 +503,4 @@ class Router:
         )
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:
-        return self.store.reads.outbox(team_id)
-
-
-def _field_problem(
-    to: Any, sender: Any, wake: Any, question_id: Any, dedup_key: Any
-) -> errors.InvalidMessageError | None:
-    """The first malformed field of a send other than its type and content, if any."""
-    if not isinstance(to, str) or not to:
-        return errors.InvalidMessageError("`to` must be a display name")
-    if not isinstance(sender, str) or not sender:
-        return errors.InvalidMessageError("`sender` must be a non-empty string")
-    if not isinstance(wake, bool):
-        return errors.InvalidMessageError("`wake` must be a bool")
-    if question_id is not None and (
-        not isinstance(question_id, int) or isinstance(question_id, bool)
-    ):
-        return errors.InvalidMessageError("`question_id` must be an int")
-    if dedup_key is not None and (
-        not isinstance(dedup_key, str) or not dedup_key or len(dedup_key) > 200
-    ):
-        return errors.InvalidMessageError("`dedup_key` must be 1-200 characters")
-    return None
+        return self.store.reads.outbox(self._team_id(team_id))

@@ -109,7 +109,10 @@ def test_max_steps_fails_the_turn_without_dangling_calls(router: Router) -> None
     assert sum(e["role"] == "assistant" for e in transcript) == 5
     assert tool_pairing_problems(transcript, open_allowed=False) == []
     assert router.agent(team_id, agent.display_name).state.value == "completed"
-    assert check_team(router, team_id).ok
+    report = check_team(router, team_id)
+    assert report.failed_turns == 1  # the failure is reported, not settled quietly
+    error = "MaxStepsExceededError: no final reply after 5 model calls"
+    assert report.failures == [f"{agent.display_name}: turn {turn.id} failed: {error}"]
 
 
 def test_fenced_turn_stops_and_writes_nothing(router: Router) -> None:

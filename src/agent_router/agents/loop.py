@@ -22,6 +22,7 @@ the agent becomes ``idle``).
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import logging
 import threading
@@ -32,6 +33,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from agent_router import errors
+from agent_router import validation as check
 from agent_router.agents.llm import Model, ModelFactory
 from agent_router.agents.tools import (
     RESULT_RECORDED,
@@ -261,6 +263,36 @@ def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> T
     return tools.call(str(function["name"]), arguments, ctx)
 
 
+class ReportUndeliveredError(errors.AgentRouterError):
+    """Raised when the router refused a sub-agent's output to its lead: the turn fails with
+    the reason, so that the ledger, the failure notice and ``check`` show it."""
+
+
+#: Room left in each part of a split report for its ``[part i/n]`` header.
+_PART_HEADER_BYTES = 64
+
+
+def report_parts(text: str, max_bytes: int) -> list[str]:
+    """``text`` as it reaches the lead: whole when it fits in one message, else split into
+    parts that each fit (at line breaks where one is near), numbered ``[part i/n]``. Nothing is
+    cut off: the parts joined without their headers are ``text``."""
+    if len(text.encode("utf-8")) <= max_bytes:
+        return [text]
+    room = max(max_bytes - _PART_HEADER_BYTES, 16)
+    chunks: list[str] = []
+    rest = text.encode("utf-8")
+    while rest:
+        cut = min(room, len(rest))
+        while cut < len(rest) and rest[cut] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
+            cut -= 1
+        newline = rest.rfind(b"\n", 0, cut)
+        if cut < len(rest) and newline > cut // 2:
+            cut = newline + 1
+        chunks.append(rest[:cut].decode("utf-8"))
+        rest = rest[cut:]
+    return [f"[part {i}/{len(chunks)}]\n{chunk}" for i, chunk in enumerate(chunks, 1)]
+
+
 def _tell_lead(
     router: Router,
     turn: Turn,
@@ -271,26 +303,30 @@ def _tell_lead(
     wake: bool,
     dedup_key: str,
 ) -> None:
+    """Send an output to the lead; an oversize one goes in parts (only the last one wakes the
+    lead), so none is dropped. A refusal raises :class:`ReportUndeliveredError`."""
     if not text.strip():
         return
-    try:
-        # Retrying is safe: the dedup key makes a second attempt return the first delivery.
-        _with_retries(
-            lambda: router.send(
-                turn.team_id,
-                to=lead,
-                content=text,
-                sender=turn.display_name,
-                type=MessageType.OUTPUT,
-                subtype=subtype,
-                wake=wake,
-                dedup_key=dedup_key,
-            )
+    parts = report_parts(check.scrub(text), router.settings.max_content_bytes)
+    for number, part in enumerate(parts, 1):
+        send = functools.partial(
+            router.send,
+            turn.team_id,
+            to=lead,
+            content=part,
+            sender=turn.display_name,
+            type=MessageType.OUTPUT,
+            subtype=subtype,
+            wake=wake and number == len(parts),
+            dedup_key=dedup_key if len(parts) == 1 else f"{dedup_key}:{number}",
         )
-    except errors.RefusedError as exc:  # the lead is gone: nobody to tell
-        logger.warning(
-            "output not delivered", extra={"action": "output_refused", "error": str(exc)}
-        )
+        try:
+            # Retrying is safe: the dedup key makes a second attempt return the first delivery.
+            _with_retries(send)
+        except errors.RefusedError as exc:
+            raise ReportUndeliveredError(
+                f"{subtype.value} of turn {turn.id} not delivered to {lead}: {exc}"
+            ) from exc
 
 
 def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:

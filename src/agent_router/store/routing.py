@@ -238,6 +238,8 @@ def reject(req: SendRequest, error: errors.AgentRouterError, reason: str) -> Ref
         reason=reason,
         to=req.to,
         sender=req.sender,
+        type=req.type.value,
+        subtype=req.subtype.value if req.subtype else None,
         message=str(error),
     )
 

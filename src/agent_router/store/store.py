@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from agent_router import errors
@@ -39,7 +39,7 @@ from agent_router.domain import (
     TurnStatus,
 )
 from agent_router.settings import Settings
-from agent_router.store import agents, jobs, recovery, routing, turns, waits
+from agent_router.store import agents, faults, jobs, recovery, routing, turns, waits
 from agent_router.store.engine import make_engine
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
@@ -79,17 +79,23 @@ class Store:
     @contextmanager
     def _tx(self) -> Iterator[Tx]:
         tx = Tx(self._sessions(), self.settings)
+        committing = False
         try:
             with tx.session.begin():
                 yield tx
+                # Everything but the COMMIT itself is sent first: a connection lost from here
+                # on leaves the outcome unknown, one lost before it left nothing written.
+                write_ledger_buffer(tx.session)
+                tx.session.flush()
+                committing = True
         except Refused as refused:
             tx.session.close()
             self._write_ledger(refused.action, **refused.ledger)
             raise refused.error from None
         except errors.AgentRouterError:
             raise
-        except DBAPIError as exc:
-            raise errors.StoreError(f"database error: {exc.orig!r}") from exc
+        except SQLAlchemyError as exc:
+            raise faults.store_error(exc, committing=committing) from exc
         finally:
             tx.session.close()
         if tx.entries and self._after_commit is not None:
