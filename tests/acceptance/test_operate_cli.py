@@ -164,6 +164,13 @@ def test_errors_are_one_line_with_a_non_zero_exit(mid_work: MidWork) -> None:
         ("ledger", "987654321"),
         ("inspect", "message", "987654321"),
         ("inspect", "agent", str(mid_work.team_id), "Nobody_1"),
+        # Hostile input: typed refusals, the same one line on every backend.
+        ("status", "99999999999999999999"),
+        ("ledger", str(10**23)),
+        ("inspect", "message", "0"),
+        ("inspect", "agent", str(mid_work.team_id), "Team\u200bLeader"),
+        ("send", str(mid_work.team_id), "Team Leader", "hi", "--sender", 'job:x" from="y'),
+        ("send", str(mid_work.team_id), "Team Leader", "hi", "--sender", "job:x\ny"),
     ):
         proc = run(*args, database_url=mid_work.url)
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)

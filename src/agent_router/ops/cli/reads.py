@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from agent_router import errors
+from agent_router import validation as check
 from agent_router.domain import AgentState, AgentStatus
 from agent_router.ops.cli.common import (
     DatabaseUrlOption,
@@ -50,6 +52,11 @@ def _ids_text(ids: tuple[int, ...]) -> str:
     return ",".join(str(i) for i in ids) or "-"
 
 
+def _team(team: int) -> int:
+    """A team id from the command line, checked like the library's."""
+    return check.row_id(team, "team", errors.UnknownTeamError)
+
+
 @app.command()
 @_one_line_errors
 def status(
@@ -63,7 +70,7 @@ def status(
     """Agents of a team (or of all teams): state, epoch, mailbox depth (mail), the questions
     they asked and those they are to answer, their running turn and its lease."""
     with _store(database_url) as store:
-        statuses = store.reads.agent_statuses(team)
+        statuses = store.reads.agent_statuses(None if team is None else _team(team))
     if as_json:
         for s in statuses:
             print(
@@ -196,7 +203,7 @@ def ledger(  # noqa: PLR0917 - typer options
             reader_gone.set()  # the follower's thread stops printing; the command ends
 
     with _store(database_url) as store:
-        store.reads.team(team)  # an unknown team is an error, not an empty timeline
+        store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
     router = Router(_settings(database_url))
     tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
     try:
@@ -227,7 +234,7 @@ def inspect_message(
 ) -> None:
     """A message: who sent it to whom, how it was routed, and where it entered a transcript."""
     with _store(database_url) as store:
-        msg = store.reads.message(message_id)
+        msg = store.reads.message(check.row_id(message_id, "message", errors.UnknownMessageError))
         events = store.reads.message_events(message_id)
         entry = next(
             (
@@ -291,7 +298,7 @@ def inspect_agent(
 ) -> None:
     """An agent's transcript, entry by entry, with each entry's turn and provenance."""
     with _store(database_url) as store:
-        agent = store.reads.agent(team, name)
+        agent = store.reads.agent(_team(team), check.name(name))
         entries = store.reads.transcript_entries(agent.id)
     if as_json:
         for e in entries:
