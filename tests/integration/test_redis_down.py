@@ -4,73 +4,15 @@ of the test's own is stopped and restarted (the shared one is left alone)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-import redis
 
 from agent_router import AgentState, MessageType, Router, Settings, Turn, WaitOutcome
 from agent_router.outbox import RecordingPublisher
 from agent_router.waker import RedisWaker
 
+from ..support.redis_server import RedisServer
 from .helpers import assistant, start_running, tool_call
-
-
-class RedisServer:
-    def __init__(self, directory: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.directory = directory
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.directory),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        else:
-            pytest.fail("redis-server did not start")
-        client.close()
-
-    def stop(self) -> None:
-        assert self.process is not None
-        self.process.terminate()
-        self.process.wait(timeout=10)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    if server.process is not None and server.process.poll() is None:
-        server.stop()
 
 
 def _ask_and_answer(turn: Turn, answerer: Router, call_id: str) -> WaitOutcome:
