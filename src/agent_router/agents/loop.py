@@ -194,12 +194,16 @@ def _steps(
     schemas = tools.schemas(agent)
     ctx = ToolContext(router=router, turn=turn, agent=agent, settings=router.settings)
     # A continuation (or any turn that finds its last batch unfinished) runs the rest first.
-    _run_calls(turn, heartbeat, _open_calls(turn), tools, ctx)
+    index, unfinished = _open_calls(turn)
+    _run_calls(turn, heartbeat, unfinished, tools, replace(ctx, reply_index=index))
     for step in range(router.settings.max_turn_steps):
         _boundary(turn, heartbeat)
         _drain_all(router, turn)
-        reply = model.complete(turn.transcript(), schemas)
+        history = turn.transcript()
+        reply = model.complete(history, schemas)
         _boundary(turn, heartbeat)
+        # Only this turn writes the transcript now: the reply lands at the end.
+        ctx = replace(ctx, reply_index=len(history))
         turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = reply.get("content")
@@ -221,13 +225,15 @@ def _steps(
     )
 
 
-def _open_calls(turn: Turn) -> list[dict[str, Any]]:
-    """The calls of the last assistant message that still have no result, in order."""
+def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
+    """The transcript index of the last assistant message and its calls that still have no
+    result, in order."""
     open_ids = turn.open_tool_calls()
     if not open_ids:
-        return []
-    last = next(e for e in reversed(turn.transcript()) if e.get("role") == "assistant")
-    return [c for c in last.get("tool_calls") or [] if c["id"] in open_ids]
+        return 0, []
+    transcript = turn.transcript()
+    index = max(i for i, e in enumerate(transcript) if e.get("role") == "assistant")
+    return index, [c for c in transcript[index].get("tool_calls") or [] if c["id"] in open_ids]
 
 
 def _run_calls(
