@@ -64,6 +64,11 @@ class ContentTooLargeError(InvalidMessageError):
     """Raised when message content exceeds the configured limit."""
 
 
+class DedupConflictError(RefusedError):
+    """Raised when a dedup key already named a different message to the same agent (other
+    content, sender or type): a retry must resend exactly what it sent."""
+
+
 class DuplicateDisplayNameError(RefusedError):
     """Raised when a display name is already taken in the team."""
 

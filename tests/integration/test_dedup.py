@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent_router import MessageType, Router, Settings
+from agent_router import DedupConflictError, MessageType, Router, Settings
 from agent_router.agents.loop import TurnOutcome, run_turn
 from agent_router.agents.tools import default_registry
 from agent_router.outbox import RecordingPublisher
@@ -62,3 +62,27 @@ def test_a_call_id_reused_in_a_later_turn_sends_a_new_message(router: Router) ->
         for m in router.messages(team.id)
         if m.target_name != "Team Leader"
     )
+
+
+def test_a_dedup_key_reused_for_another_message_is_a_conflict(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    first = router.send(team.id, to="Engineer_1", content="deploy v1", dedup_key="deploy")
+    again = router.send(team.id, to="Engineer_1", content="deploy v1", dedup_key="deploy")
+    assert again.duplicate and again.message_id == first.message_id  # a retry: the same send
+    ledger = len(router.ledger(team.id))
+    for changed in (
+        {"content": "deploy v2"},
+        {"sender": "Team Leader"},
+        {"type": MessageType.NOTICE},
+    ):
+        kwargs: dict[str, Any] = {"content": "deploy v1", "sender": "user", **changed}
+        with pytest.raises(DedupConflictError):
+            router.send(team.id, to="Engineer_1", dedup_key="deploy", **kwargs)
+    assert [m.content for m in router.messages(team.id)] == ["deploy v1"]
+    rejected = router.ledger(team.id)[ledger:]
+    assert [e.detail["reason"] for e in rejected] == ["dedup_conflict"] * 3
+    # The same key to another agent names another message.
+    router.create_agent(team.id, role="Designer")
+    other = router.send(team.id, to="Designer_1", content="deploy v2", dedup_key="deploy")
+    assert not other.duplicate

@@ -143,6 +143,7 @@ _REASONS: tuple[tuple[type[errors.RefusedError], str], ...] = (
     (errors.UnknownAgentError, "unknown_agent"),
     (errors.ContentTooLargeError, "too_large"),
     (errors.DuplicateDisplayNameError, "duplicate_name"),
+    (errors.DedupConflictError, "dedup_conflict"),
     (errors.InvalidMessageError, "invalid"),
 )
 
