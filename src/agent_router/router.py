@@ -35,6 +35,7 @@ from agent_router.outbox import Publisher
 from agent_router.settings import Settings
 from agent_router.store import SendRequest, Store
 from agent_router.store import utcnow as _utcnow
+from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker, RedisWaker, Waker
@@ -418,6 +419,29 @@ class Router:
         return self.store.wait_output(
             turn.record, target=target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
         )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def delete_team(self, team_id: int, *, dry_run: bool = False) -> Deletion:
+        """Delete a team: every row it owns (agents, messages, transcripts, turns, questions,
+        jobs, outbox, ledger) and the wake keys of its open questions. Its queued turn tasks
+        claim nothing and a turn still running writes nothing more. ``dry_run``: count only."""
+        deletion = self.store.delete_team(self._team_id(team_id), dry_run=dry_run)
+        self._forget(deletion)
+        return deletion
+
+    def prune(self, *, older_than_seconds: float, dry_run: bool = False) -> Deletion:
+        """Retention: delete every finished team (no agent scheduled, running or waiting, no
+        ledger event for ``older_than_seconds``) and published outbox rows that old."""
+        older = check.seconds(older_than_seconds, "older_than_seconds", maximum=1e10)
+        deletion = self.store.prune(older_than_seconds=older, dry_run=dry_run)
+        self._forget(deletion)
+        return deletion
+
+    def _forget(self, deletion: Deletion) -> None:
+        if not deletion.dry_run:
+            for question_id in deletion.questions:
+                self.waker.forget(question_id)
 
     # ------------------------------------------------------------------ background jobs
 

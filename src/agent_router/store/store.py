@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -39,7 +40,7 @@ from agent_router.domain import (
     TurnStatus,
 )
 from agent_router.settings import Settings
-from agent_router.store import agents, faults, jobs, recovery, routing, turns, waits
+from agent_router.store import agents, faults, jobs, lifecycle, recovery, routing, turns, waits
 from agent_router.store.engine import make_engine
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
@@ -369,6 +370,41 @@ class Store:
     ) -> BackgroundJob:
         with self._tx() as tx:
             return jobs.finish_job(tx, job_id, ok=ok, result=result, batch_seconds=batch_seconds)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def delete_team(self, team_id: int, *, dry_run: bool = False) -> lifecycle.Deletion:
+        """Delete a team and every row it owns (``dry_run``: count them, delete nothing)."""
+        with self._tx() as tx:  # a dry run only reads (and locks) what it counts
+            return lifecycle.delete_team(tx, team_id, dry_run=dry_run)
+
+    def prune(self, *, older_than_seconds: float, dry_run: bool = False) -> lifecycle.Deletion:
+        """Retention: delete finished teams (nothing in flight, no ledger event within
+        ``older_than_seconds``) and published outbox rows older than that, in batches."""
+        before = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._tx() as tx:  # first, so that a dry run counts each row once
+            published = lifecycle.prune_outbox(tx, before=before, dry_run=dry_run)
+        teams: list[int] = []
+        rows: dict[str, int] = {}
+        questions: list[int] = []
+        while True:
+            with self._tx() as tx:
+                batch = lifecycle.finished_teams(
+                    tx, before=before, limit=lifecycle.PRUNE_BATCH, after=max(teams, default=0)
+                )
+                deletion = lifecycle.delete_teams(
+                    tx, batch, dry_run=dry_run, outbox_pruned_before=before
+                )
+            teams += deletion.teams
+            questions += deletion.questions
+            for name, count in deletion.rows.items():
+                rows[name] = rows.get(name, 0) + count
+            if len(batch) < lifecycle.PRUNE_BATCH:
+                break
+        rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
+        return lifecycle.Deletion(
+            teams=tuple(teams), rows=rows, questions=tuple(questions), dry_run=dry_run
+        )
 
 
 __all__ = ["SendRequest", "Store", "make_engine", "utcnow"]
