@@ -3,6 +3,7 @@ chaos run read. Each read is one short session, no lock."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -254,64 +255,87 @@ class Reads:
             ).all()
             return [values.outbox_entry(r) for r in rows]
 
-    def agent_statuses(self, team_id: int | None = None) -> list[AgentStatus]:
-        """Every agent of a team (or of all teams, ``None``) with its mailbox depth, open
-        questions and running turn's lease: a handful of queries, whatever the team size."""
+    def agent_statuses(
+        self,
+        team_id: int | None = None,
+        *,
+        states: Collection[AgentState] = (),
+        after_id: int = 0,
+        limit: int | None = None,
+    ) -> list[AgentStatus]:
+        """Agents of a team (or of all teams, ``None``), in ``states`` if given, by id after
+        ``after_id``, at most ``limit``: each with its mailbox depth, open questions and running
+        turn's lease. Four queries whatever the number of agents: the page is a subquery, never
+        a list of ids."""
         with self._sessions() as session:
-            agents_q = sa.select(AgentRow).order_by(AgentRow.team_id, AgentRow.id)
+            page = sa.select(AgentRow.id).where(AgentRow.id > after_id)
             if team_id is not None:
                 queries.team(session, team_id)
-                agents_q = agents_q.where(AgentRow.team_id == team_id)
-            rows = session.scalars(agents_q).all()
-            ids = [r.id for r in rows]
-            depth = dict(
-                session.execute(
-                    sa.select(MessageRow.target_agent_id, sa.func.count())
-                    .where(
-                        MessageRow.target_agent_id.in_(ids),
-                        MessageRow.status == MessageStatus.PENDING,
-                    )
-                    .group_by(MessageRow.target_agent_id)
-                ).all()
+                page = page.where(AgentRow.team_id == team_id)
+            if states:
+                page = page.where(AgentRow.state.in_(list(states)))
+            page = page.order_by(AgentRow.id).limit(limit)
+            rows = session.scalars(
+                sa.select(AgentRow).where(AgentRow.id.in_(page)).order_by(AgentRow.id)
+            ).all()
+            if not rows:
+                return []
+            first, last = rows[0].id, rows[-1].id
+            in_page = sa.select(AgentRow.id).where(
+                AgentRow.id.between(first, last),
+                *([AgentRow.team_id == team_id] if team_id is not None else []),
+                *([AgentRow.state.in_(list(states))] if states else []),
             )
-            asked: dict[int, list[int]] = {}
-            to_answer: dict[int, list[int]] = {}
-            for qid, asker, target in session.execute(
-                sa.select(QuestionRow.id, QuestionRow.asker_agent_id, QuestionRow.target_agent_id)
+            return self._statuses(session, rows, in_page)
+
+    @staticmethod
+    def _statuses(session: Session, rows: Sequence[AgentRow], page: Any) -> list[AgentStatus]:
+        depth = dict(
+            session.execute(
+                sa.select(MessageRow.target_agent_id, sa.func.count())
                 .where(
-                    QuestionRow.status == QuestionStatus.OPEN,
-                    sa.or_(
-                        QuestionRow.asker_agent_id.in_(ids), QuestionRow.target_agent_id.in_(ids)
-                    ),
+                    MessageRow.target_agent_id.in_(page),
+                    MessageRow.status == MessageStatus.PENDING,
                 )
-                .order_by(QuestionRow.id)
-            ):
-                asked.setdefault(asker, []).append(qid)
-                to_answer.setdefault(target, []).append(qid)
-            running = {
-                t.agent_id: t
-                for t in session.scalars(
-                    sa.select(TurnRow).where(
-                        TurnRow.agent_id.in_(ids), TurnRow.status == TurnStatus.RUNNING
-                    )
+                .group_by(MessageRow.target_agent_id)
+            ).all()
+        )
+        asked: dict[int, list[int]] = {}
+        to_answer: dict[int, list[int]] = {}
+        for qid, asker, target in session.execute(
+            sa.select(QuestionRow.id, QuestionRow.asker_agent_id, QuestionRow.target_agent_id)
+            .where(
+                QuestionRow.status == QuestionStatus.OPEN,
+                sa.or_(QuestionRow.asker_agent_id.in_(page), QuestionRow.target_agent_id.in_(page)),
+            )
+            .order_by(QuestionRow.id)
+        ):
+            asked.setdefault(asker, []).append(qid)
+            to_answer.setdefault(target, []).append(qid)
+        running = {
+            t.agent_id: t
+            for t in session.scalars(
+                sa.select(TurnRow).where(
+                    TurnRow.agent_id.in_(page), TurnRow.status == TurnStatus.RUNNING
                 )
-            }
-            statuses = []
-            for r in rows:
-                turn = running.get(r.id)
-                current = turn is not None and turn.epoch == r.epoch
-                statuses.append(
-                    AgentStatus(
-                        agent=values.agent(r, depth.get(r.id, 0)),
-                        open_questions=tuple(asked.get(r.id, ())),
-                        questions_to_answer=tuple(to_answer.get(r.id, ())),
-                        turn_id=turn.id if turn is not None and current else None,
-                        lease_expires_at=turn.lease_expires_at
-                        if turn is not None and current
-                        else None,
-                    )
+            )
+        }
+        statuses = []
+        for r in rows:
+            turn = running.get(r.id)
+            current = turn is not None and turn.epoch == r.epoch
+            statuses.append(
+                AgentStatus(
+                    agent=values.agent(r, depth.get(r.id, 0)),
+                    open_questions=tuple(asked.get(r.id, ())),
+                    questions_to_answer=tuple(to_answer.get(r.id, ())),
+                    turn_id=turn.id if turn is not None and current else None,
+                    lease_expires_at=turn.lease_expires_at
+                    if turn is not None and current
+                    else None,
                 )
-            return statuses
+            )
+        return statuses
 
     def state_counts(self) -> dict[AgentState, tuple[int, int]]:
         """Per agent state: (agents, pending messages to them), over every team (metrics)."""

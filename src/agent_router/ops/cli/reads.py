@@ -59,18 +59,40 @@ def _team(team: int) -> int:
 
 @app.command()
 @_one_line_errors
-def status(
+def status(  # noqa: PLR0917 - typer options
     team: Annotated[
         int | None,
         typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id; all teams when omitted."),
     ] = None,
+    state: Annotated[
+        list[AgentState] | None,
+        typer.Option(
+            "--state", envvar="AGENT_ROUTER_STATE", help="Only agents in this state (repeatable)."
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(envvar="AGENT_ROUTER_LIMIT", help="Agents per page.", min=1)
+    ] = 200,
+    after: Annotated[
+        int,
+        typer.Option(
+            envvar="AGENT_ROUTER_AFTER", help="The next page: agents with ids above this.", min=0
+        ),
+    ] = 0,
     database_url: DatabaseUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Agents of a team (or of all teams): state, epoch, mailbox depth (mail), the questions
-    they asked and those they are to answer, their running turn and its lease."""
+    """Agents of a team (or of all teams), a page at a time by agent id: state, epoch, mailbox
+    depth (mail), the questions they asked and those they are to answer, their running turn and
+    its lease. A full page ends with the --after that shows the next."""
+    check.integer(after, "--after", minimum=0, maximum=check.MAX_ID)
     with _store(database_url) as store:
-        statuses = store.reads.agent_statuses(None if team is None else _team(team))
+        statuses = store.reads.agent_statuses(
+            None if team is None else _team(team),
+            states=state or (),
+            after_id=after,
+            limit=check.integer(limit, "--limit"),
+        )
     if as_json:
         for s in statuses:
             print(
@@ -100,6 +122,8 @@ def status(
         console.print("no agents" if team is None else f"team {team} has no agents")
     for team_id in teams:
         console.print(_status_table(team_id, [s for s in statuses if s.agent.team_id == team_id]))
+    if len(statuses) == limit:
+        console.print(f"more: --after {statuses[-1].agent.id}")
 
 
 def _status_table(team_id: int, statuses: list[AgentStatus]) -> Table:
