@@ -129,3 +129,19 @@ def test_prune_removes_finished_teams_and_published_outbox_rows(router: Router) 
     assert router.agent(busy_id, "Designer_1").state is AgentState.RUNNING  # kept
     assert len(router.outbox(busy_id)) < outbox_before  # its published rows went
     assert router.prune(older_than_seconds=3600).total == 0  # nothing that old left
+
+
+def test_repeated_refusals_share_one_ledger_row(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    ledger = len(router.ledger(team.id))
+    for _ in range(5):
+        with pytest.raises(UnknownAgentError):
+            router.send(team.id, to="Nobody_1", content="hello?")
+    with pytest.raises(UnknownAgentError):  # another receiver: a row of its own
+        router.send(team.id, to="Nobody_2", content="hello?")
+    rows = router.ledger(team.id)[ledger:]
+    assert [(e.detail["to"], e.detail.get("repeats", 1)) for e in rows] == [
+        ("Nobody_1", 5),
+        ("Nobody_2", 1),
+    ]

@@ -9,13 +9,13 @@ turn) and writes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from agent_router import errors
-from agent_router.domain import TURN_STATES, AgentState, QuestionStatus
+from agent_router.domain import TURN_STATES, AgentState, LedgerAction, QuestionStatus
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -26,6 +26,7 @@ from agent_router.store.models import (
     TeamRow,
     TranscriptEntryRow,
     TurnRow,
+    utcnow,
 )
 from agent_router.store.tx import Tx
 
@@ -143,3 +144,39 @@ def prune_outbox(tx: Tx, *, before: datetime, dry_run: bool) -> int:
         sa.delete(OutboxRow).where(where).execution_options(synchronize_session=False)
     )
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+#: Refusals of one kind (team, reason, sender, receiver) within this many seconds share one
+#: ledger row, counted in its ``repeats``: a sender retrying a refused send does not grow the
+#: ledger by a row per attempt.
+REFUSAL_WINDOW_SECONDS = 60.0
+
+
+def aggregate_refusal(tx: Tx, fields: dict[str, Any]) -> bool:
+    """Count a refusal on the latest row of its kind within the window (locked); ``False``
+    when there is none, and the refusal needs a row of its own."""
+    team_id = fields.get("team_id")
+    if team_id is None:
+        return False
+    now = utcnow()
+    latest = tx.session.scalars(
+        sa.select(LedgerRow)
+        .where(
+            LedgerRow.team_id == team_id,
+            LedgerRow.action == LedgerAction.SEND_REJECTED,
+            LedgerRow.created_at >= now - timedelta(seconds=REFUSAL_WINDOW_SECONDS),
+        )
+        .order_by(LedgerRow.id.desc())
+        .limit(1)
+        .with_for_update()
+    ).one_or_none()
+    key = ("reason", "sender", "to")
+    if latest is None or any(latest.detail.get(k) != fields.get(k) for k in key):
+        return False
+    latest.detail = {
+        **latest.detail,
+        "repeats": int(latest.detail.get("repeats", 1)) + 1,
+        "last_at": now.isoformat(),
+        "message": fields.get("message", latest.detail.get("message")),
+    }
+    return True

@@ -104,7 +104,10 @@ class Store:
 
     def _write_ledger(self, action: LedgerAction, **fields: Any) -> None:
         with self._sessions() as session, session.begin():
-            Tx(session, self.settings).ledger(action, **fields)
+            tx = Tx(session, self.settings)
+            if action is LedgerAction.SEND_REJECTED and lifecycle.aggregate_refusal(tx, fields):
+                return
+            tx.ledger(action, **fields)
 
     # ------------------------------------------------------------------ teams and agents
 
