@@ -20,6 +20,12 @@ class StoreError(AgentRouterError):
     Not a :class:`RefusedError`: the input may be fine and the same call may succeed later.
     Every driver error (SQLAlchemy, psycopg, sqlite3) leaves the store as this or a subclass."""
 
+    def __init__(self, message: str | None = None, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        # The connection was lost before COMMIT: nothing was written, running the same
+        # transaction again is safe (the store does so itself a few times first).
+        self.retryable = retryable
+
 
 class CommitUnknownError(StoreError):
     """Raised when the connection was lost while committing: the write may or may not have

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from agent_router import (
@@ -31,8 +32,8 @@ def pg_router(pg_schema_url: str) -> Iterator[Router]:
     router.close()
 
 
-def _terminate_own_backend(session: Session) -> None:
-    pid = session.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+def _terminate_own_backend(connection: Connection) -> None:
+    pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
@@ -40,17 +41,21 @@ def _terminate_own_backend(session: Session) -> None:
 
 
 class FaultAt:
-    """Terminate the transaction's backend once, at the session event ``name``."""
+    """Terminate the transaction's backend at the session event ``name`` (``times`` times)."""
 
-    def __init__(self, router: Router, name: str) -> None:
+    def __init__(self, router: Router, name: str, *, times: int = 1) -> None:
         self.sessions: Any = router.store._sessions
         self.name = name
+        self.left = times
         self.fired = False
 
     def __call__(self, session: Session, *args: Any) -> None:
-        if not self.fired:
+        if self.left:
+            self.left -= 1
             self.fired = True
-            _terminate_own_backend(session)
+            # after_begin passes the connection; at before_commit the session holds one.
+            connection = args[1] if len(args) > 1 else session.connection()
+            _terminate_own_backend(connection)
 
     def __enter__(self) -> FaultAt:
         event.listen(self.sessions, self.name, self)
@@ -80,10 +85,19 @@ def test_a_connection_lost_during_commit_is_commit_unknown_and_a_retry_is_safe(
     assert [m.content for m in pg_router.messages(team.id)] == ["deploy"]
 
 
-def test_a_connection_lost_before_commit_is_a_plain_store_error(pg_router: Router) -> None:
+def test_a_connection_lost_before_commit_is_retried_and_commits_once(pg_router: Router) -> None:
     team = pg_router.create_team()
     pg_router.create_agent(team.id, role="Engineer")
-    with FaultAt(pg_router, "after_begin"), pytest.raises(StoreError) as caught:
+    with FaultAt(pg_router, "after_begin") as fault:
+        delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
+    assert fault.fired  # the first run lost its connection; the second committed
+    assert [m.id for m in pg_router.messages(team.id)] == [delivery.message_id]
+
+
+def test_every_run_losing_its_connection_is_a_retryable_store_error(pg_router: Router) -> None:
+    team = pg_router.create_team()
+    pg_router.create_agent(team.id, role="Engineer")
+    with FaultAt(pg_router, "after_begin", times=10), pytest.raises(StoreError) as caught:
         pg_router.send(team.id, to="Engineer_1", content="deploy")
-    assert not isinstance(caught.value, CommitUnknownError)  # nothing was written
-    assert pg_router.messages(team.id) == []
+    assert caught.value.retryable and not isinstance(caught.value, CommitUnknownError)
+    assert pg_router.messages(team.id) == []  # nothing was written

@@ -28,7 +28,7 @@ from agent_router.domain import (
     TurnRecord,
     TurnStatus,
 )
-from agent_router.store import queries, values
+from agent_router.store import faults, queries, values
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -50,6 +50,7 @@ class Reads:
         self._sessions = sessions
         self._engine = engine
 
+    @faults.wrapped_read
     def team(self, team_id: int) -> Team:
         with self._sessions() as session:
             queries.team(session, team_id)
@@ -59,6 +60,7 @@ class Reads:
             created = session.scalars(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
             return Team(id=team_id, lead=values.agent(lead), created_at=created.one())
 
+    @faults.wrapped_read
     def agent(self, team_id: int, name: str) -> Agent:
         with self._sessions() as session:
             queries.team(session, team_id)
@@ -67,6 +69,7 @@ class Reads:
                 raise errors.UnknownAgentError(f"no agent {name!r} in team {team_id}")
             return values.agent(row, queries.mailbox_depth(session, row.id))
 
+    @faults.wrapped_read
     def agent_by_id(self, agent_id: int) -> Agent:
         with self._sessions() as session:
             row = session.get(AgentRow, agent_id)
@@ -74,6 +77,7 @@ class Reads:
                 raise errors.UnknownAgentError(f"no agent with id {agent_id}")
             return values.agent(row, queries.mailbox_depth(session, row.id))
 
+    @faults.wrapped_read
     def agents(self, team_id: int) -> list[Agent]:
         with self._sessions() as session:
             queries.team(session, team_id)
@@ -82,10 +86,12 @@ class Reads:
             ).all()
             return [values.agent(r, queries.mailbox_depth(session, r.id)) for r in rows]
 
+    @faults.wrapped_read
     def team_exists(self, team_id: int) -> bool:
         with self._sessions() as session:
             return session.get(TeamRow, team_id) is not None
 
+    @faults.wrapped_read
     def question(self, question_id: int) -> Question:
         with self._sessions() as session:
             row = session.get(QuestionRow, question_id)
@@ -93,16 +99,19 @@ class Reads:
                 raise errors.UnknownQuestionError(f"no question {question_id}")
             return values.question(row)
 
+    @faults.wrapped_read
     def stop_requested(self, agent_id: int) -> bool:
         with self._sessions() as session:
             return bool(
                 session.scalar(sa.select(AgentRow.stop_requested).where(AgentRow.id == agent_id))
             )
 
+    @faults.wrapped_read
     def open_tool_calls(self, agent_id: int) -> list[str]:
         with self._sessions() as session:
             return queries.open_tool_calls(session, agent_id)
 
+    @faults.wrapped_read
     def transcript(self, agent_id: int) -> list[dict[str, Any]]:
         with self._sessions() as session:
             return list(
@@ -113,6 +122,7 @@ class Reads:
                 )
             )
 
+    @faults.wrapped_read
     def transcript_entries(self, agent_id: int) -> list[dict[str, Any]]:
         """Transcript with provenance: each entry's payload plus its metadata and ids."""
         with self._sessions() as session:
@@ -132,6 +142,7 @@ class Reads:
                 for r in rows
             ]
 
+    @faults.wrapped_read
     def messages(self, team_id: int) -> list[Message]:
         with self._sessions() as session:
             names = dict(
@@ -144,6 +155,7 @@ class Reads:
             ).all()
             return [values.message(r, names[r.target_agent_id]) for r in rows]
 
+    @faults.wrapped_read
     def message(self, message_id: int) -> Message:
         """One message by id, with its delivery record."""
         with self._sessions() as session:
@@ -154,6 +166,7 @@ class Reads:
             assert target is not None
             return values.message(row, target.display_name)
 
+    @faults.wrapped_read
     def message_events(self, message_id: int) -> list[LedgerEvent]:
         """Ledger events about one message (its routing, a duplicate send, a drop)."""
         with self._sessions() as session:
@@ -165,6 +178,7 @@ class Reads:
             ).all()
             return [values.ledger_event(r, name) for r, name in rows]
 
+    @faults.wrapped_read
     def turns(self, agent_id: int) -> list[TurnRecord]:
         with self._sessions() as session:
             rows = session.scalars(
@@ -172,6 +186,7 @@ class Reads:
             ).all()
             return [values.turn(r) for r in rows]
 
+    @faults.wrapped_read
     def current_turn(self, agent_id: int) -> TurnRecord | None:
         with self._sessions() as session:
             agent = session.get(AgentRow, agent_id)
@@ -186,6 +201,7 @@ class Reads:
             ).one_or_none()
             return values.turn(row) if row else None
 
+    @faults.wrapped_read
     def ledger(self, team_id: int, *, after_id: int = 0) -> list[LedgerEvent]:
         """The team's ledger in order; ``after_id``: only events after that one (tailing)."""
         with self._sessions() as session:
@@ -197,6 +213,7 @@ class Reads:
             ).all()
             return [values.ledger_event(r, name) for r, name in rows]
 
+    @faults.wrapped_read
     def expired_leases(self) -> list[int]:
         """Agents whose current turn's lease has run out (its worker is presumed dead)."""
         with self._sessions() as session:
@@ -216,6 +233,7 @@ class Reads:
                 )
             )
 
+    @faults.wrapped_read
     def running_jobs(self, *, older_than_seconds: float, limit: int = 500) -> list[BackgroundJob]:
         """Jobs with no completion seen yet, started at least ``older_than_seconds`` ago."""
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
@@ -231,6 +249,7 @@ class Reads:
             ).all()
             return [values.job(r) for r in rows]
 
+    @faults.wrapped_read
     def jobs(self, team_id: int) -> list[BackgroundJob]:
         with self._sessions() as session:
             rows = session.scalars(
@@ -240,6 +259,7 @@ class Reads:
             ).all()
             return [values.job(r) for r in rows]
 
+    @faults.wrapped_read
     def unpublished(
         self, *, older_than_seconds: float = 0.0, limit: int = 500
     ) -> list[OutboxEntry]:
@@ -248,6 +268,7 @@ class Reads:
             rows = session.scalars(queries.unpublished_since(cutoff, limit)).all()
             return [values.outbox_entry(r) for r in rows]
 
+    @faults.wrapped_read
     def outbox(self, team_id: int) -> list[OutboxEntry]:
         with self._sessions() as session:
             rows = session.scalars(
@@ -255,6 +276,7 @@ class Reads:
             ).all()
             return [values.outbox_entry(r) for r in rows]
 
+    @faults.wrapped_read
     def agent_statuses(
         self,
         team_id: int | None = None,
@@ -337,6 +359,7 @@ class Reads:
             )
         return statuses
 
+    @faults.wrapped_read
     def state_counts(self) -> dict[AgentState, tuple[int, int]]:
         """Per agent state: (agents, pending messages to them), over every team (metrics)."""
         with self._sessions() as session:
@@ -356,6 +379,7 @@ class Reads:
             )
             return {s: (agents.get(s, 0), pending.get(s, 0)) for s in set(agents) | set(pending)}
 
+    @faults.wrapped_read
     def cluster_figures(self) -> tuple[float, int, int]:
         """Over every team (metrics): the age in seconds of the oldest pending message (0 when
         none is pending), the open questions, and the outbox rows not yet published."""
@@ -374,6 +398,7 @@ class Reads:
         age = max(0.0, (utcnow() - oldest).total_seconds()) if oldest is not None else 0.0
         return age, int(questions or 0), int(outbox or 0)
 
+    @faults.wrapped_read
     def open_question_report(self, team_id: int) -> list[tuple[Any, ...]]:
         """Each open question of the team with where its ask message went: question id, asker,
         target, waiting, and the message's status, outcome and target (diagnostics)."""
@@ -393,6 +418,7 @@ class Reads:
             ).all()
             return [tuple(r) for r in rows]
 
+    @faults.wrapped_read
     def question_statuses(self, team_id: int) -> list[QuestionStatus]:
         with self._sessions() as session:
             rows = session.scalars(
@@ -400,6 +426,7 @@ class Reads:
             ).all()
             return [QuestionStatus(s) for s in rows]
 
+    @faults.wrapped_read
     def turn_leases(self, team_id: int) -> dict[int, datetime | None]:
         """Each turn of the team by id, with its lease's end."""
         with self._sessions() as session:
@@ -411,6 +438,7 @@ class Reads:
                 ).tuples()
             )
 
+    @faults.wrapped_read
     def idle_connections(self) -> int:
         """Connections checked in to the engine's pool."""
         return int(self._engine.pool.checkedin())  # type: ignore[attr-defined]
