@@ -30,6 +30,8 @@ class Turn:
         self.record = record
         self.team_id = team_id
         self.display_name = display_name
+        self._history: list[dict[str, Any]] = []
+        self._position: int | None = None  # of the last entry in _history
 
     @property
     def id(self) -> int:
@@ -66,6 +68,16 @@ class Turn:
 
     def transcript(self) -> list[dict[str, Any]]:
         return self._router.store.reads.transcript(self.agent_id)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The transcript as the model sees it, kept by this turn: read whole the first time,
+        then extended with the entries appended since (drained messages, tool results, the
+        router's answers), never read again. The list returned is the turn's own."""
+        new = self._router.store.reads.transcript_after(self.agent_id, self._position)
+        if new:
+            self._history.extend(payload for _position, payload in new)
+            self._position = new[-1][0]
+        return self._history
 
     def ask(
         self,

@@ -199,8 +199,8 @@ def _steps(
     for step in range(router.settings.max_turn_steps):
         _boundary(turn, heartbeat)
         _drain_all(router, turn)
-        history = turn.transcript()
-        reply = model.complete(history, schemas)
+        history = turn.history()
+        reply = model.complete(list(history), schemas)
         _boundary(turn, heartbeat)
         # Only this turn writes the transcript now: the reply lands at the end.
         ctx = replace(ctx, reply_index=len(history))
@@ -231,7 +231,7 @@ def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
     open_ids = turn.open_tool_calls()
     if not open_ids:
         return 0, []
-    transcript = turn.transcript()
+    transcript = turn.history()
     index = max(i for i, e in enumerate(transcript) if e.get("role") == "assistant")
     return index, [c for c in transcript[index].get("tool_calls") or [] if c["id"] in open_ids]
 

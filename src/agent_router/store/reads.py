@@ -123,6 +123,21 @@ class Reads:
             )
 
     @faults.wrapped_read
+    def transcript_after(
+        self, agent_id: int, position: int | None
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """The entries after ``position`` (all with ``None``), with their positions: a turn
+        reads its transcript once and then only what was appended since."""
+        with self._sessions() as session:
+            stmt = sa.select(TranscriptEntryRow.position, TranscriptEntryRow.payload).where(
+                TranscriptEntryRow.agent_id == agent_id
+            )
+            if position is not None:
+                stmt = stmt.where(TranscriptEntryRow.position > position)
+            rows = session.execute(stmt.order_by(TranscriptEntryRow.position)).all()
+            return [(p, payload) for p, payload in rows]
+
+    @faults.wrapped_read
     def transcript_entries(self, agent_id: int) -> list[dict[str, Any]]:
         """Transcript with provenance: each entry's payload plus its metadata and ids."""
         with self._sessions() as session:
