@@ -100,7 +100,7 @@ class Router:
     ) -> Agent:
         """Add a sub-agent; its display name is ``{role}_{n}`` unless given."""
         return self.store.create_agent(
-            self._team_id(team_id),
+            _team_id(team_id),
             role=check.name(role, "role"),
             display_name=None if display_name is None else check.name(display_name),
             system_prompt=check.optional_text(system_prompt, "system_prompt"),
@@ -147,27 +147,23 @@ class Router:
 
     # ------------------------------------------------------------------ reads
 
-    @staticmethod
-    def _team_id(team_id: Any) -> int:
-        return check.row_id(team_id, "team", errors.UnknownTeamError)
-
     def team(self, team_id: int) -> Team:
-        return self.store.reads.team(self._team_id(team_id))
+        return self.store.reads.team(_team_id(team_id))
 
     def agent(self, team_id: int, display_name: str) -> Agent:
-        return self.store.reads.agent(self._team_id(team_id), check.name(display_name))
+        return self.store.reads.agent(_team_id(team_id), check.name(display_name))
 
     def agents(self, team_id: int) -> list[Agent]:
-        return self.store.reads.agents(self._team_id(team_id))
+        return self.store.reads.agents(_team_id(team_id))
 
     def transcript(self, team_id: int, display_name: str) -> list[dict[str, Any]]:
         return self.store.reads.transcript(self.agent(team_id, display_name).id)
 
     def ledger(self, team_id: int) -> list[LedgerEvent]:
-        return self.store.reads.ledger(self._team_id(team_id))
+        return self.store.reads.ledger(_team_id(team_id))
 
     def messages(self, team_id: int) -> list[Message]:
-        return self.store.reads.messages(self._team_id(team_id))
+        return self.store.reads.messages(_team_id(team_id))
 
     def question(self, question_id: int) -> Question:
         return self.store.reads.question(
@@ -245,7 +241,7 @@ class Router:
                 raise errors.InvalidArgumentError(
                     f"unknown message type or subtype: {exc}"
                 ) from None
-            self._content(content)
+            _text(self.settings, content, "content")
             check.name(to, "`to`")
             check.sender(sender)
             if not isinstance(wake, bool):
@@ -265,7 +261,7 @@ class Router:
                 )
             raise
         return SendRequest(
-            team_id=self._team_id(team_id),
+            team_id=_team_id(team_id),
             to=to,
             content=content,
             sender=sender,
@@ -275,9 +271,6 @@ class Router:
             wake=wake,
             dedup_key=dedup_key,
         )
-
-    def _content(self, content: Any) -> str:
-        return check.text(content, "content", max_bytes=self.settings.max_content_bytes)
 
     # ------------------------------------------------------------------ turns
 
@@ -325,7 +318,7 @@ class Router:
         subtype: MessageSubtype | None = None,
         timeout_seconds: float | None = None,
     ) -> Question:
-        self._content(question)
+        _text(self.settings, question, "question")
         check.name(target, "target")
         check.key(tool_call_id, "tool_call_id")
         if timeout_seconds is not None:
@@ -385,21 +378,18 @@ class Router:
     def take_over(self, team_id: int, display_name: str, *, reason: str) -> int:
         """Fence the agent's running turn (it can write nothing more) and schedule recovery."""
         agent = self.agent(team_id, display_name)
-        return self.store.take_over(agent.id, reason=self._reason(reason))
+        return self.store.take_over(agent.id, reason=_text(self.settings, reason, "reason"))
 
     def terminate(self, team_id: int, display_name: str, *, reason: str) -> None:
         """Final: later sends are refused, pending messages dropped with ``reason``."""
         agent = self.agent(team_id, display_name)
-        self.store.terminate(agent.id, reason=self._reason(reason))
+        self.store.terminate(agent.id, reason=_text(self.settings, reason, "reason"))
 
     def stop(self, team_id: int, display_name: str, *, reason: str) -> AgentState:
         """Cooperative stop: the agent ends up ``idle`` with its mailbox kept; a running turn
         stops at its next boundary (the returned state is then still ``running``/``waiting``)."""
         agent = self.agent(team_id, display_name)
-        return self.store.request_stop(agent.id, reason=self._reason(reason))
-
-    def _reason(self, reason: Any) -> str:
-        return check.text(reason, "reason", max_bytes=self.settings.max_content_bytes)
+        return self.store.request_stop(agent.id, reason=_text(self.settings, reason, "reason"))
 
     def wait_output(
         self,
@@ -426,8 +416,8 @@ class Router:
         """Delete a team: every row it owns (agents, messages, transcripts, turns, questions,
         jobs, outbox, ledger) and the wake keys of its open questions. Its queued turn tasks
         claim nothing and a turn still running writes nothing more. ``dry_run``: count only."""
-        deletion = self.store.delete_team(self._team_id(team_id), dry_run=dry_run)
-        self._forget(deletion)
+        deletion = self.store.delete_team(_team_id(team_id), dry_run=dry_run)
+        _forget(self.waker, deletion)
         return deletion
 
     def prune(self, *, older_than_seconds: float, dry_run: bool = False) -> Deletion:
@@ -435,13 +425,8 @@ class Router:
         ledger event for ``older_than_seconds``) and published outbox rows that old."""
         older = check.seconds(older_than_seconds, "older_than_seconds", maximum=1e10)
         deletion = self.store.prune(older_than_seconds=older, dry_run=dry_run)
-        self._forget(deletion)
+        _forget(self.waker, deletion)
         return deletion
-
-    def _forget(self, deletion: Deletion) -> None:
-        if not deletion.dry_run:
-            for question_id in deletion.questions:
-                self.waker.forget(question_id)
 
     # ------------------------------------------------------------------ background jobs
 
@@ -457,7 +442,7 @@ class Router:
         app = getattr(self.publisher, "app", None) or signature.app
         name = check.name(str(signature.task), "job name")
         job = self.store.start_job(
-            self._team_id(team_id), check.name(agent), name=name, task_id=str(uuid.uuid4())
+            _team_id(team_id), check.name(agent), name=name, task_id=str(uuid.uuid4())
         )
         done = app.signature(BACKGROUND_DONE, kwargs={"job_id": job.id})
         failed = app.signature(BACKGROUND_DONE, kwargs={"job_id": job.id, "failed": True})
@@ -482,7 +467,7 @@ class Router:
         )
 
     def background_jobs(self, team_id: int) -> list[BackgroundJob]:
-        return self.store.reads.jobs(self._team_id(team_id))
+        return self.store.reads.jobs(_team_id(team_id))
 
     # ------------------------------------------------------------------ outbox
 
@@ -527,4 +512,20 @@ class Router:
         )
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:
-        return self.store.reads.outbox(self._team_id(team_id))
+        return self.store.reads.outbox(_team_id(team_id))
+
+
+def _team_id(team_id: Any) -> int:
+    return check.row_id(team_id, "team", errors.UnknownTeamError)
+
+
+def _text(settings: Settings, value: Any, what: str) -> str:
+    """Message content, a question or a reason: non-blank text within the message limit."""
+    return check.text(value, what, max_bytes=settings.max_content_bytes)
+
+
+def _forget(waker: Waker, deletion: Deletion) -> None:
+    """Drop the wake keys of a deleted team's open questions."""
+    if not deletion.dry_run:
+        for question_id in deletion.questions:
+            waker.forget(question_id)

@@ -109,20 +109,8 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
                 report.violations.append(f"message {m.id} dropped without a reason")
         else:
             report.pending += 1
-            target = agents[m.target_agent_id]
-            # A stopped agent rests `idle` with its mailbox kept: those messages wait for its
-            # next wake-up, they are not lost (any other idle agent is woken by a wake message).
-            if quiescent and m.wake and target.state is AgentState.IDLE:
-                if not _kept_by_stop(m, ledger):
-                    report.idle_with_wake += 1
-                    report.violations.append(
-                        f"message {m.id} to {target.display_name} is waiting while it is idle"
-                    )
-            elif quiescent and m.wake and target.state is not AgentState.TERMINATED:
-                report.lost += 1
-                report.violations.append(
-                    f"message {m.id} to {target.display_name} still pending with no turn to take it"
-                )
+            if quiescent and m.wake:
+                _check_pending_wake(report, m, agents[m.target_agent_id], ledger)
         if n > 1:
             report.duplicated += 1
             report.violations.append(f"message {m.id} is in a transcript {n} times")
@@ -159,6 +147,24 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
                 report.overlapping_turns += 1
                 report.violations.append(f"{agent.display_name}: turns {id1} and {id2} overlap")
     return report
+
+
+def _check_pending_wake(
+    report: TeamReport, m: Message, target: Any, ledger: list[LedgerEvent]
+) -> None:
+    """A wake message still pending once nothing runs: lost, unless a stop kept it (a stopped
+    agent rests `idle` with its mailbox kept) or its target is terminated."""
+    if target.state is AgentState.IDLE:
+        if not _kept_by_stop(m, ledger):
+            report.idle_with_wake += 1
+            report.violations.append(
+                f"message {m.id} to {target.display_name} is waiting while it is idle"
+            )
+    elif target.state is not AgentState.TERMINATED:
+        report.lost += 1
+        report.violations.append(
+            f"message {m.id} to {target.display_name} still pending with no turn to take it"
+        )
 
 
 def _kept_by_stop(message: Message, ledger: list[LedgerEvent]) -> bool:

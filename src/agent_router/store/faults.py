@@ -56,7 +56,7 @@ def retrying(fn: Callable[P, R]) -> Callable[P, R]:
             except errors.StoreError as exc:
                 if not exc.retryable or attempt == RETRIES:
                     raise
-                logger.warning(
+                logger.info(  # the caller sees the error if every run fails
                     "connection lost before commit; running the transaction again",
                     extra={"action": "store_retry", "operation": fn.__name__, "error": str(exc)},
                 )
