@@ -48,10 +48,6 @@ def _state_text(status: AgentStatus) -> str:
     return agent.state.value
 
 
-def _team(team: int) -> int:
-    return check.row_id(team, "team", errors.UnknownTeamError)
-
-
 def _ids_text(ids: tuple[int, ...]) -> str:
     return ",".join(str(i) for i in ids) or "-"
 
