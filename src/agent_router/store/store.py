@@ -52,7 +52,6 @@ AfterCommit = Callable[[list[OutboxEntry]], object]
 
 
 class Store:
-    @faults.retrying
     def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
         self.settings = settings
         self.engine = engine or make_engine(settings)
@@ -79,7 +78,6 @@ class Store:
         self.engine.dispose(close=close)
 
     @contextmanager
-    @faults.retrying
     def _tx(self) -> Iterator[Tx]:
         tx = Tx(self._sessions(), self.settings)
         committing = False
