@@ -15,7 +15,21 @@ class ConfigurationError(AgentRouterError):
 
 
 class StoreError(AgentRouterError):
-    """Raised when the database failed in a way that is not a domain refusal."""
+    """Raised when the database failed; the transaction rolled back and wrote nothing.
+
+    Not a :class:`RefusedError`: the input may be fine and the same call may succeed later.
+    Every driver error (SQLAlchemy, psycopg, sqlite3) leaves the store as this or a subclass."""
+
+    def __init__(self, message: str | None = None, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        # The connection was lost before COMMIT: nothing was written, running the same
+        # transaction again is safe (the store does so itself a few times first).
+        self.retryable = retryable
+
+
+class CommitUnknownError(StoreError):
+    """Raised when the connection was lost while committing: the write may or may not have
+    committed. Retry with the same dedup key (a send) or read back before repeating."""
 
 
 class RefusedError(AgentRouterError):
@@ -42,8 +56,23 @@ class InvalidMessageError(RefusedError):
     """Raised when a message is malformed (empty content, wrong type, bad flags)."""
 
 
+class InvalidArgumentError(InvalidMessageError):
+    """Raised when an argument has the wrong type, is out of range, or holds refused text
+    (NUL, lone surrogates, control or invisible characters, too long)."""
+
+
+class InvalidNameError(InvalidArgumentError):
+    """Raised when a name (display name, role, sender, ``job:<name>``) is not a plain,
+    printable, normalised name."""
+
+
 class ContentTooLargeError(InvalidMessageError):
     """Raised when message content exceeds the configured limit."""
+
+
+class DedupConflictError(RefusedError):
+    """Raised when a dedup key already named a different message to the same agent (other
+    content, sender or type): a retry must resend exactly what it sent."""
 
 
 class DuplicateDisplayNameError(RefusedError):

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from agent_router import errors
+from agent_router import validation as check
 from agent_router.constants import BACKGROUND_DONE
 from agent_router.domain import (
     LEAD_ROLE,
@@ -36,6 +37,7 @@ from agent_router.outbox import Publisher
 from agent_router.settings import Settings
 from agent_router.store import SendRequest, Store
 from agent_router.store import utcnow as _utcnow
+from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker, RedisWaker, Waker
@@ -92,7 +94,8 @@ class Router:
         turns (``name`` or ``name@queue``; default ``Settings.runners["Team Leader"]``, else
         the built-in loop)."""
         return self.store.create_team(
-            lead_system_prompt=lead_system_prompt, lead_runner=self._runner(LEAD_ROLE, lead_runner)
+            lead_system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
+            lead_runner=self._runner(LEAD_ROLE, lead_runner),
         )
 
     def create_agent(
@@ -107,13 +110,12 @@ class Router:
         """Add a sub-agent; its display name is ``{role}_{n}`` unless given. ``runner``: the
         host's Celery task for its turns (default ``Settings.runners[role]``, else the built-in
         loop)."""
-        if not isinstance(role, str):
-            raise errors.InvalidMessageError("role must be a string")
+        role = check.name(role, "role")
         return self.store.create_agent(
-            team_id,
+            _team_id(team_id),
             role=role,
-            display_name=display_name,
-            system_prompt=system_prompt,
+            display_name=None if display_name is None else check.name(display_name),
+            system_prompt=check.optional_text(system_prompt, "system_prompt"),
             runner=self._runner(role, runner),
         )
 
@@ -143,8 +145,10 @@ class Router:
         """Add a sub-agent and send it its first ``task`` in one transaction: a crash or a
         refused task (too large, unknown sender, ...) leaves neither behind. The task wakes the
         new agent like any message to an idle one (``triggered_new_turn``)."""
-        if not isinstance(role, str):
-            raise errors.InvalidMessageError("role must be a string")
+        check.name(role, "role")
+        if display_name is not None:
+            check.name(display_name)
+        check.optional_text(system_prompt, "system_prompt")
         runner = self._runner(role, runner)
         request = self._validate(
             team_id,
@@ -172,35 +176,35 @@ class Router:
     # ------------------------------------------------------------------ reads
 
     def team(self, team_id: int) -> Team:
-        return self.store.reads.team(team_id)
+        return self.store.reads.team(_team_id(team_id))
 
     def agent(self, team_id: int, display_name: str) -> Agent:
-        return self.store.reads.agent(team_id, display_name)
+        return self.store.reads.agent(_team_id(team_id), check.name(display_name))
 
     def agents(self, team_id: int) -> list[Agent]:
-        return self.store.reads.agents(team_id)
+        return self.store.reads.agents(_team_id(team_id))
 
     def transcript(self, team_id: int, display_name: str) -> list[dict[str, Any]]:
         return self.store.reads.transcript(self.agent(team_id, display_name).id)
 
     def ledger(self, team_id: int) -> list[LedgerEvent]:
-        return self.store.reads.ledger(team_id)
+        return self.store.reads.ledger(_team_id(team_id))
 
     def messages(self, team_id: int) -> list[Message]:
-        return self.store.reads.messages(team_id)
+        return self.store.reads.messages(_team_id(team_id))
 
     def question(self, question_id: int) -> Question:
         """The question, with the display names of who asked (``asker``) and who was asked
         (``target``)."""
-        return self.store.reads.named_question(question_id)
+        return self.store.reads.named_question(
+            check.row_id(question_id, "question", errors.UnknownQuestionError)
+        )
 
     def answer(self, question_id: int, text: str, *, sender: str | None = None) -> Delivery:
         """Answer a question by its id: the answer goes to whoever asked it (resolving their
         wait), from ``sender`` (default: the agent it was asked of; ``"user"`` for a person).
         Answering a closed question raises :class:`~agent_router.errors.QuestionClosedError`
         and changes nothing."""
-        if not isinstance(question_id, int) or isinstance(question_id, bool):
-            raise errors.InvalidMessageError("`question_id` must be an int")
         question = self.question(question_id)
         return self.send(
             question.team_id,
@@ -272,32 +276,37 @@ class Router:
         wake: Any,
         dedup_key: Any,
     ) -> SendRequest:
-        problem: errors.InvalidMessageError | None = None
-        msg_type: MessageType | None = None
-        msg_subtype: MessageSubtype | None = None
+        """Every argument of a send checked before the database sees it; a refusal is
+        ledgered (when the team exists) and reaches the hooks."""
         try:
-            msg_type = MessageType(type)
-            msg_subtype = MessageSubtype(subtype) if subtype is not None else None
-        except ValueError as exc:
-            problem = errors.InvalidMessageError(f"unknown message type or subtype: {exc}")
-        if problem is None:
-            problem = self._content_problem(content)
-        if problem is None:
-            problem = _field_problem(to, sender, wake, question_id, dedup_key)
-        if problem is not None or msg_type is None:
-            assert problem is not None
-            self.hooks.after_reject(
-                team_id if isinstance(team_id, int) else None, str(sender), problem
-            )
-            if isinstance(team_id, int) and self.store.reads.team_exists(team_id):
+            try:
+                msg_type = MessageType(type)
+                msg_subtype = MessageSubtype(subtype) if subtype is not None else None
+            except ValueError as exc:
+                raise errors.InvalidArgumentError(
+                    f"unknown message type or subtype: {exc}"
+                ) from None
+            _text(self.settings, content, "content")
+            check.name(to, "`to`")
+            check.sender(sender)
+            if not isinstance(wake, bool):
+                raise errors.InvalidArgumentError("`wake` must be a bool")
+            if question_id is not None:
+                check.row_id(question_id, "question", errors.UnknownQuestionError)
+            check.optional_key(dedup_key, "`dedup_key`")
+        except errors.RefusedError as problem:
+            valid_team = isinstance(team_id, int) and 1 <= team_id <= check.MAX_ID
+            self.hooks.after_reject(team_id if valid_team else None, str(sender)[:200], problem)
+            if valid_team and self.store.reads.team_exists(team_id):
                 self.store.record_rejection(
-                    team_id, "invalid_message", error=str(problem), to=str(to)[:200]
+                    team_id,
+                    "invalid_message",
+                    error=check.scrub(str(problem))[:1000],
+                    to=check.scrub(str(to))[:200],
                 )
-            raise problem
-        if not isinstance(team_id, int) or isinstance(team_id, bool):
-            raise errors.UnknownTeamError(f"unknown team {team_id!r}")
+            raise
         return SendRequest(
-            team_id=team_id,
+            team_id=_team_id(team_id),
             to=to,
             content=content,
             sender=sender,
@@ -307,23 +316,6 @@ class Router:
             wake=wake,
             dedup_key=dedup_key,
         )
-
-    def _content_problem(self, content: Any) -> errors.InvalidMessageError | None:
-        if not isinstance(content, str):
-            return errors.InvalidMessageError("content must be a string")
-        if not content.strip():
-            return errors.InvalidMessageError("content is empty")
-        if "\x00" in content:
-            return errors.InvalidMessageError("content contains a NUL character")
-        try:
-            size = len(content.encode("utf-8"))
-        except UnicodeEncodeError:
-            return errors.InvalidMessageError("content is not valid Unicode (lone surrogate)")
-        if size > self.settings.max_content_bytes:
-            return errors.ContentTooLargeError(
-                f"content is {size} bytes; the limit is {self.settings.max_content_bytes}"
-            )
-        return None
 
     # ------------------------------------------------------------------ turns
 
@@ -337,6 +329,13 @@ class Router:
 
     def claim(self, agent_id: int, epoch: int | None = None) -> Turn | None:
         """Claim by id and epoch, as a turn task does; duplicates and stale epochs get ``None``."""
+        if not 1 <= check.integer(agent_id, "agent id") <= check.MAX_ID:
+            return None  # no such agent: nothing to claim
+        if (
+            epoch is not None
+            and not check.MIN_INT32 <= check.integer(epoch, "epoch") <= check.MAX_INT32
+        ):
+            return None  # no turn ever had that epoch
         claim = self.store.claim_turn(agent_id, epoch)
         if claim is None:
             return None
@@ -364,9 +363,11 @@ class Router:
         subtype: MessageSubtype | None = None,
         timeout_seconds: float | None = None,
     ) -> Question:
-        problem = self._content_problem(question)
-        if problem is not None:
-            raise problem
+        _text(self.settings, question, "question")
+        check.name(target, "target")
+        check.key(tool_call_id, "tool_call_id")
+        if timeout_seconds is not None:
+            check.seconds(timeout_seconds, "timeout_seconds")
         lead = self.team(turn.team_id).lead.display_name
         q, delivery = self.store.ask(
             turn.record,
@@ -422,18 +423,18 @@ class Router:
     def take_over(self, team_id: int, display_name: str, *, reason: str) -> int:
         """Fence the agent's running turn (it can write nothing more) and schedule recovery."""
         agent = self.agent(team_id, display_name)
-        return self.store.take_over(agent.id, reason=reason)
+        return self.store.take_over(agent.id, reason=_text(self.settings, reason, "reason"))
 
     def terminate(self, team_id: int, display_name: str, *, reason: str) -> None:
         """Final: later sends are refused, pending messages dropped with ``reason``."""
         agent = self.agent(team_id, display_name)
-        self.store.terminate(agent.id, reason=reason)
+        self.store.terminate(agent.id, reason=_text(self.settings, reason, "reason"))
 
     def stop(self, team_id: int, display_name: str, *, reason: str) -> AgentState:
         """Cooperative stop: the agent ends up ``idle`` with its mailbox kept; a running turn
         stops at its next boundary (the returned state is then still ``running``/``waiting``)."""
         agent = self.agent(team_id, display_name)
-        return self.store.request_stop(agent.id, reason=reason)
+        return self.store.request_stop(agent.id, reason=_text(self.settings, reason, "reason"))
 
     def wait_output(
         self,
@@ -446,9 +447,31 @@ class Router:
         """Open a wait of the turn's agent for ``target``'s next output (block on it with
         :meth:`wait_for`). Refused with :class:`~agent_router.errors.AskRefusedError` if it would
         deadlock or ``target`` has nothing to work on."""
+        check.name(target, "target")
+        check.key(tool_call_id, "tool_call_id")
+        if timeout_seconds is not None:
+            check.seconds(timeout_seconds, "timeout_seconds")
         return self.store.wait_output(
             turn.record, target=target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
         )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def delete_team(self, team_id: int, *, dry_run: bool = False) -> Deletion:
+        """Delete a team: every row it owns (agents, messages, transcripts, turns, questions,
+        jobs, outbox, ledger) and the wake keys of its open questions. Its queued turn tasks
+        claim nothing and a turn still running writes nothing more. ``dry_run``: count only."""
+        deletion = self.store.delete_team(_team_id(team_id), dry_run=dry_run)
+        _forget(self.waker, deletion)
+        return deletion
+
+    def prune(self, *, older_than_seconds: float, dry_run: bool = False) -> Deletion:
+        """Retention: delete every finished team (no agent scheduled, running or waiting, no
+        ledger event for ``older_than_seconds``) and published outbox rows that old."""
+        older = check.seconds(older_than_seconds, "older_than_seconds", maximum=1e10)
+        deletion = self.store.prune(older_than_seconds=older, dry_run=dry_run)
+        _forget(self.waker, deletion)
+        return deletion
 
     # ------------------------------------------------------------------ background jobs
 
@@ -462,8 +485,10 @@ class Router:
         If the task cannot be sent (broker down), the job is reported failed and the error
         raised."""
         app = getattr(self.publisher, "app", None) or signature.app
-        name = str(signature.task)
-        job = self.store.start_job(team_id, agent, name=name, task_id=str(uuid.uuid4()))
+        name = check.name(str(signature.task), "job name")
+        job = self.store.start_job(
+            _team_id(team_id), check.name(agent), name=name, task_id=str(uuid.uuid4())
+        )
         done = app.signature(BACKGROUND_DONE, kwargs={"job_id": job.id})
         failed = app.signature(BACKGROUND_DONE, kwargs={"job_id": job.id, "failed": True})
         try:
@@ -478,14 +503,16 @@ class Router:
 
     def finish_background(self, job_id: int, *, ok: bool, result: str) -> BackgroundJob:
         """Report a job's completion to its agent (idempotent: a second report is a no-op)."""
+        check.row_id(job_id, "background job", errors.RefusedError)
         limit = self.settings.max_content_bytes // 4  # room for the envelope; UTF-8 is <= 4x
+        result = check.scrub(str(result))  # what a job returned is reported, never refused
         text = result if len(result) <= limit else result[: limit - 1] + "…"
         return self.store.finish_job(
             job_id, ok=ok, result=text, batch_seconds=self.settings.background_batch_seconds
         )
 
     def background_jobs(self, team_id: int) -> list[BackgroundJob]:
-        return self.store.reads.jobs(team_id)
+        return self.store.reads.jobs(_team_id(team_id))
 
     # ------------------------------------------------------------------ outbox
 
@@ -530,25 +557,20 @@ class Router:
         )
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:
-        return self.store.reads.outbox(team_id)
+        return self.store.reads.outbox(_team_id(team_id))
 
 
-def _field_problem(
-    to: Any, sender: Any, wake: Any, question_id: Any, dedup_key: Any
-) -> errors.InvalidMessageError | None:
-    """The first malformed field of a send other than its type and content, if any."""
-    if not isinstance(to, str) or not to:
-        return errors.InvalidMessageError("`to` must be a display name")
-    if not isinstance(sender, str) or not sender:
-        return errors.InvalidMessageError("`sender` must be a non-empty string")
-    if not isinstance(wake, bool):
-        return errors.InvalidMessageError("`wake` must be a bool")
-    if question_id is not None and (
-        not isinstance(question_id, int) or isinstance(question_id, bool)
-    ):
-        return errors.InvalidMessageError("`question_id` must be an int")
-    if dedup_key is not None and (
-        not isinstance(dedup_key, str) or not dedup_key or len(dedup_key) > 200
-    ):
-        return errors.InvalidMessageError("`dedup_key` must be 1-200 characters")
-    return None
+def _team_id(team_id: Any) -> int:
+    return check.row_id(team_id, "team", errors.UnknownTeamError)
+
+
+def _text(settings: Settings, value: Any, what: str) -> str:
+    """Message content, a question or a reason: non-blank text within the message limit."""
+    return check.text(value, what, max_bytes=settings.max_content_bytes)
+
+
+def _forget(waker: Waker, deletion: Deletion) -> None:
+    """Drop the wake keys of a deleted team's open questions."""
+    if not deletion.dry_run:
+        for question_id in deletion.questions:
+            waker.forget(question_id)

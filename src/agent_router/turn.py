@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agent_router import validation as check
 from agent_router.domain import (
     AgentState,
     BackgroundJob,
@@ -29,6 +30,8 @@ class Turn:
         self.record = record
         self.team_id = team_id
         self.display_name = display_name
+        self._history: list[dict[str, Any]] = []
+        self._position: int | None = None  # of the last entry in _history
 
     @property
     def id(self) -> int:
@@ -51,16 +54,30 @@ class Turn:
         return self._router.store.drain(self.record, limit=limit)
 
     def append_assistant(self, message: dict[str, Any]) -> None:
-        self._router.store.append_assistant(self.record, message)
+        """Store the model's reply. A NUL or lone surrogate in what the model wrote becomes
+        U+FFFD: the reply is kept (neither database stores those characters), never refused."""
+        self._router.store.append_assistant(self.record, _storable(message))
 
     def append_tool_result(self, tool_call_id: str, content: str) -> None:
-        self._router.store.append_tool_result(self.record, tool_call_id, content)
+        self._router.store.append_tool_result(
+            self.record, _storable(tool_call_id), _storable(content)
+        )
 
     def open_tool_calls(self) -> list[str]:
         return self._router.store.reads.open_tool_calls(self.agent_id)
 
     def transcript(self) -> list[dict[str, Any]]:
         return self._router.store.reads.transcript(self.agent_id)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The transcript as the model sees it, kept by this turn: read whole the first time,
+        then extended with the entries appended since (drained messages, tool results, the
+        router's answers), never read again. The list returned is the turn's own."""
+        new = self._router.store.reads.transcript_after(self.agent_id, self._position)
+        if new:
+            self._history.extend(payload for _position, payload in new)
+            self._position = new[-1][0]
+        return self._history
 
     def ask(
         self,
@@ -131,3 +148,14 @@ class Turn:
             f"Turn(team={self.team_id}, agent={self.display_name!r}, epoch={self.epoch}, "
             f"trigger={self.trigger.value})"
         )
+
+
+def _storable(value: Any) -> Any:
+    """``value`` with every string in it (keys included) made storable."""
+    if isinstance(value, str):
+        return check.scrub(value)
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value

@@ -4,13 +4,18 @@ lost signal costs a timeout, never an answer."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
+import time
 from collections import OrderedDict
 from typing import Protocol
 
 import redis
 
 from agent_router.constants import wake_key
+
+logger = logging.getLogger(__name__)
 
 
 class Waker(Protocol):
@@ -56,25 +61,49 @@ class InProcessWaker:
 
 class RedisWaker:
     """``RPUSH`` + ``EXPIRE`` to notify, ``BLPOP`` to wait, on ``agent_router:wake:<id>``. The list
-    outlives a notify sent before the waiter blocks; the expiry cleans up after nobody waits."""
+    outlives a notify sent before the waiter blocks; the expiry cleans up after nobody waits.
+
+    Redis being down never fails an ask: a notify that cannot be sent is dropped (the waiter
+    re-reads the database every ``wake_recheck_seconds``), and a wait that cannot reach Redis
+    sleeps out its timeout instead, so the caller's loop falls back to re-reading the
+    database."""
 
     def __init__(self, url: str, *, ttl_seconds: int = 24 * 3600) -> None:
-        self._client = redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30)
+        self._client = redis.Redis.from_url(
+            url, socket_keepalive=True, health_check_interval=30, socket_connect_timeout=2.0
+        )
         self._ttl = ttl_seconds
 
     def notify(self, question_id: int) -> None:
         key = wake_key(question_id)
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, 1)
-            pipe.expire(key, self._ttl)
-            pipe.execute()
+        try:
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.rpush(key, 1)
+                pipe.expire(key, self._ttl)
+                pipe.execute()
+        except redis.RedisError as exc:
+            logger.warning(
+                "wake signal not sent; the waiter re-reads the database",
+                extra={"action": "wake_failed", "question_id": question_id, "error": repr(exc)},
+            )
 
     def wait(self, question_id: int, timeout: float) -> bool:
-        # BLPOP takes whole or fractional seconds; 0 would mean forever.
-        return self._client.blpop([wake_key(question_id)], timeout=max(timeout, 0.01)) is not None
+        started = time.monotonic()
+        try:
+            # BLPOP takes whole or fractional seconds; 0 would mean forever.
+            found = self._client.blpop([wake_key(question_id)], timeout=max(timeout, 0.01))
+        except redis.RedisError as exc:
+            logger.warning(
+                "wake signals unavailable; re-reading the database instead",
+                extra={"action": "wake_fallback", "question_id": question_id, "error": repr(exc)},
+            )
+            time.sleep(max(0.0, timeout - (time.monotonic() - started)))
+            return False
+        return found is not None
 
     def forget(self, question_id: int) -> None:
-        self._client.delete(wake_key(question_id))
+        with contextlib.suppress(redis.RedisError):  # the key expires on its own
+            self._client.delete(wake_key(question_id))
 
     def close(self) -> None:
         self._client.close()

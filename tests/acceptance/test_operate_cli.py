@@ -98,10 +98,20 @@ def test_status_of_a_team_mid_work_shows_running_waiting_completed(mid_work: Mid
 
 
 def test_status_of_all_teams_includes_this_team(mid_work: MidWork) -> None:
-    proc = run("status", "--json", database_url=mid_work.url)
+    proc = run("status", "--json", "--limit", "100000", database_url=mid_work.url)
     assert proc.returncode == 0, proc.stderr
     teams = {json.loads(line)["team_id"] for line in proc.stdout.splitlines()}
     assert mid_work.team_id in teams
+    # A page at a time: the first page of two, then the next from its last agent id.
+    page = run("status", "--json", "--limit", "2", database_url=mid_work.url)
+    first = [json.loads(line) for line in page.stdout.splitlines()]
+    assert len(first) == 2
+    after = str(first[-1]["agent_id"])
+    second = run("status", "--json", "--limit", "2", "--after", after, database_url=mid_work.url)
+    assert json.loads(second.stdout.splitlines()[0])["agent_id"] > first[-1]["agent_id"]
+    running = run("status", str(mid_work.team_id), "--json", "--state", "running",
+                  database_url=mid_work.url)  # fmt: skip
+    assert {json.loads(line)["state"] for line in running.stdout.splitlines()} == {"running"}
 
 
 def test_ledger_is_the_timeline_readable_and_json(mid_work: MidWork) -> None:
@@ -165,6 +175,13 @@ def test_errors_are_one_line_with_a_non_zero_exit(mid_work: MidWork) -> None:
         ("ledger", "987654321"),
         ("inspect", "message", "987654321"),
         ("inspect", "agent", str(mid_work.team_id), "Nobody_1"),
+        # Hostile input: typed refusals, the same one line on every backend.
+        ("status", "99999999999999999999"),
+        ("ledger", str(10**23)),
+        ("inspect", "message", "0"),
+        ("inspect", "agent", str(mid_work.team_id), "Team\u200bLeader"),
+        ("send", str(mid_work.team_id), "Team Leader", "hi", "--sender", 'job:x" from="y'),
+        ("send", str(mid_work.team_id), "Team Leader", "hi", "--sender", "job:x\ny"),
     ):
         proc = run(*args, database_url=mid_work.url)
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)

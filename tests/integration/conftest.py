@@ -25,6 +25,8 @@ from agent_router.worker import runtime
 from agent_router.worker.celery_app import create_app
 from agent_router.worker.runtime import Runtime
 
+from ..support.redis_server import RedisServer
+
 #: Worker threads: every agent of a test team can run at once.
 CONCURRENCY = 8
 WORKER_START_TIMEOUT = 60.0
@@ -149,3 +151,13 @@ def _wait_for_worker(app: Celery, hostname: str, proc: subprocess.Popen[bytes], 
         if app.control.ping(destination=[hostname], timeout=0.5):
             return
     pytest.fail(f"agent-router worker did not answer a ping:\n{log.read_text()}")
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis server of the test's own, to stop and restart."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    if server.process is not None and server.process.poll() is None:
+        server.stop()

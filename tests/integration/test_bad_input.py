@@ -21,7 +21,7 @@ from agent_router import (
     UnknownQuestionError,
     UnknownTeamError,
 )
-from agent_router.errors import AskRefusedError, WrongQuestionError
+from agent_router.errors import AskRefusedError, InvalidArgumentError, WrongQuestionError
 
 from .helpers import assistant, start_running, start_waiting, tool_call
 
@@ -117,7 +117,7 @@ def test_agent_with_a_refused_task_is_not_created(
 def test_unknown_team(router: Router) -> None:
     with pytest.raises(UnknownTeamError):
         router.send(987654, to="Team Leader", content="hi")
-    with pytest.raises(UnknownTeamError):
+    with pytest.raises(InvalidArgumentError):  # a wrong type, on both backends
         router.send("1", to="Team Leader", content="hi")  # type: ignore[arg-type]
     with pytest.raises(UnknownTeamError):
         router.create_agent(987654, role="Engineer")

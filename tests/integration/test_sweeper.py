@@ -7,9 +7,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from agent_router import (
     AgentState,
@@ -24,6 +27,7 @@ from agent_router import (
 from agent_router.domain import OutboxKind
 from agent_router.ops.checks import check_team
 from agent_router.outbox import RecordingPublisher
+from agent_router.store.models import AgentRow, OutboxRow
 
 from .helpers import assistant, start_running, tool_call
 
@@ -210,3 +214,37 @@ def test_overdue_questions_expire_on_sweep(fast_router: Router) -> None:
     assert router.question(q.id).status is QuestionStatus.EXPIRED
     agent = router.agent(team.id, "Engineer_1")
     assert (agent.state, agent.pending_trigger) == (AgentState.SCHEDULED, TurnTrigger.CONTINUATION)
+
+
+def _age(router: Router, agent_id: int, seconds: float) -> None:
+    """Move the agent's schedule and its publishes ``seconds`` into the past (a backlog that
+    long, without waiting for it)."""
+    back = timedelta(seconds=seconds)
+    with Session(router.store.engine) as session, session.begin():
+        for row in session.scalars(sa.select(OutboxRow).where(OutboxRow.agent_id == agent_id)):
+            if row.published_at is not None:
+                row.published_at -= back
+        agent = session.get(AgentRow, agent_id)
+        assert agent is not None and agent.scheduled_at is not None
+        agent.scheduled_at -= back
+
+
+def test_a_scheduled_agent_is_reenqueued_with_backoff(database_url: str) -> None:
+    """Under a backlog the task is most likely still queued: re-enqueues come after 1, 2, 4, ...
+    delivery windows, not once per window."""
+    router = Router(Settings(database_url=database_url), publisher=RecordingPublisher())
+    lease = router.settings.lease_seconds
+    team = router.create_team()
+    agent = router.create_agent(team.id, role="Engineer")
+    router.send(team.id, to="Engineer_1", content="go", sender="Team Leader")
+    reenqueued = []
+    for waited in (1.1, 1.1, 1.0, 2.1, 2.0, 4.1):  # in windows, 11.4 in all
+        _age(router, agent.id, waited * lease)
+        router.sweep()
+        reenqueued.append(_count(router, team.id, LedgerAction.REENQUEUED))
+    assert reenqueued == [1, 1, 2, 2, 3, 3]  # once per window would be 11
+    windows = [e.detail["backoff_windows"] for e in router.ledger(team.id)
+               if e.action is LedgerAction.REENQUEUED]  # fmt: skip
+    assert windows == [1, 2, 4]
+    assert router.claim(agent.id) is not None
+    router.close()

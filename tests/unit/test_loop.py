@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from agent_router import (
     Agent,
@@ -109,7 +110,10 @@ def test_max_steps_fails_the_turn_without_dangling_calls(router: Router) -> None
     assert sum(e["role"] == "assistant" for e in transcript) == 5
     assert tool_pairing_problems(transcript, open_allowed=False) == []
     assert router.agent(team_id, agent.display_name).state.value == "completed"
-    assert check_team(router, team_id).ok
+    report = check_team(router, team_id)
+    assert report.failed_turns == 1  # the failure is reported, not settled quietly
+    error = "MaxStepsExceededError: no final reply after 5 model calls"
+    assert report.failures == [f"{agent.display_name}: turn {turn.id} failed: {error}"]
 
 
 def test_fenced_turn_stops_and_writes_nothing(router: Router) -> None:
@@ -132,3 +136,53 @@ def test_fenced_turn_stops_and_writes_nothing(router: Router) -> None:
     turns = router.store.reads.turns(agent.id)
     assert turns[0].status is TurnStatus.FENCED
     assert router.agent(team_id, agent.display_name).pending_trigger is TurnTrigger.RECOVERY
+
+
+class Records:
+    """Works three steps, then replies; keeps what it was shown at each call."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[dict[str, Any]]] = []
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        self.seen.append(list(messages))
+        if len(self.seen) > 3:
+            return {"role": "assistant", "content": "done"}
+        call = {"id": "call_0", "type": "function",
+                "function": {"name": "do_work", "arguments": '{"step": "more"}'}}  # fmt: skip
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+# The transcript reads: every payload, or positions and payloads after a position.
+WHOLE_OR_SINCE = {
+    "SELECT ar_transcript_entries.payload",
+    "SELECT ar_transcript_entries.position, ar_transcript_entries.payload",
+}
+
+
+def test_the_transcript_is_read_once_per_turn_and_extended(router: Router) -> None:
+    team_id, agent = start(router)
+    turn = router.claim(agent.id)
+    assert turn is not None
+    reads: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        columns = statement.split("FROM", maxsplit=1)[0].strip()
+        if "FROM ar_transcript_entries" in statement and columns in WHOLE_OR_SINCE:
+            reads.append(statement)
+
+    sa.event.listen(router.store.engine, "before_cursor_execute", record)
+    model = Records()
+    try:
+        outcome = run_turn(router, turn, models=lambda a: model, tools=default_registry())
+    finally:
+        sa.event.remove(router.store.engine, "before_cursor_execute", record)
+    assert outcome is TurnOutcome.ENDED
+    full = router.transcript(team_id, agent.display_name)
+    # What the model saw at each step is the transcript up to then, as stored.
+    assert [len(s) for s in model.seen] == [1, 3, 5, 7]
+    assert all(seen == full[: len(seen)] for seen in model.seen)
+    # One whole read, then only what was appended after the last entry read.
+    assert len(reads) == 4  # one per model call
+    assert "position >" not in reads[0]
+    assert all("position >" in r for r in reads[1:])

@@ -76,16 +76,21 @@ class HostedTurn:
             # A continuation (or a turn that finds its last batch unfinished) runs the calls
             # still without a result first, as the built-in loop does.
             self._resumed = True
-            loop._run_calls(
-                self.turn, self.heartbeat, loop._open_calls(self.turn), self.registry, self._ctx()
-            )
+            index, unfinished = loop._open_calls(self.turn)
+            loop._run_calls(self.turn, self.heartbeat, unfinished, self.registry, self._ctx(index))
         loop._boundary(self.turn, self.heartbeat)
         loop._drain_all(self.router, self.turn)
         return self.turn.transcript()
 
-    def _ctx(self) -> ToolContext:
+    def _ctx(self, reply_index: int) -> ToolContext:
+        # reply_index: where the reply whose calls run sits in the transcript (it scopes the
+        # tools' dedup keys, so a call id the model server reuses in a later reply is new).
         return ToolContext(
-            router=self.router, turn=self.turn, agent=self.agent, settings=self.router.settings
+            router=self.router,
+            turn=self.turn,
+            agent=self.agent,
+            settings=self.router.settings,
+            reply_index=reply_index,
         )
 
     def step(self, reply: dict[str, Any]) -> str | None:
@@ -99,6 +104,7 @@ class HostedTurn:
                 f"no final reply after {self.router.settings.max_turn_steps} model calls"
             )
         loop._boundary(self.turn, self.heartbeat)
+        reply_index = len(self.turn.history())
         self.turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = reply.get("content")
@@ -107,7 +113,7 @@ class HostedTurn:
             return self.final
         if text and not self.agent.is_lead:
             self._tell_lead(str(text), MessageSubtype.PROGRESS_OUTPUT, f"progress:{self._steps}")
-        loop._run_calls(self.turn, self.heartbeat, calls, self.registry, self._ctx())
+        loop._run_calls(self.turn, self.heartbeat, calls, self.registry, self._ctx(reply_index))
         return None
 
     def report(self, text: str) -> None:

@@ -22,6 +22,7 @@ the agent becomes ``idle``).
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import logging
 import threading
@@ -32,6 +33,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from agent_router import errors
+from agent_router import validation as check
 from agent_router.agents.llm import Model, ModelFactory
 from agent_router.agents.tools import (
     RESULT_RECORDED,
@@ -192,12 +194,16 @@ def _steps(
     schemas = tools.schemas(agent)
     ctx = ToolContext(router=router, turn=turn, agent=agent, settings=router.settings)
     # A continuation (or any turn that finds its last batch unfinished) runs the rest first.
-    _run_calls(turn, heartbeat, _open_calls(turn), tools, ctx)
+    index, unfinished = _open_calls(turn)
+    _run_calls(turn, heartbeat, unfinished, tools, replace(ctx, reply_index=index))
     for step in range(router.settings.max_turn_steps):
         _boundary(turn, heartbeat)
         _drain_all(router, turn)
-        reply = model.complete(turn.transcript(), schemas)
+        history = turn.history()
+        reply = model.complete(list(history), schemas)
         _boundary(turn, heartbeat)
+        # Only this turn writes the transcript now: the reply lands at the end.
+        ctx = replace(ctx, reply_index=len(history))
         turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = reply.get("content")
@@ -219,13 +225,15 @@ def _steps(
     )
 
 
-def _open_calls(turn: Turn) -> list[dict[str, Any]]:
-    """The calls of the last assistant message that still have no result, in order."""
+def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
+    """The transcript index of the last assistant message and its calls that still have no
+    result, in order."""
     open_ids = turn.open_tool_calls()
     if not open_ids:
-        return []
-    last = next(e for e in reversed(turn.transcript()) if e.get("role") == "assistant")
-    return [c for c in last.get("tool_calls") or [] if c["id"] in open_ids]
+        return 0, []
+    transcript = turn.history()
+    index = max(i for i, e in enumerate(transcript) if e.get("role") == "assistant")
+    return index, [c for c in transcript[index].get("tool_calls") or [] if c["id"] in open_ids]
 
 
 def _run_calls(
@@ -261,6 +269,36 @@ def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> T
     return tools.call(str(function["name"]), arguments, ctx)
 
 
+class ReportUndeliveredError(errors.AgentRouterError):
+    """Raised when the router refused a sub-agent's output to its lead: the turn fails with
+    the reason, so that the ledger, the failure notice and ``check`` show it."""
+
+
+#: Room left in each part of a split report for its ``[part i/n]`` header.
+_PART_HEADER_BYTES = 64
+
+
+def report_parts(text: str, max_bytes: int) -> list[str]:
+    """``text`` as it reaches the lead: whole when it fits in one message, else split into
+    parts that each fit (at line breaks where one is near), numbered ``[part i/n]``. Nothing is
+    cut off: the parts joined without their headers are ``text``."""
+    if len(text.encode("utf-8")) <= max_bytes:
+        return [text]
+    room = max(max_bytes - _PART_HEADER_BYTES, 16)
+    chunks: list[str] = []
+    rest = text.encode("utf-8")
+    while rest:
+        cut = min(room, len(rest))
+        while cut < len(rest) and rest[cut] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
+            cut -= 1
+        newline = rest.rfind(b"\n", 0, cut)
+        if cut < len(rest) and newline > cut // 2:
+            cut = newline + 1
+        chunks.append(rest[:cut].decode("utf-8"))
+        rest = rest[cut:]
+    return [f"[part {i}/{len(chunks)}]\n{chunk}" for i, chunk in enumerate(chunks, 1)]
+
+
 def _tell_lead(
     router: Router,
     turn: Turn,
@@ -271,26 +309,30 @@ def _tell_lead(
     wake: bool,
     dedup_key: str,
 ) -> None:
+    """Send an output to the lead; an oversize one goes in parts (only the last one wakes the
+    lead), so none is dropped. A refusal raises :class:`ReportUndeliveredError`."""
     if not text.strip():
         return
-    try:
-        # Retrying is safe: the dedup key makes a second attempt return the first delivery.
-        _with_retries(
-            lambda: router.send(
-                turn.team_id,
-                to=lead,
-                content=text,
-                sender=turn.display_name,
-                type=MessageType.OUTPUT,
-                subtype=subtype,
-                wake=wake,
-                dedup_key=dedup_key,
-            )
+    parts = report_parts(check.scrub(text), router.settings.max_content_bytes)
+    for number, part in enumerate(parts, 1):
+        send = functools.partial(
+            router.send,
+            turn.team_id,
+            to=lead,
+            content=part,
+            sender=turn.display_name,
+            type=MessageType.OUTPUT,
+            subtype=subtype,
+            wake=wake and number == len(parts),
+            dedup_key=dedup_key if len(parts) == 1 else f"{dedup_key}:{number}",
         )
-    except errors.RefusedError as exc:  # the lead is gone: nobody to tell
-        logger.warning(
-            "output not delivered", extra={"action": "output_refused", "error": str(exc)}
-        )
+        try:
+            # Retrying is safe: the dedup key makes a second attempt return the first delivery.
+            _with_retries(send)
+        except errors.RefusedError as exc:
+            raise ReportUndeliveredError(
+                f"{subtype.value} of turn {turn.id} not delivered to {lead}: {exc}"
+            ) from exc
 
 
 def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:

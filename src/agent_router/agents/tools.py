@@ -60,6 +60,9 @@ class ToolContext:
     agent: Agent
     settings: Settings
     call_id: str = ""
+    # Where the assistant message holding the call sits in the transcript: model servers reuse
+    # call ids (``call_0``) across replies, so a call is named by both.
+    reply_index: int = 0
 
 
 class _Recorded:
@@ -140,6 +143,7 @@ _REASONS: tuple[tuple[type[errors.RefusedError], str], ...] = (
     (errors.UnknownAgentError, "unknown_agent"),
     (errors.ContentTooLargeError, "too_large"),
     (errors.DuplicateDisplayNameError, "duplicate_name"),
+    (errors.DedupConflictError, "dedup_conflict"),
     (errors.InvalidMessageError, "invalid"),
 )
 
@@ -245,6 +249,15 @@ def _do_work(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
     return f"done: {step}"
 
 
+def _dedup_key(ctx: ToolContext) -> str | None:
+    """The same call of the same reply, run again (a continuation), sends nothing twice; a
+    later reply reusing the call id is a new call."""
+    if not ctx.call_id:
+        return None
+    key = f"tool:{ctx.turn.agent_id}:{ctx.reply_index}:{ctx.call_id}"
+    return key[:200]
+
+
 def _send(ctx: ToolContext, to: str, content: str, type_: MessageType, **kw: Any) -> str:
     delivery = ctx.router.send(
         ctx.turn.team_id,
@@ -253,7 +266,7 @@ def _send(ctx: ToolContext, to: str, content: str, type_: MessageType, **kw: Any
         sender=ctx.turn.display_name,
         type=type_,
         # A continuation that re-runs this call sends nothing twice.
-        dedup_key=f"tool:{ctx.turn.agent_id}:{ctx.call_id}" if ctx.call_id else None,
+        dedup_key=_dedup_key(ctx),
         **kw,
     )
     return ok(to=delivery.target, message_id=delivery.message_id, outcome=delivery.outcome.value)

@@ -7,7 +7,14 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent_router.domain import AgentState, MessageStatus, TurnStatus
+from agent_router.domain import (
+    AgentState,
+    LedgerAction,
+    LedgerEvent,
+    Message,
+    MessageStatus,
+    TurnStatus,
+)
 
 if TYPE_CHECKING:
     from agent_router.router import Router
@@ -25,18 +32,23 @@ class TeamReport:
     overlapping_turns: int = 0
     dangling_tool_calls: int = 0
     split_tool_results: int = 0
-    violations: list[str] = field(default_factory=list)
+    failed_turns: int = 0
+    undelivered_reports: int = 0
+    idle_with_wake: int = 0  # idle agents holding wake messages no turn will take
+    violations: list[str] = field(default_factory=list)  # a guarantee broken
+    failures: list[str] = field(default_factory=list)  # work that failed or was not delivered
 
     @property
     def ok(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.failures
 
     def summary(self) -> str:
         return (
             f"messages={self.messages} delivered={self.delivered} dropped={self.dropped} "
             f"pending={self.pending} lost={self.lost} duplicated={self.duplicated} "
             f"reordered={self.reordered} overlapping_turns={self.overlapping_turns} "
-            f"dangling_tool_calls={self.dangling_tool_calls}"
+            f"dangling_tool_calls={self.dangling_tool_calls} failed_turns={self.failed_turns} "
+            f"undelivered_reports={self.undelivered_reports} idle_with_wake={self.idle_with_wake}"
         )
 
 
@@ -66,12 +78,16 @@ def tool_pairing_problems(transcript: list[dict[str, Any]], *, open_allowed: boo
 
 
 def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> TeamReport:
-    """Check guarantees 2-5 and 7 for a team. ``quiescent``: no turn may still be running, so
-    pending wake messages and open tool calls count as violations."""
+    """Check guarantees 2-5 and 7 for a team, and that nothing failed quietly: a failed turn,
+    an output the router refused to deliver to the lead. ``quiescent``: no turn may still be
+    running, so pending wake messages (an idle agent's included, unless a stop kept them) and
+    open tool calls count as violations."""
     store = router.store
     report = TeamReport()
     agents = {a.id: a for a in store.reads.agents(team_id)}
     messages = store.reads.messages(team_id)
+    ledger = store.reads.ledger(team_id)
+    _check_failures(report, agents, ledger)
     report.messages = len(messages)
     entries = {aid: store.reads.transcript_entries(aid) for aid in agents}
     copies: dict[int, int] = {}
@@ -93,15 +109,8 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
                 report.violations.append(f"message {m.id} dropped without a reason")
         else:
             report.pending += 1
-            target = agents[m.target_agent_id]
-            # A stopped agent rests `idle` with its mailbox kept: those messages wait for its
-            # next wake-up, they are not lost (any other idle agent is woken by a wake message).
-            kept = target.state in (AgentState.TERMINATED, AgentState.IDLE)
-            if quiescent and m.wake and not kept:
-                report.lost += 1
-                report.violations.append(
-                    f"message {m.id} to {target.display_name} still pending with no turn to take it"
-                )
+            if quiescent and m.wake:
+                _check_pending_wake(report, m, agents[m.target_agent_id], ledger)
         if n > 1:
             report.duplicated += 1
             report.violations.append(f"message {m.id} is in a transcript {n} times")
@@ -138,3 +147,53 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
                 report.overlapping_turns += 1
                 report.violations.append(f"{agent.display_name}: turns {id1} and {id2} overlap")
     return report
+
+
+def _check_pending_wake(
+    report: TeamReport, m: Message, target: Any, ledger: list[LedgerEvent]
+) -> None:
+    """A wake message still pending once nothing runs: lost, unless a stop kept it (a stopped
+    agent rests `idle` with its mailbox kept) or its target is terminated."""
+    if target.state is AgentState.IDLE:
+        if not _kept_by_stop(m, ledger):
+            report.idle_with_wake += 1
+            report.violations.append(
+                f"message {m.id} to {target.display_name} is waiting while it is idle"
+            )
+    elif target.state is not AgentState.TERMINATED:
+        report.lost += 1
+        report.violations.append(
+            f"message {m.id} to {target.display_name} still pending with no turn to take it"
+        )
+
+
+def _kept_by_stop(message: Message, ledger: list[LedgerEvent]) -> bool:
+    """A stopped agent rests ``idle`` with its mailbox kept: messages it held when it stopped
+    wait for its next wake-up."""
+    return any(
+        e.action is LedgerAction.STOPPED
+        and e.agent_id == message.target_agent_id
+        and e.created_at >= message.created_at
+        for e in ledger
+    )
+
+
+def _check_failures(report: TeamReport, agents: dict[int, Any], ledger: list[LedgerEvent]) -> None:
+    """Failed turns, and outputs of agents the router refused to deliver to their lead."""
+    names = {a.display_name for a in agents.values()}
+    for e in ledger:
+        if e.action is LedgerAction.TURN_ENDED and e.detail.get("failed"):
+            name = agents[e.agent_id].display_name if e.agent_id in agents else e.agent_id
+            error = str(e.detail.get("error") or "")
+            report.failed_turns += 1
+            report.failures.append(f"{name}: turn {e.turn_id} failed: {error[:200]}")
+        elif (
+            e.action is LedgerAction.SEND_REJECTED
+            and e.detail.get("type") == "output"
+            and e.detail.get("sender") in names
+        ):
+            report.undelivered_reports += 1
+            report.failures.append(
+                f"{e.detail['sender']}: {e.detail.get('subtype') or 'output'} to "
+                f"{e.detail.get('to')} refused: {str(e.detail.get('message'))[:200]}"
+            )

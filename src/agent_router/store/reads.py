@@ -4,6 +4,7 @@ chaos run read. Each read is one short session, no lock."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,7 +29,7 @@ from agent_router.domain import (
     TurnRecord,
     TurnStatus,
 )
-from agent_router.store import queries, values
+from agent_router.store import faults, queries, values
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -50,6 +51,7 @@ class Reads:
         self._sessions = sessions
         self._engine = engine
 
+    @faults.wrapped_read
     def team(self, team_id: int) -> Team:
         with self._sessions() as session:
             queries.team(session, team_id)
@@ -59,6 +61,7 @@ class Reads:
             created = session.scalars(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
             return Team(id=team_id, lead=values.agent(lead), created_at=created.one())
 
+    @faults.wrapped_read
     def agent(self, team_id: int, name: str) -> Agent:
         with self._sessions() as session:
             queries.team(session, team_id)
@@ -67,6 +70,7 @@ class Reads:
                 raise errors.UnknownAgentError(f"no agent {name!r} in team {team_id}")
             return values.agent(row, queries.mailbox_depth(session, row.id))
 
+    @faults.wrapped_read
     def agent_by_id(self, agent_id: int) -> Agent:
         with self._sessions() as session:
             row = session.get(AgentRow, agent_id)
@@ -74,6 +78,7 @@ class Reads:
                 raise errors.UnknownAgentError(f"no agent with id {agent_id}")
             return values.agent(row, queries.mailbox_depth(session, row.id))
 
+    @faults.wrapped_read
     def agents(self, team_id: int) -> list[Agent]:
         with self._sessions() as session:
             queries.team(session, team_id)
@@ -82,10 +87,12 @@ class Reads:
             ).all()
             return [values.agent(r, queries.mailbox_depth(session, r.id)) for r in rows]
 
+    @faults.wrapped_read
     def team_exists(self, team_id: int) -> bool:
         with self._sessions() as session:
             return session.get(TeamRow, team_id) is not None
 
+    @faults.wrapped_read
     def question(self, question_id: int) -> Question:
         with self._sessions() as session:
             row = session.get(QuestionRow, question_id)
@@ -93,6 +100,7 @@ class Reads:
                 raise errors.UnknownQuestionError(f"no question {question_id}")
             return values.question(row)
 
+    @faults.wrapped_read
     def named_question(self, question_id: int) -> Question:
         """The question with the display names of its asker and of the agent asked."""
         with self._sessions() as session:
@@ -111,16 +119,19 @@ class Reads:
                 target=names[row.target_agent_id],
             )
 
+    @faults.wrapped_read
     def stop_requested(self, agent_id: int) -> bool:
         with self._sessions() as session:
             return bool(
                 session.scalar(sa.select(AgentRow.stop_requested).where(AgentRow.id == agent_id))
             )
 
+    @faults.wrapped_read
     def open_tool_calls(self, agent_id: int) -> list[str]:
         with self._sessions() as session:
             return queries.open_tool_calls(session, agent_id)
 
+    @faults.wrapped_read
     def transcript(self, agent_id: int) -> list[dict[str, Any]]:
         with self._sessions() as session:
             return list(
@@ -131,6 +142,22 @@ class Reads:
                 )
             )
 
+    @faults.wrapped_read
+    def transcript_after(
+        self, agent_id: int, position: int | None
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """The entries after ``position`` (all with ``None``), with their positions: a turn
+        reads its transcript once and then only what was appended since."""
+        with self._sessions() as session:
+            stmt = sa.select(TranscriptEntryRow.position, TranscriptEntryRow.payload).where(
+                TranscriptEntryRow.agent_id == agent_id
+            )
+            if position is not None:
+                stmt = stmt.where(TranscriptEntryRow.position > position)
+            rows = session.execute(stmt.order_by(TranscriptEntryRow.position)).all()
+            return [(p, payload) for p, payload in rows]
+
+    @faults.wrapped_read
     def transcript_entries(self, agent_id: int) -> list[dict[str, Any]]:
         """Transcript with provenance: each entry's payload plus its metadata and ids."""
         with self._sessions() as session:
@@ -150,6 +177,7 @@ class Reads:
                 for r in rows
             ]
 
+    @faults.wrapped_read
     def messages(self, team_id: int) -> list[Message]:
         with self._sessions() as session:
             names = dict(
@@ -162,6 +190,7 @@ class Reads:
             ).all()
             return [values.message(r, names[r.target_agent_id]) for r in rows]
 
+    @faults.wrapped_read
     def message(self, message_id: int) -> Message:
         """One message by id, with its delivery record."""
         with self._sessions() as session:
@@ -172,6 +201,7 @@ class Reads:
             assert target is not None
             return values.message(row, target.display_name)
 
+    @faults.wrapped_read
     def message_events(self, message_id: int) -> list[LedgerEvent]:
         """Ledger events about one message (its routing, a duplicate send, a drop)."""
         with self._sessions() as session:
@@ -183,6 +213,7 @@ class Reads:
             ).all()
             return [values.ledger_event(r, name) for r, name in rows]
 
+    @faults.wrapped_read
     def turns(self, agent_id: int) -> list[TurnRecord]:
         with self._sessions() as session:
             rows = session.scalars(
@@ -190,6 +221,7 @@ class Reads:
             ).all()
             return [values.turn(r) for r in rows]
 
+    @faults.wrapped_read
     def current_turn(self, agent_id: int) -> TurnRecord | None:
         with self._sessions() as session:
             agent = session.get(AgentRow, agent_id)
@@ -204,6 +236,7 @@ class Reads:
             ).one_or_none()
             return values.turn(row) if row else None
 
+    @faults.wrapped_read
     def ledger(self, team_id: int, *, after_id: int = 0) -> list[LedgerEvent]:
         """The team's ledger in order; ``after_id``: only events after that one (tailing)."""
         with self._sessions() as session:
@@ -215,6 +248,7 @@ class Reads:
             ).all()
             return [values.ledger_event(r, name) for r, name in rows]
 
+    @faults.wrapped_read
     def expired_leases(self) -> list[int]:
         """Agents whose current turn's lease has run out (its worker is presumed dead)."""
         with self._sessions() as session:
@@ -234,6 +268,7 @@ class Reads:
                 )
             )
 
+    @faults.wrapped_read
     def running_jobs(self, *, older_than_seconds: float, limit: int = 500) -> list[BackgroundJob]:
         """Jobs with no completion seen yet, started at least ``older_than_seconds`` ago."""
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
@@ -249,6 +284,7 @@ class Reads:
             ).all()
             return [values.job(r) for r in rows]
 
+    @faults.wrapped_read
     def jobs(self, team_id: int) -> list[BackgroundJob]:
         with self._sessions() as session:
             rows = session.scalars(
@@ -258,6 +294,7 @@ class Reads:
             ).all()
             return [values.job(r) for r in rows]
 
+    @faults.wrapped_read
     def unpublished(
         self, *, older_than_seconds: float = 0.0, limit: int = 500
     ) -> list[OutboxEntry]:
@@ -266,6 +303,7 @@ class Reads:
             rows = session.scalars(queries.unpublished_since(cutoff, limit)).all()
             return [values.outbox_entry(r) for r in rows]
 
+    @faults.wrapped_read
     def outbox(self, team_id: int) -> list[OutboxEntry]:
         with self._sessions() as session:
             rows = session.scalars(
@@ -273,65 +311,90 @@ class Reads:
             ).all()
             return [values.outbox_entry(r) for r in rows]
 
-    def agent_statuses(self, team_id: int | None = None) -> list[AgentStatus]:
-        """Every agent of a team (or of all teams, ``None``) with its mailbox depth, open
-        questions and running turn's lease: a handful of queries, whatever the team size."""
+    @faults.wrapped_read
+    def agent_statuses(
+        self,
+        team_id: int | None = None,
+        *,
+        states: Collection[AgentState] = (),
+        after_id: int = 0,
+        limit: int | None = None,
+    ) -> list[AgentStatus]:
+        """Agents of a team (or of all teams, ``None``), in ``states`` if given, by id after
+        ``after_id``, at most ``limit``: each with its mailbox depth, open questions and running
+        turn's lease. Four queries whatever the number of agents: the page is a subquery, never
+        a list of ids."""
         with self._sessions() as session:
-            agents_q = sa.select(AgentRow).order_by(AgentRow.team_id, AgentRow.id)
+            page = sa.select(AgentRow.id).where(AgentRow.id > after_id)
             if team_id is not None:
                 queries.team(session, team_id)
-                agents_q = agents_q.where(AgentRow.team_id == team_id)
-            rows = session.scalars(agents_q).all()
-            ids = [r.id for r in rows]
-            depth = dict(
-                session.execute(
-                    sa.select(MessageRow.target_agent_id, sa.func.count())
-                    .where(
-                        MessageRow.target_agent_id.in_(ids),
-                        MessageRow.status == MessageStatus.PENDING,
-                    )
-                    .group_by(MessageRow.target_agent_id)
-                ).all()
+                page = page.where(AgentRow.team_id == team_id)
+            if states:
+                page = page.where(AgentRow.state.in_(list(states)))
+            page = page.order_by(AgentRow.id).limit(limit)
+            rows = session.scalars(
+                sa.select(AgentRow).where(AgentRow.id.in_(page)).order_by(AgentRow.id)
+            ).all()
+            if not rows:
+                return []
+            first, last = rows[0].id, rows[-1].id
+            in_page = sa.select(AgentRow.id).where(
+                AgentRow.id.between(first, last),
+                *([AgentRow.team_id == team_id] if team_id is not None else []),
+                *([AgentRow.state.in_(list(states))] if states else []),
             )
-            asked: dict[int, list[int]] = {}
-            to_answer: dict[int, list[int]] = {}
-            for qid, asker, target in session.execute(
-                sa.select(QuestionRow.id, QuestionRow.asker_agent_id, QuestionRow.target_agent_id)
-                .where(
-                    QuestionRow.status == QuestionStatus.OPEN,
-                    sa.or_(
-                        QuestionRow.asker_agent_id.in_(ids), QuestionRow.target_agent_id.in_(ids)
-                    ),
-                )
-                .order_by(QuestionRow.id)
-            ):
-                asked.setdefault(asker, []).append(qid)
-                to_answer.setdefault(target, []).append(qid)
-            running = {
-                t.agent_id: t
-                for t in session.scalars(
-                    sa.select(TurnRow).where(
-                        TurnRow.agent_id.in_(ids), TurnRow.status == TurnStatus.RUNNING
-                    )
-                )
-            }
-            statuses = []
-            for r in rows:
-                turn = running.get(r.id)
-                current = turn is not None and turn.epoch == r.epoch
-                statuses.append(
-                    AgentStatus(
-                        agent=values.agent(r, depth.get(r.id, 0)),
-                        open_questions=tuple(asked.get(r.id, ())),
-                        questions_to_answer=tuple(to_answer.get(r.id, ())),
-                        turn_id=turn.id if turn is not None and current else None,
-                        lease_expires_at=turn.lease_expires_at
-                        if turn is not None and current
-                        else None,
-                    )
-                )
-            return statuses
+            return self._statuses(session, rows, in_page)
 
+    @staticmethod
+    def _statuses(session: Session, rows: Sequence[AgentRow], page: Any) -> list[AgentStatus]:
+        depth = dict(
+            session.execute(
+                sa.select(MessageRow.target_agent_id, sa.func.count())
+                .where(
+                    MessageRow.target_agent_id.in_(page),
+                    MessageRow.status == MessageStatus.PENDING,
+                )
+                .group_by(MessageRow.target_agent_id)
+            ).all()
+        )
+        asked: dict[int, list[int]] = {}
+        to_answer: dict[int, list[int]] = {}
+        for qid, asker, target in session.execute(
+            sa.select(QuestionRow.id, QuestionRow.asker_agent_id, QuestionRow.target_agent_id)
+            .where(
+                QuestionRow.status == QuestionStatus.OPEN,
+                sa.or_(QuestionRow.asker_agent_id.in_(page), QuestionRow.target_agent_id.in_(page)),
+            )
+            .order_by(QuestionRow.id)
+        ):
+            asked.setdefault(asker, []).append(qid)
+            to_answer.setdefault(target, []).append(qid)
+        running = {
+            t.agent_id: t
+            for t in session.scalars(
+                sa.select(TurnRow).where(
+                    TurnRow.agent_id.in_(page), TurnRow.status == TurnStatus.RUNNING
+                )
+            )
+        }
+        statuses = []
+        for r in rows:
+            turn = running.get(r.id)
+            current = turn is not None and turn.epoch == r.epoch
+            statuses.append(
+                AgentStatus(
+                    agent=values.agent(r, depth.get(r.id, 0)),
+                    open_questions=tuple(asked.get(r.id, ())),
+                    questions_to_answer=tuple(to_answer.get(r.id, ())),
+                    turn_id=turn.id if turn is not None and current else None,
+                    lease_expires_at=turn.lease_expires_at
+                    if turn is not None and current
+                    else None,
+                )
+            )
+        return statuses
+
+    @faults.wrapped_read
     def state_counts(self) -> dict[AgentState, tuple[int, int]]:
         """Per agent state: (agents, pending messages to them), over every team (metrics)."""
         with self._sessions() as session:
@@ -351,6 +414,7 @@ class Reads:
             )
             return {s: (agents.get(s, 0), pending.get(s, 0)) for s in set(agents) | set(pending)}
 
+    @faults.wrapped_read
     def cluster_figures(self) -> tuple[float, int, int]:
         """Over every team (metrics): the age in seconds of the oldest pending message (0 when
         none is pending), the open questions, and the outbox rows not yet published."""
@@ -369,6 +433,7 @@ class Reads:
         age = max(0.0, (utcnow() - oldest).total_seconds()) if oldest is not None else 0.0
         return age, int(questions or 0), int(outbox or 0)
 
+    @faults.wrapped_read
     def open_question_report(self, team_id: int) -> list[tuple[Any, ...]]:
         """Each open question of the team with where its ask message went: question id, asker,
         target, waiting, and the message's status, outcome and target (diagnostics)."""
@@ -388,6 +453,7 @@ class Reads:
             ).all()
             return [tuple(r) for r in rows]
 
+    @faults.wrapped_read
     def question_statuses(self, team_id: int) -> list[QuestionStatus]:
         with self._sessions() as session:
             rows = session.scalars(
@@ -395,6 +461,7 @@ class Reads:
             ).all()
             return [QuestionStatus(s) for s in rows]
 
+    @faults.wrapped_read
     def turn_leases(self, team_id: int) -> dict[int, datetime | None]:
         """Each turn of the team by id, with its lease's end."""
         with self._sessions() as session:
@@ -406,6 +473,7 @@ class Reads:
                 ).tuples()
             )
 
+    @faults.wrapped_read
     def idle_connections(self) -> int:
         """Connections checked in to the engine's pool."""
         return int(self._engine.pool.checkedin())  # type: ignore[attr-defined]

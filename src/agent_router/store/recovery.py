@@ -78,13 +78,21 @@ def take_over(
     return agent.epoch
 
 
+#: A scheduled agent is re-enqueued after 1, 2, 4, ... (at most this many) delivery windows
+#: without a claim: under a backlog its task is most likely still queued, and each copy would
+#: only be refused by the fence.
+MAX_BACKOFF_WINDOWS = 32
+
+
 def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
     """Re-enqueue agents left ``scheduled`` whose turn task never started (the task was
-    lost after being published): scheduled, and its last enqueue published, longer ago
-    than ``older_than_seconds``. Fenced claims make a duplicate harmless. Returns how many
-    were re-enqueued."""
+    lost after being published): scheduled, and its last enqueue published, longer ago than
+    its delivery window: ``older_than_seconds`` for the first re-enqueue of an epoch, doubling
+    with each one after (see :data:`MAX_BACKOFF_WINDOWS`). Fenced claims make a duplicate
+    harmless. Returns how many were re-enqueued."""
     session = tx.session
-    cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+    now = utcnow()
+    cutoff = now - timedelta(seconds=older_than_seconds)
     reenqueued = 0
     agents = session.scalars(
         sa.select(AgentRow)
@@ -93,20 +101,24 @@ def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
         .with_for_update(skip_locked=True)
     ).all()
     for agent in agents:
-        # Unpublished: the outbox re-publisher covers it. Published within the cutoff
-        # (perhaps by this very sweep): the task has not yet had its time to start.
-        recent = session.scalar(
-            sa.select(sa.func.count())
-            .select_from(OutboxRow)
-            .where(
+        sent, unpublished, last = session.execute(
+            sa.select(
+                sa.func.count(),
+                sa.func.count().filter(OutboxRow.published_at.is_(None)),
+                sa.func.max(OutboxRow.published_at),
+            ).where(
                 OutboxRow.agent_id == agent.id,
                 OutboxRow.epoch == agent.epoch,
-                sa.or_(OutboxRow.published_at.is_(None), OutboxRow.published_at >= cutoff),
+                OutboxRow.kind == OutboxKind.ENQUEUE_TURN,
             )
-        )
-        if recent:
+        ).one()
+        # Unpublished: the outbox re-publisher covers it. Published within the window
+        # (perhaps by this very sweep): the task has not yet had its time to start.
+        windows = min(2 ** max(sent - 1, 0), MAX_BACKOFF_WINDOWS)
+        due = now - timedelta(seconds=older_than_seconds * windows)
+        if unpublished or (last is not None and last >= due):
             continue
-        agent.scheduled_at = utcnow()
+        agent.scheduled_at = now
         tx.outbox(
             agent,
             OutboxKind.ENQUEUE_TURN,
@@ -118,6 +130,7 @@ def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
             team_id=agent.team_id,
             agent_id=agent.id,
             epoch=agent.epoch,
+            backoff_windows=windows,
         )
         reenqueued += 1
     return reenqueued

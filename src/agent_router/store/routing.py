@@ -171,6 +171,21 @@ def _duplicate(tx: Tx, req: SendRequest, target: AgentRow) -> Delivery | None:
     ).one_or_none()
     if first is None:
         return None
+    if (first.content, first.source_name, first.type, first.subtype, first.question_id) != (
+        req.content,
+        req.sender,
+        req.type,
+        req.subtype,
+        req.question_id,
+    ):
+        raise reject(
+            req,
+            errors.DedupConflictError(
+                f"dedup key {req.dedup_key!r} was used for message {first.id} to "
+                f"{target.display_name} with other content, sender or type"
+            ),
+            "dedup_conflict",
+        )
     target.next_seq -= 1  # no new message: give the number back
     tx.ledger(
         LedgerAction.DUPLICATE_SEND,
@@ -238,6 +253,8 @@ def reject(req: SendRequest, error: errors.AgentRouterError, reason: str) -> Ref
         reason=reason,
         to=req.to,
         sender=req.sender,
+        type=req.type.value,
+        subtype=req.subtype.value if req.subtype else None,
         message=str(error),
     )
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from agent_router import errors
@@ -39,7 +40,7 @@ from agent_router.domain import (
     TurnStatus,
 )
 from agent_router.settings import Settings
-from agent_router.store import agents, jobs, recovery, routing, turns, waits
+from agent_router.store import agents, faults, jobs, lifecycle, recovery, routing, turns, waits
 from agent_router.store.engine import make_engine
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
@@ -79,28 +80,39 @@ class Store:
     @contextmanager
     def _tx(self) -> Iterator[Tx]:
         tx = Tx(self._sessions(), self.settings)
+        committing = False
         try:
             with tx.session.begin():
                 yield tx
+                # Everything but the COMMIT itself is sent first: a connection lost from here
+                # on leaves the outcome unknown, one lost before it left nothing written.
+                write_ledger_buffer(tx.session)
+                tx.session.flush()
+                committing = True
         except Refused as refused:
             tx.session.close()
             self._write_ledger(refused.action, **refused.ledger)
             raise refused.error from None
         except errors.AgentRouterError:
             raise
-        except DBAPIError as exc:
-            raise errors.StoreError(f"database error: {exc.orig!r}") from exc
+        except SQLAlchemyError as exc:
+            raise faults.store_error(exc, committing=committing) from exc
         finally:
             tx.session.close()
         if tx.entries and self._after_commit is not None:
             self._after_commit(tx.entries)
 
+    @faults.retrying
     def _write_ledger(self, action: LedgerAction, **fields: Any) -> None:
         with self._sessions() as session, session.begin():
-            Tx(session, self.settings).ledger(action, **fields)
+            tx = Tx(session, self.settings)
+            if action is LedgerAction.SEND_REJECTED and lifecycle.aggregate_refusal(tx, fields):
+                return
+            tx.ledger(action, **fields)
 
     # ------------------------------------------------------------------ teams and agents
 
+    @faults.retrying
     def create_team(
         self, *, lead_system_prompt: str | None = None, lead_runner: str | None = None
     ) -> Team:
@@ -109,6 +121,7 @@ class Store:
                 tx, lead_system_prompt=lead_system_prompt, lead_runner=lead_runner
             )
 
+    @faults.retrying
     def create_agent(
         self,
         team_id: int,
@@ -127,6 +140,7 @@ class Store:
         )
         return agent
 
+    @faults.retrying
     def create_agent_with_task(
         self,
         team_id: int,
@@ -156,17 +170,20 @@ class Store:
         except IntegrityError as exc:  # pragma: no cover - the team lock makes this unreachable
             raise errors.DuplicateDisplayNameError(str(exc.orig)) from exc
 
+    @faults.retrying
     def terminate(self, agent_id: int, *, reason: str) -> None:
         """Final: fence any running turn, drop pending messages with ``reason``, cancel the
         questions it asked, and release agents blocked on a question to it."""
         with self._tx() as tx:
             agents.terminate(tx, agent_id, reason=reason)
 
+    @faults.retrying
     def request_stop(self, agent_id: int, *, reason: str) -> AgentState:
         """Stop a sub-agent cooperatively; the state after the request."""
         with self._tx() as tx:
             return agents.request_stop(tx, agent_id, reason=reason)
 
+    @faults.retrying
     def seed_mailbox(
         self, agent_id: int, count: int, *, content: str, sender: str = "system"
     ) -> None:
@@ -175,11 +192,13 @@ class Store:
 
     # ------------------------------------------------------------------ routing
 
+    @faults.retrying
     def route(self, req: SendRequest) -> Delivery:
         """Accept one message and deliver it by the receiver's state."""
         with self._tx() as tx:
             return routing.route(tx, req)
 
+    @faults.retrying
     def record_rejection(self, team_id: int | None, reason: str, **detail: Any) -> None:
         """Ledger a send refused before it reached the store (malformed input)."""
         self._write_ledger(
@@ -192,45 +211,54 @@ class Store:
 
     # ------------------------------------------------------------------ turns
 
+    @faults.retrying
     def claim_turn(self, agent_id: int, epoch: int | None = None) -> Claim | None:
         with self._tx() as tx:
             return turns.claim_turn(tx, agent_id, epoch)
 
+    @faults.retrying
     def drain(self, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:
         with self._tx() as tx:
             return turns.drain(tx, turn, limit=limit)
 
+    @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
         payload = turns.validate_assistant(message)
         with self._tx() as tx:
             turns.append_assistant(tx, turn, payload)
 
+    @faults.retrying
     def append_tool_result(self, turn: TurnRecord, tool_call_id: str, content: str) -> None:
         if not isinstance(content, str):
             raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
         with self._tx() as tx:
             turns.append_tool_result(tx, turn, tool_call_id, content)
 
+    @faults.retrying
     def end_turn(
         self, turn: TurnRecord, *, failed: bool = False, error: str | None = None
     ) -> EndOfTurn:
         with self._tx() as tx:
             return turns.end_turn(tx, turn, failed=failed, error=error)
 
+    @faults.retrying
     def renew_lease(self, turn: TurnRecord) -> bool:
         with self._tx() as tx:
             return turns.renew_lease(tx, turn)
 
+    @faults.retrying
     def suspend(self, turn: TurnRecord) -> bool:
         with self._tx() as tx:
             return turns.suspend(tx, turn)
 
+    @faults.retrying
     def finish_stop(self, turn: TurnRecord) -> None:
         with self._tx() as tx:
             turns.finish_stop(tx, turn)
 
     # ------------------------------------------------------------------ waits
 
+    @faults.retrying
     def ask(
         self,
         turn: TurnRecord,
@@ -252,6 +280,7 @@ class Store:
                 timeout_seconds=timeout_seconds,
             )
 
+    @faults.retrying
     def wait_output(
         self,
         turn: TurnRecord,
@@ -265,6 +294,7 @@ class Store:
                 tx, turn, target=target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
             )
 
+    @faults.retrying
     def expire_questions(self, *, question_id: int | None = None) -> int:
         """Expire open questions past their deadline; how many were expired."""
         with self._tx() as tx:
@@ -272,6 +302,7 @@ class Store:
 
     # ------------------------------------------------------------------ recovery
 
+    @faults.retrying
     def take_over(
         self,
         agent_id: int,
@@ -290,6 +321,7 @@ class Store:
                 lease_check=lease_check,
             )
 
+    @faults.retrying
     def take_over_expired(self, agent_id: int) -> int | None:
         """:meth:`take_over`, but only if the lease is still expired under the lock (a heartbeat
         may have renewed it since it was listed); the new epoch, or ``None``."""
@@ -315,11 +347,13 @@ class Store:
         except errors.TurnError:
             return None
 
+    @faults.retrying
     def stuck_scheduled(self, *, older_than_seconds: float) -> int:
         """Re-enqueue agents whose turn task was lost; how many."""
         with self._tx() as tx:
             return recovery.stuck_scheduled(tx, older_than_seconds=older_than_seconds)
 
+    @faults.retrying
     def claim_unpublished(
         self, *, older_than_seconds: float = 0.0, limit: int = 500
     ) -> list[OutboxEntry]:
@@ -365,15 +399,54 @@ class Store:
 
     # ------------------------------------------------------------------ background jobs
 
+    @faults.retrying
     def start_job(self, team_id: int, agent: str, *, name: str, task_id: str) -> BackgroundJob:
         with self._tx() as tx:
             return jobs.start_job(tx, team_id, agent, name=name, task_id=task_id)
 
+    @faults.retrying
     def finish_job(
         self, job_id: int, *, ok: bool, result: str, batch_seconds: float = 0.0
     ) -> BackgroundJob:
         with self._tx() as tx:
             return jobs.finish_job(tx, job_id, ok=ok, result=result, batch_seconds=batch_seconds)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @faults.retrying
+    def delete_team(self, team_id: int, *, dry_run: bool = False) -> lifecycle.Deletion:
+        """Delete a team and every row it owns (``dry_run``: count them, delete nothing)."""
+        with self._tx() as tx:  # a dry run only reads (and locks) what it counts
+            return lifecycle.delete_team(tx, team_id, dry_run=dry_run)
+
+    @faults.retrying
+    def prune(self, *, older_than_seconds: float, dry_run: bool = False) -> lifecycle.Deletion:
+        """Retention: delete finished teams (nothing in flight, no ledger event within
+        ``older_than_seconds``) and published outbox rows older than that, in batches."""
+        before = utcnow() - timedelta(seconds=older_than_seconds)
+        with self._tx() as tx:  # first, so that a dry run counts each row once
+            published = lifecycle.prune_outbox(tx, before=before, dry_run=dry_run)
+        teams: list[int] = []
+        rows: dict[str, int] = {}
+        questions: list[int] = []
+        while True:
+            with self._tx() as tx:
+                batch = lifecycle.finished_teams(
+                    tx, before=before, limit=lifecycle.PRUNE_BATCH, after=max(teams, default=0)
+                )
+                deletion = lifecycle.delete_teams(
+                    tx, batch, dry_run=dry_run, outbox_pruned_before=before
+                )
+            teams += deletion.teams
+            questions += deletion.questions
+            for name, count in deletion.rows.items():
+                rows[name] = rows.get(name, 0) + count
+            if len(batch) < lifecycle.PRUNE_BATCH:
+                break
+        rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
+        return lifecycle.Deletion(
+            teams=tuple(teams), rows=rows, questions=tuple(questions), dry_run=dry_run
+        )
 
 
 __all__ = ["SendRequest", "Store", "make_engine", "utcnow"]

@@ -108,11 +108,13 @@ def fenced(tx: Tx, turn: TurnRecord, operation: str) -> tuple[AgentRow, TurnRow]
             ),
             LedgerAction.STALE_WRITE_REFUSED,
             team_id=agent.team_id if agent else None,
-            agent_id=turn.agent_id,
-            turn_id=turn.id,
+            # A deleted team's rows are gone: the event then names them only in its detail.
+            agent_id=turn.agent_id if agent else None,
+            turn_id=turn.id if row else None,
             epoch=turn.epoch,
             operation=operation,
             current_epoch=agent.epoch if agent else None,
+            **({} if agent and row else {"deleted_agent_id": turn.agent_id, "turn": turn.id}),
         )
     return agent, row
 

@@ -26,6 +26,7 @@ from agent_router.ops.cli.common import (
     _settings,
     app,
 )
+from agent_router.store.lifecycle import Deletion
 
 
 @app.command()
@@ -316,3 +317,60 @@ def chaos(
         print(f"violation: {violation}")
     print(result.summary())
     raise typer.Exit(0 if result.ok else 1)
+
+
+team_app = typer.Typer(help="Teams: delete one with everything it owns.")
+app.add_typer(team_app, name="team")
+
+DryRunOption = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run", envvar="AGENT_ROUTER_DRY_RUN", help="Count what would go; delete nothing."
+    ),
+]
+
+
+def _print_deletion(deletion: Deletion, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**dataclasses.asdict(deletion), "total": deletion.total}))
+        return
+    verb = "would delete" if deletion.dry_run else "deleted"
+    teams = ",".join(str(t) for t in deletion.teams) or "-"
+    rows = " ".join(f"{name.removeprefix('ar_')}={n}" for name, n in deletion.rows.items() if n)
+    print(f"{verb} teams {teams}: {deletion.total} rows ({rows or 'none'})")
+
+
+@team_app.command("delete")
+@_one_line_errors
+def team_delete(
+    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    dry_run: DryRunOption = False,
+    database_url: DatabaseUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete a team and every row it owns (agents, messages, transcripts, turns, questions,
+    jobs, outbox, ledger) and its wake keys; its queued turn tasks then claim nothing."""
+    with _acting_router(database_url, None) as router:
+        _print_deletion(router.delete_team(team, dry_run=dry_run), as_json)
+
+
+@app.command()
+@_one_line_errors
+def prune(
+    older_than_days: Annotated[
+        float,
+        typer.Option(
+            envvar="AGENT_ROUTER_OLDER_THAN_DAYS",
+            help="Finished teams with no ledger event for this long, and outbox rows "
+            "published this long ago.",
+        ),
+    ] = 30.0,
+    dry_run: DryRunOption = False,
+    database_url: DatabaseUrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Retention: delete finished teams (no agent scheduled, running or waiting) idle for
+    --older-than-days, and outbox rows published that long ago."""
+    with _acting_router(database_url, None) as router:
+        seconds = older_than_days * 86400 if older_than_days >= 0 else -1.0
+        _print_deletion(router.prune(older_than_seconds=seconds, dry_run=dry_run), as_json)

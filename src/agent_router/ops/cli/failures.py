@@ -33,6 +33,11 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
     from alembic.util import CommandError
 
     hint: str | None = getattr(exc, "hint", None)
+    if (
+        type(exc) is errors.StoreError  # the driver's error says more (a commit unknown is kept)
+        and isinstance(exc.__cause__, sqlalchemy.exc.DBAPIError)
+    ):
+        return explain(exc.__cause__)
     if isinstance(exc, pydantic.ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"

@@ -377,6 +377,14 @@ def worker(  # noqa: PLR0917 - typer options
             show_default=False,
         ),
     ] = None,
+    supervise: Annotated[
+        bool,
+        typer.Option(
+            "--supervise/--no-supervise",
+            envvar="AGENT_ROUTER_SUPERVISE",
+            help="Run the worker as a child process and start it again if it dies.",
+        ),
+    ] = True,
 ) -> None:
     """Start a Celery worker for the router's tasks, configured by AGENT_ROUTER_* variables.
 
@@ -396,6 +404,12 @@ def worker(  # noqa: PLR0917 - typer options
     # The runtime a task builds reads Settings() from the environment: the options go there.
     os.environ["AGENT_ROUTER_DATABASE_URL"] = settings.database_url
     os.environ["AGENT_ROUTER_BROKER_URL"] = settings.broker_url
+    if supervise:  # the child reads the options from the environment set above
+        from agent_router.ops.supervisor import supervise as run_supervised
+
+        child = [sys.executable, "-m", "agent_router.ops.cli", "worker", "--no-supervise"]
+        options = [f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={loglevel}"]
+        raise typer.Exit(run_supervised([*child, *options, *ctx.args]))
     logs.install_on_celery(settings.log_format)
     celery = create_app(settings)
     # The sweeper on a timer in this worker (Settings.worker_sweeper), not only through beat.
@@ -411,16 +425,28 @@ def worker(  # noqa: PLR0917 - typer options
             else None,
             addr=settings.metrics_address,
         )
-    celery.worker_main(
-        [
-            "worker",
-            f"--pool={pool}",
-            f"--concurrency={concurrency}",
-            f"--loglevel={loglevel}",
-            f"--queues={settings.queue}",
-            *ctx.args,
-        ]
-    )
+    argv = [
+        "worker",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        f"--loglevel={loglevel}",
+        f"--queues={settings.queue}",
+        *ctx.args,
+    ]
+    _run_and_exit(celery, argv)
+
+
+def _run_and_exit(celery: Any, argv: list[str]) -> None:
+    """Run the Celery worker, then exit at once even if a thread the broken connection left
+    behind would keep the process alive (the supervisor can then start a fresh worker)."""
+    try:
+        celery.worker_main(argv)
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

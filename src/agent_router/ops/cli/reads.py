@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from agent_router import errors
+from agent_router import validation as check
 from agent_router.domain import AgentState, AgentStatus
 from agent_router.ops.cli.common import (
     DatabaseUrlOption,
@@ -50,20 +52,47 @@ def _ids_text(ids: tuple[int, ...]) -> str:
     return ",".join(str(i) for i in ids) or "-"
 
 
+def _team(team: int) -> int:
+    """A team id from the command line, checked like the library's."""
+    return check.row_id(team, "team", errors.UnknownTeamError)
+
+
 @app.command()
 @_one_line_errors
-def status(
+def status(  # noqa: PLR0917 - typer options
     team: Annotated[
         int | None,
         typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id; all teams when omitted."),
     ] = None,
+    state: Annotated[
+        list[AgentState] | None,
+        typer.Option(
+            "--state", envvar="AGENT_ROUTER_STATE", help="Only agents in this state (repeatable)."
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(envvar="AGENT_ROUTER_LIMIT", help="Agents per page.", min=1)
+    ] = 200,
+    after: Annotated[
+        int,
+        typer.Option(
+            envvar="AGENT_ROUTER_AFTER", help="The next page: agents with ids above this.", min=0
+        ),
+    ] = 0,
     database_url: DatabaseUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Agents of a team (or of all teams): state, epoch, mailbox depth (mail), the questions
-    they asked and those they are to answer, their running turn and its lease."""
+    """Agents of a team (or of all teams), a page at a time by agent id: state, epoch, mailbox
+    depth (mail), the questions they asked and those they are to answer, their running turn and
+    its lease. A full page ends with the --after that shows the next."""
+    check.integer(after, "--after", minimum=0, maximum=check.MAX_ID)
     with _store(database_url) as store:
-        statuses = store.reads.agent_statuses(team)
+        statuses = store.reads.agent_statuses(
+            None if team is None else _team(team),
+            states=state or (),
+            after_id=after,
+            limit=check.integer(limit, "--limit"),
+        )
     if as_json:
         for s in statuses:
             print(
@@ -93,6 +122,8 @@ def status(
         console.print("no agents" if team is None else f"team {team} has no agents")
     for team_id in teams:
         console.print(_status_table(team_id, [s for s in statuses if s.agent.team_id == team_id]))
+    if len(statuses) == limit:
+        console.print(f"more: --after {statuses[-1].agent.id}")
 
 
 def _status_table(team_id: int, statuses: list[AgentStatus]) -> Table:
@@ -196,7 +227,7 @@ def ledger(  # noqa: PLR0917 - typer options
             reader_gone.set()  # the follower's thread stops printing; the command ends
 
     with _store(database_url) as store:
-        store.reads.team(team)  # an unknown team is an error, not an empty timeline
+        store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
     router = Router(_settings(database_url))
     tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
     try:
@@ -227,7 +258,7 @@ def inspect_message(
 ) -> None:
     """A message: who sent it to whom, how it was routed, and where it entered a transcript."""
     with _store(database_url) as store:
-        msg = store.reads.message(message_id)
+        msg = store.reads.message(check.row_id(message_id, "message", errors.UnknownMessageError))
         events = store.reads.message_events(message_id)
         entry = next(
             (
@@ -291,7 +322,7 @@ def inspect_agent(
 ) -> None:
     """An agent's transcript, entry by entry, with each entry's turn and provenance."""
     with _store(database_url) as store:
-        agent = store.reads.agent(team, name)
+        agent = store.reads.agent(_team(team), check.name(name))
         entries = store.reads.transcript_entries(agent.id)
     if as_json:
         for e in entries:

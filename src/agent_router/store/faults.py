@@ -1,0 +1,80 @@
+"""Driver errors turned into the library's own: a store call raises a
+:class:`~agent_router.errors.StoreError` (nothing written) or a
+:class:`~agent_router.errors.CommitUnknownError` (the connection was lost during COMMIT, so the
+write may have happened), never a SQLAlchemy, psycopg or sqlite3 exception."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+
+from agent_router import errors
+
+logger = logging.getLogger("agent_router.store")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """The error says the connection broke (server restart, backend terminated, network)."""
+    return isinstance(exc, DBAPIError) and (
+        exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+    )
+
+
+def store_error(exc: SQLAlchemyError, *, committing: bool) -> errors.StoreError:
+    """The library's error for ``exc``; ``committing``: it was raised by the COMMIT itself."""
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if committing and connection_lost(exc):
+        return errors.CommitUnknownError(
+            f"the connection was lost while committing; the write may have happened: {cause!r}"
+        )
+    return errors.StoreError(f"database error: {cause!r}", retryable=connection_lost(exc))
+
+
+#: Runs of a transaction after the first when its connection is lost before COMMIT.
+RETRIES = 3
+
+
+def retrying(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run a store method (one transaction, or several that are each safe to repeat) again
+    when its connection was lost before COMMIT: nothing was written, and the transaction
+    re-reads and re-checks its fences, so the repeat is idempotent. A commit whose outcome is
+    unknown is never repeated here."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        for attempt in range(RETRIES + 1):
+            try:
+                return fn(*args, **kwargs)
+            except errors.StoreError as exc:
+                if not exc.retryable or attempt == RETRIES:
+                    raise
+                logger.info(  # the caller sees the error if every run fails
+                    "connection lost before commit; running the transaction again",
+                    extra={"action": "store_retry", "operation": fn.__name__, "error": str(exc)},
+                )
+                time.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def wrapped_read(fn: Callable[P, R]) -> Callable[P, R]:
+    """A read: driver errors become :class:`~agent_router.errors.StoreError`, and a read
+    whose connection was lost runs again."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except SQLAlchemyError as exc:
+            raise store_error(exc, committing=False) from exc
+
+    return retrying(wrapper)

@@ -1,0 +1,53 @@
+"""``agent-router worker`` survives a restart of its Redis broker: turns published after the
+broker came back run in the same worker process. The broker is a Redis server of the test's own,
+stopped for a few seconds and started again on the same port."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_router import MessageSubtype, MessageType, Router
+from agent_router.worker.runtime import Runtime
+
+from ..support.redis_server import RedisServer
+
+TIMEOUT = 90.0
+
+
+@pytest.fixture
+def broker_url(own_redis: RedisServer) -> str:
+    return own_redis.url
+
+
+def _reports(router: Router, team_id: int) -> int:
+    return sum(m.subtype is MessageSubtype.COMPLETION_REPORT for m in router.messages(team_id))
+
+
+def _wait_for_reports(router: Router, team_id: int, count: int, log: Path) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while _reports(router, team_id) < count:
+        if time.monotonic() > deadline:
+            pytest.fail(f"no completion report {count} after {TIMEOUT} s:\n{log.read_text()}")
+        router.publish_outbox(older_than_seconds=1.0)  # what the sweeper does for a lost publish
+        time.sleep(0.2)
+
+
+def test_the_worker_survives_a_broker_restart(
+    own_redis: RedisServer, subprocess_worker: Runtime, tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    router = subprocess_worker.router
+    team = router.create_team()
+    agent = router.create_agent(team.id, role="Full-Stack Engineer")
+    router.send(team.id, to=agent.display_name, content="Ship it.", sender="Team Leader",
+                type=MessageType.TASK)  # fmt: skip
+    _wait_for_reports(router, team.id, 1, log)
+    own_redis.stop()
+    time.sleep(5)
+    own_redis.start()
+    router.send(team.id, to=agent.display_name, content="Ship it again.", sender="Team Leader",
+                type=MessageType.TASK)  # fmt: skip
+    _wait_for_reports(router, team.id, 2, log)

@@ -1,0 +1,103 @@
+"""Database faults reach the caller as the library's own errors: a connection lost during
+COMMIT is "commit unknown" (distinct from a refusal and from a plain store error), and a retry
+with the same dedup key is safe. The PostgreSQL backend of the transaction is really
+terminated, from a second connection, at the moment named."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from agent_router import (
+    CommitUnknownError,
+    RefusedError,
+    Router,
+    Settings,
+    StoreError,
+)
+
+from ..conftest import PG_ADMIN_URL
+
+
+@pytest.fixture
+def pg_router(pg_schema_url: str) -> Iterator[Router]:
+    router = Router(Settings(database_url=pg_schema_url))
+    yield router
+    router.close()
+
+
+def _terminate_own_backend(connection: Connection) -> None:
+    pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    admin.dispose()
+
+
+class FaultAt:
+    """Terminate the transaction's backend at the session event ``name`` (``times`` times)."""
+
+    def __init__(self, router: Router, name: str, *, times: int = 1) -> None:
+        self.sessions: Any = router.store._sessions
+        self.name = name
+        self.left = times
+        self.fired = False
+
+    def __call__(self, session: Session, *args: Any) -> None:
+        if self.left:
+            self.left -= 1
+            self.fired = True
+            # after_begin passes the connection; at before_commit the session holds one.
+            connection = args[1] if len(args) > 1 else session.connection()
+            _terminate_own_backend(connection)
+
+    def __enter__(self) -> FaultAt:
+        event.listen(self.sessions, self.name, self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        event.remove(self.sessions, self.name, self)
+
+
+def test_the_error_hierarchy_keeps_unknown_apart_from_refused() -> None:
+    assert issubclass(CommitUnknownError, StoreError)
+    assert not issubclass(StoreError, RefusedError)
+    assert not issubclass(CommitUnknownError, RefusedError)
+
+
+def test_a_connection_lost_during_commit_is_commit_unknown_and_a_retry_is_safe(
+    pg_router: Router,
+) -> None:
+    team = pg_router.create_team()
+    pg_router.create_agent(team.id, role="Engineer")
+    with FaultAt(pg_router, "before_commit"), pytest.raises(CommitUnknownError):
+        pg_router.send(team.id, to="Engineer_1", content="deploy", dedup_key="deploy-1")
+    # The sender does not know whether it committed: it retries with the same key.
+    delivery = pg_router.send(team.id, to="Engineer_1", content="deploy", dedup_key="deploy-1")
+    again = pg_router.send(team.id, to="Engineer_1", content="deploy", dedup_key="deploy-1")
+    assert again.duplicate and again.message_id == delivery.message_id
+    assert [m.content for m in pg_router.messages(team.id)] == ["deploy"]
+
+
+def test_a_connection_lost_before_commit_is_retried_and_commits_once(pg_router: Router) -> None:
+    team = pg_router.create_team()
+    pg_router.create_agent(team.id, role="Engineer")
+    with FaultAt(pg_router, "after_begin") as fault:
+        delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
+    assert fault.fired  # the first run lost its connection; the second committed
+    assert [m.id for m in pg_router.messages(team.id)] == [delivery.message_id]
+
+
+def test_every_run_losing_its_connection_is_a_retryable_store_error(pg_router: Router) -> None:
+    team = pg_router.create_team()
+    pg_router.create_agent(team.id, role="Engineer")
+    with FaultAt(pg_router, "after_begin", times=10), pytest.raises(StoreError) as caught:
+        pg_router.send(team.id, to="Engineer_1", content="deploy")
+    assert caught.value.retryable and not isinstance(caught.value, CommitUnknownError)
+    assert pg_router.messages(team.id) == []  # nothing was written
