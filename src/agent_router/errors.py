@@ -135,3 +135,7 @@ class ModelError(AgentRouterError):
 
 class MalformedModelResponseError(ModelError):
     """Raised when a model's response does not fit the Chat Completions protocol."""
+
+
+class ContextLengthExceededError(ModelError):
+    """Raised when the server refused a request as longer than the model's context window."""

@@ -4,10 +4,37 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///agent_router.db"
+
+#: Tokens per million: prices are quoted per million tokens.
+_MILLION = 1_000_000
+
+
+class ModelSpec(BaseModel):
+    """One row of the price table (the ``models`` setting): what a model costs per million
+    tokens, in US dollars, and how much context it reads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(0.0, ge=0, description="US dollars per million prompt tokens.")
+    cached_input: float | None = Field(
+        None, ge=0, description="US dollars per million cached prompt tokens; unset: `input`."
+    )
+    output: float = Field(0.0, ge=0, description="US dollars per million completion tokens.")
+    context_window: int | None = Field(
+        None, gt=0, description="Tokens the model reads; unset: the `context_window` setting."
+    )
+
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """US dollars for one call's tokens (``cached_tokens`` are part of ``prompt_tokens``)."""
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        fresh = prompt_tokens - cached_tokens
+        return (
+            fresh * self.input + cached_tokens * cached_price + completion_tokens * self.output
+        ) / _MILLION
 
 
 class Settings(BaseSettings):
@@ -211,4 +238,25 @@ class Settings(BaseSettings):
         description="Record OpenTelemetry spans per route and per turn in workers (needs the "
         "`otel` extra; spans go to the process's tracer provider, e.g. set up by "
         "opentelemetry-instrument and the OTEL_* variables).",
+    )
+
+    # Fields below were added for usage, budgets and context management.
+    models: dict[str, ModelSpec] = Field(
+        default_factory=dict,
+        description="Price table and context windows per model name, as JSON: "
+        '{"gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.6, '
+        '"context_window": 128000}} (US dollars per million tokens). A model not listed costs '
+        "0 and gets the `context_window` setting.",
+    )
+    context_window: int = Field(
+        128_000,
+        gt=0,
+        description="Tokens a model reads, for models without their own `context_window` (in "
+        "`models` or the role): a longer request is compacted before it is sent.",
+    )
+    context_reserve_tokens: int = Field(
+        4096,
+        ge=0,
+        description="Tokens of the window kept free for the model's reply (at most a quarter "
+        "of the window).",
     )

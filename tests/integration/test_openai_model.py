@@ -12,15 +12,24 @@ from typing import Any
 import pytest
 
 from agent_router import Settings
-from agent_router.agents.openai_model import OpenAIModel
-from agent_router.errors import ConfigurationError, MalformedModelResponseError, ModelError
+from agent_router.agents.context import count_tokens, pairing_holds
+from agent_router.agents.openai_model import OpenAIModel, request_messages, tighter_limit
+from agent_router.agents.usage import Usage
+from agent_router.errors import (
+    ConfigurationError,
+    ContextLengthExceededError,
+    MalformedModelResponseError,
+    ModelError,
+)
 from tests.support.chat_server import (
     CHAT_PATH,
     ChatServer,
     RecordedRequest,
     Reply,
     completion,
+    context_length_exceeded,
     tool_call,
+    usage,
 )
 
 API_KEY = "sk-test-123"
@@ -345,3 +354,98 @@ def test_server_error_with_a_body_that_is_not_json(
         make_model(openai_max_retries=0).complete(HELLO, [])
 
     assert type(raised.value) is ModelError
+
+
+# ------------------------------------------------------------------------ usage and context
+
+
+def test_usage_comes_from_the_response(server: ChatServer, make_model: MakeModel) -> None:
+    server.enqueue(completion("Hi.", usage=usage(1500, 40, cached=1024)))
+
+    result = make_model().respond(HELLO, [])
+
+    assert result.message == {"role": "assistant", "content": "Hi."}
+    assert result.usage == Usage(prompt_tokens=1500, completion_tokens=40, cached_tokens=1024)
+    assert result.model == MODEL
+
+
+def test_a_response_without_usage_gets_an_estimate(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    server.enqueue(completion("Hi there, all done.", usage=None))
+
+    result = make_model().respond([{"role": "user", "content": "x" * 400}], [])
+
+    assert result.usage is not None and result.usage.estimated
+    assert result.usage.prompt_tokens == count_tokens([{"role": "user", "content": "x" * 400}])
+    assert result.usage.completion_tokens == count_tokens([result.message])
+    assert result.usage.cached_tokens == 0
+
+
+def long_transcript(steps: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an engineer."},
+        {"role": "user", "content": "Build it."},
+    ]
+    for n in range(steps):
+        messages += [
+            {"role": "assistant", "content": None,
+             "tool_calls": [tool_call(f"c{n}", "do_work", {"step": n})]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": f"result {n} " + "y" * 2000},
+        ]  # fmt: skip
+    return messages
+
+
+def test_a_request_over_the_window_is_compacted_before_it_is_sent(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    transcript = long_transcript(30)
+    server.enqueue(completion("ok"))
+
+    make_model(context_window=8000, context_reserve_tokens=1000).complete(transcript, [WORK_TOOL])
+
+    sent = only_request(server).body
+    assert count_tokens(sent["messages"], sent["tools"]) <= 7000
+    assert sent["messages"][-16:] == transcript[-16:]  # the newest turns verbatim
+    assert pairing_holds(sent["messages"])
+    assert len(transcript) == 62  # the caller's list is untouched
+
+
+def test_context_length_exceeded_is_compacted_tighter_and_sent_again(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    transcript = long_transcript(30)
+    full = count_tokens(request_messages(transcript), [WORK_TOOL])
+    server.enqueue(context_length_exceeded(4096, 20_000), completion("ok"), completion("again"))
+    model = make_model(openai_max_retries=0)
+
+    assert model.complete(transcript, [WORK_TOOL])["content"] == "ok"
+    assert model.complete(transcript, [WORK_TOOL])["content"] == "again"
+
+    first, retry, later = server.requests
+    assert count_tokens(first.body["messages"], [WORK_TOOL]) == full  # it fit our window
+    # The window the server stated, scaled to our count of what it refused, with a margin.
+    limit = int(4096 * full / 20_000 * 0.9)
+    for request in (retry, later):
+        assert count_tokens(request.body["messages"], [WORK_TOOL]) <= limit
+        assert pairing_holds(request.body["messages"])
+        assert request.body["messages"][-1] == transcript[-1]
+    assert len(transcript) == 62
+
+
+def test_a_second_context_length_exceeded_is_a_typed_error(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    server.enqueue(context_length_exceeded(10, 20_000), context_length_exceeded(10, 5000))
+
+    with pytest.raises(ContextLengthExceededError, match="maximum context length") as raised:
+        make_model(openai_max_retries=2).complete(long_transcript(3), [])
+
+    assert len(server.requests) == 2  # one tighter retry, never a loop; a 400 is not retried
+    assert raised.value.status_code == 400 and not raised.value.transient
+
+
+def test_tighter_limit_without_numbers_halves_the_request() -> None:
+    assert tighter_limit(10_000, "input too long") == 5000
+    assert tighter_limit(10_000, "maximum context length is 4096 tokens, resulted in 8192 "
+                         "tokens") == int(4096 * 10_000 / 8192 * 0.9)  # fmt: skip

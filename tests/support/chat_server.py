@@ -65,13 +65,18 @@ def tool_call(call_id: str, name: str, arguments: Mapping[str, Any] | str) -> di
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
+DEFAULT_USAGE: Mapping[str, Any] = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+
+
 def completion(
     content: str | None = None,
     tool_calls: Iterable[Mapping[str, Any]] = (),
     *,
     model: str = "test-model",
+    usage: Mapping[str, Any] | None = DEFAULT_USAGE,
 ) -> Reply:
-    """A successful response with one choice."""
+    """A successful response with one choice; ``usage=None`` leaves ``usage`` out, as some
+    compatible servers do."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     calls = list(tool_calls)
     if calls:
@@ -89,8 +94,35 @@ def completion(
                     "finish_reason": "tool_calls" if calls else "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
+        | ({} if usage is None else {"usage": dict(usage)})
+    )
+
+
+def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    """A ``usage`` object as OpenAI sends it (cached tokens in ``prompt_tokens_details``)."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def context_length_exceeded(limit: int, asked: int) -> Reply:
+    """OpenAI's HTTP 400 for a request longer than the model's context, body as it sends it."""
+    return Reply(
+        status=400,
+        body={
+            "error": {
+                "message": f"This model's maximum context length is {limit} tokens. However, "
+                f"your messages resulted in {asked} tokens. Please reduce the length of the "
+                "messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
     )
 
 

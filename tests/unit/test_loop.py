@@ -1,5 +1,6 @@
 """The built-in agent loop on one claimed turn, synchronously (no broker): outputs to the lead,
-the end-of-turn hook on failure, the runaway guard, and a fenced turn that writes nothing."""
+the end-of-turn hook on failure, the step cap the model is told about, and a fenced turn that
+writes nothing."""
 
 from __future__ import annotations
 
@@ -99,21 +100,34 @@ class Loops:
         return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
-def test_max_steps_fails_the_turn_without_dangling_calls(router: Router) -> None:
+def test_the_step_cap_tells_the_model_before_its_last_call(router: Router) -> None:
     team_id, agent = start(router)
     turn = router.claim(agent.id)
     assert turn is not None
-    assert run_turn(router, turn, models=lambda a: Loops(), tools=default_registry()) is (
-        TurnOutcome.FAILED
+    seen: list[list[dict[str, Any]]] = []
+
+    class Watches(Loops):
+        def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+            seen.append(messages)
+            return super().complete(messages, tools)
+
+    assert run_turn(router, turn, models=lambda a: Watches(), tools=default_registry()) is (
+        TurnOutcome.ENDED
     )
     transcript = router.transcript(team_id, agent.display_name)
     assert sum(e["role"] == "assistant" for e in transcript) == 5
+    # The notice is in the request of the fifth (last) call and in no earlier one.
+    told = ["limit of 5 model calls" in str(m[-1].get("content")) for m in seen]
+    assert told == [False, False, False, False, True]
+    assert seen[-1][-1]["role"] == "user"
+    # The last reply's tool call was not run; its result says why; nothing dangles.
+    assert transcript[-1]["role"] == "tool"
+    assert transcript[-1]["content"].startswith("not run: the turn reached its limit")
     assert tool_pairing_problems(transcript, open_allowed=False) == []
     assert router.agent(team_id, agent.display_name).state.value == "completed"
-    report = check_team(router, team_id)
-    assert report.failed_turns == 1  # the failure is reported, not settled quietly
-    error = "MaxStepsExceededError: no final reply after 5 model calls"
-    assert report.failures == [f"{agent.display_name}: turn {turn.id} failed: {error}"]
+    (record,) = router.store.reads.turns(agent.id)
+    assert record.status is TurnStatus.ENDED
+    assert check_team(router, team_id).ok
 
 
 def test_fenced_turn_stops_and_writes_nothing(router: Router) -> None:

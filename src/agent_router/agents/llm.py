@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent_router import formats
+from agent_router.agents.context import count_tokens
+from agent_router.agents.usage import Completion, ReportsUsage, Usage
 from agent_router.domain import Agent, MessageType
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,22 @@ class Model(Protocol):
 
 #: Picks the model for an agent (a host may give the lead a bigger model than its sub-agents).
 ModelFactory = Callable[[Agent], Model]
+
+
+def complete(
+    model: Model, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> Completion:
+    """One model call with its usage: the model's own report (:class:`ReportsUsage`), else an
+    estimate from the request and the reply."""
+    if isinstance(model, ReportsUsage):
+        return model.respond(messages, tools)
+    message = model.complete(messages, tools)
+    usage = Usage(
+        prompt_tokens=count_tokens(messages, tools),
+        completion_tokens=count_tokens([message]),
+        estimated=True,
+    )
+    return Completion(message=message, usage=usage, model=getattr(model, "model_name", None))
 
 
 @dataclass(frozen=True, kw_only=True)

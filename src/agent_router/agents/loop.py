@@ -13,6 +13,10 @@ suspends: the task ends *without* the end-of-turn hook, and the answer schedules
 ``continuation`` turn, which first runs the calls of the interrupted batch still without a
 result, then calls the model.
 
+A turn makes at most ``max_turn_steps`` model calls. Before the last one the agent is told (a
+``notice`` in its transcript) that this call must be its final reply; tool calls it still makes
+then get a result saying they were not run, and the turn ends.
+
 Boundaries (before every model call, after it, and before every tool call) check two things: a
 heartbeat thread that renews the lease every ``heartbeat_seconds`` found the turn fenced (stop,
 write nothing), or the lead asked this agent to stop (the rest of the batch is ``cancelled``,
@@ -34,7 +38,7 @@ from typing import Any, TypeVar
 
 from agent_router import errors
 from agent_router import validation as check
-from agent_router.agents.llm import Model, ModelFactory
+from agent_router.agents.llm import Model, ModelFactory, complete
 from agent_router.agents.tools import (
     RESULT_RECORDED,
     ToolContext,
@@ -70,7 +74,18 @@ class TurnOutcome(enum.StrEnum):
 
 
 class MaxStepsExceededError(errors.TurnError):
-    """Raised when a turn made more model calls than ``Settings.max_turn_steps``."""
+    """Raised when a turn driven step by step made more model calls than
+    ``Settings.max_turn_steps``; the built-in loop tells the model before its last call
+    instead."""
+
+
+#: What the agent reads before the last model call of a turn.
+LAST_STEP_NOTICE = (
+    "This turn has reached its limit of {n} model calls: this reply is its last. Write your "
+    "final reply now (what you did, what is left); tool calls in it will not be run."
+)
+#: The result of a tool call made in the last model call of a turn.
+NOT_RUN = "not run: the turn reached its limit of {n} model calls and ended"
 
 
 class _Stopped(Exception):  # noqa: N818 - control flow inside the loop
@@ -196,18 +211,24 @@ def _steps(
     # A continuation (or any turn that finds its last batch unfinished) runs the rest first.
     index, unfinished = _open_calls(turn)
     _run_calls(turn, heartbeat, unfinished, tools, replace(ctx, reply_index=index))
-    for step in range(router.settings.max_turn_steps):
+    max_steps = router.settings.max_turn_steps
+    for step in range(max_steps):
         _boundary(turn, heartbeat)
+        last = step == max_steps - 1
+        if last:
+            _tell_self(router, turn, LAST_STEP_NOTICE.format(n=max_steps), f"last-step:{turn.id}")
         _drain_all(router, turn)
         history = turn.history()
-        reply = model.complete(list(history), schemas)
+        reply = _complete(router, turn, model, list(history), schemas)
         _boundary(turn, heartbeat)
         # Only this turn writes the transcript now: the reply lands at the end.
         ctx = replace(ctx, reply_index=len(history))
         turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = reply.get("content")
-        if not calls:
+        if not calls or last:
+            for call in calls:
+                turn.append_tool_result(call["id"], NOT_RUN.format(n=max_steps))
             return str(text or "")
         if text and not agent.is_lead:
             _tell_lead(
@@ -220,8 +241,30 @@ def _steps(
                 dedup_key=f"progress:{turn.id}:{step}",
             )
         _run_calls(turn, heartbeat, calls, tools, ctx)
-    raise MaxStepsExceededError(
-        f"no final reply after {router.settings.max_turn_steps} model calls"
+    raise AssertionError("unreachable: the last step returns")
+
+
+def _complete(
+    router: Router,
+    turn: Turn,
+    model: Model,
+    messages: list[dict[str, Any]],
+    schemas: list[dict[str, Any]],
+) -> Any:
+    """One model call on the transcript as stored (the model may compact what it sends)."""
+    return complete(model, messages, schemas).message
+
+
+def _tell_self(router: Router, turn: Turn, text: str, dedup_key: str) -> None:
+    """A notice from the system into this agent's own transcript, read before the next call."""
+    router.send(
+        turn.team_id,
+        to=turn.display_name,
+        content=text,
+        sender="system",
+        type=MessageType.NOTICE,
+        wake=False,
+        dedup_key=dedup_key,
     )
 
 

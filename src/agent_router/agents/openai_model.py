@@ -6,6 +6,13 @@ server's ``Retry-After``. This module adds what the SDK does not do: it maps our
 request, validates the reply strictly and maps it back, and turns every failure into a
 :class:`~agent_router.errors.ModelError`.
 
+It also keeps the request inside the model's context window: a request longer than the window
+(less a reserve for the reply) is compacted (:func:`agent_router.agents.context.compact`) before
+it is sent. When the server still answers HTTP 400 ``context_length_exceeded``, the request is
+compacted once more, tighter and below the size the server refused, and sent again; the smaller
+limit is kept for this model's later calls. The transcript itself is never changed. Every reply
+carries its ``usage``, estimated from the texts when the server sent none.
+
 The SDK is an optional extra and is imported only when an :class:`OpenAIModel` is built; the
 mapping functions are pure and need no SDK.
 """
@@ -14,11 +21,15 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agent_router.agents.context import NORMAL, TIGHT, compact, count_tokens, token_counter
+from agent_router.agents.usage import Completion, Usage, usage_from_body
 from agent_router.errors import (
     ConfigurationError,
+    ContextLengthExceededError,
     InvalidTranscriptEntryError,
     MalformedModelResponseError,
     ModelError,
@@ -175,6 +186,21 @@ def _is_transient(status_code: int) -> bool:
     return status_code in (408, 409, 429) or status_code >= 500
 
 
+#: OpenAI's wording of a context_length_exceeded error (other servers word it their own way).
+_WINDOW = re.compile(r"maximum context length is (\d+) tokens")
+_ASKED = re.compile(r"resulted in (\d+) tokens")
+
+
+def tighter_limit(sent_tokens: int, error: str) -> int:
+    """A request limit below the one a server refused: its stated window scaled to our count
+    when the error says both numbers, else half of what was sent."""
+    window, asked = _WINDOW.search(error), _ASKED.search(error)
+    if window and asked and int(asked.group(1)) > 0:
+        scale = sent_tokens / int(asked.group(1))
+        return max(1, min(sent_tokens // 2, int(int(window.group(1)) * scale * 0.9)))
+    return max(1, sent_tokens // 2)
+
+
 class OpenAIModel:
     """A :class:`~agent_router.agents.llm.Model` calling an OpenAI-compatible Chat Completions
     server.
@@ -199,6 +225,14 @@ class OpenAIModel:
                 "no API key: set AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY"
             )
         self.model_name = settings.openai_model
+        spec = settings.models.get(self.model_name)
+        self.context_window = (spec and spec.context_window) or settings.context_window
+        self._reserve = min(settings.context_reserve_tokens, self.context_window // 4)
+        self._count = token_counter(self.model_name)
+        # Lowered (and compaction made tighter) when the server refuses a request as too long,
+        # for this model's later calls too; shared by the threads.
+        self._limit = self.context_window - self._reserve
+        self._how = NORMAL
         self.temperature = settings.openai_temperature
         self.timeout_seconds = settings.openai_timeout_seconds
         self.max_retries = settings.openai_max_retries
@@ -215,15 +249,33 @@ class OpenAIModel:
     def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        request: dict[str, Any] = {
-            "model": self.model_name,
-            "messages": request_messages(messages),
-        }
-        if tools:  # some servers reject an empty list
-            request["tools"] = tools
-        if self.temperature is not None:
-            request["temperature"] = self.temperature
-        raw = self._send(request)
+        return self.respond(messages, tools).message
+
+    def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        """One call: the reply and its usage. The request is compacted to fit the window, and
+        once more (tighter) if the server still finds it too long."""
+        mapped = request_messages(messages)
+        tool_tokens = count_tokens([], tools, self._count)
+        sent = compact(mapped, limit=self._limit - tool_tokens, count=self._count, how=self._how)
+        try:
+            raw = self._send(self._request(sent, tools))
+        except ContextLengthExceededError as exc:
+            sent_tokens = count_tokens(sent, tools, self._count)
+            self._limit = min(self._limit, tighter_limit(sent_tokens, str(exc)))
+            self._how = TIGHT
+            sent = compact(mapped, limit=self._limit - tool_tokens, count=self._count, how=TIGHT)
+            logger.warning(
+                "request too long for the model: compacted tighter and sent again",
+                extra={
+                    "action": "context_compacted",
+                    "model": self.model_name,
+                    "refused_tokens": sent_tokens,
+                    "limit": self._limit,
+                    "messages": len(mapped),
+                    "sent": len(sent),
+                },
+            )
+            raw = self._send(self._request(sent, tools))
         try:
             body = json.loads(raw)
         except ValueError as exc:
@@ -231,7 +283,23 @@ class OpenAIModel:
             raise MalformedModelResponseError(
                 f"malformed model response: the body is not JSON: {excerpt!r}"
             ) from exc
-        return assistant_message(body)
+        message = assistant_message(body)
+        usage = usage_from_body(body) or Usage(
+            prompt_tokens=count_tokens(sent, tools, self._count),
+            completion_tokens=count_tokens([message], (), self._count),
+            estimated=True,
+        )
+        return Completion(message=message, usage=usage, model=self.model_name)
+
+    def _request(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        request: dict[str, Any] = {"model": self.model_name, "messages": messages}
+        if tools:  # some servers reject an empty list
+            request["tools"] = tools
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
+        return request
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -267,6 +335,10 @@ class OpenAIModel:
 
         prefix = f"model {self.model_name!r}"
         tries = f"tried {self.max_retries + 1} times"
+        if isinstance(exc, openai.APIStatusError) and _too_long(exc):
+            return ContextLengthExceededError(
+                f"{prefix}: HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code
+            )
         if isinstance(exc, openai.APIStatusError):
             return ModelError(
                 f"{prefix}: HTTP {exc.status_code}: {exc.message}",
@@ -285,4 +357,18 @@ class OpenAIModel:
         return ModelError(f"{prefix}: {exc}")
 
 
-__all__ = ["INSTALL_HINT", "OpenAIModel", "assistant_message", "request_messages"]
+def _too_long(exc: openai.APIStatusError) -> bool:
+    """An HTTP 400 whose error code says the request exceeds the model's context."""
+    body = exc.body
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    code = error.get("code") if isinstance(error, Mapping) else None
+    return exc.status_code == 400 and code == "context_length_exceeded"
+
+
+__all__ = [
+    "INSTALL_HINT",
+    "OpenAIModel",
+    "assistant_message",
+    "request_messages",
+    "tighter_limit",
+]

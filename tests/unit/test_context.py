@@ -1,0 +1,191 @@
+"""Compaction of a request and token counting: what is kept verbatim, what is shortened or left
+out, the tool-call pairing rule on any transcript, and the input never modified."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_router import formats
+from agent_router.agents.context import (
+    NORMAL,
+    TIGHT,
+    compact,
+    count_tokens,
+    estimate_tokens,
+    pairing_holds,
+    token_counter,
+)
+from agent_router.agents.usage import Usage, cost_of, usage_from_body
+from agent_router.domain import MessageSubtype, MessageType
+from agent_router.settings import ModelSpec
+
+BIG = "x" * 4000
+
+
+def env(kind: MessageType, content: str, *, mid: int, **extra: Any) -> dict[str, Any]:
+    text = formats.render(
+        formats.Envelope(type=kind, sender="Team Leader", message_id=mid, content=content, **extra)
+    )
+    return {"role": "user", "content": text}
+
+
+def work(n: int, result: str = BIG) -> list[dict[str, Any]]:
+    call = {"id": f"c{n}", "type": "function",
+            "function": {"name": "do_work", "arguments": json.dumps({"step": n})}}  # fmt: skip
+    return [
+        {"role": "assistant", "content": f"step {n}", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{n}", "content": result},
+    ]
+
+
+def transcript(steps: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an engineer."},
+        env(MessageType.TASK, "Build it. " + BIG, mid=1),
+    ]
+    for n in range(steps):
+        messages += work(n)
+    return messages
+
+
+def test_estimate_counts_ascii_by_four_and_other_characters_one_each() -> None:
+    assert estimate_tokens("") == 0
+    assert estimate_tokens("abcd") == 1
+    assert estimate_tokens("abcde") == 2
+    assert estimate_tokens("中文") == 2
+    # Without tiktoken installed (or for a model it does not know) the estimate is used.
+    assert token_counter("no-such-model")("abcdefgh") == 2
+
+
+def test_a_request_that_fits_is_sent_unchanged() -> None:
+    messages = transcript(3)
+    assert compact(messages, limit=count_tokens(messages)) == messages
+
+
+def test_older_tool_results_are_shortened_first_newest_stay_verbatim() -> None:
+    messages = transcript(20)
+    before = copy.deepcopy(messages)
+    total = count_tokens(messages)
+
+    sent = compact(messages, limit=total * 2 // 3)
+
+    assert messages == before  # the input (the stored transcript) is never changed
+    assert count_tokens(sent) <= total * 2 // 3
+    assert len(sent) == len(messages)  # shortening was enough: nothing left out
+    assert sent[:2] == messages[:2]  # system prompt and first task verbatim
+    assert sent[-16:] == messages[-16:]  # the newest 8 units verbatim
+    shortened = [m for m in sent if "left out of this request" in str(m.get("content"))]
+    assert shortened and all(m["role"] == "tool" for m in shortened)
+    assert pairing_holds(sent)
+
+
+def test_whole_older_units_are_left_out_with_one_note_when_shortening_is_not_enough() -> None:
+    messages = transcript(40)
+    sent = compact(messages, limit=12_000)
+
+    assert count_tokens(sent) <= 12_000
+    assert sent[:2] == messages[:2]
+    assert sent[-16:] == messages[-16:]
+    notes = [m for m in sent if str(m.get("content")).startswith("[")]
+    assert len(notes) == 1 and notes[0]["role"] == "user"
+    assert "earlier messages of this conversation are left out" in notes[0]["content"]
+    assert pairing_holds(sent)
+
+
+def test_an_open_question_and_progress_outputs() -> None:
+    progress = env(MessageType.OUTPUT, "progress " + BIG, mid=2,
+                   subtype=MessageSubtype.PROGRESS_OUTPUT)  # fmt: skip
+    question = env(MessageType.ASK, "Which API? " + BIG, mid=3, question_id=7)
+    answered = env(MessageType.ASK, "Which DB? " + BIG, mid=4, question_id=8)
+    arguments = '{"question_id": 8, "answer": "pg"}'
+    answer_call = {"id": "a8", "type": "function",
+                   "function": {"name": "answer_other_agent", "arguments": arguments}}  # fmt: skip
+    messages = [*transcript(0), progress, question, answered]
+    messages += [{"role": "assistant", "content": None, "tool_calls": [answer_call]},
+                 {"role": "tool", "tool_call_id": "a8", "content": "ok"}]  # fmt: skip
+    for n in range(30):
+        messages += work(n)
+
+    shortened = compact(messages, limit=10_000, how=TIGHT)
+    left_out = compact(messages, limit=6_000, how=TIGHT)
+
+    cut = formats.parse(shortened[2]["content"])  # the progress output keeps its envelope
+    assert cut.subtype is MessageSubtype.PROGRESS_OUTPUT and len(cut.content) < 400
+    assert answered in shortened  # a message of another agent is never cut, only left out
+    assert answered not in left_out
+    for sent in (shortened, left_out):
+        assert question in sent  # asked of this agent, not answered yet: verbatim
+        assert count_tokens(sent) <= 10_000
+        assert pairing_holds(sent)
+
+
+def test_pairing_holds_detects_a_split_pair() -> None:
+    pair = work(1, "done")
+    assert pairing_holds(pair)
+    assert not pairing_holds(pair[:1])
+    assert not pairing_holds(pair[1:])
+    assert not pairing_holds([pair[0], {"role": "user", "content": "hi"}, pair[1]])
+
+
+@st.composite
+def transcripts(draw: st.DrawFn) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
+    for n in range(draw(st.integers(0, 25))):
+        size = draw(st.sampled_from([10, 300, 3000]))
+        if draw(st.booleans()):
+            calls = draw(st.integers(1, 3))
+            ids = [f"c{n}_{i}" for i in range(calls)]
+            messages.append({"role": "assistant", "content": "t" * size, "tool_calls": [
+                {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                for i in ids]})  # fmt: skip
+            messages += [{"role": "tool", "tool_call_id": i, "content": "r" * size} for i in ids]
+        else:
+            messages.append({"role": draw(st.sampled_from(["user", "assistant"])),
+                             "content": "u" * size})  # fmt: skip
+    return messages
+
+
+@settings(max_examples=200, deadline=None)
+@given(transcripts(), st.integers(50, 20_000), st.booleans())
+def test_compaction_keeps_pairing_and_the_newest_messages(
+    messages: list[dict[str, Any]], limit: int, tight: bool
+) -> None:
+    before = copy.deepcopy(messages)
+    sent = compact(messages, limit=limit, how=TIGHT if tight else NORMAL)
+    assert messages == before
+    assert pairing_holds(sent)
+    assert sent[0] == messages[0]
+    assert sent[-1] == messages[-1]
+    assert count_tokens(sent) <= max(limit, count_tokens(messages))
+
+
+# --------------------------------------------------------------------------- usage and cost
+
+
+def test_usage_is_read_from_the_body_with_cached_tokens() -> None:
+    body = {"usage": {"prompt_tokens": 1200, "completion_tokens": 80, "total_tokens": 1280,
+                      "prompt_tokens_details": {"cached_tokens": 1024}}}  # fmt: skip
+    assert usage_from_body(body) == Usage(
+        prompt_tokens=1200, completion_tokens=80, cached_tokens=1024
+    )
+    assert usage_from_body({"usage": {"prompt_tokens": 5, "completion_tokens": 1}}) == Usage(
+        prompt_tokens=5, completion_tokens=1
+    )
+    missing: Any
+    for missing in ({}, {"usage": None}, {"usage": {"prompt_tokens": "5"}}, []):
+        assert usage_from_body(missing) is None
+
+
+def test_cost_follows_the_price_table() -> None:
+    table = {"m": ModelSpec(input=2.0, cached_input=0.5, output=8.0)}
+    usage = Usage(prompt_tokens=1_000_000, completion_tokens=500_000, cached_tokens=400_000)
+    # 600k fresh at $2/M + 400k cached at $0.5/M + 500k out at $8/M
+    assert cost_of(usage, "m", table) == 1.2 + 0.2 + 4.0
+    assert cost_of(usage, "unlisted", table) == 0.0
+    no_cache_price = ModelSpec(input=2.0, output=8.0)
+    assert no_cache_price.cost(1_000_000, 0, 400_000) == 2.0
