@@ -131,6 +131,11 @@ class LedgerAction(enum.StrEnum):
     WAIT_OUTPUT = "wait_output"  # the lead blocks on a sub-agent's next output
     STOP_REQUESTED = "stop_requested"  # a running turn will stop at its next boundary
     STOPPED = "stopped"  # cooperative stop done: open calls cancelled, agent idle
+    MODEL_CALL = "model_call"  # one model call: its tokens and cost, counted against the budget
+    BUDGET_WARNING = "budget_warning"  # a team budget passed its warning threshold (once)
+    BUDGET_EXHAUSTED = "budget_exhausted"  # a team budget is spent: the team stops
+    BUDGET_REFUSED = "budget_refused"  # a sub-agent was not created: a sub-agent budget is full
+    BUDGET_CHANGED = "budget_changed"  # an operator set a team's limits (the team may go on)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,3 +299,67 @@ class AgentStatus:
     questions_to_answer: tuple[int, ...] = ()  # open questions addressed to it
     turn_id: int | None = None  # its running turn, if any
     lease_expires_at: datetime | None = None  # naive UTC; past it the sweeper takes over
+
+
+class BudgetName(enum.StrEnum):
+    """A team budget. Each has a limit (``None``: unlimited) and what the team used so far."""
+
+    MODEL_CALLS = "model_calls"  # model calls, retries and reminders included
+    TURNS = "turns"  # turns started (claimed)
+    TOKENS = "tokens"  # prompt + completion tokens
+    COST = "cost"  # US dollars, by the price table
+    WALL_SECONDS = "wall_seconds"  # seconds since the team was created
+    SUB_AGENTS_CREATED = "sub_agents_created"  # sub-agents ever created
+    SUB_AGENTS_ACTIVE = "sub_agents_active"  # sub-agents not terminated, at one time
+
+
+#: Budgets whose end stops the team. The sub-agent budgets refuse a creation instead.
+TEAM_STOPPING_BUDGETS = frozenset(
+    {
+        BudgetName.MODEL_CALLS,
+        BudgetName.TURNS,
+        BudgetName.TOKENS,
+        BudgetName.COST,
+        BudgetName.WALL_SECONDS,
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenUsage:
+    """Tokens and cost summed over model calls (of one turn, agent or team)."""
+
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """A team's limits (``None``: unlimited) and what it used; ``exhausted`` names the budget
+    that stopped it, until an operator raises that limit."""
+
+    team_id: int
+    limits: dict[BudgetName, float | None]
+    used: dict[BudgetName, float]
+    usage: TokenUsage
+    warned: bool
+    exhausted: BudgetName | None
+    started_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetCheck:
+    """The answer of a budget check: go on, or the budget that is spent; ``warn`` names a
+    budget that just passed the warning threshold (reported once per team)."""
+
+    ok: bool
+    exhausted: BudgetName | None = None
+    warn: BudgetName | None = None
+    newly_exhausted: bool = False  # this check spent it: the caller stops the team

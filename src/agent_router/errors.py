@@ -104,6 +104,14 @@ class AskRefusedError(RefusedError):
         self.cycle = cycle or []
 
 
+class BudgetExhaustedError(RefusedError):
+    """Raised when a team budget is spent: nothing more of that kind may start."""
+
+    def __init__(self, message: str | None = None, *, budget: str | None = None) -> None:
+        super().__init__(message)
+        self.budget = budget  # the BudgetName value that is spent
+
+
 class TurnError(AgentRouterError):
     """Raised when a turn operation cannot proceed."""
 

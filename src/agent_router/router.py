@@ -6,12 +6,12 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from agent_router import errors
+from agent_router import budgeting, errors
 from agent_router import validation as check
 from agent_router.constants import BACKGROUND_DONE
 from agent_router.domain import (
@@ -19,6 +19,8 @@ from agent_router.domain import (
     Agent,
     AgentState,
     BackgroundJob,
+    Budget,
+    BudgetName,
     Delivery,
     EndOfTurn,
     LedgerEvent,
@@ -37,6 +39,7 @@ from agent_router.outbox import Publisher
 from agent_router.settings import Settings
 from agent_router.store import SendRequest, Store
 from agent_router.store import utcnow as _utcnow
+from agent_router.store.budgets import Budgets
 from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
@@ -65,6 +68,7 @@ class Router:
     ) -> None:
         self.settings = settings or Settings()
         self.store = store or Store(self.settings)
+        self.budgets = Budgets(self.store)
         self.publisher = publisher
         # The one after-commit path: every committed transition's outbox rows come here.
         self.store.set_publisher(self._publish_committed)
@@ -88,15 +92,40 @@ class Router:
             self.waker.close()
 
     def create_team(
-        self, *, lead_system_prompt: str | None = None, lead_runner: str | None = None
+        self,
+        *,
+        lead_system_prompt: str | None = None,
+        lead_runner: str | None = None,
+        budget: Mapping[BudgetName, float | None] | None = None,
     ) -> Team:
-        """A new team with its lead. ``lead_runner``: the host's Celery task that runs the lead's
-        turns (``name`` or ``name@queue``; default ``Settings.runners["Team Leader"]``, else
-        the built-in loop)."""
-        return self.store.create_team(
+        """A new team with its lead and its budgets. ``lead_runner``: the host's Celery task
+        that runs the lead's turns (``name`` or ``name@queue``; default
+        ``Settings.runners["Team Leader"]``, else the built-in loop). ``budget`` overrides some
+        of the ``budget_*`` settings (``None``: unlimited)."""
+        team = self.store.create_team(
             lead_system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
             lead_runner=self._runner(LEAD_ROLE, lead_runner),
         )
+        self.budgets.create(team.id, budget)
+        return team
+
+    def set_budget(
+        self, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str = "operator"
+    ) -> Budget:
+        """New limits for a team. A team stopped by a budget that is no longer spent goes on:
+        its lead is woken with a notice saying so."""
+        before = self.budgets.budget(team_id).exhausted
+        budget = self.budgets.set_limits(team_id, limits, by=by)
+        if before is not None and budget.exhausted is None:
+            self.send(
+                team_id,
+                to=self.team(team_id).lead.display_name,
+                content=f"The {before.value} budget was raised by {by}: the team may go on. "
+                "Resume the work that was stopped.",
+                sender="system",
+                type=MessageType.NOTICE,
+            )
+        return budget
 
     def create_agent(
         self,
@@ -340,6 +369,8 @@ class Router:
         if claim is None:
             return None
         turn = Turn(self, claim.record, claim.team_id, claim.display_name)
+        if not budgeting.admit_turn(self, turn):
+            return None  # a team budget is spent: the turn stopped at once
         self.hooks.after_claim(turn)
         return turn
 

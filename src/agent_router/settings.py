@@ -260,3 +260,43 @@ class Settings(BaseSettings):
         description="Tokens of the window kept free for the model's reply (at most a quarter "
         "of the window).",
     )
+    budget_model_calls: int | None = Field(
+        1000,
+        gt=0,
+        description="A new team's budget of model calls (all its agents, retries and reminders "
+        "included); unset: unlimited. Per team: `create_team(budget=...)`, `agent-router budget`.",
+    )
+    budget_turns: int | None = Field(
+        300, gt=0, description="A new team's budget of turns started; unset: unlimited."
+    )
+    budget_tokens: int | None = Field(
+        5_000_000,
+        gt=0,
+        description="A new team's budget of prompt + completion tokens; unset: unlimited.",
+    )
+    budget_cost_usd: float | None = Field(
+        10.0,
+        gt=0,
+        description="A new team's budget in US dollars, by the `models` price table; unset: "
+        "unlimited.",
+    )
+    budget_wall_seconds: float | None = Field(
+        6 * 3600.0,
+        gt=0,
+        description="A new team's budget of wall time from its creation, in seconds; unset: "
+        "unlimited.",
+    )
+    budget_sub_agents_created: int | None = Field(
+        20, gt=0, description="Most sub-agents a new team may create; unset: unlimited."
+    )
+    budget_sub_agents_active: int | None = Field(
+        8,
+        gt=0,
+        description="Most sub-agents of a new team not terminated at one time; unset: unlimited.",
+    )
+    budget_warning_ratio: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Share of a budget after which the team's agents get one notice to wrap up.",
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agent_router import budgeting
 from agent_router import validation as check
 from agent_router.domain import (
     AgentState,
@@ -12,6 +13,7 @@ from agent_router.domain import (
     Message,
     MessageSubtype,
     Question,
+    TokenUsage,
     TurnRecord,
     TurnTrigger,
     WaitOutcome,
@@ -119,9 +121,35 @@ class Turn:
         """Has the lead asked this agent to stop? Checked by the loop at every boundary."""
         return self._router.store.reads.stop_requested(self.agent_id)
 
-    def finish_stop(self) -> None:
+    def finish_stop(self, *, reason: str = "stop requested by the lead") -> None:
         """Honour a stop: the rest of the batch is ``cancelled``, the agent ``idle``."""
-        self._router.store.finish_stop(self.record)
+        self._router.store.finish_stop(self.record, reason=reason)
+
+    def charge_model_call(self) -> None:
+        """Count the model call about to be made against the team's budgets; raises
+        :class:`~agent_router.errors.BudgetExhaustedError` when one is spent (the turn must
+        then stop: :meth:`finish_stop`). A host's own loop calls it before each model call."""
+        budgeting.charge_model_call(self._router, self)
+
+    def record_usage(
+        self,
+        *,
+        model: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        estimated: bool = False,
+    ) -> TokenUsage:
+        """Record a model call's tokens (and their cost by the price table) for this turn."""
+        return budgeting.record_usage(
+            self._router,
+            self,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            estimated=estimated,
+        )
 
     def start_background(self, signature: Any) -> BackgroundJob:
         """Start the Celery task ``signature`` on this agent's behalf; its completion comes

@@ -131,7 +131,9 @@ def compact(
         total -= sum(sizes[i] for i in unit)
         if total + MESSAGE_OVERHEAD + 40 <= limit:
             break
-    return _without(out, left_out)
+    fewer = _without(out, left_out)
+    # The notes cost tokens too: leaving out only short messages may not pay for them.
+    return fewer if sum(message_tokens(m, count) for m in fewer) < sum(sizes) else out
 
 
 def _units(messages: list[dict[str, Any]]) -> list[list[int]]:

@@ -170,6 +170,15 @@ def _run(
     except _Stopped:
         logger.info("turn stopped", extra={"action": "turn_stopped", **_ids(turn)})
         return TurnOutcome.STOPPED
+    except errors.BudgetExhaustedError as exc:
+        # Open tool calls get `cancelled` results, questions are cancelled, the agent rests.
+        reason = str(exc)
+        try:
+            _with_retries(lambda: turn.finish_stop(reason=reason))
+        except errors.StaleTurnError:
+            return TurnOutcome.FENCED
+        logger.info("turn stopped: budget", extra={"action": "turn_stopped", **_ids(turn)})
+        return TurnOutcome.STOPPED
     except errors.StaleTurnError:
         logger.info("turn fenced", extra={"action": "turn_fenced", **_ids(turn)})
         return TurnOutcome.FENCED
@@ -217,6 +226,7 @@ def _steps(
         last = step == max_steps - 1
         if last:
             _tell_self(router, turn, LAST_STEP_NOTICE.format(n=max_steps), f"last-step:{turn.id}")
+        turn.charge_model_call()  # the team's budgets; a wrap-up notice is drained just below
         _drain_all(router, turn)
         history = turn.history()
         reply = _complete(router, turn, model, list(history), schemas)
@@ -251,8 +261,21 @@ def _complete(
     messages: list[dict[str, Any]],
     schemas: list[dict[str, Any]],
 ) -> Any:
-    """One model call on the transcript as stored (the model may compact what it sends)."""
-    return complete(model, messages, schemas).message
+    """One model call on the transcript as stored (the model may compact what it sends), its
+    usage recorded for the turn."""
+    result = complete(model, messages, schemas)
+    usage = result.usage
+    if usage is not None:
+        _with_retries(
+            lambda: turn.record_usage(
+                model=result.model,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+                estimated=usage.estimated,
+            )
+        )
+    return result.message
 
 
 def _tell_self(router: Router, turn: Turn, text: str, dedup_key: str) -> None:

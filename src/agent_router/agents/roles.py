@@ -8,6 +8,7 @@ A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table 
     system_prompt = "You are ..."
     model = "gpt-4o-mini"      # optional: overrides the default model for this role
     temperature = 0.2          # optional
+    context_window = 32000     # optional: tokens the role's model reads (else the settings')
     mcp_servers = ["time"]     # optional: the MCP servers this role gets (docs/tools.md)
     host_tools = ["*"]         # optional: host functions by name, "*" for all
 
@@ -44,6 +45,7 @@ class Role:
     temperature: float | None = None
     tools: ToolDeclaration = field(default_factory=ToolDeclaration)  # beside the router's own tools
     runner: str | None = None  # the host's Celery task for this role's turns; None: built-in loop
+    context_window: int | None = None  # None: the model's row of the price table, or settings
 
     def __post_init__(self) -> None:
         if not self.name.strip() or any(c in self.name for c in '"\n\r<>'):
@@ -52,6 +54,8 @@ class Role:
             raise ConfigurationError(f"role {self.name!r} has an empty system prompt")
         if self.temperature is not None and not 0 <= self.temperature <= 2:
             raise ConfigurationError(f"role {self.name!r}: temperature must be in [0, 2]")
+        if self.context_window is not None and self.context_window <= 0:
+            raise ConfigurationError(f"role {self.name!r}: context_window must be positive")
 
 
 class RoleCatalogue:
@@ -124,7 +128,7 @@ def _role(entry: Any, source: str) -> Role:
         raise ConfigurationError(f"{source}: each [[roles]] entry must be a table")
     unknown = set(entry) - {
         *("name", "description", "system_prompt", "model", "temperature", "runner"),
-        *("mcp_servers", "host_tools"),
+        *("mcp_servers", "host_tools", "context_window"),
     }
     if unknown:
         raise ConfigurationError(f"{source}: unknown role keys {sorted(unknown)}")
@@ -144,6 +148,9 @@ def _role(entry: Any, source: str) -> Role:
     runner = entry.get("runner")
     if runner is not None and not isinstance(runner, str):
         raise ConfigurationError(f"{source}: role {name!r}: runner must be a task name")
+    window = entry.get("context_window")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool)):
+        raise ConfigurationError(f"{source}: role {name!r}: context_window must be an integer")
     return Role(
         name=name.strip(),
         description=description.strip(),
@@ -152,4 +159,5 @@ def _role(entry: Any, source: str) -> Role:
         temperature=float(temperature) if temperature is not None else None,
         tools=ToolDeclaration.from_table(entry, source=f"{source}: role {name!r}"),
         runner=runner,
+        context_window=window,
     )

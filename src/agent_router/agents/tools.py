@@ -144,6 +144,7 @@ _REASONS: tuple[tuple[type[errors.RefusedError], str], ...] = (
     (errors.ContentTooLargeError, "too_large"),
     (errors.DuplicateDisplayNameError, "duplicate_name"),
     (errors.DedupConflictError, "dedup_conflict"),
+    (errors.BudgetExhaustedError, "budget_exhausted"),
     (errors.InvalidMessageError, "invalid"),
 )
 
@@ -282,6 +283,8 @@ def _create_sub_agent(roles: RoleCatalogue) -> ToolFunction:
             raise ToolError(f"unknown role {role_name!r}; roles: {known}", reason="unknown_role")
         if len(task.encode("utf-8", "surrogatepass")) > ctx.settings.max_content_bytes:
             raise ToolError("`task` is larger than the message limit", reason="too_large")
+        # The team's sub-agent budgets (created, active at once): a refusal is this result.
+        ctx.router.budgets.charge_sub_agent(ctx.turn.team_id, role_name)
         # One transaction: a crash between the two cannot leave a sub-agent without its task.
         agent, delivery = ctx.router.create_agent_with_task(
             ctx.turn.team_id,

@@ -31,7 +31,7 @@ from agent_router.domain import (
 from agent_router.errors import AgentRouterError
 from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
-from agent_router.settings import Settings
+from agent_router.settings import ModelSpec, Settings
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -52,11 +52,12 @@ class RunTimeoutError(AgentRouterError):
 
 
 def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
-    """One :class:`~agent_router.agents.openai_model.OpenAIModel` per (model, temperature), shared
-    between threads; a role may override the default model and temperature."""
+    """One :class:`~agent_router.agents.openai_model.OpenAIModel` per (model, temperature,
+    context window), shared between threads; a role may override the default model, temperature
+    and context window."""
     from agent_router.agents.openai_model import OpenAIModel
 
-    cache: dict[tuple[str | None, float | None], Model] = {}
+    cache: dict[tuple[str | None, float | None, int | None], Model] = {}
     lock = threading.Lock()
 
     def factory(agent: Agent) -> Model:
@@ -65,13 +66,17 @@ def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
         temperature = settings.openai_temperature
         if role is not None and role.temperature is not None:
             temperature = role.temperature
+        window = role.context_window if role else None
+        update: dict[str, object] = {"openai_model": name, "openai_temperature": temperature}
+        if window is not None:
+            spec = settings.models.get(name or "", ModelSpec())
+            update["models"] = settings.models | {name: spec.model_copy(update={
+                "context_window": window})}  # fmt: skip
         with lock:
-            model = cache.get((name, temperature))
+            model = cache.get((name, temperature, window))
             if model is None:
-                model = cache[(name, temperature)] = OpenAIModel(
-                    settings.model_copy(
-                        update={"openai_model": name, "openai_temperature": temperature}
-                    )
+                model = cache[(name, temperature, window)] = OpenAIModel(
+                    settings.model_copy(update=update)
                 )
             return model
 

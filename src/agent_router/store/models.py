@@ -12,6 +12,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from agent_router.domain import (
     AgentState,
+    BudgetName,
     JobStatus,
     LedgerAction,
     MessageStatus,
@@ -54,6 +55,7 @@ TurnStatusType = _enum(TurnStatus, "ar_turn_status")
 OutboxKindType = _enum(OutboxKind, "ar_outbox_kind")
 LedgerActionType = _enum(LedgerAction, "ar_ledger_action")
 JobStatusType = _enum(JobStatus, "ar_job_status")
+BudgetNameType = _enum(BudgetName, "ar_budget_name")
 
 JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -236,4 +238,48 @@ class LedgerRow(Base):
     turn_id: Mapped[int | None] = mapped_column(BigId)
     epoch: Mapped[int | None]
     detail: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class BudgetRow(Base):
+    """A team's budgets: limits (NULL: unlimited) and usage, in one row that every check locks
+    or updates with a guard, so that all workers of the team share it."""
+
+    __tablename__ = "ar_budgets"
+
+    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), primary_key=True)
+    max_model_calls: Mapped[int | None] = mapped_column(sa.BigInteger)
+    max_turns: Mapped[int | None] = mapped_column(sa.BigInteger)
+    max_tokens: Mapped[int | None] = mapped_column(sa.BigInteger)
+    max_cost_nano: Mapped[int | None] = mapped_column(sa.BigInteger)  # 1e-9 US dollars
+    max_wall_seconds: Mapped[float | None] = mapped_column(sa.Float)
+    max_sub_agents_created: Mapped[int | None]
+    max_sub_agents_active: Mapped[int | None]
+    model_calls: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    turns: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_nano: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deadline_at: Mapped[datetime | None]  # started_at + max_wall_seconds
+    warned: Mapped[bool] = mapped_column(default=False)
+    exhausted: Mapped[BudgetName | None] = mapped_column(BudgetNameType)
+
+
+class ModelCallRow(Base):
+    """One model call's usage, per turn (and so per agent and team)."""
+
+    __tablename__ = "ar_model_calls"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"), index=True)
+    turn_id: Mapped[int | None] = mapped_column(BigId)
+    model: Mapped[str | None] = mapped_column(sa.String(200))
+    prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_nano: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    estimated: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

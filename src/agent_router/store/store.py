@@ -252,9 +252,9 @@ class Store:
             return turns.suspend(tx, turn)
 
     @faults.retrying
-    def finish_stop(self, turn: TurnRecord) -> None:
+    def finish_stop(self, turn: TurnRecord, *, reason: str = "stop requested by the lead") -> None:
         with self._tx() as tx:
-            turns.finish_stop(tx, turn)
+            turns.finish_stop(tx, turn, reason=reason)
 
     # ------------------------------------------------------------------ waits
 

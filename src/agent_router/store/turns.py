@@ -387,11 +387,11 @@ def suspend(tx: Tx, turn: TurnRecord) -> bool:
     return True
 
 
-def finish_stop(tx: Tx, turn: TurnRecord) -> None:
+def finish_stop(tx: Tx, turn: TurnRecord, *, reason: str = "stop requested by the lead") -> None:
     """The turn honours a stop at a boundary: the rest of its batch gets ``cancelled``
     results, its open questions are cancelled, the agent is ``idle`` (mailbox kept)."""
     agent, row = fenced(tx, turn, "stop")
-    stop_turn(tx, agent, row, reason="stop requested by the lead")
+    stop_turn(tx, agent, row, reason=reason)
 
 
 def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> None:

@@ -1,0 +1,145 @@
+"""What a router does around the budget checks: stop a team whose budget is spent, and tell its
+agents to wrap up when a budget runs low.
+
+The checks themselves are transactions of :class:`~agent_router.store.budgets.Budgets`. Here:
+
+- a turn is admitted only while every team budget has something left; a refused turn stops at
+  once (agent ``idle``, mailbox kept);
+- before each model call the call is counted; a refused call raises
+  :class:`~agent_router.errors.BudgetExhaustedError` and the loop stops the turn (open tool calls
+  get ``cancelled`` results, its questions are cancelled);
+- the check that spends a budget stops the whole team: every sub-agent that is scheduled,
+  running or waiting is stopped (questions asked of it and by it are cancelled, blocked askers
+  get a result), and a lead that is scheduled is refused its turn;
+- the check that first passes the warning threshold sends every agent one ``notice`` (context
+  only) asking it to wrap up.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from agent_router import errors
+from agent_router.domain import AgentState, BudgetCheck, BudgetName, MessageType, TokenUsage
+
+if TYPE_CHECKING:
+    from agent_router.router import Router
+    from agent_router.turn import Turn
+
+logger = logging.getLogger(__name__)
+
+#: What every agent reads once a team budget passes its warning threshold.
+WARNING_NOTICE = (
+    "The team has used {percent}% of its {budget} budget ({used} of {limit}). Wrap up: finish "
+    "the step you are on, report what you have, and start nothing new."
+)
+
+#: Why a turn or a model call was refused.
+SPENT = "the team's {budget} budget is spent"
+
+_ACTIVE = (AgentState.SCHEDULED, AgentState.RUNNING, AgentState.WAITING)
+
+
+def admit_turn(router: Router, turn: Turn) -> bool:
+    """Count a claimed turn against the team's budgets; ``False`` (the turn already stopped)
+    when a budget is spent."""
+    check = router.budgets.charge_turn(turn.team_id, turn.agent_id, turn.id)
+    _after(router, turn.team_id, check)
+    if check.ok:
+        return True
+    assert check.exhausted is not None
+    turn.finish_stop(reason=SPENT.format(budget=check.exhausted.value))
+    return False
+
+
+def charge_model_call(router: Router, turn: Turn) -> None:
+    """Count a model call; raises :class:`BudgetExhaustedError` when a budget is spent."""
+    check = router.budgets.charge_model_call(turn.team_id, turn.agent_id, turn.id)
+    _after(router, turn.team_id, check)
+    if not check.ok:
+        assert check.exhausted is not None
+        raise errors.BudgetExhaustedError(
+            SPENT.format(budget=check.exhausted.value), budget=check.exhausted.value
+        )
+
+
+def record_usage(
+    router: Router,
+    turn: Turn,
+    *,
+    model: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    estimated: bool = False,
+) -> TokenUsage:
+    """Record one model call's tokens and their cost (by the ``models`` price table)."""
+    spec = router.settings.models.get(model or "")
+    cost = spec.cost(prompt_tokens, completion_tokens, cached_tokens) if spec else 0.0
+    usage = TokenUsage(
+        model_calls=1,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
+        cost_usd=cost,
+    )
+    check = router.budgets.record_usage(
+        turn.team_id, turn.agent_id, turn.id, model=model, usage=usage, estimated=estimated
+    )
+    _after(router, turn.team_id, check)
+    return usage
+
+
+def _after(router: Router, team_id: int, check: BudgetCheck) -> None:
+    if check.warn is not None:
+        warn_team(router, team_id, check.warn)
+    if check.newly_exhausted and check.exhausted is not None:
+        stop_team(router, team_id, check.exhausted)
+
+
+def warn_team(router: Router, team_id: int, budget: BudgetName) -> None:
+    """One wrap-up notice (context only, it wakes nobody) to every agent of the team."""
+    state = router.budgets.budget(team_id)
+    limit, used = state.limits[budget], state.used[budget]
+    text = WARNING_NOTICE.format(
+        percent=round(100 * used / limit) if limit else 100,
+        budget=budget.value,
+        used=_number(used),
+        limit=_number(limit or 0),
+    )
+    for agent in router.agents(team_id):
+        if agent.state is AgentState.TERMINATED:
+            continue
+        try:
+            router.send(
+                team_id,
+                to=agent.display_name,
+                content=text,
+                sender="system",
+                type=MessageType.NOTICE,
+                wake=False,
+            )
+        except errors.AgentRouterError:
+            logger.exception("budget warning not sent", extra={"action": "budget_warning"})
+
+
+def stop_team(router: Router, team_id: int, budget: BudgetName) -> None:
+    """Stop every sub-agent that is scheduled, running or waiting (running ones at their next
+    boundary); the lead stops at its next model call or turn, both refused."""
+    reason = SPENT.format(budget=budget.value)
+    for agent in router.agents(team_id):
+        if agent.is_lead or agent.state not in _ACTIVE:
+            continue
+        try:
+            router.stop(team_id, agent.display_name, reason=reason)
+        except errors.RefusedError:  # terminated meanwhile: nothing left to stop
+            continue
+    logger.warning(
+        "team budget spent: team stopped",
+        extra={"action": "budget_exhausted", "team_id": team_id, "budget": budget.value},
+    )
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}" if value != int(value) else str(int(value))

@@ -1,0 +1,148 @@
+"""budgets and usage: ar_budgets, ar_model_calls, five ledger actions
+
+Revision ID: 0004
+Revises: 0002
+Create Date: 2026-11-30 23:55:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0004"
+down_revision: str | None = "0002"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+BUDGET_NAMES = (
+    "model_calls",
+    "turns",
+    "tokens",
+    "cost",
+    "wall_seconds",
+    "sub_agents_created",
+    "sub_agents_active",
+)
+NEW_ACTIONS = (
+    "model_call",
+    "budget_warning",
+    "budget_exhausted",
+    "budget_refused",
+    "budget_changed",
+)
+
+
+def _ledger_actions() -> tuple[str, ...]:
+    """The ledger action labels before this revision, in their order."""
+    from agent_router.domain import LedgerAction
+
+    return tuple(a.value for a in LedgerAction if a.value not in NEW_ACTIONS)
+
+
+def _ledger_type(labels: Sequence[str]) -> sa.Enum:
+    return sa.Enum(*labels, name="ar_ledger_action", create_constraint=True)
+
+
+def upgrade() -> None:
+    op.create_table(
+        "ar_budgets",
+        sa.Column("team_id", BIG_ID, nullable=False),
+        sa.Column("max_model_calls", sa.BigInteger(), nullable=True),
+        sa.Column("max_turns", sa.BigInteger(), nullable=True),
+        sa.Column("max_tokens", sa.BigInteger(), nullable=True),
+        sa.Column("max_cost_nano", sa.BigInteger(), nullable=True),
+        sa.Column("max_wall_seconds", sa.Float(), nullable=True),
+        sa.Column("max_sub_agents_created", sa.Integer(), nullable=True),
+        sa.Column("max_sub_agents_active", sa.Integer(), nullable=True),
+        sa.Column("model_calls", sa.BigInteger(), nullable=False),
+        sa.Column("turns", sa.BigInteger(), nullable=False),
+        sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("cached_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("cost_nano", sa.BigInteger(), nullable=False),
+        sa.Column("started_at", sa.DateTime(), nullable=False),
+        sa.Column("deadline_at", sa.DateTime(), nullable=True),
+        sa.Column("warned", sa.Boolean(), nullable=False),
+        sa.Column(
+            "exhausted",
+            sa.Enum(*BUDGET_NAMES, name="ar_budget_name", create_constraint=True),
+            nullable=True,
+        ),
+        sa.ForeignKeyConstraint(
+            ["team_id"], ["ar_teams.id"], name=op.f("fk_ar_budgets_team_id_ar_teams")
+        ),
+        sa.PrimaryKeyConstraint("team_id", name=op.f("pk_ar_budgets")),
+    )
+    op.create_table(
+        "ar_model_calls",
+        sa.Column("id", BIG_ID, autoincrement=True, nullable=False),
+        sa.Column("team_id", BIG_ID, nullable=False),
+        sa.Column("agent_id", BIG_ID, nullable=False),
+        sa.Column("turn_id", BIG_ID, nullable=True),
+        sa.Column("model", sa.String(length=200), nullable=True),
+        sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("cached_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("cost_nano", sa.BigInteger(), nullable=False),
+        sa.Column("estimated", sa.Boolean(), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["agent_id"], ["ar_agents.id"], name=op.f("fk_ar_model_calls_agent_id_ar_agents")
+        ),
+        sa.ForeignKeyConstraint(
+            ["team_id"], ["ar_teams.id"], name=op.f("fk_ar_model_calls_team_id_ar_teams")
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_ar_model_calls")),
+    )
+    with op.batch_alter_table("ar_model_calls", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_ar_model_calls_agent_id"), ["agent_id"])
+        batch_op.create_index(batch_op.f("ix_ar_model_calls_team_id"), ["team_id"])
+
+    old = _ledger_actions()
+    if op.get_bind().dialect.name == "postgresql":
+        for label in NEW_ACTIONS:
+            op.execute(sa.text(f"ALTER TYPE ar_ledger_action ADD VALUE IF NOT EXISTS '{label}'"))
+    else:  # SQLite: the CHECK constraint of the column lists the labels; the copy renews it
+        with op.batch_alter_table("ar_ledger", recreate="always") as batch_op:
+            batch_op.alter_column(
+                "action",
+                existing_type=_ledger_type(old),
+                type_=_ledger_type((*old, *NEW_ACTIONS)),
+                existing_nullable=False,
+            )
+
+
+def downgrade() -> None:
+    old = _ledger_actions()
+    labels = ", ".join(f"'{label}'" for label in NEW_ACTIONS)
+    op.execute(sa.text(f"DELETE FROM ar_ledger WHERE CAST(action AS VARCHAR) IN ({labels})"))
+    if op.get_bind().dialect.name == "postgresql":
+        # PostgreSQL cannot drop an enum label: the type is rebuilt without them.
+        op.execute(sa.text("ALTER TYPE ar_ledger_action RENAME TO ar_ledger_action_old"))
+        _ledger_type(old).create(op.get_bind())
+        op.execute(
+            sa.text(
+                "ALTER TABLE ar_ledger ALTER COLUMN action TYPE ar_ledger_action "
+                "USING action::text::ar_ledger_action"
+            )
+        )
+        op.execute(sa.text("DROP TYPE ar_ledger_action_old"))
+    else:
+        with op.batch_alter_table("ar_ledger", recreate="always") as batch_op:
+            batch_op.alter_column(
+                "action",
+                existing_type=_ledger_type((*old, *NEW_ACTIONS)),
+                type_=_ledger_type(old),
+                existing_nullable=False,
+            )
+    with op.batch_alter_table("ar_model_calls", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_ar_model_calls_team_id"))
+        batch_op.drop_index(batch_op.f("ix_ar_model_calls_agent_id"))
+    op.drop_table("ar_model_calls")
+    op.drop_table("ar_budgets")
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(sa.text("DROP TYPE IF EXISTS ar_budget_name"))
