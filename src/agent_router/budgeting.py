@@ -12,16 +12,25 @@ The checks themselves are transactions of :class:`~agent_router.store.budgets.Bu
   running or waiting is stopped (questions asked of it and by it are cancelled, blocked askers
   get a result), and a lead that is scheduled is refused its turn;
 - the check that first passes the warning threshold sends every agent one ``notice`` (context
-  only) asking it to wrap up.
+  only) asking it to wrap up;
+- an operator's new limits (:func:`set_limits`) let a stopped team go on.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from agent_router import errors
-from agent_router.domain import AgentState, BudgetCheck, BudgetName, MessageType, TokenUsage
+from agent_router.domain import (
+    AgentState,
+    Budget,
+    BudgetCheck,
+    BudgetName,
+    MessageType,
+    TokenUsage,
+)
 
 if TYPE_CHECKING:
     from agent_router.router import Router
@@ -139,6 +148,25 @@ def stop_team(router: Router, team_id: int, budget: BudgetName) -> None:
         "team budget spent: team stopped",
         extra={"action": "budget_exhausted", "team_id": team_id, "budget": budget.value},
     )
+
+
+def set_limits(
+    router: Router, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str
+) -> Budget:
+    """An operator's new limits for a team (``None``: unlimited). A team stopped by a budget
+    that is no longer spent goes on: its lead is woken with a notice saying so."""
+    before = router.budgets.budget(team_id).exhausted
+    budget = router.budgets.set_limits(team_id, limits, by=by)
+    if before is not None and budget.exhausted is None:
+        router.send(
+            team_id,
+            to=router.team(team_id).lead.display_name,
+            content=f"The {before.value} budget was raised by {by}: the team may go on. "
+            "Resume the work that was stopped.",
+            sender="system",
+            type=MessageType.NOTICE,
+        )
+    return budget
 
 
 def _number(value: float) -> str:

@@ -19,7 +19,6 @@ from agent_router.domain import (
     Agent,
     AgentState,
     BackgroundJob,
-    Budget,
     BudgetName,
     Delivery,
     EndOfTurn,
@@ -108,24 +107,6 @@ class Router:
         )
         self.budgets.create(team.id, budget)
         return team
-
-    def set_budget(
-        self, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str = "operator"
-    ) -> Budget:
-        """New limits for a team. A team stopped by a budget that is no longer spent goes on:
-        its lead is woken with a notice saying so."""
-        before = self.budgets.budget(team_id).exhausted
-        budget = self.budgets.set_limits(team_id, limits, by=by)
-        if before is not None and budget.exhausted is None:
-            self.send(
-                team_id,
-                to=self.team(team_id).lead.display_name,
-                content=f"The {before.value} budget was raised by {by}: the team may go on. "
-                "Resume the work that was stopped.",
-                sender="system",
-                type=MessageType.NOTICE,
-            )
-        return budget
 
     def create_agent(
         self,

@@ -88,3 +88,45 @@ def test_run_timeline_and_a_missing_key() -> None:
     assert no_key.returncode == 1, no_key.stderr
     [line] = no_key.stderr.splitlines()
     assert line.startswith("agent-router: error:") and "API key" in line
+
+
+def test_run_stops_at_its_budget_and_an_operator_raises_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    with ChatServer(responder=scripted_llm) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
+        env.update(OPENAI_API_KEY="sk-test", AGENT_ROUTER_WORK_SECONDS="0",
+                   AGENT_ROUTER_BUDGET_MODEL_CALLS="3")  # fmt: skip
+        proc = subprocess.run(
+            [CLI, "run", TASK, "--model", "test-model", "--base-url", server.base_url,
+             "--json", "--database-url", url],
+            check=False, capture_output=True, text=True, timeout=TIMEOUT, env=env,
+        )  # fmt: skip
+        served = len(server.requests)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    result = records[-1]
+    assert result["budget_exhausted"] == "model_calls" and result["ok"] is False
+    assert result["usage"]["model_calls"] == served == 3
+    spent = [r for r in records if r.get("action") == "budget_exhausted"]
+    assert len(spent) == 1 and spent[0]["detail"]["budget"] == "model_calls"
+    assert "budget model_calls spent (3 of 3)" in spent[0]["text"]
+    calls = [r for r in records if r.get("action") == "model_call"]
+    assert len(calls) == 3 and calls[0]["text"].startswith("model call (test-model): ")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CLI, *args, "--database-url", url], check=False,
+                              capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+
+    team = str(result["team_id"])
+    status = [json.loads(line) for line in cli("status", team, "--json").stdout.splitlines()]
+    assert sum(s["model_calls"] for s in status) == 3
+    assert sum(s["prompt_tokens"] for s in status) == 3  # the scripted usage: 1 + 1 per call
+    raised = cli("budget", team, "--model-calls", "50", "--unlimited", "cost", "--json")
+    assert raised.returncode == 0, raised.stdout + raised.stderr
+    budget = json.loads(raised.stdout)
+    assert budget["exhausted"] is None
+    assert budget["limits"]["model_calls"] == 50 and budget["limits"]["cost"] is None
+    shown = cli("budget", team)
+    assert "model_calls" in shown.stdout and "50" in shown.stdout
+    ledger = cli("ledger", team).stdout
+    assert "budget set by operator (CLI)" in ledger and "the team may go on" in ledger

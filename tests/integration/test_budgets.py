@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent_router import Router, Settings
-from agent_router.budgeting import WARNING_NOTICE
+from agent_router.budgeting import WARNING_NOTICE, set_limits
 from agent_router.domain import (
     AgentState,
     BudgetName,
@@ -39,9 +39,9 @@ def test_new_teams_get_the_default_budgets_and_overrides(router: Router) -> None
     assert budget.limits[BudgetName.TURNS] == router.settings.budget_turns
     assert budget.exhausted is None and not budget.warned
     with pytest.raises(InvalidMessageError):
-        router.set_budget(team.id, {BudgetName.TURNS: -1})
+        router.budgets.set_limits(team.id, {BudgetName.TURNS: -1}, by="t")
     with pytest.raises(InvalidMessageError):
-        router.set_budget(team.id, {BudgetName.TURNS: 1.5})
+        router.budgets.set_limits(team.id, {BudgetName.TURNS: 1.5}, by="t")
     assert router.budgets.budget(team.id).limits[BudgetName.TURNS] == router.settings.budget_turns
 
 
@@ -89,7 +89,7 @@ def test_a_turn_is_refused_when_the_team_is_spent_and_goes_on_after_a_raise(
     stopped = [t for t in router.store.reads.turns(team.lead.id) if t.status is TurnStatus.STOPPED]
     assert len(stopped) == 1
 
-    budget = router.set_budget(team.id, {BudgetName.TURNS: 3}, by="ops")
+    budget = set_limits(router, team.id, {BudgetName.TURNS: 3}, by="ops")
     assert budget.exhausted is None
     (changed,) = events(router, team.id, LedgerAction.BUDGET_CHANGED)
     assert changed == {"by": "ops", "limits": {"turns": 3}, "was_exhausted": "turns",

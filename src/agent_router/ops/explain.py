@@ -14,9 +14,40 @@ from agent_router.domain import (
 from agent_router.router import Router
 
 
+def _usage_text(d: dict[str, Any]) -> str:
+    cached = f" ({d.get('cached_tokens')} cached)" if d.get("cached_tokens") else ""
+    estimated = " estimated" if d.get("estimated") else ""
+    return (
+        f"model call ({d.get('model') or '?'}): {d.get('prompt_tokens')} prompt{cached} + "
+        f"{d.get('completion_tokens')} completion tokens{estimated}, ${d.get('cost_usd', 0):.6f}"
+    )
+
+
+def _budget_text(event: LedgerEvent) -> str | None:
+    d = event.detail
+    if event.action is LedgerAction.MODEL_CALL:
+        return _usage_text(d)
+    if event.action is LedgerAction.BUDGET_WARNING:
+        return f"! budget {d.get('budget')} at {d.get('used')} of {d.get('limit')}: wrap up"
+    if event.action is LedgerAction.BUDGET_EXHAUSTED:
+        return (
+            f"x budget {d.get('budget')} spent ({d.get('used')} of {d.get('limit')}): "
+            "the team stops"
+        )
+    if event.action is LedgerAction.BUDGET_REFUSED:
+        return f"x no new {d.get('role')}: budget {d.get('budget')} full ({d.get('limit')})"
+    if event.action is LedgerAction.BUDGET_CHANGED:
+        state = f"still spent: {d['exhausted']}" if d.get("exhausted") else "the team may go on"
+        return f"budget set by {d.get('by')}: {d.get('limits')} ({state})"
+    return None
+
+
 def describe(event: LedgerEvent, messages: dict[int, Message]) -> str:
     """One human line for one ledger event."""
     d = event.detail
+    budget = _budget_text(event)
+    if budget is not None:
+        return budget
     if event.action is LedgerAction.ROUTE:
         msg = messages.get(event.message_id or -1)
         kind = str(d.get("type", "?"))

@@ -27,6 +27,7 @@ from agent_router.domain import (
     AgentState,
     LedgerAction,
     MessageType,
+    TokenUsage,
 )
 from agent_router.errors import AgentRouterError
 from agent_router.ops.checks import TeamReport, check_team
@@ -128,10 +129,17 @@ class RunResult:
     failed_turns: list[str] = field(default_factory=list)
     final: str | None = None  # the lead's last reply
     report: TeamReport | None = None
+    budget_exhausted: str | None = None  # the budget that stopped the team, if one did
+    usage: TokenUsage = field(default_factory=TokenUsage)
 
     @property
     def ok(self) -> bool:
-        return self.settled and not self.failed_turns and (self.report is None or self.report.ok)
+        return (
+            self.settled
+            and not self.failed_turns
+            and self.budget_exhausted is None
+            and (self.report is None or self.report.ok)
+        )
 
 
 def start_team(router: Router, task: str, roles: RoleCatalogue) -> int:
@@ -170,7 +178,10 @@ def result_of(router: Router, team_id: int, *, is_settled: bool) -> RunResult:
         for e in router.store.reads.transcript(lead.id)
         if e.get("role") == "assistant" and e.get("content")
     ]
+    budget = router.budgets.budget(team_id)
     return RunResult(
+        budget_exhausted=budget.exhausted.value if budget.exhausted else None,
+        usage=budget.usage,
         team_id=team_id,
         settled=is_settled,
         states={a.display_name: a.state.value for a in agents},

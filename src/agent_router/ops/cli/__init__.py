@@ -1,16 +1,17 @@
 """The ``agent-router`` command: ``demo``, ``run``, ``worker``, ``beat``, ``flower``, the
 operator's reads (``status``, ``ledger``, ``inspect``), acts (``send``, ``stop``, ``terminate``,
-``sweep``), ``db``, ``bench``, ``chaos``, ``doctor``, ``timeline`` and ``web``."""
+``sweep``, ``budget``), ``db``, ``bench``, ``chaos``, ``doctor``, ``timeline`` and ``web``."""
 
 # isort: skip_file
 # The modules register their commands on `app` in this order, which `--help` lists.
 from agent_router.ops.cli.common import app, embedded_worker
 from agent_router.ops.cli import failures
-from agent_router.ops.cli import processes, reads, acts, diagnose, views
+from agent_router.ops.cli import processes, reads, acts, budgets, diagnose, views
 
 __all__ = [
     "acts",
     "app",
+    "budgets",
     "diagnose",
     "embedded_worker",
     "main",

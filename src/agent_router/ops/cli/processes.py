@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -254,7 +255,8 @@ def run(  # noqa: PLR0917 - typer options
 ) -> None:
     """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
     from AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY) until every agent is idle or completed,
-    printing the live timeline. Exits non-zero if a turn failed or the team did not settle."""
+    printing the live timeline. Exits 1 if a turn failed or the team did not settle, 3 if a
+    team budget (AGENT_ROUTER_BUDGET_*) stopped it."""
     import os
 
     from agent_router.agents.roles import RoleCatalogue
@@ -325,7 +327,9 @@ def run(  # noqa: PLR0917 - typer options
     if as_json:
         print(json.dumps({"event": "result", "team_id": team_id, "ok": result.ok,
                           "settled": result.settled, "states": result.states,
-                          "failed_turns": result.failed_turns, "final": result.final}))  # fmt: skip
+                          "failed_turns": result.failed_turns, "final": result.final,
+                          "budget_exhausted": result.budget_exhausted,
+                          "usage": dataclasses.asdict(result.usage)}))  # fmt: skip
     else:
         console.rule("result")
         for name, state in result.states.items():
@@ -336,7 +340,15 @@ def run(  # noqa: PLR0917 - typer options
             console.print(Text(f"the team did not settle within {timeout:.0f}s", style="bold red"))
         if result.final:
             console.print(Text("Team Leader: ", style="bold") + Text(result.final))
-    raise typer.Exit(0 if result.ok else 1)
+        u = result.usage
+        console.print(f"usage: {u.model_calls} model calls, {u.total_tokens} tokens, "
+                      f"${u.cost_usd:.6f}")  # fmt: skip
+        if result.budget_exhausted:
+            console.print(Text(f"stopped: the team's {result.budget_exhausted} budget is spent "
+                               f"(raise it: agent-router budget {team_id} --help)",
+                               style="bold red"))  # fmt: skip
+    # Exit 3: the team was stopped by a budget (it may go on once the budget is raised).
+    raise typer.Exit(3 if result.budget_exhausted else 0 if result.ok else 1)
 
 
 def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str]) -> AgentTools:

@@ -16,7 +16,8 @@ from rich.text import Text
 
 from agent_router import errors
 from agent_router import validation as check
-from agent_router.domain import AgentState, AgentStatus
+from agent_router.domain import AgentState, AgentStatus, TokenUsage
+from agent_router.ops.cli.budgets import print_budget
 from agent_router.ops.cli.common import (
     DatabaseUrlOption,
     JsonOption,
@@ -29,6 +30,7 @@ from agent_router.ops.cli.common import (
 from agent_router.ops.explain import LedgerTail
 from agent_router.router import Router
 from agent_router.store import utcnow
+from agent_router.store.budgets import Budgets
 
 #: How often ``ledger --follow`` reads new events.
 FOLLOW_POLL_SECONDS = 0.5
@@ -84,7 +86,8 @@ def status(  # noqa: PLR0917 - typer options
 ) -> None:
     """Agents of a team (or of all teams), a page at a time by agent id: state, epoch, mailbox
     depth (mail), the questions they asked and those they are to answer, their running turn and
-    its lease. A full page ends with the --after that shows the next."""
+    its lease; the model calls, tokens and cost of each agent and team; with a team, its
+    budgets. A full page ends with the --after that shows the next."""
     check.integer(after, "--after", minimum=0, maximum=check.MAX_ID)
     with _store(database_url) as store:
         statuses = store.reads.agent_statuses(
@@ -93,6 +96,11 @@ def status(  # noqa: PLR0917 - typer options
             after_id=after,
             limit=check.integer(limit, "--limit"),
         )
+        budgets = Budgets(store)
+        usage: dict[int, TokenUsage] = {}
+        for team_id in sorted({s.agent.team_id for s in statuses}):
+            usage |= budgets.usage_by_agent(team_id)
+        budget = budgets.budget(team) if team is not None and statuses else None
     if as_json:
         for s in statuses:
             print(
@@ -112,6 +120,7 @@ def status(  # noqa: PLR0917 - typer options
                         "lease_expires_at": s.lease_expires_at.isoformat() + "Z"
                         if s.lease_expires_at
                         else None,
+                        **_usage_record(usage.get(s.agent.id, TokenUsage())),
                     }
                 )
             )
@@ -121,9 +130,40 @@ def status(  # noqa: PLR0917 - typer options
     if not teams:
         console.print("no agents" if team is None else f"team {team} has no agents")
     for team_id in teams:
-        console.print(_status_table(team_id, [s for s in statuses if s.agent.team_id == team_id]))
+        mine = [s for s in statuses if s.agent.team_id == team_id]
+        console.print(_status_table(team_id, mine))
+        console.print(_usage_line([usage.get(s.agent.id, TokenUsage()) for s in mine]))
     if len(statuses) == limit:
         console.print(f"more: --after {statuses[-1].agent.id}")
+    if budget is not None:
+        print_budget(console, budget)
+
+
+def _usage_line(usages: list[TokenUsage]) -> str:
+    calls = sum(u.model_calls for u in usages)
+    tokens = sum(u.total_tokens for u in usages)
+    cost = sum(u.cost_usd for u in usages)
+    return f"usage: {calls} model calls, {tokens} tokens, ${cost:.4f}"
+
+
+def _print_usage(console: Console, per_turn: dict[int, TokenUsage]) -> None:
+    fields = _usage_record(TokenUsage())
+    total = TokenUsage(**{f: sum(getattr(u, f) for u in per_turn.values()) for f in fields})
+    console.print(
+        f"usage: {total.model_calls} model calls, {total.prompt_tokens} prompt "
+        f"({total.cached_tokens} cached) + {total.completion_tokens} completion tokens, "
+        f"${total.cost_usd:.6f}"
+    )
+
+
+def _usage_record(usage: TokenUsage) -> dict[str, Any]:
+    return {
+        "model_calls": usage.model_calls,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "cost_usd": usage.cost_usd,
+    }
 
 
 def _status_table(team_id: int, statuses: list[AgentStatus]) -> Table:
@@ -324,6 +364,7 @@ def inspect_agent(
     with _store(database_url) as store:
         agent = store.reads.agent(_team(team), check.name(name))
         entries = store.reads.transcript_entries(agent.id)
+        per_turn = Budgets(store).usage_by_turn(agent.id)
     if as_json:
         for e in entries:
             print(json.dumps(e, default=str))
@@ -336,7 +377,16 @@ def inspect_agent(
             f"{agent.mailbox_depth} pending)"
         )
     )
+    _print_usage(console, per_turn)
+    turn_seen: int | None = None
     for e in entries:
+        if e["turn_id"] != turn_seen and e["turn_id"] in per_turn:
+            turn_seen = e["turn_id"]
+            u = per_turn[e["turn_id"]]
+            console.print(
+                Text(f"turn {turn_seen}: {u.model_calls} model calls, {u.total_tokens} tokens, "
+                     f"${u.cost_usd:.6f}", style="dim")
+            )  # fmt: skip
         payload = e["payload"]
         head = Text(f"[{e['position']}] ", style="dim")
         head.append(payload.get("role", "?"), style="bold")
