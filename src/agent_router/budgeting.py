@@ -96,6 +96,7 @@ def record_usage(
     check = router.budgets.record_usage(
         turn.team_id, turn.agent_id, turn.id, model=model, usage=usage, estimated=estimated
     )
+    router.hooks.after_model_call(turn, model, usage)
     _after(router, turn.team_id, check)
     return usage
 
@@ -104,6 +105,7 @@ def _after(router: Router, team_id: int, check: BudgetCheck) -> None:
     if check.warn is not None:
         warn_team(router, team_id, check.warn)
     if check.newly_exhausted and check.exhausted is not None:
+        router.hooks.after_budget_exhausted(team_id, check.exhausted)
         stop_team(router, team_id, check.exhausted)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent_router.domain import Delivery, EndOfTurn, WaitOutcome
+    from agent_router.domain import BudgetName, Delivery, EndOfTurn, TokenUsage, WaitOutcome
     from agent_router.errors import AgentRouterError
     from agent_router.turn import Turn
 
@@ -38,6 +38,12 @@ class RouterHooks:
 
     def after_end_turn(self, turn: Turn, end: EndOfTurn, seconds: float, *, failed: bool) -> None:
         """The end-of-turn hook ran (``failed``: the loop raised); ``seconds`` since the claim."""
+
+    def after_model_call(self, turn: Turn, model: str | None, usage: TokenUsage) -> None:
+        """A model call's usage was recorded (tokens, and cost by the price table)."""
+
+    def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
+        """A team budget was found spent (once per team until it is raised): the team stops."""
 
 
 class HookChain(RouterHooks):
@@ -65,6 +71,14 @@ class HookChain(RouterHooks):
     def after_end_turn(self, turn: Turn, end: EndOfTurn, seconds: float, *, failed: bool) -> None:
         for hook in self.hooks:
             _safely(functools.partial(hook.after_end_turn, failed=failed), turn, end, seconds)
+
+    def after_model_call(self, turn: Turn, model: str | None, usage: TokenUsage) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_model_call, turn, model, usage)
+
+    def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_budget_exhausted, team_id, budget)
 
 
 def _safely(method: Callable[..., None], *args: Any) -> None:

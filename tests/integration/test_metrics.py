@@ -18,8 +18,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent_router import Router, Settings, errors
+from agent_router.domain import BudgetName
 from agent_router.hooks import RouterHooks
 from agent_router.outbox import RecordingPublisher
+from agent_router.settings import ModelSpec
 from agent_router.turn import Turn
 from agent_router.worker import metrics
 from agent_router.worker.embedded import SweeperThread
@@ -211,3 +213,36 @@ def test_metrics_command_serves_the_cluster_gauges_once(sqlite_url: str) -> None
     assert sample(text, 'agent_router_agents{agent_state="scheduled"}') == 1
     # Only the gauges: the counters are each worker's own.
     assert "agent_router_messages_routed_total" not in text
+
+
+def test_scrape_counts_tokens_cost_and_spent_budgets(
+    settings: Settings, registry: CollectorRegistry
+) -> None:
+    priced = settings.model_copy(update={"models": {"m": ModelSpec(input=1.0, output=4.0)}})
+    router = Router(priced, publisher=RecordingPublisher(), hooks=metrics.PrometheusHooks(registry))
+    try:
+        team = router.create_team(budget={BudgetName.MODEL_CALLS: 2})
+        router.send(team.id, to="Team Leader", content="go")
+        turn = router.claim_turn(team.id, "Team Leader")
+        assert turn is not None
+        for prompt, completion, cached in ((1000, 100, 200), (3000, 500, 0)):
+            turn.charge_model_call()
+            turn.record_usage(model="m", prompt_tokens=prompt, completion_tokens=completion,
+                              cached_tokens=cached)  # fmt: skip
+        with pytest.raises(errors.BudgetExhaustedError):
+            turn.charge_model_call()
+        with served(router, registry) as scrape:
+            text = scrape()
+    finally:
+        router.close()
+    for line in (
+        'agent_router_model_calls_total{model="m"} 2.0',
+        'agent_router_tokens_total{kind="prompt",model="m"} 4000.0',
+        'agent_router_tokens_total{kind="completion",model="m"} 600.0',
+        'agent_router_tokens_total{kind="cached",model="m"} 200.0',
+        'agent_router_budgets_exhausted_total{budget="model_calls"} 1.0',
+    ):
+        assert line in text, line
+    assert sample(text, 'agent_router_cost_usd_total{model="m"}') == pytest.approx(
+        (4000 * 1.0 + 600 * 4.0) / 1e6
+    )

@@ -26,13 +26,13 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent_router.domain import AgentState, RouteOutcome, TurnTrigger, WaitOutcome
+from agent_router.domain import AgentState, BudgetName, RouteOutcome, TurnTrigger, WaitOutcome
 from agent_router.hooks import RouterHooks
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from agent_router.domain import Delivery, EndOfTurn
+    from agent_router.domain import Delivery, EndOfTurn, TokenUsage
     from agent_router.errors import AgentRouterError
     from agent_router.store import Store
     from agent_router.sweeper import SweepReport
@@ -101,6 +101,31 @@ class PrometheusHooks(RouterHooks):
             ["kind"],
             registry=registry,
         )
+        self.model_calls = Counter(
+            "agent_router_model_calls",
+            "Model calls whose usage was recorded, by model.",
+            ["model"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "agent_router_tokens",
+            "Tokens used by model calls, by model and kind (prompt, completion, cached; "
+            "cached tokens are part of the prompt tokens).",
+            ["model", "kind"],
+            registry=registry,
+        )
+        self.cost = Counter(
+            "agent_router_cost_usd",
+            "What model calls cost in US dollars, by the price table, by model.",
+            ["model"],
+            registry=registry,
+        )
+        self.budgets_exhausted = Counter(
+            "agent_router_budgets_exhausted",
+            "Teams stopped because a budget was spent, by budget.",
+            ["budget"],
+            registry=registry,
+        )
         self._zero_labels()
 
     def _zero_labels(self) -> None:
@@ -116,6 +141,8 @@ class PrometheusHooks(RouterHooks):
             self.wait_seconds.labels(outcome=wait.value)
         for kind in SWEEP_KINDS:
             self.sweep_repairs.labels(kind=kind)
+        for budget in BudgetName:
+            self.budgets_exhausted.labels(budget=budget.value)
 
     def record_sweep(self, report: SweepReport) -> None:
         """Count one sweeper pass and what it repaired."""
@@ -143,6 +170,17 @@ class PrometheusHooks(RouterHooks):
         self.turn_seconds.labels(status=status).observe(max(seconds, 0.0))
         if end.follow_up:
             self.follow_ups.inc()
+
+    def after_model_call(self, turn: Turn, model: str | None, usage: TokenUsage) -> None:
+        name = model or "unknown"
+        self.model_calls.labels(model=name).inc()
+        self.tokens.labels(model=name, kind="prompt").inc(usage.prompt_tokens)
+        self.tokens.labels(model=name, kind="completion").inc(usage.completion_tokens)
+        self.tokens.labels(model=name, kind="cached").inc(usage.cached_tokens)
+        self.cost.labels(model=name).inc(usage.cost_usd)
+
+    def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
+        self.budgets_exhausted.labels(budget=budget.value).inc()
 
 
 class ClusterCollector(Collector):
