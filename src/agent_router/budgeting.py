@@ -44,6 +44,9 @@ WARNING_NOTICE = (
     "the step you are on, report what you have, and start nothing new."
 )
 
+#: Limits that lift every budget (``create_team(budget=NO_LIMITS)``): a soak test, a benchmark.
+NO_LIMITS: Mapping[BudgetName, float | None] = dict.fromkeys(BudgetName)
+
 #: Why a turn or a model call was refused.
 SPENT = "the team's {budget} budget is spent"
 

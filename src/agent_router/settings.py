@@ -267,7 +267,7 @@ class Settings(BaseSettings):
         "included); unset: unlimited. Per team: `create_team(budget=...)`, `agent-router budget`.",
     )
     budget_turns: int | None = Field(
-        300, gt=0, description="A new team's budget of turns started; unset: unlimited."
+        1000, gt=0, description="A new team's budget of turns started; unset: unlimited."
     )
     budget_tokens: int | None = Field(
         5_000_000,

@@ -37,6 +37,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_router import errors
+from agent_router.budgeting import NO_LIMITS
 from agent_router.domain import (
     RESTING_STATES,
     LedgerAction,
@@ -346,7 +347,8 @@ def run_chaos(
                 stdout=(workdir / "beat.log").open("ab"),
                 stderr=subprocess.STDOUT,
             )
-            team = router.create_team()
+            # Hours of turns on purpose: no budget may stop the team the run watches.
+            team = router.create_team(budget=NO_LIMITS)
             for _ in range(SUB_AGENTS):
                 router.create_agent(team.id, role=ROLE)
             names = [a.display_name for a in router.agents(team.id)]
