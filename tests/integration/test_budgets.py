@@ -4,12 +4,16 @@ raise, and usage summed per call, turn, agent and team with the price table's co
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
 import pytest
 
 from agent_router import Router, Settings
+from agent_router.agents.llm import ScriptedModel, directive
+from agent_router.agents.loop import TurnOutcome, run_turn
+from agent_router.agents.tools import default_registry
 from agent_router.budgeting import WARNING_NOTICE, set_limits
 from agent_router.domain import (
     AgentState,
@@ -238,3 +242,26 @@ def test_concurrent_checks_never_pass_the_limit(router: Router) -> None:
     assert len(granted) == 20
     assert router.budgets.budget(team.id).used[BudgetName.MODEL_CALLS] == 20
     assert len(events(router, team.id, LedgerAction.BUDGET_EXHAUSTED)) == 1
+
+
+def test_the_lead_reads_why_create_sub_agent_was_refused(router: Router) -> None:
+    """Through the built-in loop and tools: the third sub-agent is refused in its tool result."""
+    team = router.create_team(budget={BudgetName.SUB_AGENTS_ACTIVE: 2})
+    task = "\n".join(
+        directive("create_sub_agent", role="Full-Stack Engineer", task=f"part {n}")
+        for n in range(3)
+    )
+    router.send(team.id, to="Team Leader", content=task, type=MessageType.TASK)
+    turn = router.claim_turn(team.id, "Team Leader")
+    assert turn is not None
+
+    outcome = run_turn(router, turn, models=ScriptedModel.for_agent, tools=default_registry())
+
+    assert outcome is TurnOutcome.ENDED
+    results = [json.loads(e["content"]) for e in router.transcript(team.id, "Team Leader")
+               if e["role"] == "tool"]  # fmt: skip
+    assert [r["ok"] for r in results] == [True, True, False], results
+    assert results[2]["reason"] == "budget_exhausted"
+    assert "2 sub-agents active at once" in results[2]["error"]
+    assert len(router.agents(team.id)) == 3  # the lead and two sub-agents
+    assert router.budgets.budget(team.id).exhausted is None  # the team goes on

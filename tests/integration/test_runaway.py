@@ -175,6 +175,10 @@ def test_ping_pong_stops_at_its_budget_across_two_workers(
     assert spent == [spent[0]] and spent[0]["budget"] == "model_calls"
     assert spent[0]["limit"] == LIMIT
     assert len(warnings) == 1
+    # The one warning reached every agent as a wrap-up notice (context only).
+    notices = [m for m in router.messages(team.id) if m.type is MessageType.NOTICE]
+    wrap_up = sorted(m.target_name for m in notices if "Wrap up" in m.content)
+    assert wrap_up == sorted(a.display_name for a in router.agents(team.id))
     # Within the limit: every call the server answered was granted and recorded, no more.
     assert budget.usage.model_calls == LIMIT
     assert len(model.sent) == len(calls) == LIMIT
