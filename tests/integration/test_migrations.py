@@ -64,3 +64,30 @@ def test_downgrade_base_removes_everything(fresh_pg_url: str) -> None:
         enums = conn.execute(sa.text("SELECT count(*) FROM pg_type WHERE typname LIKE 'ar_%'"))
         assert (tables, enums.scalar()) == (set(), 0)
     engine.dispose()
+
+
+def test_budget_events_fit_a_migrated_database_and_0004_goes_back(
+    tmp_path: Path, fresh_pg_url: str
+) -> None:
+    """SQLite checks enum labels with a CHECK constraint, PostgreSQL with its enum type: both
+    take the ledger actions 0004 adds, and lose them again on the way down."""
+    from agent_router import Router, Settings
+    from agent_router.domain import BudgetName, LedgerAction
+
+    for url in (f"sqlite:///{tmp_path / 'b.db'}", fresh_pg_url):
+        upgrade(url)
+        router = Router(Settings(database_url=url))
+        team = router.create_team(budget={BudgetName.MODEL_CALLS: 0})
+        router.send(team.id, to="Team Leader", content="go")
+        assert router.claim_turn(team.id, "Team Leader") is None
+        actions = [e.action for e in router.ledger(team.id)]
+        assert LedgerAction.BUDGET_EXHAUSTED in actions
+        router.close()
+        downgrade(url, "0001")
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            tables = set(sa.inspect(conn).get_table_names())
+        engine.dispose()
+        assert not {"ar_budgets", "ar_model_calls"} & tables
+        upgrade(url)
+        assert _diff(url) == []
