@@ -1,7 +1,7 @@
 """What a router does around the budget checks: stop a team whose budget is spent, and tell its
 agents to wrap up when a budget runs low.
 
-The checks themselves are transactions of :class:`~agent_router.store.budgets.Budgets`. Here:
+The checks themselves are store transitions (:mod:`agent_router.store.budgets`). Here:
 
 - a turn is admitted only while every team budget has something left; a refused turn stops at
   once (agent ``idle``, mailbox kept);
@@ -56,7 +56,7 @@ _ACTIVE = (AgentState.SCHEDULED, AgentState.RUNNING, AgentState.WAITING)
 def admit_turn(router: Router, turn: Turn) -> bool:
     """Count a claimed turn against the team's budgets; ``False`` (the turn already stopped)
     when a budget is spent."""
-    check = router.budgets.charge_turn(turn.team_id, turn.agent_id, turn.id)
+    check = router.store.charge_turn(turn.team_id, turn.agent_id, turn.id)
     _after(router, turn.team_id, check)
     if check.ok:
         return True
@@ -67,7 +67,7 @@ def admit_turn(router: Router, turn: Turn) -> bool:
 
 def charge_model_call(router: Router, turn: Turn) -> None:
     """Count a model call; raises :class:`BudgetExhaustedError` when a budget is spent."""
-    check = router.budgets.charge_model_call(turn.team_id, turn.agent_id, turn.id)
+    check = router.store.charge_model_call(turn.team_id, turn.agent_id, turn.id)
     _after(router, turn.team_id, check)
     if not check.ok:
         assert check.exhausted is not None
@@ -96,7 +96,7 @@ def record_usage(
         cached_tokens=cached_tokens,
         cost_usd=cost,
     )
-    check = router.budgets.record_usage(
+    check = router.store.record_usage(
         turn.team_id, turn.agent_id, turn.id, model=model, usage=usage, estimated=estimated
     )
     router.hooks.after_model_call(turn, model, usage)
@@ -114,7 +114,7 @@ def _after(router: Router, team_id: int, check: BudgetCheck) -> None:
 
 def warn_team(router: Router, team_id: int, budget: BudgetName) -> None:
     """One wrap-up notice (context only, it wakes nobody) to every agent of the team."""
-    state = router.budgets.budget(team_id)
+    state = router.store.budget(team_id)
     limit, used = state.limits[budget], state.used[budget]
     text = WARNING_NOTICE.format(
         percent=round(100 * used / limit) if limit else 100,
@@ -160,8 +160,8 @@ def set_limits(
 ) -> Budget:
     """An operator's new limits for a team (``None``: unlimited). A team stopped by a budget
     that is no longer spent goes on: its lead is woken with a notice saying so."""
-    before = router.budgets.budget(team_id).exhausted
-    budget = router.budgets.set_limits(team_id, limits, by=by)
+    before = router.store.budget(team_id).exhausted
+    budget = router.store.set_limits(team_id, limits, by=by)
     if before is not None and budget.exhausted is None:
         router.send(
             team_id,

@@ -38,7 +38,6 @@ from agent_router.outbox import Publisher
 from agent_router.settings import Settings
 from agent_router.store import SendRequest, Store
 from agent_router.store import utcnow as _utcnow
-from agent_router.store.budgets import Budgets
 from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
@@ -67,7 +66,6 @@ class Router:
     ) -> None:
         self.settings = settings or Settings()
         self.store = store or Store(self.settings)
-        self.budgets = Budgets(self.store)
         self.publisher = publisher
         # The one after-commit path: every committed transition's outbox rows come here.
         self.store.set_publisher(self._publish_committed)
@@ -105,7 +103,7 @@ class Router:
             lead_system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
             lead_runner=self._runner(LEAD_ROLE, lead_runner),
         )
-        self.budgets.create(team.id, budget)
+        self.store.create_budget(team.id, budget)
         return team
 
     def create_agent(

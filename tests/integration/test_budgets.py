@@ -37,16 +37,16 @@ def events(router: Router, team_id: int, action: LedgerAction) -> list[dict[str,
 
 def test_new_teams_get_the_default_budgets_and_overrides(router: Router) -> None:
     team = router.create_team(budget={BudgetName.MODEL_CALLS: 7, BudgetName.COST: None})
-    budget = router.budgets.budget(team.id)
+    budget = router.store.budget(team.id)
     assert budget.limits[BudgetName.MODEL_CALLS] == 7
     assert budget.limits[BudgetName.COST] is None  # unlimited
     assert budget.limits[BudgetName.TURNS] == router.settings.budget_turns
     assert budget.exhausted is None and not budget.warned
     with pytest.raises(InvalidMessageError):
-        router.budgets.set_limits(team.id, {BudgetName.TURNS: -1}, by="t")
+        router.store.set_limits(team.id, {BudgetName.TURNS: -1}, by="t")
     with pytest.raises(InvalidMessageError):
-        router.budgets.set_limits(team.id, {BudgetName.TURNS: 1.5}, by="t")
-    assert router.budgets.budget(team.id).limits[BudgetName.TURNS] == router.settings.budget_turns
+        router.store.set_limits(team.id, {BudgetName.TURNS: 1.5}, by="t")
+    assert router.store.budget(team.id).limits[BudgetName.TURNS] == router.settings.budget_turns
 
 
 def test_model_calls_stop_at_the_limit_with_one_warning_and_one_event(router: Router) -> None:
@@ -62,7 +62,7 @@ def test_model_calls_stop_at_the_limit_with_one_warning_and_one_event(router: Ro
     with pytest.raises(BudgetExhaustedError):  # and stays spent
         turn.charge_model_call()
 
-    budget = router.budgets.budget(team.id)
+    budget = router.store.budget(team.id)
     assert budget.used[BudgetName.MODEL_CALLS] == 5 and budget.exhausted is BudgetName.MODEL_CALLS
     (spent,) = events(router, team.id, LedgerAction.BUDGET_EXHAUSTED)
     assert spent["budget"] == "model_calls" and spent["limit"] == 5 and spent["used"] == 5
@@ -147,21 +147,21 @@ def test_sub_agent_budgets_refuse_create_sub_agent(router: Router) -> None:
     team = router.create_team(
         budget={BudgetName.SUB_AGENTS_ACTIVE: 1, BudgetName.SUB_AGENTS_CREATED: 2}
     )
-    router.budgets.charge_sub_agent(team.id, "Engineer")
+    router.store.charge_sub_agent(team.id, "Engineer")
     first = router.create_agent(team.id, role="Engineer")
     with pytest.raises(BudgetExhaustedError, match="active at once") as active:
-        router.budgets.charge_sub_agent(team.id, "Engineer")
+        router.store.charge_sub_agent(team.id, "Engineer")
     assert active.value.budget == "sub_agents_active"
     router.terminate(team.id, first.display_name, reason="done")
-    router.budgets.charge_sub_agent(team.id, "Engineer")
+    router.store.charge_sub_agent(team.id, "Engineer")
     router.create_agent(team.id, role="Engineer")
     with pytest.raises(BudgetExhaustedError, match="created") as created:
-        router.budgets.charge_sub_agent(team.id, "Engineer")
+        router.store.charge_sub_agent(team.id, "Engineer")
     assert created.value.budget == "sub_agents_created"
     refused = events(router, team.id, LedgerAction.BUDGET_REFUSED)
     assert [r["budget"] for r in refused] == ["sub_agents_active", "sub_agents_created"]
     # A refused creation stops nothing.
-    assert router.budgets.budget(team.id).exhausted is None
+    assert router.store.budget(team.id).exhausted is None
 
 
 def test_usage_is_summed_per_turn_agent_and_team_with_the_price_table(
@@ -191,7 +191,7 @@ def test_usage_is_summed_per_turn_agent_and_team_with_the_price_table(
         def cost(p: int, c: int, cached: int) -> float:
             return ((p - cached) * 2.5 + cached * 1.25 + c * 10.0) / 1e6
 
-        per_agent = router.budgets.usage_by_agent(team.id)
+        per_agent = router.store.reads.usage_by_agent(team.id)
         for name, usages in calls.items():
             got = per_agent[router.agent(team.id, name).id]
             assert got.model_calls == len(usages)
@@ -199,9 +199,9 @@ def test_usage_is_summed_per_turn_agent_and_team_with_the_price_table(
             assert got.completion_tokens == sum(u[1] for u in usages)
             assert got.cached_tokens == sum(u[2] for u in usages)
             assert got.cost_usd == pytest.approx(sum(cost(*u) for u in usages), abs=1e-9)
-            (per_turn,) = router.budgets.usage_by_turn(router.agent(team.id, name).id).values()
+            (per_turn,) = router.store.reads.usage_by_turn(router.agent(team.id, name).id).values()
             assert per_turn == got
-        team_usage = router.budgets.budget(team.id).usage
+        team_usage = router.store.budget(team.id).usage
         everything = [u for us in calls.values() for u in us] + [(10, 1, 0)]
         assert team_usage.prompt_tokens == sum(u[0] for u in everything)
         assert team_usage.completion_tokens == sum(u[1] for u in everything)
@@ -210,7 +210,7 @@ def test_usage_is_summed_per_turn_agent_and_team_with_the_price_table(
         assert len(model_calls) == 6 and model_calls[-1]["estimated"] is True
         assert model_calls[-1]["cost_usd"] == 0.0  # a model missing from the table costs 0
         # 3 981 tokens of 10 000: no warning yet; the tokens budget is checked at the next call.
-        assert not router.budgets.budget(team.id).warned
+        assert not router.store.budget(team.id).warned
         turns[sub.display_name].record_usage(model="m", prompt_tokens=7000, completion_tokens=0)
         with pytest.raises(BudgetExhaustedError, match="tokens"):
             turns[sub.display_name].charge_model_call()
@@ -240,7 +240,7 @@ def test_concurrent_checks_never_pass_the_limit(router: Router) -> None:
     for t in threads:
         t.join()
     assert len(granted) == 20
-    assert router.budgets.budget(team.id).used[BudgetName.MODEL_CALLS] == 20
+    assert router.store.budget(team.id).used[BudgetName.MODEL_CALLS] == 20
     assert len(events(router, team.id, LedgerAction.BUDGET_EXHAUSTED)) == 1
 
 
@@ -264,4 +264,4 @@ def test_the_lead_reads_why_create_sub_agent_was_refused(router: Router) -> None
     assert results[2]["reason"] == "budget_exhausted"
     assert "2 sub-agents active at once" in results[2]["error"]
     assert len(router.agents(team.id)) == 3  # the lead and two sub-agents
-    assert router.budgets.budget(team.id).exhausted is None  # the team goes on
+    assert router.store.budget(team.id).exhausted is None  # the team goes on

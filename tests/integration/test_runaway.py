@@ -154,7 +154,7 @@ def test_ping_pong_stops_at_its_budget_across_two_workers(
     settle(router, team.id)
 
     ledger = router.ledger(team.id)
-    budget = router.budgets.budget(team.id)
+    budget = router.store.budget(team.id)
     calls = [e for e in ledger if e.action is LedgerAction.MODEL_CALL]
     spent = [e.detail for e in ledger if e.action is LedgerAction.BUDGET_EXHAUSTED]
     warnings = [e.detail for e in ledger if e.action is LedgerAction.BUDGET_WARNING]
@@ -183,7 +183,7 @@ def test_ping_pong_stops_at_its_budget_across_two_workers(
     assert budget.usage.model_calls == LIMIT
     assert len(model.sent) == len(calls) == LIMIT
     # Usage summed per agent and per team is what the server reported, priced by the table.
-    by_agent = router.budgets.usage_by_agent(team.id)
+    by_agent = router.store.reads.usage_by_agent(team.id)
     names = {a.id: a.role for a in router.agents(team.id)}
     for agent_id, got in by_agent.items():
         mine = [u for role, u in model.sent if role == names[agent_id]]

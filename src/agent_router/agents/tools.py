@@ -284,7 +284,7 @@ def _create_sub_agent(roles: RoleCatalogue) -> ToolFunction:
         if len(task.encode("utf-8", "surrogatepass")) > ctx.settings.max_content_bytes:
             raise ToolError("`task` is larger than the message limit", reason="too_large")
         # The team's sub-agent budgets (created, active at once): a refusal is this result.
-        ctx.router.budgets.charge_sub_agent(ctx.turn.team_id, role_name)
+        ctx.router.store.charge_sub_agent(ctx.turn.team_id, role_name)
         # One transaction: a crash between the two cannot leave a sub-agent without its task.
         agent, delivery = ctx.router.create_agent_with_task(
             ctx.turn.team_id,

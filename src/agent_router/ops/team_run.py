@@ -178,7 +178,7 @@ def result_of(router: Router, team_id: int, *, is_settled: bool) -> RunResult:
         for e in router.store.reads.transcript(lead.id)
         if e.get("role") == "assistant" and e.get("content")
     ]
-    budget = router.budgets.budget(team_id)
+    budget = router.store.budget(team_id)
     return RunResult(
         budget_exhausted=budget.exhausted.value if budget.exhausted else None,
         usage=budget.usage,

@@ -12,7 +12,7 @@ The first check that finds a budget spent marks the team ``exhausted`` with that
 and writes one ``budget_exhausted`` ledger event; the caller then stops the team. The first
 check that finds a budget past ``budget_warning_ratio`` of its limit writes one
 ``budget_warning`` event and the caller tells the agents to wrap up. An operator's new limits
-(:meth:`Budgets.set_limits`) clear the mark when nothing is spent any more.
+(:func:`set_limits`) clear the mark when nothing is spent any more.
 
 Usage of every model call is a ``ar_model_calls`` row (tokens, cost, turn, agent) and a
 ``model_call`` ledger event; the team totals are kept on the budget row.
@@ -20,10 +20,9 @@ Usage of every model call is a ``ar_model_calls`` row (tokens, cost, turn, agent
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -42,9 +41,6 @@ from agent_router.domain import (
 from agent_router.settings import Settings
 from agent_router.store.models import AgentRow, BudgetRow, ModelCallRow, TeamRow, utcnow
 from agent_router.store.tx import Tx
-
-if TYPE_CHECKING:
-    from agent_router.store.store import Store
 
 #: Costs are stored in nano-dollars (1e-9 USD): integer sums, no rounding drift.
 NANO = 1_000_000_000
@@ -110,302 +106,279 @@ def _used(row: BudgetRow, name: BudgetName, now: datetime, sub_agents: tuple[int
     return created if name is BudgetName.SUB_AGENTS_CREATED else active
 
 
-class Budgets:
-    """The budget and usage transitions of a :class:`~agent_router.store.store.Store`."""
+def _row(tx: Tx, team_id: int) -> BudgetRow:
+    """The team's budget row, locked; made from the defaults if the team has none yet (a team
+    created before budgets existed)."""
+    session = tx.session
+    stmt = sa.select(BudgetRow).where(BudgetRow.team_id == team_id).with_for_update()
+    row = session.scalars(stmt).one_or_none()
+    if row is not None:
+        return row
+    created = session.scalar(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
+    if created is None:
+        raise errors.UnknownTeamError(f"no team with id {team_id}")
+    values = _new_row(team_id, created, default_limits(tx.settings))
+    insert = (sqlite if tx.settings.is_sqlite else postgresql).insert(BudgetRow)
+    session.execute(insert.values(**values).on_conflict_do_nothing())
+    return session.scalars(stmt.execution_options(populate_existing=True)).one()
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self.settings = store.settings
 
-    # ------------------------------------------------------------------ plumbing
+def _new_row(
+    team_id: int, started_at: datetime, limits: Mapping[BudgetName, float | None]
+) -> dict[str, Any]:
+    values: dict[str, Any] = {"team_id": team_id, "started_at": started_at}
+    for name, column in _LIMIT_COLUMNS.items():
+        values[column] = _stored(name, limits.get(name))
+    wall = values["max_wall_seconds"]
+    values["deadline_at"] = None if wall is None else started_at + timedelta(seconds=wall)
+    for column in ("model_calls", "turns", "prompt_tokens", "completion_tokens"):
+        values[column] = 0
+    values.update(cached_tokens=0, cost_nano=0, warned=False, exhausted=None)
+    return values
 
-    @contextmanager
-    def _tx(self) -> Iterator[Tx]:
-        with self._store._tx() as tx:
-            yield tx
 
-    def _row(self, session: Session, team_id: int) -> BudgetRow:
-        """The team's budget row, locked; made from the defaults if the team has none yet."""
-        stmt = sa.select(BudgetRow).where(BudgetRow.team_id == team_id).with_for_update()
-        row = session.scalars(stmt).one_or_none()
-        if row is not None:
-            return row
-        created = session.scalar(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
-        if created is None:
-            raise errors.UnknownTeamError(f"no team with id {team_id}")
-        values = self._new_row(team_id, created, default_limits(self.settings))
-        insert = (postgresql if not self.settings.is_sqlite else sqlite).insert(BudgetRow)
-        session.execute(insert.values(**values).on_conflict_do_nothing())
-        return session.scalars(stmt.execution_options(populate_existing=True)).one()
+def _sub_agents(tx: Tx, team_id: int) -> tuple[int, int]:
+    """Sub-agents ever created, and those not terminated."""
+    base = sa.select(sa.func.count()).where(
+        AgentRow.team_id == team_id, AgentRow.is_lead.is_(False)
+    )
+    created = tx.session.scalar(base) or 0
+    active = tx.session.scalar(base.where(AgentRow.state != AgentState.TERMINATED)) or 0
+    return created, active
 
-    @staticmethod
-    def _new_row(
-        team_id: int, started_at: datetime, limits: Mapping[BudgetName, float | None]
-    ) -> dict[str, Any]:
-        values: dict[str, Any] = {"team_id": team_id, "started_at": started_at}
-        for name, column in _LIMIT_COLUMNS.items():
-            values[column] = _stored(name, limits.get(name))
-        wall = values["max_wall_seconds"]
-        values["deadline_at"] = None if wall is None else started_at + timedelta(seconds=wall)
-        for column in ("model_calls", "turns", "prompt_tokens", "completion_tokens"):
-            values[column] = 0
-        values.update(cached_tokens=0, cost_nano=0, warned=False, exhausted=None)
-        return values
 
-    @staticmethod
-    def _sub_agents(session: Session, team_id: int) -> tuple[int, int]:
-        """Sub-agents ever created, and those not terminated."""
-        base = sa.select(sa.func.count()).where(
-            AgentRow.team_id == team_id, AgentRow.is_lead.is_(False)
-        )
-        created = session.scalar(base) or 0
-        active = session.scalar(base.where(AgentRow.state != AgentState.TERMINATED)) or 0
-        return created, active
+def _spent(row: BudgetRow, now: datetime, *, turns: bool = True) -> BudgetName | None:
+    """The first team-stopping budget with nothing left. The turn budget is checked only when a
+    turn starts (a turn that started may make its model calls)."""
+    for name in sorted(TEAM_STOPPING_BUDGETS):
+        limit = _limit(row, name)
+        if limit is None or (name is BudgetName.TURNS and not turns):
+            continue
+        if _used(row, name, now, (0, 0)) >= limit:
+            return name
+    return None
 
-    @staticmethod
-    def _spent(row: BudgetRow, now: datetime, *, turns: bool = True) -> BudgetName | None:
-        """The first team-stopping budget with nothing left. The turn budget is checked only
-        when a turn starts (a turn that started may make its model calls)."""
-        for name in sorted(TEAM_STOPPING_BUDGETS):
-            limit = _limit(row, name)
-            if limit is None or (name is BudgetName.TURNS and not turns):
-                continue
-            if _used(row, name, now, (0, 0)) >= limit:
-                return name
+
+def _warn(tx: Tx, row: BudgetRow, now: datetime, **ids: Any) -> BudgetName | None:
+    """Once per team (until its limits change): the budget past the warning threshold."""
+    if row.warned:
         return None
-
-    def _after(self, tx: Tx, row: BudgetRow, now: datetime, **ids: Any) -> BudgetName | None:
-        """Once per team (until limits change): the budget past the warning threshold."""
-        if row.warned:
-            return None
-        ratio = self.settings.budget_warning_ratio
-        for name in sorted(TEAM_STOPPING_BUDGETS):
-            limit = _limit(row, name)
-            used = _used(row, name, now, (0, 0))
-            if limit is not None and used >= ratio * limit:
-                row.warned = True
-                tx.ledger(
-                    LedgerAction.BUDGET_WARNING,
-                    team_id=row.team_id,
-                    budget=name.value,
-                    used=used,
-                    limit=limit,
-                    **ids,
-                )
-                return name
-        return None
-
-    def _check(
-        self, tx: Tx, row: BudgetRow, now: datetime, spent: BudgetName, **ids: Any
-    ) -> BudgetCheck:
-        newly = row.exhausted is None
-        if newly:
-            row.exhausted = spent
+    ratio = tx.settings.budget_warning_ratio
+    for name in sorted(TEAM_STOPPING_BUDGETS):
+        limit = _limit(row, name)
+        used = _used(row, name, now, (0, 0))
+        if limit is not None and used >= ratio * limit:
+            row.warned = True
             tx.ledger(
-                LedgerAction.BUDGET_EXHAUSTED,
+                LedgerAction.BUDGET_WARNING,
                 team_id=row.team_id,
-                budget=spent.value,
-                used=_used(row, spent, now, (0, 0)),
-                limit=_limit(row, spent),
+                budget=name.value,
+                used=used,
+                limit=limit,
                 **ids,
             )
-        return BudgetCheck(ok=False, exhausted=row.exhausted, newly_exhausted=newly)
+            return name
+    return None
 
-    # ------------------------------------------------------------------ transitions
 
-    def create(self, team_id: int, limits: Mapping[BudgetName, float | None] | None) -> None:
-        """The team's budget row: the defaults, with ``limits`` overriding some of them."""
-        merged = default_limits(self.settings) | dict(limits or {})
-        with self._tx() as tx:
-            session = tx.session
-            created = session.scalar(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
-            if created is None:
-                raise errors.UnknownTeamError(f"no team with id {team_id}")
-            session.add(BudgetRow(**self._new_row(team_id, created, merged)))
-
-    def charge_turn(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
-        """A turn starts: refused when any team budget is spent, else counted."""
-        ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
-        with self._tx() as tx:
-            session = tx.session
-            row, now = self._row(session, team_id), utcnow()
-            spent = row.exhausted or self._spent(row, now)
-            if spent is not None:
-                return self._check(tx, row, now, spent, **ids)
-            row.turns += 1
-            return BudgetCheck(ok=True, warn=self._after(tx, row, now, **ids))
-
-    def charge_model_call(self, team_id: int, agent_id: int, turn_id: int | None) -> BudgetCheck:
-        """A model call is about to be made: refused when a budget is spent, else counted."""
-        ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
-        with self._tx() as tx:
-            session = tx.session
-            row, now = self._row(session, team_id), utcnow()
-            spent = row.exhausted or self._spent(row, now, turns=False)
-            if spent is not None:
-                return self._check(tx, row, now, spent, **ids)
-            row.model_calls += 1
-            return BudgetCheck(ok=True, warn=self._after(tx, row, now, **ids))
-
-    def record_usage(
-        self,
-        team_id: int,
-        agent_id: int,
-        turn_id: int | None,
-        *,
-        model: str | None,
-        usage: TokenUsage,
-        estimated: bool,
-    ) -> BudgetCheck:
-        """One model call's usage: a row per call, the team's totals, one ledger event."""
-        ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
-        cost_nano = round(usage.cost_usd * NANO)
-        with self._tx() as tx:
-            session = tx.session
-            row, now = self._row(session, team_id), utcnow()
-            row.prompt_tokens += usage.prompt_tokens
-            row.completion_tokens += usage.completion_tokens
-            row.cached_tokens += usage.cached_tokens
-            row.cost_nano += cost_nano
-            session.add(
-                ModelCallRow(
-                    team_id=team_id,
-                    agent_id=agent_id,
-                    turn_id=turn_id,
-                    model=model,
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    cached_tokens=usage.cached_tokens,
-                    cost_nano=cost_nano,
-                    estimated=estimated,
-                    created_at=now,
-                )
-            )
-            tx.ledger(
-                LedgerAction.MODEL_CALL,
-                team_id=team_id,
-                model=model,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                cached_tokens=usage.cached_tokens,
-                cost_usd=cost_nano / NANO,
-                estimated=estimated,
-                **ids,
-            )
-            return BudgetCheck(ok=True, warn=self._after(tx, row, now, **ids))
-
-    def charge_sub_agent(self, team_id: int, role: str) -> None:
-        """Before a sub-agent is created: refused with :class:`BudgetExhaustedError` (and a
-        ``budget_refused`` event) when the team has created or has active as many as its
-        limits allow. Nothing else stops: the lead reads why in its tool result."""
-        with self._tx() as tx:
-            session = tx.session
-            row, now = self._row(session, team_id), utcnow()
-            counts = self._sub_agents(session, team_id)
-            full = None
-            for name in (BudgetName.SUB_AGENTS_CREATED, BudgetName.SUB_AGENTS_ACTIVE):
-                limit = _limit(row, name)
-                if limit is not None and _used(row, name, now, counts) >= limit:
-                    full = (name, limit, _used(row, name, now, counts))
-                    break
-        if full is None:
-            return
-        name, limit, used = full
-        self._store._write_ledger(
-            LedgerAction.BUDGET_REFUSED, team_id=team_id, budget=name.value, limit=limit,
-            used=used, role=role,
-        )  # fmt: skip
-        what = "created" if name is BudgetName.SUB_AGENTS_CREATED else "active at once"
-        raise errors.BudgetExhaustedError(
-            f"the team's budget of {int(limit)} sub-agents {what} is spent ({int(used)}): "
-            "no new sub-agent"
-            + (" (terminate one that is done first)" if what != "created" else ""),
-            budget=name.value,
-        )
-
-    def set_limits(
-        self, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str
-    ) -> Budget:
-        """An operator's new limits (``None``: unlimited; budgets not named keep theirs). The
-        warning may be given again; a team stopped by a budget that is no longer spent may go
-        on (``exhausted`` cleared)."""
-        with self._tx() as tx:
-            session = tx.session
-            row, now = self._row(session, team_id), utcnow()
-            for name, value in limits.items():
-                setattr(row, _LIMIT_COLUMNS[name], _stored(name, value))
-            wall = row.max_wall_seconds
-            row.deadline_at = None if wall is None else row.started_at + timedelta(seconds=wall)
-            row.warned = False
-            before = row.exhausted
-            if row.exhausted is not None and self._spent(row, now) is None:
-                row.exhausted = None
-            tx.ledger(
-                LedgerAction.BUDGET_CHANGED,
-                team_id=team_id,
-                by=by,
-                limits={n.value: v for n, v in limits.items()},
-                was_exhausted=before.value if before else None,
-                exhausted=row.exhausted.value if row.exhausted else None,
-            )
-            return self._budget(session, row, now)
-
-    # ------------------------------------------------------------------ reads
-
-    def budget(self, team_id: int) -> Budget:
-        with self._tx() as tx:
-            session = tx.session
-            return self._budget(session, self._row(session, team_id), utcnow())
-
-    def _budget(self, session: Session, row: BudgetRow, now: datetime) -> Budget:
-        counts = self._sub_agents(session, row.team_id)
-        return Budget(
+def _refused(tx: Tx, row: BudgetRow, now: datetime, spent: BudgetName, **ids: Any) -> BudgetCheck:
+    newly = row.exhausted is None
+    if newly:
+        row.exhausted = spent
+        tx.ledger(
+            LedgerAction.BUDGET_EXHAUSTED,
             team_id=row.team_id,
-            limits={name: _limit(row, name) for name in BudgetName},
-            used={name: _used(row, name, now, counts) for name in BudgetName},
-            usage=TokenUsage(
-                model_calls=row.model_calls,
-                prompt_tokens=row.prompt_tokens,
-                completion_tokens=row.completion_tokens,
-                cached_tokens=row.cached_tokens,
-                cost_usd=row.cost_nano / NANO,
+            budget=spent.value,
+            used=_used(row, spent, now, (0, 0)),
+            limit=_limit(row, spent),
+            **ids,
+        )
+    return BudgetCheck(ok=False, exhausted=row.exhausted, newly_exhausted=newly)
+
+
+# ---------------------------------------------------------------------------- transitions
+
+
+def create(tx: Tx, team_id: int, limits: Mapping[BudgetName, float | None] | None) -> None:
+    """The team's budget row: the defaults, with ``limits`` overriding some of them."""
+    merged = default_limits(tx.settings) | dict(limits or {})
+    created = tx.session.scalar(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
+    if created is None:
+        raise errors.UnknownTeamError(f"no team with id {team_id}")
+    tx.session.add(BudgetRow(**_new_row(team_id, created, merged)))
+
+
+def charge_turn(tx: Tx, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+    """A turn starts: refused when any team budget is spent, else counted."""
+    ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
+    row, now = _row(tx, team_id), utcnow()
+    spent = row.exhausted or _spent(row, now)
+    if spent is not None:
+        return _refused(tx, row, now, spent, **ids)
+    row.turns += 1
+    return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
+
+
+def charge_model_call(tx: Tx, team_id: int, agent_id: int, turn_id: int | None) -> BudgetCheck:
+    """A model call is about to be made: refused when a budget is spent, else counted."""
+    ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
+    row, now = _row(tx, team_id), utcnow()
+    spent = row.exhausted or _spent(row, now, turns=False)
+    if spent is not None:
+        return _refused(tx, row, now, spent, **ids)
+    row.model_calls += 1
+    return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
+
+
+def record_usage(
+    tx: Tx,
+    team_id: int,
+    agent_id: int,
+    turn_id: int | None,
+    *,
+    model: str | None,
+    usage: TokenUsage,
+    estimated: bool,
+) -> BudgetCheck:
+    """One model call's usage: a row per call, the team's totals, one ledger event."""
+    ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
+    cost_nano = round(usage.cost_usd * NANO)
+    row, now = _row(tx, team_id), utcnow()
+    row.prompt_tokens += usage.prompt_tokens
+    row.completion_tokens += usage.completion_tokens
+    row.cached_tokens += usage.cached_tokens
+    row.cost_nano += cost_nano
+    tx.session.add(
+        ModelCallRow(
+            team_id=team_id,
+            agent_id=agent_id,
+            turn_id=turn_id,
+            model=model,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            cost_nano=cost_nano,
+            estimated=estimated,
+            created_at=now,
+        )
+    )
+    tx.ledger(
+        LedgerAction.MODEL_CALL,
+        team_id=team_id,
+        model=model,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        cost_usd=cost_nano / NANO,
+        estimated=estimated,
+        **ids,
+    )
+    return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
+
+
+def charge_sub_agent(tx: Tx, team_id: int, role: str) -> None:
+    """Before a sub-agent is created: refused with :class:`BudgetExhaustedError` (and a
+    ``budget_refused`` event) when the team has created, or has active, as many as its limits
+    allow. Nothing else stops: the lead reads why in its tool result."""
+    row, now = _row(tx, team_id), utcnow()
+    counts = _sub_agents(tx, team_id)
+    for name in (BudgetName.SUB_AGENTS_CREATED, BudgetName.SUB_AGENTS_ACTIVE):
+        limit, used = _limit(row, name), _used(row, name, now, counts)
+        if limit is None or used < limit:
+            continue
+        what = "created" if name is BudgetName.SUB_AGENTS_CREATED else "active at once"
+        hint = " (terminate one that is done first)" if what != "created" else ""
+        raise tx.refuse(
+            errors.BudgetExhaustedError(
+                f"the team's budget of {int(limit)} sub-agents {what} is spent ({int(used)}): "
+                f"no new sub-agent{hint}",
+                budget=name.value,
             ),
-            warned=row.warned,
-            exhausted=row.exhausted,
-            started_at=row.started_at,
+            LedgerAction.BUDGET_REFUSED,
+            team_id=team_id,
+            budget=name.value,
+            limit=limit,
+            used=used,
+            role=role,
         )
 
-    def usage_by_agent(self, team_id: int) -> dict[int, TokenUsage]:
-        """Usage summed per agent id (agents that made no call are absent)."""
-        return self._sums(ModelCallRow.team_id == team_id, ModelCallRow.agent_id)
 
-    def usage_by_turn(self, agent_id: int) -> dict[int, TokenUsage]:
-        """Usage summed per turn id of one agent."""
-        return self._sums(ModelCallRow.agent_id == agent_id, ModelCallRow.turn_id)
+def set_limits(
+    tx: Tx, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str
+) -> Budget:
+    """An operator's new limits (``None``: unlimited; budgets not named keep theirs). The warning
+    may be given again; a team stopped by a budget that is no longer spent may go on
+    (``exhausted`` cleared)."""
+    row, now = _row(tx, team_id), utcnow()
+    for name, value in limits.items():
+        setattr(row, _LIMIT_COLUMNS[name], _stored(name, value))
+    wall = row.max_wall_seconds
+    row.deadline_at = None if wall is None else row.started_at + timedelta(seconds=wall)
+    row.warned = False
+    before = row.exhausted
+    if row.exhausted is not None and _spent(row, now) is None:
+        row.exhausted = None
+    tx.ledger(
+        LedgerAction.BUDGET_CHANGED,
+        team_id=team_id,
+        by=by,
+        limits={n.value: v for n, v in limits.items()},
+        was_exhausted=before.value if before else None,
+        exhausted=row.exhausted.value if row.exhausted else None,
+    )
+    return _budget(tx, row, now)
 
-    def _sums(self, where: Any, key: Any) -> dict[int, TokenUsage]:
-        m = ModelCallRow
-        stmt = (
-            sa.select(
-                key,
-                sa.func.count(),
-                sa.func.sum(m.prompt_tokens),
-                sa.func.sum(m.completion_tokens),
-                sa.func.sum(m.cached_tokens),
-                sa.func.sum(m.cost_nano),
-            )
-            .where(where)
-            .group_by(key)
+
+def budget(tx: Tx, team_id: int) -> Budget:
+    """The team's limits and what it used."""
+    return _budget(tx, _row(tx, team_id), utcnow())
+
+
+def _budget(tx: Tx, row: BudgetRow, now: datetime) -> Budget:
+    counts = _sub_agents(tx, row.team_id)
+    return Budget(
+        team_id=row.team_id,
+        limits={name: _limit(row, name) for name in BudgetName},
+        used={name: _used(row, name, now, counts) for name in BudgetName},
+        usage=TokenUsage(
+            model_calls=row.model_calls,
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens,
+            cached_tokens=row.cached_tokens,
+            cost_usd=row.cost_nano / NANO,
+        ),
+        warned=row.warned,
+        exhausted=row.exhausted,
+        started_at=row.started_at,
+    )
+
+
+# ---------------------------------------------------------------------------- reads
+
+
+def usage_sums(session: Session, where: Any, key: Any) -> dict[int, TokenUsage]:
+    """Usage of model calls matching ``where``, summed per ``key`` (a column)."""
+    m = ModelCallRow
+    stmt = (
+        sa.select(
+            key,
+            sa.func.count(),
+            sa.func.sum(m.prompt_tokens),
+            sa.func.sum(m.completion_tokens),
+            sa.func.sum(m.cached_tokens),
+            sa.func.sum(m.cost_nano),
         )
-        with self._store._sessions() as session:
-            return {
-                int(k): TokenUsage(
-                    model_calls=int(n),
-                    prompt_tokens=int(p),
-                    completion_tokens=int(c),
-                    cached_tokens=int(cached),
-                    cost_usd=int(cost) / NANO,
-                )
-                for k, n, p, c, cached, cost in session.execute(stmt)
-                if k is not None
-            }
+        .where(where)
+        .group_by(key)
+    )
+    return {
+        int(k): TokenUsage(
+            model_calls=int(n),
+            prompt_tokens=int(p),
+            completion_tokens=int(c),
+            cached_tokens=int(cached),
+            cost_usd=int(cost) / NANO,
+        )
+        for k, n, p, c, cached, cost in session.execute(stmt)
+        if k is not None
+    }

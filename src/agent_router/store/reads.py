@@ -26,15 +26,17 @@ from agent_router.domain import (
     Question,
     QuestionStatus,
     Team,
+    TokenUsage,
     TurnRecord,
     TurnStatus,
 )
-from agent_router.store import faults, queries, values
+from agent_router.store import budgets, faults, queries, values
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
     LedgerRow,
     MessageRow,
+    ModelCallRow,
     OutboxRow,
     QuestionRow,
     TeamRow,
@@ -50,6 +52,22 @@ class Reads:
     def __init__(self, sessions: sessionmaker[Session], engine: Engine) -> None:
         self._sessions = sessions
         self._engine = engine
+
+    @faults.wrapped_read
+    def usage_by_agent(self, team_id: int) -> dict[int, TokenUsage]:
+        """Model-call usage of a team summed per agent id (agents that made no call: absent)."""
+        with self._sessions() as session:
+            return budgets.usage_sums(
+                session, ModelCallRow.team_id == team_id, ModelCallRow.agent_id
+            )
+
+    @faults.wrapped_read
+    def usage_by_turn(self, agent_id: int) -> dict[int, TokenUsage]:
+        """Model-call usage of one agent summed per turn id."""
+        with self._sessions() as session:
+            return budgets.usage_sums(
+                session, ModelCallRow.agent_id == agent_id, ModelCallRow.turn_id
+            )
 
     @faults.wrapped_read
     def team(self, team_id: int) -> Team:

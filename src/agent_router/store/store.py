@@ -11,7 +11,7 @@ the publisher the router installs (:meth:`Store.set_publisher`). Read views are 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -27,6 +27,9 @@ from agent_router.domain import (
     Agent,
     AgentState,
     BackgroundJob,
+    Budget,
+    BudgetCheck,
+    BudgetName,
     Delivery,
     EndOfTurn,
     LedgerAction,
@@ -36,11 +39,22 @@ from agent_router.domain import (
     Question,
     RouteOutcome,
     Team,
+    TokenUsage,
     TurnRecord,
     TurnStatus,
 )
 from agent_router.settings import Settings
-from agent_router.store import agents, faults, jobs, lifecycle, recovery, routing, turns, waits
+from agent_router.store import (
+    agents,
+    budgets,
+    faults,
+    jobs,
+    lifecycle,
+    recovery,
+    routing,
+    turns,
+    waits,
+)
 from agent_router.store.engine import make_engine
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
@@ -396,6 +410,59 @@ class Store:
             ).all()
             conn.commit()
         return len(rows)
+
+    # ------------------------------------------------------------------ budgets and usage
+
+    @faults.retrying
+    def create_budget(
+        self, team_id: int, limits: Mapping[BudgetName, float | None] | None = None
+    ) -> None:
+        with self._tx() as tx:
+            budgets.create(tx, team_id, limits)
+
+    @faults.retrying
+    def charge_turn(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+        with self._tx() as tx:
+            return budgets.charge_turn(tx, team_id, agent_id, turn_id)
+
+    @faults.retrying
+    def charge_model_call(self, team_id: int, agent_id: int, turn_id: int | None) -> BudgetCheck:
+        with self._tx() as tx:
+            return budgets.charge_model_call(tx, team_id, agent_id, turn_id)
+
+    @faults.retrying
+    def record_usage(
+        self,
+        team_id: int,
+        agent_id: int,
+        turn_id: int | None,
+        *,
+        model: str | None,
+        usage: TokenUsage,
+        estimated: bool,
+    ) -> BudgetCheck:
+        with self._tx() as tx:
+            return budgets.record_usage(
+                tx, team_id, agent_id, turn_id, model=model, usage=usage, estimated=estimated
+            )
+
+    @faults.retrying
+    def charge_sub_agent(self, team_id: int, role: str) -> None:
+        with self._tx() as tx:
+            budgets.charge_sub_agent(tx, team_id, role)
+
+    @faults.retrying
+    def set_limits(
+        self, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str
+    ) -> Budget:
+        with self._tx() as tx:
+            return budgets.set_limits(tx, team_id, limits, by=by)
+
+    @faults.retrying
+    def budget(self, team_id: int) -> Budget:
+        """A team's limits and usage (a locked read: the row is made if the team has none)."""
+        with self._tx() as tx:
+            return budgets.budget(tx, team_id)
 
     # ------------------------------------------------------------------ background jobs
 

@@ -121,7 +121,7 @@ def budget(  # noqa: PLR0917 - typer options
         if limits:
             state = set_limits(router, team, limits, by="operator (CLI)")
         else:
-            state = router.budgets.budget(team)
+            state = router.store.budget(team)
     if as_json:
         print(json.dumps(budget_record(state)))
     else:

@@ -30,7 +30,6 @@ from agent_router.ops.cli.common import (
 from agent_router.ops.explain import LedgerTail
 from agent_router.router import Router
 from agent_router.store import utcnow
-from agent_router.store.budgets import Budgets
 
 #: How often ``ledger --follow`` reads new events.
 FOLLOW_POLL_SECONDS = 0.5
@@ -96,11 +95,10 @@ def status(  # noqa: PLR0917 - typer options
             after_id=after,
             limit=check.integer(limit, "--limit"),
         )
-        budgets = Budgets(store)
         usage: dict[int, TokenUsage] = {}
         for team_id in sorted({s.agent.team_id for s in statuses}):
-            usage |= budgets.usage_by_agent(team_id)
-        budget = budgets.budget(team) if team is not None and statuses else None
+            usage |= store.reads.usage_by_agent(team_id)
+        budget = store.budget(team) if team is not None and statuses else None
     if as_json:
         for s in statuses:
             print(
@@ -364,7 +362,7 @@ def inspect_agent(
     with _store(database_url) as store:
         agent = store.reads.agent(_team(team), check.name(name))
         entries = store.reads.transcript_entries(agent.id)
-        per_turn = Budgets(store).usage_by_turn(agent.id)
+        per_turn = store.reads.usage_by_turn(agent.id)
     if as_json:
         for e in entries:
             print(json.dumps(e, default=str))
