@@ -56,7 +56,7 @@ _ACTIVE = (AgentState.SCHEDULED, AgentState.RUNNING, AgentState.WAITING)
 def admit_turn(router: Router, turn: Turn) -> bool:
     """Count a claimed turn against the team's budgets; ``False`` (the turn already stopped)
     when a budget is spent."""
-    check = router.store.charge_turn(turn.team_id, turn.agent_id, turn.id)
+    check = router.store.charge(turn.team_id, turn.agent_id, turn.id, turn_start=True)
     _after(router, turn.team_id, check)
     if check.ok:
         return True
@@ -67,7 +67,7 @@ def admit_turn(router: Router, turn: Turn) -> bool:
 
 def charge_model_call(router: Router, turn: Turn) -> None:
     """Count a model call; raises :class:`BudgetExhaustedError` when a budget is spent."""
-    check = router.store.charge_model_call(turn.team_id, turn.agent_id, turn.id)
+    check = router.store.charge(turn.team_id, turn.agent_id, turn.id)
     _after(router, turn.team_id, check)
     if not check.ok:
         assert check.exhausted is not None

@@ -99,12 +99,11 @@ class Router:
         that runs the lead's turns (``name`` or ``name@queue``; default
         ``Settings.runners["Team Leader"]``, else the built-in loop). ``budget`` overrides some
         of the ``budget_*`` settings (``None``: unlimited)."""
-        team = self.store.create_team(
+        return self.store.create_team(
             lead_system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
             lead_runner=self._runner(LEAD_ROLE, lead_runner),
+            budget=budget,
         )
-        self.store.create_budget(team.id, budget)
-        return team
 
     def create_agent(
         self,

@@ -128,12 +128,19 @@ class Store:
 
     @faults.retrying
     def create_team(
-        self, *, lead_system_prompt: str | None = None, lead_runner: str | None = None
+        self,
+        *,
+        lead_system_prompt: str | None = None,
+        lead_runner: str | None = None,
+        budget: Mapping[BudgetName, float | None] | None = None,
     ) -> Team:
+        """A team, its lead and its budget row (the defaults, ``budget`` overriding some)."""
         with self._tx() as tx:
-            return agents.create_team(
+            team = agents.create_team(
                 tx, lead_system_prompt=lead_system_prompt, lead_runner=lead_runner
             )
+            budgets.create(tx, team.id, budget)
+            return team
 
     @faults.retrying
     def create_agent(
@@ -414,20 +421,14 @@ class Store:
     # ------------------------------------------------------------------ budgets and usage
 
     @faults.retrying
-    def create_budget(
-        self, team_id: int, limits: Mapping[BudgetName, float | None] | None = None
-    ) -> None:
+    def charge(
+        self, team_id: int, agent_id: int, turn_id: int, *, turn_start: bool = False
+    ) -> BudgetCheck:
+        """Count a turn starting (``turn_start``) or a model call against the team's budgets;
+        refused (nothing counted) when one is spent."""
         with self._tx() as tx:
-            budgets.create(tx, team_id, limits)
-
-    @faults.retrying
-    def charge_turn(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
-        with self._tx() as tx:
-            return budgets.charge_turn(tx, team_id, agent_id, turn_id)
-
-    @faults.retrying
-    def charge_model_call(self, team_id: int, agent_id: int, turn_id: int | None) -> BudgetCheck:
-        with self._tx() as tx:
+            if turn_start:
+                return budgets.charge_turn(tx, team_id, agent_id, turn_id)
             return budgets.charge_model_call(tx, team_id, agent_id, turn_id)
 
     @faults.retrying

@@ -101,6 +101,11 @@ class PrometheusHooks(RouterHooks):
             ["kind"],
             registry=registry,
         )
+        self._usage_counters(registry)
+        self._zero_labels()
+
+    def _usage_counters(self, registry: CollectorRegistry) -> None:
+        """Model calls, tokens and cost per model; teams stopped per budget."""
         self.model_calls = Counter(
             "agent_router_model_calls",
             "Model calls whose usage was recorded, by model.",
@@ -126,7 +131,6 @@ class PrometheusHooks(RouterHooks):
             ["budget"],
             registry=registry,
         )
-        self._zero_labels()
 
     def _zero_labels(self) -> None:
         """Every label value exists from the start at 0, so that rate() and alerts see a

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from agent_router import errors
 from agent_router import validation as check
-from agent_router.domain import AgentState, AgentStatus, TokenUsage
+from agent_router.domain import AgentState, AgentStatus, Budget, TokenUsage
 from agent_router.ops.cli.budgets import print_budget
 from agent_router.ops.cli.common import (
     DatabaseUrlOption,
@@ -29,7 +29,7 @@ from agent_router.ops.cli.common import (
 )
 from agent_router.ops.explain import LedgerTail
 from agent_router.router import Router
-from agent_router.store import utcnow
+from agent_router.store import Store, utcnow
 
 #: How often ``ledger --follow`` reads new events.
 FOLLOW_POLL_SECONDS = 0.5
@@ -95,10 +95,7 @@ def status(  # noqa: PLR0917 - typer options
             after_id=after,
             limit=check.integer(limit, "--limit"),
         )
-        usage: dict[int, TokenUsage] = {}
-        for team_id in sorted({s.agent.team_id for s in statuses}):
-            usage |= store.reads.usage_by_agent(team_id)
-        budget = store.budget(team) if team is not None and statuses else None
+        usage, budget = _usage_of(store, statuses, team)
     if as_json:
         for s in statuses:
             print(
@@ -137,6 +134,16 @@ def status(  # noqa: PLR0917 - typer options
         print_budget(console, budget)
 
 
+def _usage_of(
+    store: Store, statuses: list[AgentStatus], team: int | None
+) -> tuple[dict[int, TokenUsage], Budget | None]:
+    """Usage per agent id of the teams listed, and the budget of the team asked for."""
+    usage: dict[int, TokenUsage] = {}
+    for team_id in sorted({s.agent.team_id for s in statuses}):
+        usage |= store.reads.usage_by_agent(team_id)
+    return usage, store.budget(team) if team is not None and statuses else None
+
+
 def _usage_line(usages: list[TokenUsage]) -> str:
     calls = sum(u.model_calls for u in usages)
     tokens = sum(u.total_tokens for u in usages)
@@ -151,6 +158,12 @@ def _print_usage(console: Console, per_turn: dict[int, TokenUsage]) -> None:
         f"usage: {total.model_calls} model calls, {total.prompt_tokens} prompt "
         f"({total.cached_tokens} cached) + {total.completion_tokens} completion tokens, "
         f"${total.cost_usd:.6f}"
+    )
+
+
+def _turn_usage(turn_id: int | None, u: TokenUsage) -> str:
+    return (
+        f"turn {turn_id}: {u.model_calls} model calls, {u.total_tokens} tokens, ${u.cost_usd:.6f}"
     )
 
 
@@ -380,11 +393,7 @@ def inspect_agent(
     for e in entries:
         if e["turn_id"] != turn_seen and e["turn_id"] in per_turn:
             turn_seen = e["turn_id"]
-            u = per_turn[e["turn_id"]]
-            console.print(
-                Text(f"turn {turn_seen}: {u.model_calls} model calls, {u.total_tokens} tokens, "
-                     f"${u.cost_usd:.6f}", style="dim")
-            )  # fmt: skip
+            console.print(Text(_turn_usage(turn_seen, per_turn[turn_seen]), style="dim"))
         payload = e["payload"]
         head = Text(f"[{e['position']}] ", style="dim")
         head.append(payload.get("role", "?"), style="bold")
