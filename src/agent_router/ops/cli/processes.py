@@ -37,6 +37,8 @@ from agent_router.worker.celery_app import create_app
 from agent_router.worker.embedded import SweeperThread
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from agent_router.agents.roles import RoleCatalogue
     from agent_router.agents.toolbox import AgentTools
 
@@ -348,6 +350,48 @@ def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str
         raise typer.BadParameter(str(exc), param_hint="--mcp-server/--host-tools/--roles") from None
 
 
+WorkerBrokerUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--broker-url",
+        envvar="AGENT_ROUTER_BROKER_URL",
+        help="Broker the turn tasks come from: redis://... or amqp://..., the one the senders use.",
+        show_default=False,
+    ),
+]
+
+
+def _worker_settings(database_url: str | None, broker_url: str | None) -> Settings:
+    """The worker's settings, refused when no sender could reach it (memory://) or the
+    database lacks the router's schema; exported so that the runtime a task builds (from
+    ``Settings()``) sees the same database and broker."""
+    settings = _settings(database_url, broker_url)
+    if settings.broker_url.startswith("memory://"):
+        raise preflight.NotReadyError(
+            "a standalone worker on memory:// never receives work: that broker reaches only "
+            "the threads of the process that sends",
+            hint="set --broker-url (AGENT_ROUTER_BROKER_URL) to the redis:// or amqp:// broker "
+            "the senders use; `agent-router demo` and `run` need no worker",
+        )
+    preflight.database_ready(settings.database_url)
+    os.environ["AGENT_ROUTER_DATABASE_URL"] = settings.database_url
+    os.environ["AGENT_ROUTER_BROKER_URL"] = settings.broker_url
+    return settings
+
+
+def _serve_metrics(port: int, settings: Settings, celery: Celery) -> None:
+    from agent_router.worker import metrics
+
+    # The store is looked up at scrape time: the runtime is built by the first task.
+    metrics.serve(
+        port,
+        store=(lambda: runtime.current(celery).router.store)
+        if settings.metrics_cluster_gauges
+        else None,
+        addr=settings.metrics_address,
+    )
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @_one_line_errors
 def worker(  # noqa: PLR0917 - typer options
@@ -367,16 +411,7 @@ def worker(  # noqa: PLR0917 - typer options
         str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
     ] = "INFO",
     database_url: DatabaseUrlOption = None,
-    broker_url: Annotated[
-        str | None,
-        typer.Option(
-            "--broker-url",
-            envvar="AGENT_ROUTER_BROKER_URL",
-            help="Broker the turn tasks come from: redis://... or amqp://..., the one the "
-            "senders use.",
-            show_default=False,
-        ),
-    ] = None,
+    broker_url: WorkerBrokerUrlOption = None,
     supervise: Annotated[
         bool,
         typer.Option(
@@ -392,19 +427,8 @@ def worker(  # noqa: PLR0917 - typer options
     router's schema. With AGENT_ROUTER_METRICS_PORT set it serves its Prometheus counters on
     that port (AGENT_ROUTER_METRICS_ADDRESS, default 127.0.0.1). Further arguments go to
     `celery worker` as they are (e.g. --hostname=w1@%h)."""
-    settings = _settings(database_url, broker_url)
-    if settings.broker_url.startswith("memory://"):
-        raise preflight.NotReadyError(
-            "a standalone worker on memory:// never receives work: that broker reaches only "
-            "the threads of the process that sends",
-            hint="set --broker-url (AGENT_ROUTER_BROKER_URL) to the redis:// or amqp:// broker "
-            "the senders use; `agent-router demo` and `run` need no worker",
-        )
-    preflight.database_ready(settings.database_url)
-    # The runtime a task builds reads Settings() from the environment: the options go there.
-    os.environ["AGENT_ROUTER_DATABASE_URL"] = settings.database_url
-    os.environ["AGENT_ROUTER_BROKER_URL"] = settings.broker_url
-    if supervise:  # the child reads the options from the environment set above
+    settings = _worker_settings(database_url, broker_url)
+    if supervise:  # the child reads the options from the environment _worker_settings set
         from agent_router.ops.supervisor import supervise as run_supervised
 
         child = [sys.executable, "-m", "agent_router.ops.cli", "worker", "--no-supervise"]
@@ -415,16 +439,7 @@ def worker(  # noqa: PLR0917 - typer options
     # The sweeper on a timer in this worker (Settings.worker_sweeper), not only through beat.
     worker_sweeper.install(celery)
     if settings.metrics_port is not None:
-        from agent_router.worker import metrics
-
-        # The store is looked up at scrape time: the runtime is built by the first task.
-        metrics.serve(
-            settings.metrics_port,
-            store=(lambda: runtime.current(celery).router.store)
-            if settings.metrics_cluster_gauges
-            else None,
-            addr=settings.metrics_address,
-        )
+        _serve_metrics(settings.metrics_port, settings, celery)
     argv = [
         "worker",
         f"--pool={pool}",

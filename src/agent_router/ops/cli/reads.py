@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -95,26 +96,7 @@ def status(  # noqa: PLR0917 - typer options
         )
     if as_json:
         for s in statuses:
-            print(
-                json.dumps(
-                    {
-                        "team_id": s.agent.team_id,
-                        "agent_id": s.agent.id,
-                        "agent": s.agent.display_name,
-                        "role": s.agent.role,
-                        "state": s.agent.state.value,
-                        "suspended": s.agent.suspended,
-                        "epoch": s.agent.epoch,
-                        "mailbox_depth": s.agent.mailbox_depth,
-                        "open_questions": list(s.open_questions),
-                        "questions_to_answer": list(s.questions_to_answer),
-                        "turn_id": s.turn_id,
-                        "lease_expires_at": s.lease_expires_at.isoformat() + "Z"
-                        if s.lease_expires_at
-                        else None,
-                    }
-                )
-            )
+            print(json.dumps(_status_record(s)))
         return
     console = Console(highlight=False)
     teams = sorted({s.agent.team_id for s in statuses})
@@ -124,6 +106,24 @@ def status(  # noqa: PLR0917 - typer options
         console.print(_status_table(team_id, [s for s in statuses if s.agent.team_id == team_id]))
     if len(statuses) == limit:
         console.print(f"more: --after {statuses[-1].agent.id}")
+
+
+def _status_record(s: AgentStatus) -> dict[str, Any]:
+    """One agent's status as a JSON object (``status --json``)."""
+    return {
+        "team_id": s.agent.team_id,
+        "agent_id": s.agent.id,
+        "agent": s.agent.display_name,
+        "role": s.agent.role,
+        "state": s.agent.state.value,
+        "suspended": s.agent.suspended,
+        "epoch": s.agent.epoch,
+        "mailbox_depth": s.agent.mailbox_depth,
+        "open_questions": list(s.open_questions),
+        "questions_to_answer": list(s.questions_to_answer),
+        "turn_id": s.turn_id,
+        "lease_expires_at": s.lease_expires_at.isoformat() + "Z" if s.lease_expires_at else None,
+    }
 
 
 def _status_table(team_id: int, statuses: list[AgentStatus]) -> Table:
@@ -206,8 +206,42 @@ def ledger(  # noqa: PLR0917 - typer options
     ] = None,
 ) -> None:
     """The team's timeline: routing decisions (with outcomes) and turns, from the ledger."""
-    console = Console(highlight=False)
     reader_gone = threading.Event()  # stdout was closed (`ledger --follow | head -1`)
+    sink = _ledger_sink(
+        as_json=as_json, after=after, agents=agents, outcomes=outcomes, follow=follow,
+        reader_gone=reader_gone,
+    )  # fmt: skip
+    with _store(database_url) as store:
+        store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
+    router = Router(_settings(database_url))
+    tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
+    try:
+        if not follow:
+            tail.flush()
+            return
+        tail.start()
+        with contextlib.suppress(KeyboardInterrupt):
+            reader_gone.wait()
+    finally:
+        if follow:
+            tail.stop()
+        router.close()
+    if reader_gone.is_set():
+        raise BrokenPipeError  # ends quietly (see failures.run_quietly_on_broken_pipe)
+
+
+def _ledger_sink(
+    *,
+    as_json: bool,
+    after: int,
+    agents: list[str] | None,
+    outcomes: list[str] | None,
+    follow: bool,
+    reader_gone: threading.Event,
+) -> Callable[[dict[str, Any]], None]:
+    """Where the ledger's records go: filtered, then one JSON line or one rendered line each.
+    A reader that went away while following sets ``reader_gone`` instead of raising."""
+    console = Console(highlight=False)
 
     def sink(record: dict[str, Any]) -> None:
         if reader_gone.is_set() or record["id"] <= after:
@@ -226,23 +260,7 @@ def ledger(  # noqa: PLR0917 - typer options
                 raise
             reader_gone.set()  # the follower's thread stops printing; the command ends
 
-    with _store(database_url) as store:
-        store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
-    router = Router(_settings(database_url))
-    tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
-    try:
-        if not follow:
-            tail.flush()
-            return
-        tail.start()
-        with contextlib.suppress(KeyboardInterrupt):
-            reader_gone.wait()
-    finally:
-        if follow:
-            tail.stop()
-        router.close()
-    if reader_gone.is_set():
-        raise BrokenPipeError  # ends quietly (see failures.run_quietly_on_broken_pipe)
+    return sink
 
 
 inspect_app = typer.Typer(help="Look at one message or one agent's transcript, with provenance.")
