@@ -21,6 +21,7 @@ agents only.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -153,3 +154,12 @@ def _role(entry: Any, source: str) -> Role:
         tools=ToolDeclaration.from_table(entry, source=f"{source}: role {name!r}"),
         runner=runner,
     )
+
+
+#: The variable naming a roles file for worker processes (the CLI's ``--roles`` sets it too).
+ROLES_FILE_ENV = "AGENT_ROUTER_ROLES_FILE"
+
+
+def roles_from_env() -> RoleCatalogue:
+    """The roles file ``AGENT_ROUTER_ROLES_FILE`` names, or the shipped roles."""
+    return RoleCatalogue.from_file_or_default(os.environ.get(ROLES_FILE_ENV))

@@ -14,14 +14,13 @@ tools come from the roles file, ``AGENT_ROUTER_MCP_SERVERS`` and ``AGENT_ROUTER_
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent_router.agents.llm import Model, ModelFactory
-from agent_router.agents.roles import RoleCatalogue
+from agent_router.agents.roles import RoleCatalogue, roles_from_env
 from agent_router.domain import (
     RESTING_STATES,
     AgentState,
@@ -39,9 +38,6 @@ if TYPE_CHECKING:
     from agent_router.agents.toolbox import AgentTools
     from agent_router.domain import Agent
     from agent_router.worker.runtime import Runtime
-
-#: The variable naming a roles file for worker processes (the CLI's ``--roles`` sets it too).
-ROLES_FILE_ENV = "AGENT_ROUTER_ROLES_FILE"
 
 #: Agents in these states are done for now: nothing runs and nothing is scheduled for them.
 SETTLED_STATES = RESTING_STATES | {AgentState.TERMINATED}
@@ -76,10 +72,6 @@ def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
             return model
 
     return factory
-
-
-def roles_from_env() -> RoleCatalogue:
-    return RoleCatalogue.from_file_or_default(os.environ.get(ROLES_FILE_ENV))
 
 
 def openai_runtime(settings: Settings, app: Celery) -> Runtime:

@@ -259,7 +259,7 @@ def run(  # noqa: PLR0917 - typer options
     printing the live timeline. Exits non-zero if a turn failed or the team did not settle."""
     import os
 
-    from agent_router.agents.roles import RoleCatalogue
+    from agent_router.agents.roles import ROLES_FILE_ENV, RoleCatalogue
     from agent_router.ops import team_run
 
     memory = broker_url.startswith("memory://")
@@ -273,7 +273,7 @@ def run(  # noqa: PLR0917 - typer options
     except errors.ConfigurationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--roles") from None
     if roles is not None:
-        os.environ[team_run.ROLES_FILE_ENV] = str(roles)  # for this process's runtime factory
+        os.environ[ROLES_FILE_ENV] = str(roles)  # for this process's runtime factory
     tool_settings = Settings(host_tools=host_tools) if host_tools else Settings()
     tools = _agent_tools(tool_settings, catalogue, mcp_server or [])
     if list_tools:
