@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from agent_router.store.models import Base
 
-path = Path(__file__).parents[1] / "src/agent_router/migrations/versions/0001_initial_schema.py"
+path = Path(__file__).parents[1] / "src/agent_router/store/migrations/versions/0001_initial_schema.py"
 enums = {
     col.type.name: list(col.type.enums)
     for table in Base.metadata.tables.values()

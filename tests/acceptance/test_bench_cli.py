@@ -1,4 +1,4 @@
-"""`agent-router bench` as a user runs it: every figure of issue 8 on both backends, each beside
+"""`agent-router bench` as a user runs it: every published figure on both backends, each beside
 its floor, in the documented JSON form. Nothing here is timed: the figures are only checked to
 be there and consistent."""
 

@@ -1,4 +1,5 @@
-"""DESIGN section 1, row by row, through the public API, on SQLite and PostgreSQL."""
+"""The routing table (docs/design.md), row by row, through the public API, on SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table 
     [mcp_servers.time]         # optional: MCP servers roles may list (docs/tools.md)
     command = ["mcp-server-time", "--local-timezone", "UTC"]
 
-The seed's roles ship with the package (``roles.toml``). A sub-agent's system prompt is
-snapshotted into its transcript when it is created: editing the catalogue later changes new
-agents only.
+The demo's roles (UI Operator, Full-Stack Engineer) ship with the package (``roles.toml``). A
+sub-agent's system prompt is snapshotted into its transcript when it is created: editing the
+catalogue later changes new agents only.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class RoleCatalogue:
 
     @classmethod
     def default(cls) -> RoleCatalogue:
-        """The seed's roles, shipped with the package."""
+        """The roles shipped with the package (``roles.toml``)."""
         text = (
             resources.files("agent_router.agents")
             .joinpath(DEFAULT_ROLES_RESOURCE)

@@ -438,8 +438,8 @@ DO_WORK = Tool(
 
 
 def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
-    """The tools of DESIGN section 5. ``roles``: what ``create_sub_agent`` may create (default:
-    the shipped catalogue)."""
+    """The multi-agent tools (docs/design.md lists them). ``roles``: what ``create_sub_agent``
+    may create (default: the shipped catalogue)."""
     roles = roles if roles is not None else RoleCatalogue.default()
     role_names = [r.name for r in roles.sub_agent_roles()]
     role_schema: dict[str, Any] = _s("The role of the new sub-agent.")

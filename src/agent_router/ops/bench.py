@@ -1,5 +1,5 @@
-"""``agent-router bench``: the figures of DESIGN section 7, each printed beside a floor measured
-in the same run on the same machine.
+"""``agent-router bench``: the figures the project publishes (docs/benchmarks.md), each printed
+beside a floor measured in the same run on the same machine.
 
 Floors: one transaction that locks a row, inserts one and updates one (route); one Redis round
 trip plus the route of the waking answer (wake); one Celery round trip of a no-op task, sent, run

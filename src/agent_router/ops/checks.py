@@ -1,5 +1,5 @@
 """Invariant checks read back from the database: what the tests, the demo and the chaos run use
-to prove the guarantees of DESIGN section 3 held for a team."""
+to prove the guarantees (docs/design.md) held for a team."""
 
 from __future__ import annotations
 

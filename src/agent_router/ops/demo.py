@@ -1,8 +1,8 @@
-"""The seed's team, driven by tools through the seed's scenarios, explained from the ledger.
+"""The demo's team, driven by tools through the routing scenarios, explained from the ledger.
 
-The user gives the Team Leader instructions; the lead (a
-:class:`~agent_router.agents.llm.ScriptedModel`
-that turns the ``@tool {json}`` lines of an instruction into tool calls) staffs its team with
+The scenarios carry the numbers of docs/design.md, section 3 (3.1 to 3.5). The user gives the
+Team Leader instructions; the lead (a :class:`~agent_router.agents.llm.ScriptedModel` that turns
+the ``@tool {json}`` lines of an instruction into tool calls) staffs its team with
 ``create_sub_agent`` and relays everything with its tools. Then:
 
 - 3.1 the lead steers UI Operator_1 while it runs (``send_message_to_sub_agent``): the message is

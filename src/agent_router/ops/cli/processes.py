@@ -112,7 +112,7 @@ def demo(
         typer.Option(envvar="AGENT_ROUTER_DEMO_TIMEOUT", help="Seconds to wait for each step."),
     ] = 60.0,
 ) -> None:
-    """Run the seed's team through the routing scenarios and print a live timeline.
+    """Run the demo's team through the routing scenarios and print a live timeline.
 
     Exits non-zero if a scenario check or a guarantee (check_team) failed."""
     memory = broker_url.startswith("memory://")
@@ -193,7 +193,7 @@ def run(  # noqa: PLR0917 - typer options
         Path | None,
         typer.Option(
             envvar="AGENT_ROUTER_ROLES_FILE",
-            help="Roles catalogue (TOML). Default: the shipped seed roles.",
+            help="Roles catalogue (TOML). Default: the roles shipped with the package.",
         ),
     ] = None,
     database_url: Annotated[
