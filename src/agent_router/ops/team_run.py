@@ -27,7 +27,6 @@ from agent_router.domain import (
     LedgerAction,
     MessageType,
 )
-from agent_router.errors import AgentRouterError
 from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
 from agent_router.settings import Settings
@@ -41,10 +40,6 @@ if TYPE_CHECKING:
 
 #: Agents in these states are done for now: nothing runs and nothing is scheduled for them.
 SETTLED_STATES = RESTING_STATES | {AgentState.TERMINATED}
-
-
-class RunTimeoutError(AgentRouterError):
-    """Raised when the team did not settle within the run's timeout."""
 
 
 def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
