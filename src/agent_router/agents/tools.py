@@ -437,24 +437,25 @@ DO_WORK = Tool(
 )
 
 
-def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
-    """The multi-agent tools (docs/design.md lists them). ``roles``: what ``create_sub_agent``
-    may create (default: the shipped catalogue)."""
-    roles = roles if roles is not None else RoleCatalogue.default()
+def _create_sub_agent_tool(roles: RoleCatalogue) -> Tool:
     role_names = [r.name for r in roles.sub_agent_roles()]
     role_schema: dict[str, Any] = _s("The role of the new sub-agent.")
     if role_names:
         role_schema["enum"] = role_names
-    lead, sub = Audience.LEAD, Audience.SUB_AGENT
+    return Tool(
+        name="create_sub_agent",
+        description="Create a sub-agent of a role (display name '{Role}_{n}') and give it "
+        "its first task. Returns its display_name.",
+        parameters=_schema({"role": role_schema, "task": _s("The task, self-contained.")}),
+        function=_create_sub_agent(roles),
+        audience=Audience.LEAD,
+    )
+
+
+def _lead_steering_tools() -> list[Tool]:
+    """The lead's tools that act on a sub-agent: message, answer, stop, terminate."""
+    lead = Audience.LEAD
     return [
-        Tool(
-            name="create_sub_agent",
-            description="Create a sub-agent of a role (display name '{Role}_{n}') and give it "
-            "its first task. Returns its display_name.",
-            parameters=_schema({"role": role_schema, "task": _s("The task, self-contained.")}),
-            function=_create_sub_agent(roles),
-            audience=lead,
-        ),
         Tool(
             name="send_message_to_sub_agent",
             description="Send a message (guidance, a new task) to a sub-agent. A running "
@@ -487,6 +488,13 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
             function=_terminate_sub_agent,
             audience=lead,
         ),
+    ]
+
+
+def _lead_watching_tools() -> list[Tool]:
+    """The lead's tools that look at its sub-agents: status, list, wait for output."""
+    lead = Audience.LEAD
+    return [
         Tool(
             name="get_sub_agent_status",
             description="State of the named sub-agents (all of them for an empty list).",
@@ -519,6 +527,13 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
             function=_wait_sub_agent_output,
             audience=lead,
         ),
+    ]
+
+
+def _sub_agent_tools() -> list[Tool]:
+    """A sub-agent's tools: ask, answer, message and list the team."""
+    sub = Audience.SUB_AGENT
+    return [
         Tool(
             name="ask_master",
             description="Ask the Team Leader a question and wait for the answer (it becomes "
@@ -559,6 +574,18 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
             function=_list_agents,
             audience=sub,
         ),
+    ]
+
+
+def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
+    """The multi-agent tools (docs/design.md lists them). ``roles``: what ``create_sub_agent``
+    may create (default: the shipped catalogue)."""
+    roles = roles if roles is not None else RoleCatalogue.default()
+    return [
+        _create_sub_agent_tool(roles),
+        *_lead_steering_tools(),
+        *_lead_watching_tools(),
+        *_sub_agent_tools(),
     ]
 
 
