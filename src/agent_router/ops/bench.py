@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import sqlalchemy as sa
@@ -34,6 +34,9 @@ from agent_router.settings import Settings
 from agent_router.store import make_engine
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker, RedisWaker
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,8 +318,45 @@ class Bench:
             update={"queue": queue, "scripted_write_seconds": 0.25, "work_seconds": 0.0}
         )
         rt = runtime.configure(settings)
-        app = rt.app
-        started: dict[str, float] = {}
+        noop = _NoopTask(rt.app, queue)
+        n = max(20, self.samples // 5)
+        try:
+            with start_worker(
+                rt.app,
+                pool="threads",
+                concurrency=4,
+                perform_ping_check=False,
+                queues=[queue],
+                shutdown_timeout=30.0,
+            ):
+                floor = [noop.round_trip() for _ in range(n)]
+                ours = _turn_starts(rt.router, n)
+                p50 = _row(
+                    "turn start p50", self.backend, statistics.median(ours),
+                    statistics.median(floor), "ms",
+                )  # fmt: skip
+                p99 = _row(
+                    "turn start p99", self.backend, _pct(ours, 0.99), _pct(floor, 0.99), "ms"
+                )
+                turns = _burst_turns(rt.router)
+                noop.send_many(100)  # the baseline: one task per message
+                burst = _row("turns fired for a burst of 100", self.backend, turns, 100, "turns")
+                self.rows.extend([p50, p99, burst])
+        finally:
+            runtime.reset()
+            with rt.app.connection_for_write() as conn:
+                Queue(queue, channel=conn.default_channel).delete()
+
+
+class _NoopTask:
+    """A no-op Celery task on the bench's queue: the floor of turn start is one Celery round
+    trip of it."""
+
+    def __init__(self, app: Celery, queue: str) -> None:
+        self.app = app
+        self.queue = queue
+        self.started: dict[str, float] = {}
+        started = self.started
 
         # shared=False: Celery shares app.task tasks with every app by default, and a second
         # bench run in the process would reach the first run's closure.
@@ -324,88 +364,67 @@ class Bench:
         def noop(task: Any) -> None:
             started[task.request.id] = time.perf_counter()
 
-        router = rt.router
-        n = max(20, self.samples // 5)
-        try:
-            with start_worker(
-                app,
-                pool="threads",
-                concurrency=4,
-                perform_ping_check=False,
-                queues=[queue],
-                shutdown_timeout=30.0,
-            ):
-                # The floor is one Celery round trip: a no-op task sent, run, its result back
-                # (through the result backend; the embedded broker has none, so there the
-                # task's start, seen in this process, ends the trip).
-                floor: list[float] = []
-                for _ in range(n):
-                    sent = time.perf_counter()
-                    if app.conf.result_backend:
-                        noop.apply_async(queue=queue, ignore_result=False).get(timeout=30)
-                    else:
-                        task_id = noop.apply_async(queue=queue).id
-                        _until(partial(started.__contains__, task_id))
-                    floor.append((time.perf_counter() - sent) * 1000)
-                team = router.create_team()
-                agents = [router.create_agent(team.id, role="Bench") for _ in range(n)]
-                # The worker in this process tells when it claimed (a hook, no polling: a probe
-                # querying the database every millisecond would slow the very claim it watches).
-                clock = _ClaimClock()
-                assert isinstance(router.hooks, HookChain)  # Router always chains its hooks
-                router.hooks.hooks.insert(0, clock)  # before the task events: only the claim
-                ours: list[float] = []
-                for agent in agents:
-                    sent = time.perf_counter()
-                    router.send(team.id, to=agent.display_name, content="go", sender="user")
-                    ours.append((clock.wait(agent.id) - sent) * 1000)
-                    # The next sample starts with every worker slot free, as the floor's does.
-                    _until(partial(_team_resting, router, team.id))
-                self.rows.append(
-                    _row(
-                        "turn start p50",
-                        self.backend,
-                        statistics.median(ours),
-                        statistics.median(floor),
-                        "ms",
-                    )
-                )
-                self.rows.append(
-                    _row("turn start p99", self.backend, _pct(ours, 0.99), _pct(floor, 0.99), "ms")
-                )
-                # Burst: 100 messages to one idle agent, against one task per message.
-                burst_team = router.create_team()
-                router.create_agent(burst_team.id, role="Bench")
-                target = router.agent(burst_team.id, "Bench_1")
-                # As fast as the API takes them: eight senders at once.
-                with ThreadPoolExecutor(max_workers=8) as pool:
-                    list(
-                        pool.map(
-                            lambda k: router.send(
-                                burst_team.id, to="Bench_1", content=f"m{k}", sender="user"
-                            ),
-                            range(100),
-                        )
-                    )
-                _until(
-                    lambda: (
-                        router.agent(burst_team.id, "Bench_1").state.value == "completed"
-                        and router.agent(burst_team.id, "Bench_1").mailbox_depth == 0
-                    ),
-                    timeout=120,
-                )
-                turns = len(router.store.reads.turns(target.id))
-                before = len(started)
-                for _ in range(100):
-                    noop.apply_async(queue=queue)
-                _until(lambda: len(started) - before >= 100, timeout=120)
-                self.rows.append(
-                    _row("turns fired for a burst of 100", self.backend, turns, 100, "turns")
-                )
-        finally:
-            runtime.reset()
-            with app.connection_for_write() as conn:
-                Queue(queue, channel=conn.default_channel).delete()
+        self.task = noop
+
+    def round_trip(self) -> float:
+        """One no-op task sent, run, its result back (through the result backend; the embedded
+        broker has none, so there the task's start, seen in this process, ends the trip), ms."""
+        sent = time.perf_counter()
+        if self.app.conf.result_backend:
+            self.task.apply_async(queue=self.queue, ignore_result=False).get(timeout=30)
+        else:
+            task_id = self.task.apply_async(queue=self.queue).id
+            _until(partial(self.started.__contains__, task_id))
+        return (time.perf_counter() - sent) * 1000
+
+    def send_many(self, count: int) -> None:
+        """``count`` tasks, one per message, run to their start."""
+        before = len(self.started)
+        for _ in range(count):
+            self.task.apply_async(queue=self.queue)
+        _until(lambda: len(self.started) - before >= count, timeout=120)
+
+
+def _turn_starts(router: Router, n: int) -> list[float]:
+    """Message to an idle agent -> its turn claimed by the worker, ``n`` times, ms."""
+    team = router.create_team()
+    agents = [router.create_agent(team.id, role="Bench") for _ in range(n)]
+    # The worker in this process tells when it claimed (a hook, no polling: a probe
+    # querying the database every millisecond would slow the very claim it watches).
+    clock = _ClaimClock()
+    assert isinstance(router.hooks, HookChain)  # Router always chains its hooks
+    router.hooks.hooks.insert(0, clock)  # before the task events: only the claim
+    ours: list[float] = []
+    for agent in agents:
+        sent = time.perf_counter()
+        router.send(team.id, to=agent.display_name, content="go", sender="user")
+        ours.append((clock.wait(agent.id) - sent) * 1000)
+        # The next sample starts with every worker slot free, as the floor's does.
+        _until(partial(_team_resting, router, team.id))
+    return ours
+
+
+def _burst_turns(router: Router) -> int:
+    """Turns fired for a burst of 100 messages to one idle agent, sent as fast as the API takes
+    them (eight senders at once)."""
+    burst_team = router.create_team()
+    router.create_agent(burst_team.id, role="Bench")
+    target = router.agent(burst_team.id, "Bench_1")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(
+            pool.map(
+                lambda k: router.send(burst_team.id, to="Bench_1", content=f"m{k}", sender="user"),
+                range(100),
+            )
+        )
+    _until(
+        lambda: (
+            router.agent(burst_team.id, "Bench_1").state.value == "completed"
+            and router.agent(burst_team.id, "Bench_1").mailbox_depth == 0
+        ),
+        timeout=120,
+    )
+    return len(router.store.reads.turns(target.id))
 
 
 def _team_resting(router: Router, team_id: int) -> bool:
