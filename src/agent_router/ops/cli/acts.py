@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from agent_router.domain import AgentState, MessageType, RouteOutcome
+from agent_router.domain import AgentState, Delivery, MessageType, RouteOutcome
 from agent_router.ops.cli.common import (
     _OUTCOME_STYLES,
     BrokerUrlOption,
@@ -82,6 +82,10 @@ def send(  # noqa: PLR0917 - typer options
             question_id=question_id,
         )
         published = router.publisher is not None
+    _print_delivery(delivery, published=published, as_json=as_json)
+
+
+def _print_delivery(delivery: Delivery, *, published: bool, as_json: bool) -> None:
     if as_json:
         print(json.dumps({**dataclasses.asdict(delivery), "outcome": delivery.outcome.value}))
         return

@@ -355,36 +355,44 @@ def inspect_agent(
         )
     )
     for e in entries:
-        payload = e["payload"]
-        head = Text(f"[{e['position']}] ", style="dim")
-        head.append(payload.get("role", "?"), style="bold")
-        head.append(f"  turn {e['turn_id'] if e['turn_id'] is not None else '-'}", style="dim")
-        meta = e["meta"] or {}
-        if e["message_id"] is not None:
-            head.append(
-                f"  <- {meta.get('type')}"
-                + (f"/{meta['subtype']}" if meta.get("subtype") else "")
-                + f" from {meta.get('from')} (message {e['message_id']}"
-                + (f", question {meta['question_id']}" if meta.get("question_id") else "")
-                + ")",
-                style="cyan",
-            )
-        if meta.get("synthetic"):
-            head.append(f"  synthetic {meta['synthetic']}", style="yellow")
-        if payload.get("tool_call_id"):
-            head.append(f"  result of {payload['tool_call_id']}", style="magenta")
-        console.print(head)
-        for call in payload.get("tool_calls") or []:
-            fn = call.get("function", {})
-            console.print(
-                Text(f"    call {call.get('id')}: {fn.get('name')}({fn.get('arguments')})")
-            )
-        content = payload.get("content")
-        if content:
-            text = str(content)
-            if not full and len(text) > 300:
-                text = text[:300] + f"… ({len(text)} chars; --full for all)"
-            console.print(Text("    " + text.replace("\n", "\n    ")))
+        _print_entry(console, e, full=full)
+
+
+def _entry_head(e: dict[str, Any]) -> Text:
+    """An entry's first line: position, role, turn, and where it came from."""
+    payload = e["payload"]
+    head = Text(f"[{e['position']}] ", style="dim")
+    head.append(payload.get("role", "?"), style="bold")
+    head.append(f"  turn {e['turn_id'] if e['turn_id'] is not None else '-'}", style="dim")
+    meta = e["meta"] or {}
+    if e["message_id"] is not None:
+        head.append(
+            f"  <- {meta.get('type')}"
+            + (f"/{meta['subtype']}" if meta.get("subtype") else "")
+            + f" from {meta.get('from')} (message {e['message_id']}"
+            + (f", question {meta['question_id']}" if meta.get("question_id") else "")
+            + ")",
+            style="cyan",
+        )
+    if meta.get("synthetic"):
+        head.append(f"  synthetic {meta['synthetic']}", style="yellow")
+    if payload.get("tool_call_id"):
+        head.append(f"  result of {payload['tool_call_id']}", style="magenta")
+    return head
+
+
+def _print_entry(console: Console, e: dict[str, Any], *, full: bool) -> None:
+    payload = e["payload"]
+    console.print(_entry_head(e))
+    for call in payload.get("tool_calls") or []:
+        fn = call.get("function", {})
+        console.print(Text(f"    call {call.get('id')}: {fn.get('name')}({fn.get('arguments')})"))
+    content = payload.get("content")
+    if content:
+        text = str(content)
+        if not full and len(text) > 300:
+            text = text[:300] + f"… ({len(text)} chars; --full for all)"
+        console.print(Text("    " + text.replace("\n", "\n    ")))
 
 
 # ---------------------------------------------------------------------- acting on a team
