@@ -20,6 +20,7 @@ from agent_router import validation as check
 from agent_router.domain import AgentState, AgentStatus
 from agent_router.ops.cli.common import (
     DatabaseUrlOption,
+    JsonLinesOption,
     JsonOption,
     _one_line_errors,
     _render,
@@ -172,10 +173,7 @@ _STATE_STYLES = {
 def ledger(  # noqa: PLR0917 - typer options
     team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
     database_url: DatabaseUrlOption = None,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON object per line."),
-    ] = False,
+    as_json: JsonLinesOption = False,
     after: Annotated[
         int, typer.Option(envvar="AGENT_ROUTER_AFTER", help="Only events after this ledger id.")
     ] = 0,
@@ -329,10 +327,7 @@ def inspect_agent(
     team: Annotated[int, typer.Argument(help="Team id.")],
     name: Annotated[str, typer.Argument(help="Display name, e.g. 'UI Operator_1'.")],
     database_url: DatabaseUrlOption = None,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON entry per line."),
-    ] = False,
+    as_json: JsonLinesOption = False,
     full: Annotated[
         bool,
         typer.Option("--full", envvar="AGENT_ROUTER_FULL", help="Whole contents, not previews."),
