@@ -31,7 +31,8 @@ class Size:
     size: int
 
     def __str__(self) -> str:
-        return f"{self.size:5d}  {self.path}:{self.name}"
+        where = f"{self.path}:{self.name}" if self.name else self.path
+        return f"{self.size:5d}  {where}"
 
 
 @dataclass(frozen=True, kw_only=True)
