@@ -29,7 +29,6 @@ from agent_router.domain import (
     OutboxKind,
     Question,
     Team,
-    TurnRecord,
     WaitOutcome,
 )
 from agent_router.hooks import HookChain, RouterHooks
@@ -342,10 +341,6 @@ class Router:
         turn = Turn(self, claim.record, claim.team_id, claim.display_name)
         self.hooks.after_claim(turn)
         return turn
-
-    def turn_of(self, record: TurnRecord) -> Turn:
-        agent = self.store.reads.agent_by_id(record.agent_id)
-        return Turn(self, record, agent.team_id, agent.display_name)
 
     def end_turn(self, turn: Turn, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
         result = self.store.end_turn(turn.record, failed=failed, error=error)
