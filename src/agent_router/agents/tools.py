@@ -149,8 +149,12 @@ _REASONS: tuple[tuple[type[errors.RefusedError], str], ...] = (
 
 
 class ToolRegistry:
-    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+    """Tools by name. ``roles``: the catalogue the team is staffed from (its role descriptions go
+    into every agent's protocol section)."""
+
+    def __init__(self, tools: Iterable[Tool] = (), *, roles: RoleCatalogue | None = None) -> None:
         self._tools: dict[str, Tool] = {}
+        self.roles = roles
         for tool in tools:
             self.register(tool)
 
@@ -169,13 +173,21 @@ class ToolRegistry:
     def schemas(self, agent: Agent) -> list[dict[str, Any]]:
         return [t.schema() for t in self._tools.values() if t.visible_to(agent)]
 
+    def visible_names(self, agent: Agent) -> list[str]:
+        return [t.name for t in self._tools.values() if t.visible_to(agent)]
+
     def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         """Run a tool. A bad call (unknown tool, wrong arguments) and a refusal of the router are
         answered in the result, as a model expects; anything else the tool raises propagates
         (a fenced turn stops, other errors fail the turn)."""
         tool = self._tools.get(name)
         if tool is None or not tool.visible_to(ctx.agent):
-            return fail(f"no tool named {name!r}", "unknown_tool")
+            names = self.visible_names(ctx.agent)
+            return fail(
+                f"no tool named {name!r}; your tools are: {', '.join(names)}",
+                "unknown_tool",
+                tools=names,
+            )
         try:
             return tool.function(arguments, ctx)
         except ToolError as exc:
@@ -562,6 +574,16 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
     ]
 
 
+def team_registry(roles: RoleCatalogue | None = None) -> ToolRegistry:
+    """A fresh registry with the multi-agent tools only (what ``agent-router run`` gives a real
+    model: no pretend work tool)."""
+    roles = roles if roles is not None else RoleCatalogue.default()
+    return ToolRegistry(multi_agent_tools(roles), roles=roles)
+
+
 def default_registry(roles: RoleCatalogue | None = None) -> ToolRegistry:
-    """A fresh registry with the built-in tools: the multi-agent suite and ``do_work``."""
-    return ToolRegistry([*multi_agent_tools(roles), DO_WORK])
+    """A fresh registry with the built-in tools: the multi-agent suite and the scripted agents'
+    ``do_work`` (the demo's sub-agents work through it)."""
+    registry = team_registry(roles)
+    registry.register(DO_WORK)
+    return registry
