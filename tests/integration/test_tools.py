@@ -288,10 +288,19 @@ def test_ask_refusals_and_answer_other_agent(router: Router) -> None:
     assert t.agent(UI).state is AgentState.WAITING and t.agent(UI).suspended
     t.run()
     assert t.json(UI, "ask_other_agent-0-0")["reason"] == "ask_refused"
-    assert t.json(UI, "ask_other_agent-1-0")["reason"] == "ask_refused"
+    # An unknown agent is refused with the roster, so that the model can pick a real name.
+    unknown = t.json(UI, "ask_other_agent-1-0")
+    assert unknown["reason"] == "unknown_agent"
+    assert f"{LEAD} (Team Leader" in unknown["error"] and f"{ENG} (Full-Stack" in unknown["error"]
+    # A refused cycle says who waits on whom and what to do instead.
     cycle = t.json(ENG, "ask_other_agent-0-0")
     assert cycle["reason"] == "cycle" and cycle["cycle"] == [ENG, UI, ENG]
-    assert t.json(ENG, "answer_other_agent-1-0")["reason"] == "unknown_question"
+    assert f"you would wait on {UI}; {UI} is waiting on you" in cycle["error"]
+    assert "answer the open question" in cycle["error"]
+    # An unknown question id says where ids are and which questions are open.
+    wrong = t.json(ENG, "answer_other_agent-1-0")
+    assert wrong["reason"] == "unknown_question"
+    assert "your open questions: " in wrong["error"] and f"(from {UI})" in wrong["error"]
     assert t.json(ENG, "answer_other_agent-2-0")["ok"]
     assert parse(t.result(UI, "ask_other_agent-2-0")).content == f"answer for {UI}"
     t.check()

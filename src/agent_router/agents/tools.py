@@ -15,9 +15,12 @@ note) into the transcript, so they return :data:`RESULT_RECORDED`, or raise
 
 from __future__ import annotations
 
+import difflib
 import enum
+import itertools
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from agent_router.domain import (
     MessageSubtype,
     MessageType,
     Question,
+    QuestionKind,
     WaitOutcome,
 )
 from agent_router.settings import Settings
@@ -193,7 +197,7 @@ class ToolRegistry:
         except ToolError as exc:
             return fail(str(exc), exc.reason)
         except errors.AskRefusedError as exc:
-            return fail(str(exc), refusal_reason(exc), cycle=exc.cycle)
+            return fail(_cycle_advice(exc, ctx), refusal_reason(exc), cycle=exc.cycle)
         except errors.RefusedError as exc:
             return fail(str(exc), refusal_reason(exc))
 
@@ -212,20 +216,112 @@ def _name(arguments: dict[str, Any], name: str = "display_name") -> str:
     return _text(arguments, name).strip()
 
 
-def _int(arguments: dict[str, Any], name: str) -> int:
-    value = arguments.get(name)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())  # models often quote numbers
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ToolError(f"`{name}` must be an integer")
-    return value
+def _roster_line(agents: list[Agent]) -> str:
+    return ", ".join(f"{a.display_name} ({a.role}, {a.state.value})" for a in agents)
+
+
+def _key(name: str) -> str:
+    """A display name as a sloppy model may spell it: case, spaces and punctuation ignored."""
+    return "".join(c for c in name.casefold() if c.isalnum())
+
+
+def _agent_named(ctx: ToolContext, name: str) -> Agent:
+    """The team's agent called ``name``, or the one agent whose name it unambiguously spells
+    (``ui operator 1`` for ``UI Operator_1``); refused with the roster otherwise."""
+    agents = ctx.router.agents(ctx.turn.team_id)
+    exact = [a for a in agents if a.display_name == name]
+    if exact:
+        return exact[0]
+    near = [a for a in agents if _key(a.display_name) == _key(name)]
+    if not near:
+        keys = {_key(a.display_name): a for a in agents}
+        close = difflib.get_close_matches(_key(name), list(keys), n=2, cutoff=0.85)
+        near = [keys[k] for k in close]
+    if len(near) == 1:
+        return near[0]
+    others = [a for a in agents if a.id != ctx.turn.agent_id]
+    raise ToolError(
+        f"no agent {name!r} in your team; the team is: {_roster_line(others) or 'only you'}",
+        reason="unknown_agent",
+    )
 
 
 def _sub_agent(ctx: ToolContext, name: str) -> Agent:
-    agent = ctx.router.agent(ctx.turn.team_id, name)
+    agent = _agent_named(ctx, name)
     if agent.is_lead:
         raise ToolError(f"{name!r} is the Team Leader, not a sub-agent", reason="not_a_sub_agent")
     return agent
+
+
+def _open_to_me(ctx: ToolContext) -> list[Question]:
+    statuses = ctx.router.store.reads.agent_statuses(ctx.turn.team_id)
+    mine = next((s for s in statuses if s.agent.id == ctx.turn.agent_id), None)
+    questions = [ctx.router.question(q) for q in (mine.questions_to_answer if mine else ())]
+    return [q for q in questions if q.kind is QuestionKind.ASK]
+
+
+def _listed(ctx: ToolContext, questions: list[Question]) -> str:
+    if not questions:
+        return "you have no open questions"
+    askers = {q.id: ctx.router.store.reads.agent_by_id(q.asker_agent_id) for q in questions}
+    return "your open questions: " + ", ".join(
+        f"{q.id} (from {askers[q.id].display_name})" for q in questions
+    )
+
+
+def _question_id(arguments: dict[str, Any], ctx: ToolContext) -> int:
+    """The question an answer is for. Accepts the forms a model saw or makes up (``4``,
+    ``"4"``, ``"q-4"``, ``"question 4"``, the message_id of the ask), and defaults to the only
+    open question addressed to the agent when none is given."""
+    value = arguments.get("question_id")
+    open_ = _open_to_me(ctx)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if len(open_) == 1:
+            return open_[0].id
+        raise ToolError(
+            f"`question_id` is missing; {_listed(ctx, open_)}", reason="unknown_question"
+        )
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and len(digits := re.findall(r"\d+", value)) == 1:
+        number = int(digits[0])
+    if number is None:
+        raise ToolError(
+            f"`question_id` must be the number in the question's question_id attribute; "
+            f"{_listed(ctx, open_)}",
+            reason="unknown_question",
+        )
+    if any(q.id == number for q in open_):
+        return number
+    by_message = _question_of_message(ctx, number)
+    return by_message if by_message is not None else number
+
+
+def _question_of_message(ctx: ToolContext, message_id: int) -> int | None:
+    """The question an ``ask`` message to this agent carried (a model may pass its
+    message_id)."""
+    try:
+        message = ctx.router.store.reads.message(message_id)
+    except errors.AgentRouterError:
+        return None
+    mine = message.target_agent_id == ctx.turn.agent_id and message.type is MessageType.ASK
+    return message.question_id if mine else None
+
+
+def _cycle_advice(exc: errors.AskRefusedError, ctx: ToolContext) -> str:
+    """A refused wait, said so that the model knows what to do instead."""
+    if not exc.cycle:
+        return str(exc)
+    me = ctx.turn.display_name
+    names = ["you" if n == me else n for n in exc.cycle]
+    links = [f"{a} is waiting on {b}" for a, b in itertools.pairwise(names[1:])]
+    chain = "; ".join([f"you would wait on {names[1]}", *links])
+    return (
+        f"refused: waiting would deadlock ({chain}). Instead, answer the open question of "
+        f"{names[1]} first (then ask again if you still need to), or send it a message "
+        "that needs no answer and carry on."
+    )
 
 
 def _status(agent: Agent) -> dict[str, Any]:
@@ -320,21 +416,33 @@ def _send_message_to_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> T
 
 
 def _answer(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    question_id = _int(arguments, "question_id")
     answer = _text(arguments, "answer")
+    question_id = _question_id(arguments, ctx)
     try:
         question = ctx.router.question(question_id)
     except errors.UnknownQuestionError:
-        raise ToolError(f"no question {question_id}", reason="unknown_question") from None
-    if question.team_id != ctx.turn.team_id:
-        raise ToolError(f"no question {question_id}", reason="unknown_question")
+        question = None
+    if question is None or question.team_id != ctx.turn.team_id:
+        raise ToolError(
+            f"no question {question_id}; {_listed(ctx, _open_to_me(ctx))}",
+            reason="unknown_question",
+        )
     if question.target_agent_id != ctx.turn.agent_id:
-        raise ToolError(f"question {question_id} was not asked of you", reason="wrong_question")
+        target = ctx.router.store.reads.agent_by_id(question.target_agent_id)
+        raise ToolError(
+            f"question {question_id} was asked of {target.display_name}, not of you; only it "
+            f"can answer; {_listed(ctx, _open_to_me(ctx))}",
+            reason="wrong_question",
+        )
     asker = ctx.router.store.reads.agent_by_id(question.asker_agent_id)
     result = json.loads(
         _send(ctx, asker.display_name, answer, MessageType.ANSWER, question_id=question_id)
     )
-    return ok(question_id=question_id, **{k: v for k, v in result.items() if k != "ok"})
+    return ok(
+        question_id=question_id,
+        answered=f"question {question_id} from {asker.display_name}",
+        **{k: v for k, v in result.items() if k != "ok"},
+    )
 
 
 def _stop_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
@@ -400,7 +508,7 @@ def _ask_master(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 def _ask_other_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
     question = ctx.turn.ask(
-        _name(arguments, "target"),
+        _agent_named(ctx, _name(arguments, "target")).display_name,
         _text(arguments, "question"),
         tool_call_id=ctx.call_id,
         subtype=MessageSubtype.ASK_OTHER,
@@ -409,7 +517,8 @@ def _ask_other_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 
 def _send_message_to_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    return _send(ctx, _name(arguments, "target"), _text(arguments, "message"), MessageType.MESSAGE)
+    target = _agent_named(ctx, _name(arguments, "target")).display_name
+    return _send(ctx, target, _text(arguments, "message"), MessageType.MESSAGE)
 
 
 def _list_agents(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
