@@ -25,7 +25,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from agent_router import errors
-from agent_router.domain import Agent, MessageType, QuestionKind
+from agent_router.agents import lookup
+from agent_router.domain import Agent, MessageType
 from agent_router.router import Router
 from agent_router.turn import Turn
 
@@ -47,20 +48,11 @@ class OpenQuestion:
 
 
 def open_questions(router: Router, agent: Agent) -> list[OpenQuestion]:
-    """Open questions addressed to ``agent`` (asks only: an output wait is no question)."""
-    status = next(
-        (s for s in router.store.reads.agent_statuses(agent.team_id) if s.agent.id == agent.id),
-        None,
-    )
-    if status is None:
-        return []
-    found = []
-    for qid in status.questions_to_answer:
-        question = router.question(qid)
-        if question.kind is QuestionKind.ASK:
-            asker = router.store.reads.agent_by_id(question.asker_agent_id)
-            found.append(OpenQuestion(id=qid, asker=asker.display_name))
-    return found
+    """Open questions addressed to ``agent``, with their askers."""
+    return [
+        OpenQuestion(id=q.id, asker=router.store.reads.agent_by_id(q.asker_agent_id).display_name)
+        for q in lookup.open_questions_to(router, agent.team_id, agent.id)
+    ]
 
 
 _ANNOUNCED = re.compile(

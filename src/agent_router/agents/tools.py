@@ -15,18 +15,16 @@ note) into the transcript, so they return :data:`RESULT_RECORDED`, or raise
 
 from __future__ import annotations
 
-import difflib
 import enum
-import itertools
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from agent_router import errors
+from agent_router.agents import lookup
 from agent_router.agents.llm import WORK_TOOL
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
@@ -34,7 +32,6 @@ from agent_router.domain import (
     MessageSubtype,
     MessageType,
     Question,
-    QuestionKind,
     WaitOutcome,
 )
 from agent_router.settings import Settings
@@ -197,7 +194,8 @@ class ToolRegistry:
         except ToolError as exc:
             return fail(str(exc), exc.reason)
         except errors.AskRefusedError as exc:
-            return fail(_cycle_advice(exc, ctx), refusal_reason(exc), cycle=exc.cycle)
+            advice = lookup.cycle_advice(exc, ctx.turn.display_name)
+            return fail(advice, refusal_reason(exc), cycle=exc.cycle)
         except errors.RefusedError as exc:
             return fail(str(exc), refusal_reason(exc))
 
@@ -216,34 +214,8 @@ def _name(arguments: dict[str, Any], name: str = "display_name") -> str:
     return _text(arguments, name).strip()
 
 
-def _roster_line(agents: list[Agent]) -> str:
-    return ", ".join(f"{a.display_name} ({a.role}, {a.state.value})" for a in agents)
-
-
-def _key(name: str) -> str:
-    """A display name as a sloppy model may spell it: case, spaces and punctuation ignored."""
-    return "".join(c for c in name.casefold() if c.isalnum())
-
-
 def _agent_named(ctx: ToolContext, name: str) -> Agent:
-    """The team's agent called ``name``, or the one agent whose name it unambiguously spells
-    (``ui operator 1`` for ``UI Operator_1``); refused with the roster otherwise."""
-    agents = ctx.router.agents(ctx.turn.team_id)
-    exact = [a for a in agents if a.display_name == name]
-    if exact:
-        return exact[0]
-    near = [a for a in agents if _key(a.display_name) == _key(name)]
-    if not near:
-        keys = {_key(a.display_name): a for a in agents}
-        close = difflib.get_close_matches(_key(name), list(keys), n=2, cutoff=0.85)
-        near = [keys[k] for k in close]
-    if len(near) == 1:
-        return near[0]
-    others = [a for a in agents if a.id != ctx.turn.agent_id]
-    raise ToolError(
-        f"no agent {name!r} in your team; the team is: {_roster_line(others) or 'only you'}",
-        reason="unknown_agent",
-    )
+    return lookup.agent_named(ctx.router, ctx.turn.team_id, name, asking=ctx.turn.agent_id)
 
 
 def _sub_agent(ctx: ToolContext, name: str) -> Agent:
@@ -253,75 +225,9 @@ def _sub_agent(ctx: ToolContext, name: str) -> Agent:
     return agent
 
 
-def _open_to_me(ctx: ToolContext) -> list[Question]:
-    statuses = ctx.router.store.reads.agent_statuses(ctx.turn.team_id)
-    mine = next((s for s in statuses if s.agent.id == ctx.turn.agent_id), None)
-    questions = [ctx.router.question(q) for q in (mine.questions_to_answer if mine else ())]
-    return [q for q in questions if q.kind is QuestionKind.ASK]
-
-
-def _listed(ctx: ToolContext, questions: list[Question]) -> str:
-    if not questions:
-        return "you have no open questions"
-    askers = {q.id: ctx.router.store.reads.agent_by_id(q.asker_agent_id) for q in questions}
-    return "your open questions: " + ", ".join(
-        f"{q.id} (from {askers[q.id].display_name})" for q in questions
-    )
-
-
-def _question_id(arguments: dict[str, Any], ctx: ToolContext) -> int:
-    """The question an answer is for. Accepts the forms a model saw or makes up (``4``,
-    ``"4"``, ``"q-4"``, ``"question 4"``, the message_id of the ask), and defaults to the only
-    open question addressed to the agent when none is given."""
-    value = arguments.get("question_id")
-    open_ = _open_to_me(ctx)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        if len(open_) == 1:
-            return open_[0].id
-        raise ToolError(
-            f"`question_id` is missing; {_listed(ctx, open_)}", reason="unknown_question"
-        )
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and len(digits := re.findall(r"\d+", value)) == 1:
-        number = int(digits[0])
-    if number is None:
-        raise ToolError(
-            f"`question_id` must be the number in the question's question_id attribute; "
-            f"{_listed(ctx, open_)}",
-            reason="unknown_question",
-        )
-    if any(q.id == number for q in open_):
-        return number
-    by_message = _question_of_message(ctx, number)
-    return by_message if by_message is not None else number
-
-
-def _question_of_message(ctx: ToolContext, message_id: int) -> int | None:
-    """The question an ``ask`` message to this agent carried (a model may pass its
-    message_id)."""
-    try:
-        message = ctx.router.store.reads.message(message_id)
-    except errors.AgentRouterError:
-        return None
-    mine = message.target_agent_id == ctx.turn.agent_id and message.type is MessageType.ASK
-    return message.question_id if mine else None
-
-
-def _cycle_advice(exc: errors.AskRefusedError, ctx: ToolContext) -> str:
-    """A refused wait, said so that the model knows what to do instead."""
-    if not exc.cycle:
-        return str(exc)
-    me = ctx.turn.display_name
-    names = ["you" if n == me else n for n in exc.cycle]
-    links = [f"{a} is waiting on {b}" for a, b in itertools.pairwise(names[1:])]
-    chain = "; ".join([f"you would wait on {names[1]}", *links])
-    return (
-        f"refused: waiting would deadlock ({chain}). Instead, answer the open question of "
-        f"{names[1]} first (then ask again if you still need to), or send it a message "
-        "that needs no answer and carry on."
-    )
+def _listed(ctx: ToolContext) -> str:
+    questions = lookup.open_questions_to(ctx.router, ctx.turn.team_id, ctx.turn.agent_id)
+    return lookup.listed(ctx.router, questions)
 
 
 def _status(agent: Agent) -> dict[str, Any]:
@@ -417,21 +323,23 @@ def _send_message_to_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> T
 
 def _answer(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
     answer = _text(arguments, "answer")
-    question_id = _question_id(arguments, ctx)
+    question_id = lookup.question_id(
+        ctx.router, ctx.turn.team_id, ctx.turn.agent_id, arguments.get("question_id")
+    )
     try:
         question = ctx.router.question(question_id)
     except errors.UnknownQuestionError:
         question = None
     if question is None or question.team_id != ctx.turn.team_id:
         raise ToolError(
-            f"no question {question_id}; {_listed(ctx, _open_to_me(ctx))}",
+            f"no question {question_id}; {_listed(ctx)}",
             reason="unknown_question",
         )
     if question.target_agent_id != ctx.turn.agent_id:
         target = ctx.router.store.reads.agent_by_id(question.target_agent_id)
         raise ToolError(
             f"question {question_id} was asked of {target.display_name}, not of you; only it "
-            f"can answer; {_listed(ctx, _open_to_me(ctx))}",
+            f"can answer; {_listed(ctx)}",
             reason="wrong_question",
         )
     asker = ctx.router.store.reads.agent_by_id(question.asker_agent_id)
