@@ -325,7 +325,7 @@ def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> T
     if name == NAMELESS_TOOL:
         return fail(
             "this tool call had no function name, so it did nothing; call one of your tools by "
-            f"name: {', '.join(tools.visible_names(ctx.agent))}",
+            f"name: {', '.join(str(t['function']['name']) for t in tools.schemas(ctx.agent))}",
             "bad_call",
         )
     raw = function.get("arguments") or "{}"
