@@ -20,7 +20,15 @@ from agent_router.agents.loop import TurnOutcome, run_turn
 from agent_router.agents.openai_model import OpenAIModel
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tools import team_registry
-from agent_router.domain import Agent, LedgerAction, QuestionStatus, TurnStatus
+from agent_router.domain import (
+    Agent,
+    LedgerAction,
+    MessageStatus,
+    MessageSubtype,
+    QuestionStatus,
+    RouteOutcome,
+    TurnStatus,
+)
 from agent_router.formats import TAG_PATTERN, parse
 from agent_router.ops.checks import check_team
 from agent_router.outbox import RecordingPublisher
@@ -538,3 +546,83 @@ def test_a_failed_sub_agent_turn_tells_the_lead(router: Router, server: ChatServ
     last = team.sloppy.requests_of(LEAD)[-1]
     assert any(s.type == "notice" and UI in s.content for s in last.fresh_seen())
     team.check(failed_turns=1)
+
+
+# ------------------------------------------------------------- who may release a wait
+
+
+def test_only_the_agent_waited_on_releases_a_wait(router: Router, server: ChatServer) -> None:
+    """The engineer waits on the lead; a peer's FYI to it is queued, not taken for the answer.
+    The lead waits on the UI Operator's report; its progress notes are queued, not taken for
+    the report, and only the latest of them reaches the lead."""
+
+    def lead(view: View) -> Reply:
+        if view.replies() == 0:
+            return completion(
+                None,
+                [
+                    create("Full-Stack Engineer", "Build the reset API.", "c1"),
+                    create("UI Operator", "Build the reset form.", "c2"),
+                ],
+            )
+        waited = [s for s in view.fresh_seen() if s.role == "tool" and s.type == "output"]
+        if waited:
+            [ask] = [s for s in view.all_seen() if s.type == "ask"]
+            args = {"question_id": ask.question_id, "answer": "Use PostgreSQL 16."}
+            return completion(None, [tool_call("c-answer", "answer_sub_agent_question", args)])
+        if asks(view):
+            return completion(
+                None, [tool_call("c-wait", "wait_sub_agent_output", {"display_name": UI})]
+            )
+        return completion("Delegated.")
+
+    def ui(view: View) -> Reply:
+        n = view.replies()
+        if n == 0:
+            fyi = {"target": ENG, "message": "FYI: I'm starting on the reset API."}
+            return completion(
+                "Starting on the form.", [tool_call("u1", "send_message_to_agent", fyi)]
+            )
+        if n == 1:
+            return completion("Form half done.", [tool_call("u2", "list_agents", {})])
+        return completion("Form built.")
+
+    team = Team(router, server, {LEAD: lead, ENG: asking_engineer, UI: ui})
+    team.task("Add a password reset.")
+    team.run()
+
+    messages = router.messages(team.id)
+    fyi = next(m for m in messages if m.content.startswith("FYI"))
+    answer = next(m for m in messages if m.type is MessageType.ANSWER)
+    assert fyi.outcome is RouteOutcome.INJECTED_INLINE  # queued behind the wait
+    assert answer.outcome is RouteOutcome.RESOLVED
+    eng = router.transcript(team.id, ENG)
+    result = next(i for i, e in enumerate(eng) if e.get("tool_call_id") == "c-ask")
+    assert parse(eng[result]["content"]).content == "Use PostgreSQL 16."
+    assert parse(eng[result + 1]["content"]).content == fyi.content  # drained after the result
+    engineer = router.agent(team.id, ENG)
+    assert len(router.store.reads.turns(engineer.id)) == 2  # its turn, the continuation: no third
+    # The lead's wait ended on the report, not on a progress note.
+    waited = parse(team.results(LEAD)["c-wait"])
+    assert (waited.sender, waited.subtype, waited.content) == (
+        UI,
+        MessageSubtype.COMPLETION_REPORT,
+        "Form built.",
+    )
+    progress = [m for m in router.messages(team.id) if m.subtype is MessageSubtype.PROGRESS_OUTPUT]
+    assert [m.content for m in progress] == ["Starting on the form.", "Form half done."]
+    assert all(m.wake is False and m.outcome is RouteOutcome.QUEUED for m in progress)
+    # One progress note per drain reaches the lead, the latest; the other stays in the ledger.
+    read = [
+        env.content
+        for e in router.transcript(team.id, LEAD)
+        if e["role"] == "user"
+        and (env := parse(e["content"])).subtype is MessageSubtype.PROGRESS_OUTPUT
+    ]
+    assert read == ["Form half done."]
+    superseded = progress[0]
+    assert superseded.status is MessageStatus.DROPPED
+    assert superseded.drop_reason is not None and "superseded" in superseded.drop_reason
+    drains = [e for e in router.ledger(team.id) if e.action is LedgerAction.DRAIN]
+    assert any(e.detail.get("superseded") == [superseded.id] for e in drains)
+    team.check()

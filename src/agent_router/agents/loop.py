@@ -312,8 +312,9 @@ def _run_calls(
 
 
 def _drain_all(router: Router, turn: Turn) -> None:
-    # A drain moves at most drain_batch_size messages; everything pending goes before the call.
-    while len(turn.drain()) >= router.settings.drain_batch_size:
+    # A drain moves at most drain_batch_size messages (fewer enter the transcript when progress
+    # notes were superseded); everything pending goes before the call.
+    while turn.drain():
         pass
 
 

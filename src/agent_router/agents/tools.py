@@ -534,8 +534,9 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
         ),
         Tool(
             name="wait_sub_agent_output",
-            description="Wait until the named sub-agent sends its next output (progress or "
-            "final report); that output becomes this call's result.",
+            description="Wait until the named sub-agent reports the end of its work (its "
+            "completion report); the report becomes this call's result. Its progress notes do "
+            "not end the wait. Do not use it to poll.",
             parameters=_schema(
                 {"display_name": _DISPLAY_NAME},
                 {

@@ -77,6 +77,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
             sender_id=source_id,
             wake=req.wake,
             answers=answered.id if answered is not None else None,
+            subtype=req.subtype,
         ),
     )
     msg = _insert_message(
@@ -86,8 +87,9 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
         close_question(answered, QuestionStatus.ANSWERED, answer_message_id=msg.id)
     if outcome is RouteOutcome.RESOLVED:
         assert waiting_on is not None
-        if waiting_on.kind is QuestionKind.OUTPUT:
-            # The output is consumed by the wait: it is this wait's answer, delivered once.
+        if waiting_on is not answered:
+            # The report ends an output wait; any message of the asked agent to the asker is
+            # its answer: either way the question is answered by this message, delivered once.
             close_question(waiting_on, QuestionStatus.ANSWERED, answer_message_id=msg.id)
         resolve_waiter(tx, target, waiting_on, msg, turn_id=msg.consumed_turn_id)
     elif outcome is RouteOutcome.TRIGGERED_NEW_TURN:

@@ -16,6 +16,7 @@ from agent_router.domain import (
     LedgerAction,
     Message,
     MessageStatus,
+    MessageSubtype,
     QuestionStatus,
     TurnRecord,
     TurnStatus,
@@ -139,6 +140,7 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
     if not rows:
         return []
     now = utcnow()
+    rows, superseded = _latest_progress(rows)
     delivered = _into_transcript(tx, agent, turn, rows, now)
     session.execute(
         sa.update(MessageRow)
@@ -146,6 +148,17 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
         .values(status=MessageStatus.DELIVERED, consumed_turn_id=turn.id, consumed_at=now)
         .execution_options(synchronize_session=False)
     )
+    for old_id, latest_id in superseded.items():
+        session.execute(
+            sa.update(MessageRow)
+            .where(MessageRow.id == old_id)
+            .values(
+                status=MessageStatus.DROPPED,
+                drop_reason=f"superseded by progress output {latest_id}: only the latest "
+                "progress of a sender reaches the reader per drain",
+            )
+            .execution_options(synchronize_session=False)
+        )
     tx.ledger(
         LedgerAction.DRAIN,
         team_id=agent.team_id,
@@ -155,8 +168,27 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
         count=len(delivered),
         first_seq=delivered[0].seq,
         last_seq=delivered[-1].seq,
+        superseded=sorted(superseded) or None,
     )
     return delivered
+
+
+def _latest_progress(
+    rows: Sequence[sa.Row[Any]],
+) -> tuple[list[sa.Row[Any]], dict[int, int]]:
+    """The rows to deliver, and the progress outputs left out (id -> the later one that
+    supersedes it): of one sender's progress narration in a drain, only the latest is read.
+    Rows always hold at least that latest one, so a drain never comes back empty-handed."""
+    latest: dict[Any, int] = {}
+    for row in rows:
+        if row.subtype is MessageSubtype.PROGRESS_OUTPUT:
+            latest[row.source_name] = row.id
+    superseded = {
+        row.id: latest[row.source_name]
+        for row in rows
+        if row.subtype is MessageSubtype.PROGRESS_OUTPUT and latest[row.source_name] != row.id
+    }
+    return [row for row in rows if row.id not in superseded], superseded
 
 
 def _into_transcript(
