@@ -9,11 +9,13 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent_router import LedgerAction, Router, Settings
 from agent_router.agents.llm import DEFAULT_SCRIPT, ROLE_SCRIPTS, ScriptedModel, directive
 from tests.support.chat_server import (
     ChatServer,
@@ -186,9 +188,12 @@ def test_run_with_a_sloppy_model_reminds_answers_and_keeps_the_good_call(
     answers = [r for r in records if r["event"] == "ledger" and r["detail"].get("type") == "answer"]
     assert [r["outcome"] for r in answers] == ["resolved"]
     assert result["expired_questions"] == [] and result["reason"] is None
+    # A real model gets no pretend work tool.
+    assert "do_work" not in model.requests_of(ENG)[0].tools
+    assert "ask_master" in model.requests_of(ENG)[0].tools
 
 
-def test_run_stops_with_the_reason_when_nothing_can_make_progress() -> None:
+def test_run_stops_with_the_reason_when_nothing_can_make_progress(tmp_path: Path) -> None:
     """A lead that, once asked, only ever replies with nothing at all: reminded, asked again,
     it still writes nothing, so there is no answer to deliver. The lead rests, the engineer
     waits: the run says so and stops instead of waiting out its timeout."""
@@ -202,10 +207,17 @@ def test_run_stops_with_the_reason_when_nothing_can_make_progress() -> None:
         return message_reply({"role": "assistant", "content": None})
 
     model = SloppyModel({"Team Leader": lead, ENG: engineer})
+    url = f"sqlite:///{tmp_path / 'run.db'}"
     with ChatServer(responder=model) as server:
-        code, records = run_sloppy(server)
+        code, records = run_sloppy(server, "--database-url", url, "--timeout", "600")
     result = records[-1]
     assert code == 1 and result["ok"] is False and result["settled"] is False
+    # The question's deadline is below the run's timeout (half of it), not the default hour.
+    router = Router(Settings(database_url=url))
+    [asked] = [e for e in router.ledger(result["team_id"]) if e.action is LedgerAction.ASK]
+    question = router.question(asked.detail["question_id"])
+    assert question.deadline - asked.created_at <= timedelta(seconds=300)
+    router.close()
     assert result["reason"].startswith("nothing can make progress: ")
     [wait] = result["waiting_on"]
     assert wait.startswith(f"{ENG} waits on Team Leader for its answer to question")

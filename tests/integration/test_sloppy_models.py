@@ -411,12 +411,21 @@ def test_refusals_say_what_to_do_instead(router: Router, server: ChatServer) -> 
                 [
                     tool_call("c-tool", "ask_lead", {"question": "?"}),
                     tool_call("c-near", "send_message_to_agent",
-                              {"target": "full stack engineer 1", "message": "FYI: the form."}),
+                              {"target": "team leader", "message": "FYI: the form."}),
                     tool_call("c-none", "ask_other_agent",
                               {"target": "Backend_1", "question": "Which API?"}),
-                    tool_call("c-q", "answer_other_agent", {"question_id": "q-4", "answer": "x"}),
+                    tool_call("c-q", "answer_other_agent",
+                              {"question_id": "q-999999", "answer": "x"}),
+                    tool_call("c-cycle", "ask_other_agent",
+                              {"target": ENG, "question": "Which fields?"}),
                 ],
             )  # fmt: skip
+        return completion("Done.")
+
+    def engineer(view: View) -> Reply:
+        if view.replies() == 0:
+            ask = {"target": UI, "question": "Which form fields?"}
+            return completion(None, [tool_call("e-ask", "ask_other_agent", ask)])
         return completion("Done.")
 
     def lead(view: View) -> Reply:
@@ -430,19 +439,26 @@ def test_refusals_say_what_to_do_instead(router: Router, server: ChatServer) -> 
             )
         return completion("Delegated.")
 
-    team = Team(router, server, {LEAD: lead, UI: ui})
+    team = Team(router, server, {LEAD: lead, UI: ui, ENG: engineer})
     team.task("Add a password reset.")
     team.run()
 
+    question = parse(team.results(ENG)["e-ask"]).question_id
     results = {k: json.loads(v) for k, v in team.results(UI).items()}
     assert results["c-tool"]["reason"] == "unknown_tool"
     assert "ask_master" in results["c-tool"]["tools"] and "ask_master" in results["c-tool"]["error"]
-    assert results["c-near"]["ok"] and results["c-near"]["to"] == ENG
+    assert results["c-near"]["ok"] and results["c-near"]["to"] == LEAD  # spelled loosely
     none = results["c-none"]
     assert none["reason"] == "unknown_agent"
     assert f"{ENG} (Full-Stack Engineer" in none["error"] and f"{LEAD} (" in none["error"]
+    # An unknown question id says which questions are open, and from whom.
     assert results["c-q"]["reason"] == "unknown_question"
-    assert "you have no open questions" in results["c-q"]["error"]
+    assert f"your open questions: {question} (from {ENG})" in results["c-q"]["error"]
+    # A refused cycle says who waits on whom and what to do instead.
+    cycle = results["c-cycle"]
+    assert cycle["reason"] == "cycle" and cycle["cycle"] == [UI, ENG, UI]
+    assert f"you would wait on {ENG}; {ENG} is waiting on you" in cycle["error"]
+    assert f"answer the open question of {ENG} first" in cycle["error"]
     team.check()
 
 
