@@ -231,7 +231,7 @@ def _steps(
             nudge = reminders.nudge_for(text, questions, names, given)
             if nudge is None:
                 if len(questions) == 1:
-                    reminders.answer_in_prose(router, turn, questions[0], text)
+                    reminders.answer_in_prose(router, turn, questions[0], text, history)
                 return text
             given.add(nudge[0])
             reminders.remind(router, turn, *nudge, step)

@@ -10,9 +10,10 @@ is durable, ledgered and drained before the next model call) and calls the model
   naming a tool, a ``<tool_call>`` block): nothing happened, the notice says how to call it;
 - the text announces an action ("I'll create a UI Operator ...") but called no tool.
 
-If the turn still ends in text while exactly one question is open, that text is delivered to the
-asker as the answer (an ``answer`` message with the dedup key ``prose-answer:<turn>:<question>``
-in the ledger), so that a model that answers in prose never leaves its asker waiting.
+If the turn still ends in text while exactly one question is open (one the model has read), that
+text is delivered to the asker as the answer (an ``answer`` message with the dedup key
+``prose-answer:<turn>:<question>`` in the ledger), so that a model that answers in prose never
+leaves its asker waiting.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import logging
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
-from agent_router import errors
+from agent_router import errors, formats
 from agent_router.agents import lookup
 from agent_router.domain import Agent, MessageType
 from agent_router.router import Router
@@ -119,6 +121,19 @@ def _questions_text(questions: list[OpenQuestion], tool_names: Collection[str]) 
     )
 
 
+def _has_read(transcript: list[dict[str, Any]], question_id: int) -> bool:
+    for entry in transcript:
+        if entry.get("role") != "user":
+            continue
+        try:
+            env = formats.parse(str(entry.get("content") or ""))
+        except ValueError:
+            continue
+        if env.type is MessageType.ASK and env.question_id == question_id:
+            return True
+    return False
+
+
 def remind(router: Router, turn: Turn, nudge: Nudge, text: str, step: int) -> None:
     """Send the reminder; the loop drains it before its next model call."""
     logger.info(
@@ -135,9 +150,17 @@ def remind(router: Router, turn: Turn, nudge: Nudge, text: str, step: int) -> No
     )
 
 
-def answer_in_prose(router: Router, turn: Turn, question: OpenQuestion, text: str) -> None:
-    """Deliver a turn's final text as the answer to the one question left open."""
-    if not text.strip():
+def answer_in_prose(
+    router: Router,
+    turn: Turn,
+    question: OpenQuestion,
+    text: str,
+    read: list[dict[str, Any]],
+) -> None:
+    """Deliver a turn's final text as the answer to the one question left open, if the model
+    had read that question (``read``: the transcript its last request was built from): text
+    written before a question arrived answers nothing."""
+    if not text.strip() or not _has_read(read, question.id):
         return
     try:
         router.send(
