@@ -145,9 +145,13 @@ class Wait:
     target_pending: int  # messages waiting in the target's mailbox
 
     def describe(self) -> str:
-        what = "its answer to question" if self.kind == "ask" else "its report, wait"
+        what = (
+            f"its answer to question {self.question_id}"
+            if self.kind == "ask"
+            else f"its report (wait {self.question_id})"
+        )
         return (
-            f"{self.asker} waits on {self.target} for {what} {self.question_id} "
+            f"{self.asker} waits on {self.target} for {what} "
             f"({self.target} is {self.target_state}, {self.target_pending} message(s) to read)"
         )
 
