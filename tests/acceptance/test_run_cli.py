@@ -145,14 +145,18 @@ def engineer(view: View) -> Reply:
     return completion(f"Reset API built; told: {told[-1]}")
 
 
-def run_sloppy(server: ChatServer, *args: str) -> tuple[int, list[dict[str, Any]]]:
+def run_sloppy_cli(server: ChatServer, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
     env.update(OPENAI_API_KEY="sk-test", NO_PROXY="127.0.0.1")
-    proc = subprocess.run(
+    return subprocess.run(
         [CLI, "run", "Add a password reset.", "--model", "sloppy", "--base-url",
-         server.base_url, "--json", *args],
+         server.base_url, *args],
         check=False, capture_output=True, text=True, timeout=TIMEOUT, env=env,
     )  # fmt: skip
+
+
+def run_sloppy(server: ChatServer, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    proc = run_sloppy_cli(server, "--json", *args)
     try:
         return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()]
     except ValueError:
@@ -193,20 +197,21 @@ def test_run_with_a_sloppy_model_reminds_answers_and_keeps_the_good_call(
     assert "ask_master" in model.requests_of(ENG)[0].tools
 
 
+def silent_lead(view: View) -> Reply:
+    """A lead that, once asked, only ever replies with nothing at all."""
+    if view.replies() == 0:
+        good = {"role": "Full-Stack Engineer", "task": "Build the API."}
+        return completion(None, [tool_call("c1", "create_sub_agent", good)])
+    if view.replies() == 1 and not any(s.type == "ask" for s in view.fresh_seen()):
+        return completion("Delegated.")
+    return message_reply({"role": "assistant", "content": None})
+
+
 def test_run_stops_with_the_reason_when_nothing_can_make_progress(tmp_path: Path) -> None:
-    """A lead that, once asked, only ever replies with nothing at all: reminded, asked again,
-    it still writes nothing, so there is no answer to deliver. The lead rests, the engineer
-    waits: the run says so and stops instead of waiting out its timeout."""
-
-    def lead(view: View) -> Reply:
-        if view.replies() == 0:
-            good = {"role": "Full-Stack Engineer", "task": "Build the API."}
-            return completion(None, [tool_call("c1", "create_sub_agent", good)])
-        if view.replies() == 1 and not any(s.type == "ask" for s in view.fresh_seen()):
-            return completion("Delegated.")
-        return message_reply({"role": "assistant", "content": None})
-
-    model = SloppyModel({"Team Leader": lead, ENG: engineer})
+    """Reminded, asked again, the silent lead still writes nothing, so there is no answer to
+    deliver. The lead rests, the engineer waits: the run says so and stops instead of waiting
+    out its timeout."""
+    model = SloppyModel({"Team Leader": silent_lead, ENG: engineer})
     url = f"sqlite:///{tmp_path / 'run.db'}"
     with ChatServer(responder=model) as server:
         code, records = run_sloppy(server, "--database-url", url, "--timeout", "600")
@@ -224,3 +229,12 @@ def test_run_stops_with_the_reason_when_nothing_can_make_progress(tmp_path: Path
     assert wait.endswith("(Team Leader is completed, 0 message(s) to read)")
     assert wait in result["reason"]
     assert result["states"] == {"Team Leader": "completed", ENG: "waiting"}
+
+
+def test_run_timeline_says_what_the_team_waits_on() -> None:
+    with ChatServer(responder=SloppyModel({"Team Leader": silent_lead, ENG: engineer})) as server:
+        proc = run_sloppy_cli(server)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = " ".join(proc.stdout.split())  # the console wraps long lines
+    assert f"waiting: {ENG} waits on Team Leader for its answer to question" in out
+    assert "stopped: nothing can make progress:" in out
