@@ -228,6 +228,29 @@ def test_lead_tool_failures_are_results(router: Router) -> None:
     t.check()
 
 
+def test_names_are_matched_loosely_but_never_ambiguously(router: Router) -> None:
+    t = Team(router)
+    t.router.create_agent(t.id, role="UI Operator")
+    t.router.create_agent(t.id, role="UI Operator")
+    lead = Calls(
+        [
+            ("send_message_to_sub_agent", {"display_name": "ui operator 2", "message": "a"}),
+            ("send_message_to_sub_agent", {"display_name": "UI-Operator_1", "message": "b"}),
+            ("send_message_to_sub_agent", {"display_name": "ui operator", "message": "c"}),
+        ]
+    )
+    t.models[LEAD] = lead
+    t.tell_lead()
+    t.run()
+    second, first, ambiguous = (t.json(LEAD, f"send_message_to_sub_agent-0-{j}") for j in range(3))
+    assert (second["ok"], second["to"]) == (True, "UI Operator_2")
+    assert (first["ok"], first["to"]) == (True, "UI Operator_1")
+    assert ambiguous["reason"] == "unknown_agent"  # two agents spell it: neither is guessed
+    assert "UI Operator_1 (UI Operator" in ambiguous["error"]
+    assert "UI Operator_2 (UI Operator" in ambiguous["error"]
+    t.check()
+
+
 def test_ask_master_suspends_and_the_answer_continues_the_batch(router: Router) -> None:
     t = Team(router)
     t.router.create_agent(t.id, role="Full-Stack Engineer")
