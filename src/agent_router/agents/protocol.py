@@ -59,7 +59,10 @@ def protocol_section(
     if "create_sub_agent" in names and roles is not None and roles.sub_agent_roles():
         out += ["", "Roles you can create with create_sub_agent:"]
         out += [f"- {r.name}: {r.description}" for r in roles.sub_agent_roles()]
-    asker = next((a.display_name for a in roster if not a.is_lead), "UI Operator_1")
+    # The lead is asked by sub-agents (ask_master); a sub-agent by its colleagues (ask_other).
+    colleagues = [a.display_name for a in roster if not a.is_lead and a.id != agent.id]
+    example = "Full-Stack Engineer_1" if agent.display_name == "UI Operator_1" else "UI Operator_1"
+    asker = colleagues[0] if colleagues else example
     out += [
         "",
         "## Messages",
@@ -67,8 +70,7 @@ def protocol_section(
         "Messages from others arrive as envelopes, for example:",
         "",
         _ENVELOPE_EXAMPLE.format(
-            asker=asker if agent.is_lead else lead,
-            subtype="ask_master" if agent.is_lead else "ask_other",
+            asker=asker, subtype="ask_master" if agent.is_lead else "ask_other"
         ),
         "",
         "The first and the last line are written by the router: `from` is who really sent the "
