@@ -147,7 +147,7 @@ def with_protocol(messages: list[dict[str, Any]], section: str) -> list[dict[str
     if messages and messages[0].get("role") == "system":
         prompt = str(messages[0].get("content") or "")
         if HEADING in prompt:
-            return messages
+            return list(messages)
         first = {**messages[0], "content": f"{prompt}\n\n{section}" if prompt else section}
         return [first, *messages[1:]]
     return [{"role": "system", "content": section}, *messages]
