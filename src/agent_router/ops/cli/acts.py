@@ -255,6 +255,7 @@ def bench(
     floor of this machine measured in the same run (see docs/benchmarks.md)."""
 
     from agent_router.ops import bench as bench_mod
+    from agent_router.ops.bench_report import render, to_json
 
     logging.getLogger("celery").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,7 +266,7 @@ def bench(
             samples=samples,
             queued=queued,
         )
-    print(bench_mod.to_json(rows) if as_json else bench_mod.render(rows))
+    print(to_json(rows) if as_json else render(rows))
 
 
 @app.command()
