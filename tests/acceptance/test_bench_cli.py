@@ -9,6 +9,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
+
+import sqlalchemy as sa
 
 CLI = str(Path(sys.executable).parent / "agent-router")
 
@@ -103,3 +106,68 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         assert burst["floor"] == 100 and 1 <= int(str(burst["ours"])) < 10, burst
         assert figures["route p50 (idle)"]["unit"] == "ms"
         assert figures["routed msgs/s (4 senders)"]["unit"] == "msg/s"
+
+
+def test_scale_curve_fills_consistent_history_and_compares_each_size_with_the_first(
+    fresh_pg_url: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+    chart = tmp_path / "curve.svg"
+    proc = subprocess.run(
+        [CLI, "bench", "--json", "--samples", "6", "--scale", "400:20,2000:50",
+         "--svg", str(chart), "--postgres-url", fresh_pg_url],
+        check=False, capture_output=True, text=True, timeout=280, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {row["figure"]: row for row in json.loads(proc.stdout)}
+    sizes = ("400 msgs, 20 teams", "2000 msgs, 50 teams")
+    names = ("route p50", "claim p50", "sweeper pass p50")
+    assert set(rows) == {f"fill to {s}" for s in sizes} | {
+        f"{n} at {s}" for n in names for s in sizes
+    }
+    for name in names:
+        first, second = rows[f"{name} at {sizes[0]}"], rows[f"{name} at {sizes[1]}"]
+        # Each size's floor is the same figure at the smallest size, measured in the same run.
+        assert first["floor"] == first["ours"] and second["floor"] == first["ours"], name
+        ours, floor = float(second["ours"]), float(first["ours"])
+        assert _ratio_of(second["ratio"], ours, floor), name
+        assert second["target"] == "<= 1.2x the smallest size"
+        if abs(ours - 1.2 * floor) > 0.01:
+            assert second["met"] == (ours <= 1.2 * floor), name
+        assert isinstance(second["raw_ratio"], float) and second["raw_ratio"] > 0
+    # The filled history is what the router itself would have written.
+    engine = sa.create_engine(fresh_pg_url)
+    with engine.connect() as conn:
+        one = conn.execute(
+            sa.text(
+                "SELECT (SELECT count(*) FROM ar_teams), (SELECT count(*) FROM ar_messages), "
+                "(SELECT count(*) FROM ar_messages m WHERE m.status = 'delivered' AND NOT EXISTS "
+                "  (SELECT 1 FROM ar_transcript_entries e WHERE e.message_id = m.id)), "
+                "(SELECT count(*) FROM ar_agents a WHERE a.next_seq <> 1 + "
+                "  (SELECT coalesce(max(seq), 0) FROM ar_messages m WHERE m.target_agent_id = a.id)"
+                "  OR a.epoch <> (SELECT coalesce(max(epoch), 0) FROM ar_turns t "
+                "                 WHERE t.agent_id = a.id)), "
+                "(SELECT count(*) FROM (SELECT agent_id FROM ar_transcript_entries"
+                "  GROUP BY agent_id HAVING count(*) <> max(position) + 1) gaps), "
+                "(SELECT count(*) FROM ar_turns WHERE status = 'running'), "
+                "(SELECT count(*) FROM ar_outbox WHERE published_at IS NULL), "
+                "(SELECT count(*) FROM ar_turns t WHERE NOT EXISTS (SELECT 1 FROM ar_outbox o "
+                "  WHERE o.agent_id = t.agent_id AND o.epoch = t.epoch))"
+            )
+        ).one()
+    engine.dispose()
+    teams, messages, untold, off_seq, gaps, running, unpublished, unenqueued = one
+    assert teams >= 50 and messages >= 2000
+    assert (untold, off_seq, gaps, running, unpublished, unenqueued) == (0, 0, 0, 0, 0, 0)
+    chart_root = ElementTree.parse(chart).getroot()
+    lines = chart_root.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 3 and all(len(p.get("points", "").split()) == 2 for p in lines)
+
+
+def test_scale_curve_refuses_sizes_that_shrink() -> None:
+    proc = subprocess.run(
+        [CLI, "bench", "--scale", "2000:50,400:20", "--postgres-url", "postgresql://nowhere/x"],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "--scale" in proc.stderr
