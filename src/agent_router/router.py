@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -248,6 +248,22 @@ class Router:
         with self._refusals_reported(team_id, sender):
             delivery = self.store.route(request)
         return self._delivered(team_id, sender, delivery)
+
+    def send_many(
+        self, team_id: int, messages: Sequence[Mapping[str, Any]], *, sender: str = "user"
+    ) -> list[Delivery]:
+        """Send several messages from ``sender`` in one transaction (a lead briefing its
+        sub-agents): each routed as :meth:`send` routes it, all committed together, then their
+        turns published. Each message is a mapping of :meth:`send`'s keyword arguments but
+        ``sender`` (``to`` and ``content`` required). Deliveries come back in the order given.
+        One bad or refused message refuses the whole batch: nothing is written but the
+        refusal's ledger event."""
+        if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+            raise errors.InvalidMessageError("send_many takes a list of messages")
+        requests = [self._validate(team_id, **_send_fields(m), sender=sender) for m in messages]
+        with self._refusals_reported(team_id, sender):
+            deliveries = self.store.route_many(requests)
+        return [self._delivered(team_id, sender, d) for d in deliveries]
 
     @contextmanager
     def _refusals_reported(self, team_id: int, sender: str) -> Iterator[None]:
@@ -574,3 +590,26 @@ def _forget(waker: Waker, deletion: Deletion) -> None:
     if not deletion.dry_run:
         for question_id in deletion.questions:
             waker.forget(question_id)
+
+
+_SEND_FIELDS = {
+    "to": None,
+    "content": None,
+    "type": MessageType.MESSAGE,
+    "subtype": None,
+    "question_id": None,
+    "wake": True,
+    "dedup_key": None,
+}
+
+
+def _send_fields(message: Any) -> dict[str, Any]:
+    """One message of a ``send_many``: :meth:`Router.send`'s keyword arguments but ``sender``."""
+    if not isinstance(message, Mapping):
+        raise errors.InvalidMessageError("each message of send_many is a mapping")
+    unknown = set(message) - set(_SEND_FIELDS)
+    if unknown:
+        raise errors.InvalidMessageError(f"unknown message fields {sorted(map(str, unknown))}")
+    if "to" not in message or "content" not in message:
+        raise errors.InvalidMessageError("each message of send_many needs 'to' and 'content'")
+    return {**_SEND_FIELDS, **message}

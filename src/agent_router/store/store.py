@@ -199,6 +199,13 @@ class Store:
             return routing.route(tx, req)
 
     @faults.retrying
+    def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
+        """Route several messages of one team in one transaction: all of them, or none (the
+        first refusal is raised and only it is ledgered)."""
+        with self._tx() as tx:
+            return routing.route_many(tx, reqs)
+
+    @faults.retrying
     def record_rejection(self, team_id: int | None, reason: str, **detail: Any) -> None:
         """Ledger a send refused before it reached the store (malformed input)."""
         self._write_ledger(
