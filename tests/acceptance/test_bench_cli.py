@@ -53,6 +53,7 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         for senders in (1, 4, 16):
             assert f"routed msgs/s ({senders} senders)" in names, backend
         assert "drain cost per message" in names
+        assert "routed msgs/s (send_many of 8, 1 sender)" in names
         # Both floors, so that the stack's own overhead shows beside the physical one.
         for q in ("p50", "p99"):
             for name in ("raw driver", "our engine"):

@@ -258,6 +258,29 @@ class Bench:
                 )
             )
 
+    def fan_out(self) -> None:
+        """One sender briefing eight running agents per ``send_many``: one transaction each."""
+        team = self._team_with(8)
+        for i in range(8):
+            self._running(team, f"Bench_{i + 1}")
+        batch = [{"to": f"Bench_{i + 1}", "content": "brief"} for i in range(8)]
+        rounds = max(25, self.samples // 4)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            self.router.send_many(team, batch, sender="user")
+        ours = rounds * len(batch) / (time.perf_counter() - start)
+        base = self.raw_rate[1]
+        self.rows.append(
+            row(
+                "routed msgs/s (send_many of 8, 1 sender)",
+                self.backend,
+                ours,
+                base,
+                "msg/s",
+                raw=base,
+            )
+        )
+
     def drain(self, queued: int) -> None:
         team = self._team_with(1)
         agent = self.router.agent(team, "Bench_1")
@@ -468,6 +491,7 @@ def run(
             route_p50 = bench.route_latency()
             bench.wake_latency(route_p50)
             bench.throughput()
+            bench.fan_out()
             bench.celery_figures()
             bench.drain(queued)
             rows.extend(bench.rows)
