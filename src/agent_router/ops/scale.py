@@ -251,10 +251,13 @@ _COLOURS = {"route p50": "#1f77b4", "claim p50": "#2ca02c", "sweeper pass p50": 
 
 
 def svg(points: list[tuple[Size, dict[str, float]]]) -> str:
-    """The curve as a small SVG line chart: milliseconds against stored messages (log scale)."""
+    """The curve as a small SVG line chart: each figure as a multiple of the raw floor
+    transaction measured at the same size (so that a machine busier at one size than at another
+    does not bend the curve), against stored messages (log scale)."""
     width, height, left, bottom, top, right = 640, 360, 60, 50, 20, 170
     xs = [math.log10(max(size.messages, 1)) for size, _ in points]
-    top_ms = max((f[name] for _, f in points for name in _COLOURS), default=1.0) * 1.15
+    ratios = [{name: f[name] / f["raw floor p50"] for name in _COLOURS} for _, f in points]
+    top_ms = max((r[name] for r in ratios for name in _COLOURS), default=1.0) * 1.15
     x_lo, x_hi = min(xs), max(xs)
     span = (x_hi - x_lo) or 1.0
 
@@ -285,10 +288,11 @@ def svg(points: list[tuple[Size, dict[str, float]]]) -> str:
         "stored messages / teams (log scale)</text>"
     )
     parts.append(
-        f'<text x="14" y="{top + 120}" transform="rotate(-90 14 {top + 120})">ms (p50)</text>'
+        f'<text x="14" y="{top + 170}" transform="rotate(-90 14 {top + 170})">'
+        "p50, x the raw floor transaction</text>"
     )
     for i, (name, colour) in enumerate(_COLOURS.items()):
-        at = [(px(x), py(f[name])) for x, (_, f) in zip(xs, points, strict=True)]
+        at = [(px(x), py(r[name])) for x, r in zip(xs, ratios, strict=True)]
         line = " ".join(f"{x:.1f},{y:.1f}" for x, y in at)
         parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
         parts.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in at)
