@@ -383,6 +383,10 @@ class Store:
             return
         # One statement is its own transaction: autocommit spares a BEGIN and a COMMIT round
         # trip on every publish (it follows every send that enqueues a turn or wakes a waiter).
+        # Its commit does not wait for the disk (synchronous_commit off, for this transaction
+        # only: the row filter sets it): a mark lost in a server crash only makes the sweeper
+        # publish the row again, and every published signal is fenced or re-checked.
+        stmt = stmt.where(sa.func.set_config("synchronous_commit", "off", True) == "off")
         try:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(stmt)
