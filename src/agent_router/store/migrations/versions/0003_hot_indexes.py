@@ -1,6 +1,6 @@
 """hot indexes: the sweeper's scans by state, deadline and epoch
 
-Revision ID: 0007
+Revision ID: 0003
 Revises: 0002
 Create Date: 2026-12-01 00:30:00.000000
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0007"
+revision: str = "0003"
 down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
