@@ -273,7 +273,10 @@ def test_failed_turn_ends_tells_lead_and_follows_up(inproc_worker: Runtime) -> N
     assert len(notices) == 1
     assert notices[0].target_name == team.lead.display_name
     assert f"turn {first.id} failed" in notices[0].content
-    assert check_team(router, team.id, quiescent=True).ok
+    # The guarantees held; the check reports the turn that failed on purpose, and nothing else.
+    report = check_team(router, team.id, quiescent=True)
+    assert report.violations == []
+    assert len(report.failures) == 1 and f"turn {first.id} failed" in report.failures[0]
 
 
 @pytest.mark.slow

@@ -13,6 +13,15 @@ suspends: the task ends *without* the end-of-turn hook, and the answer schedules
 ``continuation`` turn, which first runs the calls of the interrupted batch still without a
 result, then calls the model.
 
+Replies real models write are repaired, never discarded: a malformed call gets its own error
+result and the rest of the batch runs; an empty reply is asked for once more; a turn about to
+end with an open question, a tool call written as text or an announced action gets one reminder
+(see :mod:`agent_router.agents.reminders`). Every request carries the protocol section
+(:mod:`agent_router.agents.protocol`) after the role prompt.
+
+A failed lead turn is retried once: a ``notice`` tells the lead what failed and starts the
+retry; a second failure in a row stops there. A failed sub-agent turn tells the lead.
+
 Boundaries (before every model call, after it, and before every tool call) check two things: a
 heartbeat thread that renews the lease every ``heartbeat_seconds`` found the turn fenced (stop,
 write nothing), or the lead asked this agent to stop (the rest of the batch is ``cancelled``,
@@ -34,7 +43,10 @@ from typing import Any, TypeVar
 
 from agent_router import errors
 from agent_router import validation as check
+from agent_router.agents import reminders
 from agent_router.agents.llm import Model, ModelFactory
+from agent_router.agents.openai_model import NAMELESS_TOOL
+from agent_router.agents.protocol import protocol_section, with_protocol
 from agent_router.agents.tools import (
     RESULT_RECORDED,
     ToolContext,
@@ -48,6 +60,7 @@ from agent_router.domain import (
     EndOfTurn,
     MessageSubtype,
     MessageType,
+    TurnStatus,
 )
 from agent_router.router import Router
 from agent_router.turn import Turn
@@ -141,7 +154,7 @@ def _run(
                 router,
                 turn,
                 lead,
-                final,
+                final if final.strip() else f"{agent.display_name} ended its turn without a reply.",
                 subtype=MessageSubtype.COMPLETION_REPORT,
                 wake=True,
                 dedup_key=f"report:{turn.id}",
@@ -166,7 +179,9 @@ def _run(
         except errors.StaleTurnError:
             return TurnOutcome.FENCED
         _log_end(turn, end, TurnOutcome.FAILED)
-        if not agent.is_lead:  # the lead told about its own failure would fail again, forever
+        if agent.is_lead:
+            _retry_lead(router, turn, error)
+        else:
             _notify_failure(router, turn, lead, error)
         return TurnOutcome.FAILED
 
@@ -192,29 +207,41 @@ def _steps(
 ) -> str:
     """The model/tool loop; returns the final reply's text."""
     schemas = tools.schemas(agent)
+    names = [str(s["function"]["name"]) for s in schemas]
     ctx = ToolContext(router=router, turn=turn, agent=agent, settings=router.settings)
     # A continuation (or any turn that finds its last batch unfinished) runs the rest first.
     index, unfinished = _open_calls(turn)
     _run_calls(turn, heartbeat, unfinished, tools, replace(ctx, reply_index=index))
+    given: set[reminders.Nudge] = set()
     for step in range(router.settings.max_turn_steps):
         _boundary(turn, heartbeat)
         _drain_all(router, turn)
         history = turn.history()
-        reply = model.complete(list(history), schemas)
+        section = protocol_section(agent, router.agents(turn.team_id), schemas, tools.roles)
+        reply = _reply(model, with_protocol(history, section), schemas)
         _boundary(turn, heartbeat)
+        reply = _unique_call_ids(reply, history)
         # Only this turn writes the transcript now: the reply lands at the end.
         ctx = replace(ctx, reply_index=len(history))
         turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
-        text = reply.get("content")
+        text = str(reply.get("content") or "")
         if not calls:
-            return str(text or "")
+            questions = reminders.open_questions(router, agent)
+            nudge = reminders.nudge_for(text, questions, names, given)
+            if nudge is None:
+                if len(questions) == 1:
+                    reminders.answer_in_prose(router, turn, questions[0], text, history)
+                return text
+            given.add(nudge[0])
+            reminders.remind(router, turn, *nudge, step)
+            continue
         if text and not agent.is_lead:
             _tell_lead(
                 router,
                 turn,
                 lead,
-                str(text),
+                text,
                 subtype=MessageSubtype.PROGRESS_OUTPUT,
                 wake=False,
                 dedup_key=f"progress:{turn.id}:{step}",
@@ -223,6 +250,39 @@ def _steps(
     raise MaxStepsExceededError(
         f"no final reply after {router.settings.max_turn_steps} model calls"
     )
+
+
+def _reply(model: Model, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> Any:
+    """One model reply; an empty one (no text, no tool calls) is asked for once more."""
+    reply = model.complete(messages, schemas)
+    if not reply.get("tool_calls") and not str(reply.get("content") or "").strip():
+        logger.warning("empty model reply, asking again", extra={"action": "model_reply_empty"})
+        reply = model.complete(messages, schemas)
+        if not reply.get("tool_calls"):
+            reply = {**reply, "content": str(reply.get("content") or "")}
+    return reply
+
+
+def _unique_call_ids(reply: dict[str, Any], transcript: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tool call ids unique within the transcript: some servers number calls from 0 in every
+    reply, and a repeated id would pair a result with the wrong call."""
+    calls = reply.get("tool_calls") or []
+    used = {
+        str(c.get("id"))
+        for e in transcript
+        if e.get("role") == "assistant"
+        for c in e.get("tool_calls") or []
+    }
+    if not any(c.get("id") in used for c in calls):
+        return reply
+    fixed = []
+    for i, call in enumerate(calls):
+        unique = call
+        if call.get("id") in used:
+            unique = {**call, "id": f"{call.get('id')}_{len(transcript)}_{i}"}
+        used.add(str(unique["id"]))
+        fixed.append(unique)
+    return {**reply, "tool_calls": fixed}
 
 
 def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
@@ -252,21 +312,40 @@ def _run_calls(
 
 
 def _drain_all(router: Router, turn: Turn) -> None:
-    # A drain moves at most drain_batch_size messages; everything pending goes before the call.
-    while len(turn.drain()) >= router.settings.drain_batch_size:
+    # A drain moves at most drain_batch_size messages (fewer enter the transcript when progress
+    # notes were superseded); everything pending goes before the call.
+    while turn.drain():
         pass
 
 
 def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """One call of a reply. A broken call is answered with an error result the model can act on;
+    the other calls of the reply run as usual."""
     function = call["function"]
+    name = str(function["name"])
+    if name == NAMELESS_TOOL:
+        return fail(
+            "this tool call had no function name, so it did nothing; call one of your tools by "
+            f"name: {', '.join(str(t['function']['name']) for t in tools.schemas(ctx.agent))}",
+            "bad_call",
+        )
     raw = function.get("arguments") or "{}"
     try:
         arguments = json.loads(raw) if isinstance(raw, str) else raw
+        if isinstance(arguments, str):  # arguments encoded twice
+            arguments = json.loads(arguments)
     except json.JSONDecodeError as exc:
-        return fail(f"arguments are not valid JSON: {exc}", "bad_arguments")
+        return fail(
+            f"the arguments of {name} are not valid JSON ({exc}), so the call did nothing; "
+            "call it again with the arguments as one complete JSON object",
+            "bad_arguments",
+        )
     if not isinstance(arguments, dict):
-        return fail("arguments must be a JSON object", "bad_arguments")
-    return tools.call(str(function["name"]), arguments, ctx)
+        return fail(
+            f'the arguments of {name} must be a JSON object, e.g. {{"name": "value"}}',
+            "bad_arguments",
+        )
+    return tools.call(name, arguments, ctx)
 
 
 class ReportUndeliveredError(errors.AgentRouterError):
@@ -340,13 +419,37 @@ def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:
         router.send(
             turn.team_id,
             to=lead,
-            content=f"{turn.display_name}'s turn {turn.id} failed: {error}",
+            content=f"{turn.display_name}'s turn {turn.id} failed: {error}. Send it a message "
+            "to retry, or terminate it if its work is no longer needed.",
             sender="system",
             type=MessageType.NOTICE,
             dedup_key=f"turn-failed:{turn.id}",
         )
     except errors.AgentRouterError:
         logger.exception("failure notice not sent", extra={"action": "notice_failed"})
+
+
+def _retry_lead(router: Router, turn: Turn, error: str) -> None:
+    """A failed lead turn is retried once, with a notice saying what failed; a turn that failed
+    right after a failed turn is not retried again (it would fail the same way, forever)."""
+    earlier = [t for t in router.store.reads.turns(turn.agent_id) if t.id < turn.id]
+    if earlier and earlier[-1].status is TurnStatus.FAILED:
+        logger.error(
+            "lead turn failed twice in a row; not retried", extra={"action": "lead_failed"}
+        )
+        return
+    try:
+        router.send(
+            turn.team_id,
+            to=turn.display_name,
+            content=f"Your previous turn ({turn.id}) failed: {error}. This turn retries it: "
+            "carry on from where the transcript ends.",
+            sender="system",
+            type=MessageType.NOTICE,
+            dedup_key=f"turn-failed:{turn.id}",
+        )
+    except errors.AgentRouterError:
+        logger.exception("lead retry notice not sent", extra={"action": "notice_failed"})
 
 
 def _with_retries(operation: Callable[[], T]) -> T:

@@ -1,16 +1,16 @@
-"""``agent-router bench``: the figures the project publishes (docs/benchmarks.md), each printed
-beside a floor measured in the same run on the same machine.
+"""``agent-router bench``: the published figures, each printed beside a floor measured in the
+same run on the same machine, as a ratio to the raw driver's floor, and against its target.
 
-Floors: one transaction that locks a row, inserts one and updates one (route); one Redis round
-trip plus the route of the waking answer (wake); one Celery round trip of a no-op task, sent, run
-and its result back, on the same broker and worker (turn start); the same number of threads doing
-the floor transaction (throughput); one Celery task per message (burst). Nothing here is
-asserted: it reports.
+Floors: one transaction that locks a row, inserts one and updates one, through the raw driver
+(route; the same transaction through our own engine is printed too, so that the stack's own
+overhead shows); the route of the waking answer plus one Redis and one database round trip
+(wake); one Celery round trip of a no-op task, sent, run and its result back, on the same broker
+and worker (turn start); the same number of threads doing the raw floor transaction
+(throughput); one Celery task per message (burst). Nothing here is asserted: it reports.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import threading
 import time
@@ -19,57 +19,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
-import sqlalchemy as sa
 from kombu import Queue
 
 from agent_router.domain import MessageType
 from agent_router.hooks import HookChain, RouterHooks
+from agent_router.ops.bench_report import Row, row
+from agent_router.ops.floors import Floors, ms, pct, rate
 from agent_router.router import Router
 from agent_router.settings import Settings
-from agent_router.store import make_engine
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker, RedisWaker
-
-if TYPE_CHECKING:
-    from celery import Celery
-
-
-@dataclass(frozen=True, kw_only=True)
-class Row:
-    figure: str
-    backend: str
-    ours: float
-    floor: float | None
-    ratio: float | None
-    unit: str
-
-
-def _row(figure: str, backend: str, ours: float, floor: float | None, unit: str) -> Row:
-    ratio = round(ours / floor, 2) if floor else None
-    return Row(
-        figure=figure,
-        backend=backend,
-        ours=round(ours, 3),
-        floor=None if floor is None else round(floor, 3),
-        ratio=ratio,
-        unit=unit,
-    )
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _ms(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1000
 
 
 def _call(i: int, calls: str = "ask") -> dict[str, Any]:
@@ -86,47 +49,6 @@ def _call(i: int, calls: str = "ask") -> dict[str, Any]:
     }
 
 
-class FloorTransaction:
-    """The cheapest transaction with the shape of a route: lock a row, insert one, update one."""
-
-    def __init__(self, settings: Settings, rows: int = 64) -> None:
-        self.engine = make_engine(settings)
-        self.tag = uuid.uuid4().hex[:8]
-        meta = sa.MetaData()
-        self.counter = sa.Table(
-            f"ar_bench_counter_{self.tag}",
-            meta,
-            sa.Column("id", sa.Integer, primary_key=True),
-            sa.Column("n", sa.Integer),
-        )
-        self.log = sa.Table(
-            f"ar_bench_log_{self.tag}",
-            meta,
-            sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-            sa.Column("v", sa.Text),
-        )
-        self.meta = meta
-        meta.create_all(self.engine)
-        with self.engine.begin() as conn:
-            conn.execute(self.counter.insert(), [{"id": i, "n": 0} for i in range(rows)])
-
-    def run(self, row: int = 0) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                sa.select(self.counter.c.n).where(self.counter.c.id == row).with_for_update()
-            )
-            conn.execute(self.log.insert().values(v="message"))
-            conn.execute(
-                sa.update(self.counter)
-                .where(self.counter.c.id == row)
-                .values(n=self.counter.c.n + 1)
-            )
-
-    def close(self) -> None:
-        self.meta.drop_all(self.engine)
-        self.engine.dispose()
-
-
 class Bench:
     def __init__(self, settings: Settings, backend: str, *, samples: int, redis_url: str | None):
         self.settings = settings
@@ -136,11 +58,15 @@ class Bench:
         waker = RedisWaker(redis_url) if redis_url else InProcessWaker()
         self.router = Router(settings, waker=waker)
         self.router.create_schema()
-        self.floor = FloorTransaction(settings)
+        self.floors = Floors(settings)
         self.rows: list[Row] = []
+        # The raw driver's floor, set by measure_floors: (p50, p99) ms, rates by thread count.
+        self.raw: tuple[float, float] = (0.0, 0.0)
+        self.raw_rate: dict[int, float] = {}
+        self.db_round_trip = 0.0
 
     def close(self) -> None:
-        self.floor.close()
+        self.floors.close()
         self.router.close()
 
     # ---------------------------------------------------------------- helpers
@@ -160,20 +86,55 @@ class Bench:
 
     # ---------------------------------------------------------------- figures
 
+    def _ms_row(self, figure: str, ours: float, floor: float | None, **target: Any) -> Row:
+        raw = self.raw[1] if " p99" in figure else self.raw[0]
+        return row(figure, self.backend, ours, floor, "ms", raw=raw, **target)
+
+    def measure_floors(self) -> None:
+        """Both floor transactions, interleaved: through the raw driver and through our engine."""
+        lat = self.floors.latency(self.samples)
+        self.raw = lat["raw"]
+        self.db_round_trip = self.floors.raw.round_trip()
+        per = max(200, self.samples * 2)
+        engine_rate = 0.0
+        for threads in (1, 4, 16):
+            rates = self.floors.throughput(threads, per // threads)
+            self.raw_rate[threads] = rates["raw"]
+            if threads == 4:
+                engine_rate = rates["engine"]
+        for q, i in (("p50", 0), ("p99", 1)):
+            for name, key in (("raw driver", "raw"), ("our engine", "engine")):
+                self.rows.append(
+                    self._ms_row(f"floor transaction {q} ({name})", lat[key][i], self.raw[i])
+                )
+        for name, value in (("raw driver", self.raw_rate[4]), ("our engine", engine_rate)):
+            self.rows.append(
+                row(
+                    f"floor transactions/s, 4 threads ({name})",
+                    self.backend,
+                    value,
+                    self.raw_rate[4],
+                    "tx/s",
+                    raw=self.raw_rate[4],
+                )
+            )
+        self.rows.append(
+            self._ms_row("database round trip (SELECT 1, raw driver)", self.db_round_trip, None)
+        )
+
     def route_latency(self) -> float:
         n = self.samples
-        floor = [_ms(self.floor.run) for _ in range(n)]
-        f50, f99 = statistics.median(floor), _pct(floor, 0.99)
+        f50, f99 = self.raw
         team = self._team_with(n)
         names = [f"Bench_{i + 1}" for i in range(n)]
         idle = [
-            _ms(partial(self.router.send, team, to=name, content="hi", sender="user"))
+            ms(partial(self.router.send, team, to=name, content="hi", sender="user"))
             for name in names
         ]
         team_r = self._team_with(1)
         self._running(team_r, "Bench_1")
         running = [
-            _ms(lambda: self.router.send(team_r, to="Bench_1", content="hi", sender="user"))
+            ms(lambda: self.router.send(team_r, to="Bench_1", content="hi", sender="user"))
             for _ in range(n)
         ]
         team_w = self._team_with(n)
@@ -183,7 +144,7 @@ class Bench:
             turn.append_assistant(_call(i))
             questions.append(turn.ask("Team Leader", "?", tool_call_id=f"ask-{i}"))
         waiting = [
-            _ms(
+            ms(
                 partial(
                     self.router.send,
                     team_w,
@@ -197,21 +158,26 @@ class Bench:
             for i, q in enumerate(questions)
         ]
         for label, samples in (("idle", idle), ("running", running), ("waiting", waiting)):
+            times = 3 if label == "waiting" else 2
             self.rows.append(
-                _row(f"route p50 ({label})", self.backend, statistics.median(samples), f50, "ms")
+                self._ms_row(
+                    f"route p50 ({label})",
+                    statistics.median(samples),
+                    f50,
+                    target=f"<= {times}x raw floor",
+                    limit=times * f50,
+                )
             )
-            self.rows.append(
-                _row(f"route p99 ({label})", self.backend, _pct(samples, 0.99), f99, "ms")
-            )
-        # The wake floor adds a Redis round trip to the route of the answer that wakes: a route
-        # to a waiting agent.
+            self.rows.append(self._ms_row(f"route p99 ({label})", pct(samples, 0.99), f99))
+        # The wake floor adds a Redis and a database round trip to the route of the answer that
+        # wakes: a route to a waiting agent.
         return statistics.median(waiting)
 
     def wake_latency(self, route_p50: float) -> None:
         n = max(20, self.samples // 5)
         if self.redis_url:
             client = redis.Redis.from_url(self.redis_url)
-            rtt = statistics.median(_ms(client.ping) for _ in range(n))
+            rtt = statistics.median(ms(client.ping) for _ in range(n))
             client.close()
         else:
             rtt = 0.0
@@ -250,9 +216,17 @@ class Bench:
             returned.wait(30)
             waiter.join()
             samples.append((done_at[0] - sent) * 1000)
-        floor = rtt + route_p50
-        self.rows.append(_row("wake p50", self.backend, statistics.median(samples), floor, "ms"))
-        self.rows.append(_row("wake p99", self.backend, _pct(samples, 0.99), floor, "ms"))
+        floor = rtt + route_p50 + self.db_round_trip
+        self.rows.append(
+            self._ms_row(
+                "wake p50",
+                statistics.median(samples),
+                floor,
+                target="<= route + Redis + database round trip",
+                limit=floor,
+            )
+        )
+        self.rows.append(self._ms_row("wake p99", pct(samples, 0.99), floor))
 
     def throughput(self) -> None:
         per_thread_total = max(200, self.samples * 2)
@@ -262,19 +236,50 @@ class Bench:
                 self._running(team, f"Bench_{i + 1}")
             per = per_thread_total // threads
 
-            def send(i: int, team: int = team, per: int = per) -> None:
-                for _ in range(per):
-                    self.router.send(team, to=f"Bench_{i + 1}", content="m", sender="user")
+            def send(i: int, team: int = team) -> None:
+                self.router.send(team, to=f"Bench_{i + 1}", content="m", sender="user")
 
-            def floor(i: int, per: int = per) -> None:
-                for _ in range(per):
-                    self.floor.run(i)
-
-            ours = _rate(threads, per, send)
-            base = _rate(threads, per, floor)
-            self.rows.append(
-                _row(f"routed msgs/s ({threads} senders)", self.backend, ours, base, "msg/s")
+            ours = rate(threads, per, send)
+            base = self.raw_rate[threads]
+            target: dict[str, Any] = (
+                {"target": ">= 1x raw floor, 4 threads", "limit": base, "at_least": True}
+                if threads == 4
+                else {}
             )
+            self.rows.append(
+                row(
+                    f"routed msgs/s ({threads} senders)",
+                    self.backend,
+                    ours,
+                    base,
+                    "msg/s",
+                    raw=base,
+                    **target,
+                )
+            )
+
+    def fan_out(self) -> None:
+        """One sender briefing eight running agents per ``send_many``: one transaction each."""
+        team = self._team_with(8)
+        for i in range(8):
+            self._running(team, f"Bench_{i + 1}")
+        batch = [{"to": f"Bench_{i + 1}", "content": "brief"} for i in range(8)]
+        rounds = max(25, self.samples // 4)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            self.router.send_many(team, batch, sender="user")
+        ours = rounds * len(batch) / (time.perf_counter() - start)
+        base = self.raw_rate[1]
+        self.rows.append(
+            row(
+                "routed msgs/s (send_many of 8, 1 sender)",
+                self.backend,
+                ours,
+                base,
+                "msg/s",
+                raw=base,
+            )
+        )
 
     def drain(self, queued: int) -> None:
         team = self._team_with(1)
@@ -292,9 +297,9 @@ class Bench:
             pass
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        self.rows.append(_row("drain cost per message", self.backend, per_message_us, None, "us"))
+        self.rows.append(row("drain cost per message", self.backend, per_message_us, None, "us"))
         self.rows.append(
-            _row(
+            row(
                 f"drain peak memory, {queued} queued (batches of {self.settings.drain_batch_size})",
                 self.backend,
                 peak / 2**20,
@@ -331,16 +336,18 @@ class Bench:
             ):
                 floor = [noop.round_trip() for _ in range(n)]
                 ours = _turn_starts(rt.router, n)
-                p50 = _row(
-                    "turn start p50", self.backend, statistics.median(ours),
-                    statistics.median(floor), "ms",
-                )  # fmt: skip
-                p99 = _row(
-                    "turn start p99", self.backend, _pct(ours, 0.99), _pct(floor, 0.99), "ms"
+                trip = statistics.median(floor)
+                p50 = self._ms_row(
+                    "turn start p50",
+                    statistics.median(ours),
+                    trip,
+                    target="<= Celery round trip + 2 ms",
+                    limit=trip + 2.0,
                 )
+                p99 = self._ms_row("turn start p99", pct(ours, 0.99), pct(floor, 0.99))
                 turns = _burst_turns(rt.router)
-                noop.send_many(100)  # the baseline: one task per message
-                burst = _row("turns fired for a burst of 100", self.backend, turns, 100, "turns")
+                noop.run_many(100)  # the baseline: one task per message
+                burst = row("turns fired for a burst of 100", self.backend, turns, 100, "turns")
                 self.rows.extend([p50, p99, burst])
         finally:
             runtime.reset()
@@ -352,7 +359,7 @@ class _NoopTask:
     """A no-op Celery task on the bench's queue: the floor of turn start is one Celery round
     trip of it."""
 
-    def __init__(self, app: Celery, queue: str) -> None:
+    def __init__(self, app: Any, queue: str) -> None:
         self.app = app
         self.queue = queue
         self.started: dict[str, float] = {}
@@ -360,7 +367,7 @@ class _NoopTask:
 
         # shared=False: Celery shares app.task tasks with every app by default, and a second
         # bench run in the process would reach the first run's closure.
-        @app.task(name="agent_router.bench_noop", bind=True, shared=False)
+        @app.task(name="agent_router.bench_noop", bind=True, shared=False)  # type: ignore[untyped-decorator]
         def noop(task: Any) -> None:
             started[task.request.id] = time.perf_counter()
 
@@ -377,7 +384,7 @@ class _NoopTask:
             _until(partial(self.started.__contains__, task_id))
         return (time.perf_counter() - sent) * 1000
 
-    def send_many(self, count: int) -> None:
+    def run_many(self, count: int) -> None:
         """``count`` tasks, one per message, run to their start."""
         before = len(self.started)
         for _ in range(count):
@@ -450,19 +457,6 @@ class _ClaimClock(RouterHooks):
             return self._claimed[agent_id]
 
 
-def _rate(threads: int, per: int, fn: Callable[[int], None]) -> float:
-    barrier = threading.Barrier(threads)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        fn(i)
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(run, range(threads)))
-    return threads * per / (time.perf_counter() - start)
-
-
 def _until(probe: Callable[[], Any], timeout: float = 120.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -512,26 +506,12 @@ def run(
         )
     for backend, settings, redis_for_wake in targets:
         with _bench(settings, backend, samples, redis_for_wake) as bench:
+            bench.measure_floors()
             route_p50 = bench.route_latency()
             bench.wake_latency(route_p50)
             bench.throughput()
+            bench.fan_out()
             bench.celery_figures()
             bench.drain(queued)
             rows.extend(bench.rows)
     return rows
-
-
-def render(rows: list[Row]) -> str:
-    head = f"{'figure':<58} {'backend':<17} {'ours':>10} {'floor':>10} {'ratio':>7}  unit"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        floor = "-" if r.floor is None else f"{r.floor:.3f}"
-        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
-        lines.append(
-            f"{r.figure:<58} {r.backend:<17} {r.ours:>10.3f} {floor:>10} {ratio:>7}  {r.unit}"
-        )
-    return "\n".join(lines)
-
-
-def to_json(rows: list[Row]) -> str:
-    return json.dumps([asdict(r) for r in rows])

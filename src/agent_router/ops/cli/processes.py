@@ -226,13 +226,22 @@ def _print_run_result(
     if as_json:
         print(json.dumps({"event": "result", "team_id": team_id, "ok": result.ok,
                           "settled": result.settled, "states": result.states,
-                          "failed_turns": result.failed_turns, "final": result.final}))  # fmt: skip
+                          "failed_turns": result.failed_turns,
+                          "expired_questions": result.expired_questions,
+                          "waiting_on": result.waiting_on, "reason": result.reason,
+                          "final": result.final}))  # fmt: skip
         return
     console.rule("result")
     for name, state in result.states.items():
         console.print(f"{name:<24} {state}")
     for failure in result.failed_turns:
         console.print(Text(f"failed: {failure}", style="bold red"))
+    for expired in result.expired_questions:
+        console.print(Text(f"expired: {expired}", style="bold red"))
+    for wait in result.waiting_on:
+        console.print(Text(f"waiting: {wait}", style="yellow"))
+    if result.reason:
+        console.print(Text(f"stopped: {result.reason}", style="bold red"))
     if not result.settled:
         console.print(Text(f"the team did not settle within {timeout:.0f}s", style="bold red"))
     if result.final:
@@ -316,7 +325,8 @@ RunTimeoutOption = Annotated[
     float,
     typer.Option(
         envvar="AGENT_ROUTER_RUN_TIMEOUT",
-        help="Seconds until every agent must be idle or completed.",
+        help="Seconds until every agent must be idle or completed. Questions get a deadline "
+        "of at most half of it.",
     ),
 ]
 
@@ -339,7 +349,9 @@ def run(  # noqa: PLR0917 - typer options
 ) -> None:
     """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
     from AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY) until every agent is idle or completed,
-    printing the live timeline. Exits non-zero if a turn failed or the team did not settle."""
+    printing the live timeline. Sub-agents get the multi-agent tools only. Stops early, saying
+    what the team waits on, when nothing can make progress. Exits non-zero if a turn failed, a
+    question expired unanswered, or the team did not settle."""
     in_process = _in_process(broker_url, embedded_workers)
     console = _timeline_console()
     catalogue = _roles(roles)
@@ -352,6 +364,9 @@ def run(  # noqa: PLR0917 - typer options
     with tempfile.TemporaryDirectory(prefix="agent-router-run-") as tmp:
         url = database_url or f"sqlite:///{Path(tmp) / 'run.db'}"
         settings = _run_settings(url, broker_url, model, base_url)
+        settings = settings.model_copy(
+            update={"question_timeout_seconds": team_run.question_timeout_for(settings, timeout)}
+        )
         models = team_run.openai_models(settings, catalogue)
         _check_model(settings)
         rt = runtime.configure(settings, app=create_app(settings), models=models, tools=tools)
@@ -364,17 +379,20 @@ def run(  # noqa: PLR0917 - typer options
             )
         team_id = team_run.start_team(rt.router, task, catalogue)
         with _team_running(rt, team_id, _timeline_sink(console, as_json), in_process=in_process):
-            is_settled = team_run.wait_settled(rt.router, team_id, timeout=timeout)
-            result = team_run.result_of(rt.router, team_id, is_settled=is_settled)
+            progress = team_run.wait_settled(rt.router, team_id, timeout=timeout)
+            result = team_run.result_of(rt.router, team_id, progress=progress)
     _print_run_result(console, team_id, result, as_json=as_json, timeout=timeout)
     raise typer.Exit(0 if result.ok else 1)
 
 
 def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str]) -> AgentTools:
     from agent_router.agents.toolbox import agent_tools
+    from agent_router.agents.tools import team_registry
 
     try:
-        return agent_tools(settings, catalogue, server_options=servers)
+        # A real model gets the multi-agent tools and what its role declares: no pretend work.
+        builtin = team_registry(catalogue)
+        return agent_tools(settings, catalogue, server_options=servers, builtin=builtin)
     except errors.ConfigurationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--mcp-server/--host-tools/--roles") from None
 
