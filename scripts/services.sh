@@ -2,7 +2,7 @@
 # Make PostgreSQL, Redis and RabbitMQ answer on 127.0.0.1 for the test suite: use them if they
 # answer, start them if installed, install them (Debian packages) if missing; install Chromium
 # and its driver (Debian packages) for the browser tests if missing. Fails loudly
-# otherwise: the suite never skips a real-service test. (RabbitMQ serves one test: the seed
+# otherwise: the suite never skips a real-service test. (RabbitMQ serves one test: the demo's
 # scenarios through a worker on an amqp:// broker; everything else uses Redis.)
 set -euo pipefail
 

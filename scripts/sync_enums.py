@@ -11,7 +11,9 @@ import sqlalchemy as sa
 
 from agent_router.store.models import Base
 
-path = Path(__file__).parents[1] / "src/agent_router/migrations/versions/0001_initial_schema.py"
+path = (
+    Path(__file__).parents[1] / "src/agent_router/store/migrations/versions/0001_initial_schema.py"
+)
 enums = {
     col.type.name: list(col.type.enums)
     for table in Base.metadata.tables.values()
@@ -21,6 +23,7 @@ enums = {
 text = path.read_text()
 for name, labels in enums.items():
     rendered = ", ".join(f'"{label}"' for label in labels)
-    text = re.sub(rf"sa\.Enum\([^)]*name=[\"']{name}[\"']", f'sa.Enum({rendered}, name="{name}"', text)
+    pattern = rf"sa\.Enum\([^)]*name=[\"']{name}[\"']"
+    text = re.sub(pattern, f'sa.Enum({rendered}, name="{name}"', text)
 path.write_text(text)
 subprocess.run(["ruff", "format", str(path)], check=True)

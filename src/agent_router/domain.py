@@ -72,8 +72,8 @@ class QuestionStatus(enum.StrEnum):
 class QuestionKind(enum.StrEnum):
     """What ends a wait: an answer to a question, or the next output of the waited-on agent."""
 
-    ASK = "ask"  # ask_master / ask_other_agent: any wake message to the asker resolves it
-    OUTPUT = "output"  # wait_sub_agent_output: only an `output` from the target resolves it
+    ASK = "ask"  # ask_master / ask_other_agent: the asked agent's answer (or message) ends it
+    OUTPUT = "output"  # wait_sub_agent_output: only the target's report (not progress) ends it
 
 
 #: Question states that can no longer take an answer.

@@ -8,9 +8,18 @@ that call's ``tool`` result, both rendered as::
     </agent-message>
 
 Optional attributes, in this order: ``subtype``, ``question_id``. The first line and the last line
-are the envelope; everything between them is the content, byte for byte, so no escaping is needed.
-Attribute values are display names and ids, which never contain quotes or newlines.
-The same facts are stored as structured metadata on the transcript entry (:func:`metadata`).
+are the envelope, written by the router: ``from`` is who really sent the message, never what the
+content claims. Attribute values are display names and ids, which never contain quotes, newlines
+or angle brackets. The same facts are stored as structured metadata on the transcript entry
+(:func:`metadata`).
+
+Everything between the two lines is the content, verbatim except for one escape that makes an
+envelope unforgeable: wherever the content has ``<`` followed by something that reads as the tag
+(``agent-message``, ``/agent-message``, any case, with ``-``, ``_`` or a space, spaces around the
+slash), one backslash is put after the ``<`` (``<\\agent-message``); a ``<`` already followed by
+backslashes and the tag gets one more. So the rendered text holds exactly one envelope start and
+one end, whatever the content says, and :func:`parse` removes exactly the backslashes
+:func:`render` added.
 """
 
 from __future__ import annotations
@@ -24,6 +33,14 @@ from agent_router.domain import Message, MessageSubtype, MessageType
 _OPEN = re.compile(r'^<agent-message((?: [a-z_]+="[^"\n]*")*)>$')
 _ATTR = re.compile(r' ([a-z_]+)="([^"\n]*)"')
 _CLOSE = "</agent-message>"
+#: Anything a reader could take for the envelope's tag: ``<`` then the tag name, loosely spelled.
+_TAG = r"\s*/?\s*agent[-_\s]?message"
+#: The tag in content, behind zero or more backslashes (render adds one).
+_ESCAPE = re.compile(r"<(\\*)(?=" + _TAG + ")", re.IGNORECASE)
+#: The tag in rendered content, behind one or more backslashes (parse removes one).
+_UNESCAPE = re.compile(r"<\\(\\*)(?=" + _TAG + ")", re.IGNORECASE)
+#: What counts as an envelope start or end in a rendered text (for checks and tests).
+TAG_PATTERN = re.compile("<" + _TAG, re.IGNORECASE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +70,17 @@ def render(env: Envelope) -> str:
         attrs.append(f'subtype="{env.subtype.value}"')
     if env.question_id is not None:
         attrs.append(f'question_id="{env.question_id}"')
-    return f"<agent-message {' '.join(attrs)}>\n{env.content}\n{_CLOSE}"
+    return f"<agent-message {' '.join(attrs)}>\n{escape(env.content)}\n{_CLOSE}"
+
+
+def escape(content: str) -> str:
+    """The content as it appears inside an envelope (see the module docstring)."""
+    return _ESCAPE.sub(lambda m: "<\\" + m.group(1), content)
+
+
+def unescape(text: str) -> str:
+    """Inverse of :func:`escape`."""
+    return _UNESCAPE.sub(lambda m: "<" + m.group(1), text)
 
 
 def parse(text: str) -> Envelope:
@@ -69,7 +96,7 @@ def parse(text: str) -> Envelope:
             type=MessageType(attrs["type"]),
             sender=attrs["from"],
             message_id=int(attrs["message_id"]),
-            content=content,
+            content=unescape(content),
             subtype=MessageSubtype(attrs["subtype"]) if "subtype" in attrs else None,
             question_id=int(attrs["question_id"]) if "question_id" in attrs else None,
         )

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -30,7 +30,6 @@ from agent_router.domain import (
     OutboxKind,
     Question,
     Team,
-    TurnRecord,
     WaitOutcome,
 )
 from agent_router.hooks import HookChain, RouterHooks
@@ -101,7 +100,7 @@ class Router:
         of the ``budget_*`` settings (``None``: unlimited)."""
         return self.store.create_team(
             lead_system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
-            lead_runner=self._runner(LEAD_ROLE, lead_runner),
+            lead_runner=_runner(self.settings, LEAD_ROLE, lead_runner),
             budget=budget,
         )
 
@@ -123,20 +122,8 @@ class Router:
             role=role,
             display_name=None if display_name is None else check.name(display_name),
             system_prompt=check.optional_text(system_prompt, "system_prompt"),
-            runner=self._runner(role, runner),
+            runner=_runner(self.settings, role, runner),
         )
-
-    def _runner(self, role: str, runner: str | None) -> str | None:
-        """The runner recorded with a new agent: the one given, else the role's setting."""
-        chosen = runner if runner is not None else self.settings.runners.get(role)
-        if chosen is None:
-            return None
-        task, at, queue = chosen.partition("@") if isinstance(chosen, str) else ("", "", "")
-        if not task or (at and not queue) or len(chosen) > 300 or any(c.isspace() for c in chosen):
-            raise errors.InvalidMessageError(
-                f"invalid runner {chosen!r}: a Celery task name, or name@queue"
-            )
-        return chosen
 
     def create_agent_with_task(
         self,
@@ -156,7 +143,7 @@ class Router:
         if display_name is not None:
             check.name(display_name)
         check.optional_text(system_prompt, "system_prompt")
-        runner = self._runner(role, runner)
+        runner = _runner(self.settings, role, runner)
         request = self._validate(
             team_id,
             to=display_name or role,  # replaced by the new agent's display name
@@ -256,6 +243,24 @@ class Router:
             delivery = self.store.route(request)
         return self._delivered(team_id, sender, delivery)
 
+    def send_many(
+        self, team_id: int, messages: Sequence[Mapping[str, Any]], *, sender: str = "user"
+    ) -> list[Delivery]:
+        """Send several messages from ``sender`` in one transaction (a lead briefing its
+        sub-agents): each routed as :meth:`send` routes it, all committed together, then their
+        turns published. Each message is a mapping of :meth:`send`'s keyword arguments but
+        ``sender`` (``to`` and ``content`` required). Deliveries come back in the order given.
+        One bad or refused message refuses the whole batch: nothing is written but the
+        refusal's ledger event."""
+        if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+            raise errors.InvalidMessageError("send_many takes a list of messages")
+        requests = [
+            self._validate(team_id, **check.send_fields(m), sender=sender) for m in messages
+        ]
+        with self._refusals_reported(team_id, sender):
+            deliveries = self.store.route_many(requests)
+        return [self._delivered(team_id, sender, d) for d in deliveries]
+
     @contextmanager
     def _refusals_reported(self, team_id: int, sender: str) -> Iterator[None]:
         """A refused send reaches the hooks (metrics, task events), then the caller."""
@@ -351,10 +356,6 @@ class Router:
             return None  # a team budget is spent: the turn stopped at once
         self.hooks.after_claim(turn)
         return turn
-
-    def turn_of(self, record: TurnRecord) -> Turn:
-        agent = self.store.reads.agent_by_id(record.agent_id)
-        return Turn(self, record, agent.team_id, agent.display_name)
 
     def end_turn(self, turn: Turn, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
         result = self.store.end_turn(turn.record, failed=failed, error=error)
@@ -583,3 +584,9 @@ def _forget(waker: Waker, deletion: Deletion) -> None:
     if not deletion.dry_run:
         for question_id in deletion.questions:
             waker.forget(question_id)
+
+
+def _runner(settings: Settings, role: str, runner: str | None) -> str | None:
+    """The runner recorded with a new agent: the one given, else the role's setting."""
+    chosen = runner if runner is not None else settings.runners.get(role)
+    return None if chosen is None else check.runner(chosen)

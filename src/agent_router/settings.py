@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
-    # Fields below were added for the Celery runtime (issue 3); kept at the end of the class.
+    # The Celery runtime.
     queue: str = Field(
         "agent_router",
         min_length=1,
@@ -128,8 +128,8 @@ class Settings(BaseSettings):
         1.0,
         ge=0,
         description="How long the ScriptedModel takes to write a sub-agent's final reply (so "
-        "that a message can arrive while the last output is being written, seed 3.4) or its "
-        "answer to another agent's question (so the asker is seen waiting, seed 3.5).",
+        "that a message can arrive while the last output is being written) or its "
+        "answer to another agent's question (so the asker is seen waiting).",
     )
     wake_recheck_seconds: float = Field(
         5.0,
@@ -138,7 +138,7 @@ class Settings(BaseSettings):
         "signal costs at most this long.",
     )
 
-    # Fields below were added for the OpenAI-compatible model adapter (issue 5, item 6).
+    # The OpenAI-compatible model adapter.
     openai_model: str | None = Field(
         None,
         description="Model name sent to the Chat Completions endpoint; required by OpenAIModel.",
@@ -171,7 +171,7 @@ class Settings(BaseSettings):
         None, ge=0, le=2, description="Sampling temperature; unset: the server's default."
     )
 
-    # Fields below were added for operations (issue 7).
+    # Operations.
     metrics_port: int | None = Field(
         None,
         ge=0,
@@ -180,7 +180,7 @@ class Settings(BaseSettings):
         "unset: no metrics endpoint.",
     )
 
-    # Fields below were added for recovery time (issue 6).
+    # Host-owned agents and recovery time.
     runners: dict[str, str] = Field(
         default_factory=dict,
         description="Host-owned roles: role name -> the Celery task (`name` or `name@queue`) "

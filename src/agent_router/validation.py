@@ -11,9 +11,11 @@ envelope, hide characters or pass for another name.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from typing import Any, Final
 
 from agent_router import errors
+from agent_router.domain import MessageType
 
 #: The largest id both databases store (a signed 64-bit integer).
 MAX_ID: Final = 2**63 - 1
@@ -160,3 +162,36 @@ def scrub(value: str) -> str:
     except UnicodeEncodeError:
         return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
     return value
+
+
+def runner(value: Any) -> str:
+    """A host's turn runner: a Celery task name, or ``name@queue``."""
+    if isinstance(value, str):
+        task, at, queue = value.partition("@")
+        if task and (queue or not at) and len(value) <= 300 and not any(c.isspace() for c in value):
+            return value
+    raise errors.InvalidMessageError(f"invalid runner {value!r}: a Celery task name, or name@queue")
+
+
+#: The fields of one message of a ``send_many`` and their defaults.
+SEND_FIELDS = {
+    "to": None,
+    "content": None,
+    "type": MessageType.MESSAGE,
+    "subtype": None,
+    "question_id": None,
+    "wake": True,
+    "dedup_key": None,
+}
+
+
+def send_fields(message: Any) -> dict[str, Any]:
+    """One message of a ``send_many``: ``Router.send``'s keyword arguments but ``sender``."""
+    if not isinstance(message, Mapping):
+        raise errors.InvalidMessageError("each message of send_many is a mapping")
+    unknown = set(message) - set(SEND_FIELDS)
+    if unknown:
+        raise errors.InvalidMessageError(f"unknown message fields {sorted(map(str, unknown))}")
+    if "to" not in message or "content" not in message:
+        raise errors.InvalidMessageError("each message of send_many needs 'to' and 'content'")
+    return {**SEND_FIELDS, **message}

@@ -100,7 +100,7 @@ def test_demo_help_documents_real_services() -> None:
 def test_status_in_the_middle_of_the_demo_shows_running_waiting_and_completed(
     tmp_path: Path,
 ) -> None:
-    """Issue 7: the `agent-router status` command, polled while the real demo runs (seed 3.5 holds
+    """The `agent-router status` command, polled while the real demo runs (scenario 3.5 holds
     UI Operator_1 waiting on a running Full-Stack Engineer_1 while the lead has completed)."""
     url = f"sqlite:///{tmp_path / 'demo.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}

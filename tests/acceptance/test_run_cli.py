@@ -1,6 +1,7 @@
 """``agent-router run`` as a user runs it (a subprocess) against a local server that speaks Chat
-Completions with tool calls over real HTTP. Behind the server, a scripted "LLM" (the
-ScriptedModel, chosen by the system prompt of each request) decides the replies."""
+Completions with tool calls over real HTTP. Behind the server, a scripted "LLM" decides the
+replies: the ScriptedModel (chosen by the system prompt of each request), or a sloppy model
+that forgets questions, answers in prose and sends a broken call among good ones."""
 
 from __future__ import annotations
 
@@ -8,13 +9,28 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from agent_router import LedgerAction, Router, Settings
 from agent_router.agents.llm import DEFAULT_SCRIPT, ROLE_SCRIPTS, ScriptedModel, directive
-from tests.support.chat_server import ChatServer, RecordedRequest, Reply, completion
+from tests.support.chat_server import (
+    ChatServer,
+    Move,
+    RecordedRequest,
+    Reply,
+    SloppyModel,
+    View,
+    completion,
+    message_reply,
+    tool_call,
+)
 
 CLI = str(Path(sys.executable).parent / "agent-router")
+ENG = "Full-Stack Engineer_1"
 TIMEOUT = 240
 
 TASK = "Ship a /health endpoint.\n" + directive(
@@ -130,3 +146,137 @@ def test_run_stops_at_its_budget_and_an_operator_raises_it(tmp_path: Path) -> No
     assert "model_calls" in shown.stdout and "50" in shown.stdout
     ledger = cli("ledger", team).stdout
     assert "budget set by operator (CLI)" in ledger and "the team may go on" in ledger
+
+
+# ------------------------------------------------------------------ with a sloppy model
+
+
+def sloppy_lead(*, answers_with_tool: bool) -> Move:
+    """A lead that staffs with one good call and one broken one, forgets the question it is
+    asked, and after the reminder answers it with the tool or, again, in prose."""
+
+    def move(view: View) -> Reply:
+        fresh = view.fresh_seen()
+        if any(s.type == "notice" and s.sender == "system" for s in fresh):
+            if not answers_with_tool:
+                return completion("Use PostgreSQL 16.")
+            [ask] = [s for s in view.all_seen() if s.type == "ask"]
+            args = {"question_id": ask.question_id, "answer": "Use PostgreSQL 16."}
+            return completion(None, [tool_call("c-answer", "answer_sub_agent_question", args)])
+        if view.replies() == 0:
+            good = {"role": "Full-Stack Engineer", "task": "Build the password reset API."}
+            return completion(
+                None,
+                [
+                    tool_call("c-good", "create_sub_agent", good),
+                    tool_call("c-bad", "create_sub_agent", '{"role": "UI Operator", "task": "Bu'),
+                ],
+            )
+        if any(s.type == "ask" for s in fresh):
+            return completion("Good question, carry on.")  # forgets to answer
+        reports = [s.content for s in fresh if s.type == "output"]
+        return completion(f"All done: {reports[-1]}" if reports else "Delegated.")
+
+    return move
+
+
+def engineer(view: View) -> Reply:
+    if view.replies() == 0:
+        return completion(None, [tool_call("c-ask", "ask_master", {"question": "Which database?"})])
+    told = [s.content for s in view.all_seen() if s.role == "tool"]
+    return completion(f"Reset API built; told: {told[-1]}")
+
+
+def run_sloppy_cli(server: ChatServer, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
+    env.update(OPENAI_API_KEY="sk-test", NO_PROXY="127.0.0.1")
+    return subprocess.run(
+        [CLI, "run", "Add a password reset.", "--model", "sloppy", "--base-url",
+         server.base_url, *args],
+        check=False, capture_output=True, text=True, timeout=TIMEOUT, env=env,
+    )  # fmt: skip
+
+
+def run_sloppy(server: ChatServer, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    proc = run_sloppy_cli(server, "--json", *args)
+    try:
+        return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()]
+    except ValueError:
+        raise AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:]) from None
+
+
+@pytest.mark.parametrize("answers_with_tool", [True, False], ids=["tool", "prose"])
+def test_run_with_a_sloppy_model_reminds_answers_and_keeps_the_good_call(
+    answers_with_tool: bool,
+) -> None:
+    model = SloppyModel(
+        {"Team Leader": sloppy_lead(answers_with_tool=answers_with_tool), ENG: engineer}
+    )
+    with ChatServer(responder=model) as server:
+        code, records = run_sloppy(server)
+    result = records[-1]
+    assert code == 0 and result["ok"] is True, result
+    # The good call created the engineer; the broken one created nobody and was answered.
+    assert result["states"] == {"Team Leader": "completed", ENG: "completed"}
+    second = model.requests_of("Team Leader")[1]
+    bad = next(e for e in second.fresh if e.get("tool_call_id") == "c-bad")
+    assert '"reason": "bad_arguments"' in bad["content"]
+    # The forgotten question was reminded, then answered: by the tool, or with the prose.
+    reminders = [
+        s
+        for view in model.requests_of("Team Leader")
+        for s in view.fresh_seen()
+        if s.type == "notice" and "open question" in s.content
+    ]
+    assert len(reminders) == 1 and f"from {ENG}" in reminders[0].content
+    assert model.requests_of(ENG)[-1].fresh_seen()[0].content == "Use PostgreSQL 16."
+    assert result["final"] == "All done: Reset API built; told: Use PostgreSQL 16."
+    answers = [r for r in records if r["event"] == "ledger" and r["detail"].get("type") == "answer"]
+    assert [r["outcome"] for r in answers] == ["resolved"]
+    assert result["expired_questions"] == [] and result["reason"] is None
+    # A real model gets no pretend work tool.
+    assert "do_work" not in model.requests_of(ENG)[0].tools
+    assert "ask_master" in model.requests_of(ENG)[0].tools
+
+
+def silent_lead(view: View) -> Reply:
+    """A lead that, once asked, only ever replies with nothing at all."""
+    if view.replies() == 0:
+        good = {"role": "Full-Stack Engineer", "task": "Build the API."}
+        return completion(None, [tool_call("c1", "create_sub_agent", good)])
+    if view.replies() == 1 and not any(s.type == "ask" for s in view.fresh_seen()):
+        return completion("Delegated.")
+    return message_reply({"role": "assistant", "content": None})
+
+
+def test_run_stops_with_the_reason_when_nothing_can_make_progress(tmp_path: Path) -> None:
+    """Reminded, asked again, the silent lead still writes nothing, so there is no answer to
+    deliver. The lead rests, the engineer waits: the run says so and stops instead of waiting
+    out its timeout."""
+    model = SloppyModel({"Team Leader": silent_lead, ENG: engineer})
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    with ChatServer(responder=model) as server:
+        code, records = run_sloppy(server, "--database-url", url, "--timeout", "600")
+    result = records[-1]
+    assert code == 1 and result["ok"] is False and result["settled"] is False
+    # The question's deadline is below the run's timeout (half of it), not the default hour.
+    router = Router(Settings(database_url=url))
+    [asked] = [e for e in router.ledger(result["team_id"]) if e.action is LedgerAction.ASK]
+    question = router.question(asked.detail["question_id"])
+    assert question.deadline - asked.created_at <= timedelta(seconds=300)
+    router.close()
+    assert result["reason"].startswith("nothing can make progress: ")
+    [wait] = result["waiting_on"]
+    assert wait.startswith(f"{ENG} waits on Team Leader for its answer to question")
+    assert wait.endswith("(Team Leader is completed, 0 message(s) to read)")
+    assert wait in result["reason"]
+    assert result["states"] == {"Team Leader": "completed", ENG: "waiting"}
+
+
+def test_run_timeline_says_what_the_team_waits_on() -> None:
+    with ChatServer(responder=SloppyModel({"Team Leader": silent_lead, ENG: engineer})) as server:
+        proc = run_sloppy_cli(server)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = " ".join(proc.stdout.split())  # the console wraps long lines
+    assert f"waiting: {ENG} waits on Team Leader for its answer to question" in out
+    assert "stopped: nothing can make progress:" in out

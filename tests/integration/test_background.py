@@ -1,6 +1,6 @@
-"""Background jobs (the seed's completion notification pool): a Celery task started on an
-agent's behalf comes back as one notice, through its link callback or, if that was lost, through
-the sweeper's poller; completions close together wake the agent once."""
+"""Background jobs: a Celery task started on an agent's behalf comes back as one notice, through
+its link callback or, if that was lost, through the sweeper's poller; completions close together
+wake the agent once."""
 
 from __future__ import annotations
 

@@ -52,8 +52,9 @@ def test_burst_of_32_wakes_an_idle_agent_once(router: Router) -> None:
 
 
 def test_end_of_turn_race_fires_one_follow_up_never_zero_never_two(router: Router) -> None:
-    """Seed 3.4, 200 times: one thread writes the last output and ends the turn while another
-    sends. Whichever wins the agent lock, the message gets exactly one turn."""
+    """A message arrives while the last output is being written, 200 times: one thread writes
+    the last output and ends the turn while another sends. Whichever wins the agent lock, the
+    message gets exactly one turn."""
     team = router.create_team()
     agent = router.create_agent(team.id, role="UI Operator")
     follow_ups = new_turns = 0

@@ -83,7 +83,7 @@ def test_budget_events_fit_a_migrated_database_and_0004_goes_back(
         actions = [e.action for e in router.ledger(team.id)]
         assert LedgerAction.BUDGET_EXHAUSTED in actions
         router.close()
-        downgrade(url, "0002")
+        downgrade(url, "0003")
         engine = sa.create_engine(url)
         with engine.connect() as conn:
             tables = set(sa.inspect(conn).get_table_names())

@@ -13,7 +13,12 @@ import pytest
 
 from agent_router import Settings
 from agent_router.agents.context import count_tokens, pairing_holds
-from agent_router.agents.openai_model import OpenAIModel, request_messages, tighter_limit
+from agent_router.agents.openai_model import (
+    NAMELESS_TOOL,
+    OpenAIModel,
+    request_messages,
+    tighter_limit,
+)
 from agent_router.agents.usage import Usage
 from agent_router.errors import (
     ConfigurationError,
@@ -302,35 +307,46 @@ MALFORMED = {
     "choices missing": Reply(body={"id": "x"}),
     "no message": Reply(body={"choices": [{"index": 0}]}),
     "wrong role": Reply(body=_body({"role": "user", "content": "hi"})),
-    "content not a string": Reply(body=_body({"role": "assistant", "content": ["a"]})),
-    "empty message": Reply(body=_body({"role": "assistant", "content": None})),
-    "tool call without id": Reply(
-        body=_body(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
-            }
-        )
-    ),
-    "tool call without name": Reply(
-        body=_body(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"id": "c", "type": "function", "function": {"arguments": "{}"}}],
-            }
-        )
-    ),
-    "arguments not JSON": Reply(
-        body=_body({"role": "assistant", "content": None, "tool_calls": [tool_call("c", "f", "{")]})
-    ),
-    "arguments a JSON list": Reply(
-        body=_body(
-            {"role": "assistant", "content": None, "tool_calls": [tool_call("c", "f", "[1]")]}
-        )
-    ),
+    "content a number": Reply(body=_body({"role": "assistant", "content": 5})),
 }
+
+
+def test_sloppy_replies_are_repaired_not_refused(server: ChatServer, make_model: MakeModel) -> None:
+    """Over the real SDK: what a sloppy model writes reaches the loop repaired, every call kept."""
+    server.enqueue(
+        Reply(
+            body=_body(
+                {
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": "Two calls."}],
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "do_work", "arguments": "{}"}},
+                        tool_call("c2", "do_work", {"step": "as an object"}),
+                        {"id": "c3", "type": "function", "function": {"arguments": "{}"}},
+                        tool_call("c4", "do_work", '{"step": "trunc'),
+                    ],
+                }
+            )
+        ),
+        Reply(body=_body({"role": "assistant", "content": None})),
+    )
+    model = make_model()
+
+    reply = model.complete(HELLO, [WORK_TOOL])
+    empty = model.complete(HELLO, [WORK_TOOL])
+
+    assert reply["content"] == "Two calls."
+    calls = reply["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == [
+        "do_work",
+        "do_work",
+        NAMELESS_TOOL,
+        "do_work",
+    ]
+    assert calls[0]["id"] and calls[0]["id"] not in {"c2", "c3", "c4"}
+    assert json.loads(calls[1]["function"]["arguments"]) == {"step": "as an object"}
+    assert calls[3]["function"]["arguments"] == '{"step": "trunc'
+    assert empty == {"role": "assistant", "content": ""}
 
 
 @pytest.mark.parametrize("reply", MALFORMED.values(), ids=MALFORMED.keys())

@@ -13,7 +13,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from agent_router import MessageStatus, RouteOutcome, Settings
-from agent_router.ops.chaos import PrivateRedis
+from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime

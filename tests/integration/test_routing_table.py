@@ -1,4 +1,4 @@
-"""DESIGN section 1, row by row, through the public API, on SQLite and PostgreSQL."""
+"""The routing table, row by row, through the public API, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from agent_router import (
     LedgerAction,
     MessageStatus,
     MessageType,
+    QuestionClosedError,
     RouteOutcome,
     Router,
     TurnTrigger,
     UnknownAgentError,
 )
-from agent_router.domain import OutboxKind
+from agent_router.domain import OutboxKind, QuestionStatus
 from agent_router.formats import parse
 from agent_router.outbox import RecordingPublisher
 
@@ -176,16 +177,28 @@ def test_waiting_agent_gets_message_as_tool_result(
     assert wake.id not in {u.id for u in router.store.reads.unpublished()}
 
 
-def test_any_wake_message_resolves_a_wait_and_late_answer_is_delivered_normally(
-    router: Router,
-) -> None:
+def test_only_the_agent_waited_on_releases_an_ask(router: Router) -> None:
+    """Messages from anyone but the asked agent queue behind the wait (a context-only one as
+    `queued`) and are drained after the answer, which is the ask's result."""
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")
+    router.create_agent(team.id, role="Designer")
     turn = start_waiting(router, team.id, "Engineer_1", "Team Leader")
     qid = next(m for m in router.messages(team.id) if m.type is MessageType.ASK).question_id
-    first = router.send(team.id, to="Engineer_1", content="stop and report", sender="user")
-    assert first.outcome is RouteOutcome.RESOLVED
-    late = router.send(
+    from_user = router.send(team.id, to="Engineer_1", content="stop and report", sender="user")
+    from_peer = router.send(
+        team.id, to="Engineer_1", content="FYI: starting on the reset API", sender="Designer_1"
+    )
+    context = router.send(
+        team.id, to="Engineer_1", content="build is green", sender="system", wake=False
+    )
+    assert [d.outcome for d in (from_user, from_peer, context)] == [
+        RouteOutcome.INJECTED_INLINE,
+        RouteOutcome.INJECTED_INLINE,
+        RouteOutcome.QUEUED,
+    ]
+    assert router.agent(team.id, "Engineer_1").state is AgentState.WAITING
+    answer = router.send(
         team.id,
         to="Engineer_1",
         content="the answer",
@@ -193,9 +206,37 @@ def test_any_wake_message_resolves_a_wait_and_late_answer_is_delivered_normally(
         type=MessageType.ANSWER,
         question_id=qid,
     )
-    assert late.outcome is RouteOutcome.INJECTED_INLINE
+    assert answer.outcome is RouteOutcome.RESOLVED
+    assert router.question(qid or 0).status is QuestionStatus.ANSWERED
+    last = router.transcript(team.id, "Engineer_1")[-1]
+    assert last["role"] == "tool" and parse(last["content"]).content == "the answer"
     drained = turn.drain()
-    assert [(m.id, m.question_id) for m in drained] == [(late.message_id, qid)]
+    assert [m.id for m in drained] == [d.message_id for d in (from_user, from_peer, context)]
+
+
+def test_any_message_of_the_asked_agent_releases_the_ask_as_its_answer(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn = start_waiting(router, team.id, "Engineer_1", "Team Leader")
+    qid = next(m for m in router.messages(team.id) if m.type is MessageType.ASK).question_id
+    message = router.send(team.id, to="Engineer_1", content="use auth", sender="Team Leader")
+    assert message.outcome is RouteOutcome.RESOLVED
+    question = router.question(qid or 0)
+    assert (question.status, question.answer_message_id) == (
+        QuestionStatus.ANSWERED,
+        message.message_id,
+    )
+    # A late answer to the closed question is refused: it was answered already.
+    with pytest.raises(QuestionClosedError):
+        router.send(
+            team.id,
+            to="Engineer_1",
+            content="the answer",
+            sender="Team Leader",
+            type=MessageType.ANSWER,
+            question_id=qid,
+        )
+    assert turn.drain() == []
 
 
 def test_context_only_notice_is_queued_without_a_turn(router: Router) -> None:

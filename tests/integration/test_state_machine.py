@@ -1,5 +1,6 @@
 """Property-based test of the router's state machine: random interleavings of send, claim,
-drain, append, end, stale claims and take-overs, with guarantees 2-7 checked after every step."""
+drain, append, asks, end, stale claims and take-overs, with guarantees 2-7 and the routing table
+(only the agent an ask waits on releases it) checked after every step."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hypothesis.stateful import (
 
 from agent_router import (
     AgentState,
+    AskRefusedError,
     RefusedError,
     RouteOutcome,
     Router,
@@ -53,9 +55,23 @@ def make_machine(router: Router) -> type[RuleBasedStateMachine]:
             self.stale: list[Turn] = []
             self.calls = itertools.count()
             self.accepted = 0
+            self.waits: dict[str, str] = {}  # asker -> the agent its ask waits on
 
         def _state(self, name: str) -> AgentState:
             return router.agent(self.team_id, name).state
+
+        def _running(self) -> list[str]:
+            """Agents whose turn is running (not blocked in an ask)."""
+            return sorted(n for n in self.turns if n not in self.waits)
+
+        def _expected(self, to: str, sender: str, wake: bool, before: AgentState) -> RouteOutcome:
+            if before is AgentState.WAITING:
+                if wake and self.waits.get(to) == sender:
+                    return RouteOutcome.RESOLVED
+                return RouteOutcome.INJECTED_INLINE if wake else RouteOutcome.QUEUED
+            if wake or before not in RESTING_STATES:
+                return EXPECTED[before]
+            return RouteOutcome.QUEUED
 
         @rule(
             to=st.sampled_from(NAMES),
@@ -75,12 +91,34 @@ def make_machine(router: Router) -> type[RuleBasedStateMachine]:
                 assert sender == to
                 return
             self.accepted += 1
-            expected = (
-                EXPECTED[before]
-                if wake
-                else (RouteOutcome.QUEUED if before in RESTING_STATES else EXPECTED[before])
-            )
-            assert d.outcome is expected, (before, wake, d.outcome)
+            expected = self._expected(to, sender, wake, before)
+            assert d.outcome is expected, (before, sender, self.waits.get(to), wake, d.outcome)
+            if expected is RouteOutcome.RESOLVED:
+                del self.waits[to]
+                assert self._state(to) is AgentState.RUNNING
+
+        @precondition(lambda self: bool(self._running()))
+        @rule(data=st.data(), whom=st.sampled_from(NAMES))
+        def ask(self, data: st.DataObject, whom: str) -> None:
+            name = data.draw(st.sampled_from(self._running()))
+            turn = self.turns[name]
+            if turn.open_tool_calls():
+                return
+            call = f"ask{next(self.calls)}"
+            turn.append_assistant(assistant(None, tool_call(call, "ask_master")))
+            try:
+                turn.ask(whom, "which one?", tool_call_id=call)
+            except AskRefusedError:
+                # Itself, or a cycle: the target already waits (through others) on the asker.
+                chain, waits_on = [whom], self.waits.get(whom)
+                while waits_on is not None and waits_on not in chain:
+                    chain.append(waits_on)
+                    waits_on = self.waits.get(waits_on)
+                assert whom == name or name in chain
+                turn.append_tool_result(call, "refused")
+                return
+            self.waits[name] = whom
+            assert self._state(name) is AgentState.WAITING
 
         @rule(name=st.sampled_from(NAMES))
         def claim(self, name: str) -> None:
@@ -96,10 +134,10 @@ def make_machine(router: Router) -> type[RuleBasedStateMachine]:
             agent = router.agent(self.team_id, name)
             assert router.claim(agent.id, agent.epoch - back) is None
 
-        @precondition(lambda self: bool(self.turns))
+        @precondition(lambda self: bool(self._running()))
         @rule(data=st.data())
         def drain(self, data: st.DataObject) -> None:
-            name = data.draw(st.sampled_from(sorted(self.turns)))
+            name = data.draw(st.sampled_from(self._running()))
             turn = self.turns[name]
             pending = [
                 m
@@ -113,10 +151,10 @@ def make_machine(router: Router) -> type[RuleBasedStateMachine]:
                 return
             assert [m.id for m in got] == [m.id for m in sorted(pending, key=lambda m: m.seq)]
 
-        @precondition(lambda self: bool(self.turns))
+        @precondition(lambda self: bool(self._running()))
         @rule(data=st.data(), with_calls=st.integers(min_value=0, max_value=2))
         def model_output(self, data: st.DataObject, with_calls: int) -> None:
-            name = data.draw(st.sampled_from(sorted(self.turns)))
+            name = data.draw(st.sampled_from(self._running()))
             turn = self.turns[name]
             calls = [tool_call(f"c{next(self.calls)}") for _ in range(with_calls)]
             try:
@@ -124,19 +162,19 @@ def make_machine(router: Router) -> type[RuleBasedStateMachine]:
             except ToolCallsPendingError:
                 assert turn.open_tool_calls()
 
-        @precondition(lambda self: bool(self.turns))
+        @precondition(lambda self: bool(self._running()))
         @rule(data=st.data())
         def tool_result(self, data: st.DataObject) -> None:
-            name = data.draw(st.sampled_from(sorted(self.turns)))
+            name = data.draw(st.sampled_from(self._running()))
             turn = self.turns[name]
             open_calls = turn.open_tool_calls()
             if open_calls:
                 turn.append_tool_result(open_calls[0], "ok")
 
-        @precondition(lambda self: bool(self.turns))
+        @precondition(lambda self: bool(self._running()))
         @rule(data=st.data(), failed=st.booleans())
         def end(self, data: st.DataObject, failed: bool) -> None:
-            name = data.draw(st.sampled_from(sorted(self.turns)))
+            name = data.draw(st.sampled_from(self._running()))
             turn = self.turns.pop(name)
             pending_wake = any(
                 m.target_name == name and m.status is MessageStatus.PENDING and m.wake
@@ -147,10 +185,10 @@ def make_machine(router: Router) -> type[RuleBasedStateMachine]:
             assert result.state is (AgentState.SCHEDULED if pending_wake else AgentState.COMPLETED)
             self.stale.append(turn)
 
-        @precondition(lambda self: bool(self.turns))
+        @precondition(lambda self: bool(self._running()))
         @rule(data=st.data())
         def take_over(self, data: st.DataObject) -> None:
-            name = data.draw(st.sampled_from(sorted(self.turns)))
+            name = data.draw(st.sampled_from(self._running()))
             turn = self.turns.pop(name)
             router.take_over(self.team_id, name, reason="lease expired")
             self.stale.append(turn)
@@ -192,8 +230,10 @@ def make_machine(router: Router) -> type[RuleBasedStateMachine]:
                     assert not wake_pending, f"{agent.display_name} rests with wake mail"
                 if agent.state is AgentState.SCHEDULED:
                     assert (agent.id, agent.epoch) in keys
-                running = agent.state is AgentState.RUNNING
-                assert running == (agent.display_name in self.turns)
+                owned = agent.state in (AgentState.RUNNING, AgentState.WAITING)
+                assert owned == (agent.display_name in self.turns)
+                waiting = agent.state is AgentState.WAITING
+                assert waiting == (agent.display_name in self.waits)
 
     return RouterMachine
 

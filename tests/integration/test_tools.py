@@ -228,6 +228,29 @@ def test_lead_tool_failures_are_results(router: Router) -> None:
     t.check()
 
 
+def test_names_are_matched_loosely_but_never_ambiguously(router: Router) -> None:
+    t = Team(router)
+    t.router.create_agent(t.id, role="UI Operator")
+    t.router.create_agent(t.id, role="UI Operator")
+    lead = Calls(
+        [
+            ("send_message_to_sub_agent", {"display_name": "ui operator 2", "message": "a"}),
+            ("send_message_to_sub_agent", {"display_name": "UI-Operator_1", "message": "b"}),
+            ("send_message_to_sub_agent", {"display_name": "ui operator", "message": "c"}),
+        ]
+    )
+    t.models[LEAD] = lead
+    t.tell_lead()
+    t.run()
+    second, first, ambiguous = (t.json(LEAD, f"send_message_to_sub_agent-0-{j}") for j in range(3))
+    assert (second["ok"], second["to"]) == (True, "UI Operator_2")
+    assert (first["ok"], first["to"]) == (True, "UI Operator_1")
+    assert ambiguous["reason"] == "unknown_agent"  # two agents spell it: neither is guessed
+    assert "UI Operator_1 (UI Operator" in ambiguous["error"]
+    assert "UI Operator_2 (UI Operator" in ambiguous["error"]
+    t.check()
+
+
 def test_ask_master_suspends_and_the_answer_continues_the_batch(router: Router) -> None:
     t = Team(router)
     t.router.create_agent(t.id, role="Full-Stack Engineer")
@@ -288,10 +311,19 @@ def test_ask_refusals_and_answer_other_agent(router: Router) -> None:
     assert t.agent(UI).state is AgentState.WAITING and t.agent(UI).suspended
     t.run()
     assert t.json(UI, "ask_other_agent-0-0")["reason"] == "ask_refused"
-    assert t.json(UI, "ask_other_agent-1-0")["reason"] == "ask_refused"
+    # An unknown agent is refused with the roster, so that the model can pick a real name.
+    unknown = t.json(UI, "ask_other_agent-1-0")
+    assert unknown["reason"] == "unknown_agent"
+    assert f"{LEAD} (Team Leader" in unknown["error"] and f"{ENG} (Full-Stack" in unknown["error"]
+    # A refused cycle says who waits on whom and what to do instead.
     cycle = t.json(ENG, "ask_other_agent-0-0")
     assert cycle["reason"] == "cycle" and cycle["cycle"] == [ENG, UI, ENG]
-    assert t.json(ENG, "answer_other_agent-1-0")["reason"] == "unknown_question"
+    assert f"you would wait on {UI}; {UI} is waiting on you" in cycle["error"]
+    assert "answer the open question" in cycle["error"]
+    # An unknown question id says where ids are and which questions are open.
+    wrong = t.json(ENG, "answer_other_agent-1-0")
+    assert wrong["reason"] == "unknown_question"
+    assert "your open questions: " in wrong["error"] and f"(from {UI})" in wrong["error"]
     assert t.json(ENG, "answer_other_agent-2-0")["ok"]
     assert parse(t.result(UI, "ask_other_agent-2-0")).content == f"answer for {UI}"
     t.check()

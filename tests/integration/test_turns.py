@@ -100,7 +100,7 @@ def test_end_with_pending_wake_messages_fires_exactly_one_follow_up(router: Rout
     router.create_agent(team.id, role="Engineer")
     turn = start_running(router, team.id, "Engineer_1")
     turn.append_assistant(assistant("final words"))
-    for i in range(3):  # seed 3.4: messages land while the last output is written
+    for i in range(3):  # messages land while the last output is written
         router.send(team.id, to="Engineer_1", content=f"late {i}", sender="Team Leader")
     outbox = len(router.outbox(team.id))
     end = turn.end()

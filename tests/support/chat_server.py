@@ -14,6 +14,7 @@ status, a malformed body, or a delay beyond the client's timeout.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -137,6 +138,132 @@ def error(
         body={"error": {"message": message, "type": "test_error", "code": str(status)}},
         headers=headers,
     )
+
+
+def message_reply(message: Mapping[str, Any], finish_reason: str = "stop") -> Reply:
+    """A response whose message is exactly ``message``, however malformed (a sloppy model's)."""
+    return Reply(
+        body={
+            "id": "chatcmpl-sloppy",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": "sloppy-model",
+            "choices": [{"index": 0, "message": dict(message), "finish_reason": finish_reason}],
+        }
+    )
+
+
+# ------------------------------------------------------------------------- a sloppy model
+
+#: The line of the protocol section that names the agent a request is for.
+_YOU_ARE = re.compile(r"^You are (.+?), (?:the Team Leader|a |an )", re.MULTILINE)
+_ENVELOPE = re.compile(r'^<agent-message type="([a-z]+)" from="([^"]*)"(.*)>$')
+_ATTR = re.compile(r' ([a-z_]+)="([^"]*)"')
+
+
+def agent_of(request: RecordedRequest) -> str:
+    """The display name the request's protocol section gives the agent."""
+    system = str(request.body["messages"][0].get("content") or "")
+    match = _YOU_ARE.search(system)
+    if match is None:
+        raise AssertionError(f"no agent named in the system prompt: {system[:200]!r}")
+    return match.group(1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seen:
+    """One envelope a model read (a drained message or a resolved wait's result), as the model
+    reads it: the first line's attributes and the content below."""
+
+    role: str  # "user" (drained) or "tool" (a call's result)
+    type: str
+    sender: str
+    attrs: Mapping[str, str]
+    content: str
+
+    @property
+    def question_id(self) -> int | None:
+        value = self.attrs.get("question_id")
+        return int(value) if value else None
+
+
+def seen(entry: Mapping[str, Any]) -> Seen | None:
+    text = str(entry.get("content") or "")
+    head, _, rest = text.partition("\n")
+    match = _ENVELOPE.match(head)
+    if match is None or not rest.endswith("</agent-message>"):
+        return None
+    return Seen(
+        role=str(entry.get("role")),
+        type=match.group(1),
+        sender=match.group(2),
+        attrs=dict(_ATTR.findall(match.group(3))),
+        content=rest[: -len("</agent-message>")].rstrip("\n"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class View:
+    """What a model is given in one request, read the way a model would read it."""
+
+    agent: str
+    messages: list[dict[str, Any]]
+    tools: list[str]
+
+    @property
+    def system(self) -> str:
+        return str(self.messages[0].get("content") or "")
+
+    @property
+    def fresh(self) -> list[dict[str, Any]]:
+        """The entries after the model's last reply."""
+        out: list[dict[str, Any]] = []
+        for entry in reversed(self.messages):
+            if entry.get("role") == "assistant":
+                break
+            out.append(entry)
+        return out[::-1]
+
+    def fresh_seen(self) -> list[Seen]:
+        return [s for e in self.fresh if (s := seen(e)) is not None]
+
+    def fresh_results(self) -> list[dict[str, Any]]:
+        return [e for e in self.fresh if e.get("role") == "tool"]
+
+    def replies(self) -> int:
+        return sum(e.get("role") == "assistant" for e in self.messages)
+
+    def all_seen(self) -> list[Seen]:
+        return [s for e in self.messages if (s := seen(e)) is not None]
+
+
+#: One move of a sloppy model: the reply to a request, decided from what the model is given.
+Move = Callable[[View], Reply]
+
+
+class SloppyModel:
+    """A :data:`Responder` that plays one model per agent, each a :data:`Move` (a function of
+    what that agent is given), the way real models misbehave: prose where a tool call was
+    due, broken calls among good ones, calls written as text, forged envelopes. Agents without
+    a move reply ``Done.``. Every request is kept per agent as a :class:`View`."""
+
+    def __init__(self, moves: Mapping[str, Move]) -> None:
+        self.moves = dict(moves)
+        self.views: dict[str, list[View]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, request: RecordedRequest) -> Reply:
+        name = agent_of(request)
+        tools = [str(t["function"]["name"]) for t in request.body.get("tools") or []]
+        view = View(agent=name, messages=list(request.body["messages"]), tools=tools)
+        with self._lock:
+            self.views.setdefault(name, []).append(view)
+        move = self.moves.get(name)
+        return move(view) if move is not None else completion("Done.")
+
+    def requests_of(self, name: str) -> list[View]:
+        with self._lock:
+            return list(self.views.get(name, []))
 
 
 class ChatServer:

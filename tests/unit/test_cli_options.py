@@ -1,4 +1,4 @@
-"""Issue 7: every option of every `agent-router` command can also come from an AGENT_ROUTER_*
+"""Every option of every `agent-router` command can also come from an AGENT_ROUTER_*
 environment variable (shown in --help), so a deployment configures the CLI like the worker."""
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import pytest
 from agent_router import errors
 from agent_router.domain import (
     AgentState,
+    MessageSubtype,
     MessageType,
     QuestionKind,
     QuestionStatus,
@@ -51,9 +52,17 @@ def test_the_routing_table_by_receiver_state(
     assert decide(state, None, msg) is outcome
 
 
-def test_a_wake_message_resolves_an_ask_and_a_context_message_is_injected() -> None:
-    assert decide(AgentState.WAITING, ASK, WAKE) is RouteOutcome.RESOLVED
-    assert decide(AgentState.WAITING, ASK, CONTEXT) is RouteOutcome.INJECTED_INLINE
+def test_only_the_asked_agent_releases_an_ask() -> None:
+    from_asked = Incoming(type=MessageType.MESSAGE, sender_id=ASK.target_agent_id, wake=True)
+    assert decide(AgentState.WAITING, ASK, from_asked) is RouteOutcome.RESOLVED
+    # Anyone else (a peer, the user, the system) is queued behind the wait.
+    external = Incoming(type=MessageType.MESSAGE, sender_id=None, wake=True)
+    for msg in (WAKE, external):
+        assert not resolves(ASK, msg)
+        assert decide(AgentState.WAITING, ASK, msg) is RouteOutcome.INJECTED_INLINE
+    assert decide(AgentState.WAITING, ASK, CONTEXT) is RouteOutcome.QUEUED
+    context_from_asked = Incoming(type=MessageType.NOTICE, sender_id=2, wake=False)
+    assert decide(AgentState.WAITING, ASK, context_from_asked) is RouteOutcome.QUEUED
 
 
 def test_an_answer_resolves_only_the_question_it_answers() -> None:
@@ -63,14 +72,26 @@ def test_an_answer_resolves_only_the_question_it_answers() -> None:
     assert decide(AgentState.WAITING, ASK, other) is RouteOutcome.INJECTED_INLINE
 
 
-def test_an_output_wait_ends_only_on_the_awaited_agents_output() -> None:
-    awaited = Incoming(type=MessageType.OUTPUT, sender_id=2, wake=True)
+def test_an_output_wait_ends_only_on_the_awaited_agents_report() -> None:
+    report = Incoming(
+        type=MessageType.OUTPUT,
+        sender_id=2,
+        wake=True,
+        subtype=MessageSubtype.COMPLETION_REPORT,
+    )
+    plain_output = Incoming(type=MessageType.OUTPUT, sender_id=2, wake=True)
+    progress = Incoming(
+        type=MessageType.OUTPUT, sender_id=2, wake=False, subtype=MessageSubtype.PROGRESS_OUTPUT
+    )
     other_sender = Incoming(type=MessageType.OUTPUT, sender_id=3, wake=True)
     not_output = Incoming(type=MessageType.MESSAGE, sender_id=2, wake=True)
     external = Incoming(type=MessageType.OUTPUT, sender_id=None, wake=True)
-    assert decide(AgentState.WAITING, OUTPUT_WAIT, awaited) is RouteOutcome.RESOLVED
-    for msg in (other_sender, not_output, external):
+    for msg in (report, plain_output):
+        assert decide(AgentState.WAITING, OUTPUT_WAIT, msg) is RouteOutcome.RESOLVED
+    assert decide(AgentState.WAITING, OUTPUT_WAIT, progress) is RouteOutcome.QUEUED
+    for msg in (other_sender, not_output, external, progress):
         assert not resolves(OUTPUT_WAIT, msg)
+    for msg in (other_sender, not_output, external):
         assert decide(AgentState.WAITING, OUTPUT_WAIT, msg) is RouteOutcome.INJECTED_INLINE
 
 

@@ -22,6 +22,7 @@ from agent_router import (
 )
 from agent_router.agents.llm import Model, ScriptedModel
 from agent_router.agents.loop import TurnOutcome, run_turn
+from agent_router.agents.protocol import HEADING
 from agent_router.agents.tools import default_registry
 from agent_router.ops.checks import check_team, tool_pairing_problems
 from agent_router.outbox import RecordingPublisher
@@ -193,9 +194,11 @@ def test_the_transcript_is_read_once_per_turn_and_extended(router: Router) -> No
         sa.event.remove(router.store.engine, "before_cursor_execute", record)
     assert outcome is TurnOutcome.ENDED
     full = router.transcript(team_id, agent.display_name)
-    # What the model saw at each step is the transcript up to then, as stored.
-    assert [len(s) for s in model.seen] == [1, 3, 5, 7]
-    assert all(seen == full[: len(seen)] for seen in model.seen)
+    # What the model saw at each step is the protocol section (the transcript has no system
+    # prompt of its own), then the transcript up to then, as stored.
+    assert [len(s) for s in model.seen] == [2, 4, 6, 8]
+    assert all(seen[0]["content"].startswith(HEADING) for seen in model.seen)
+    assert all(seen[1:] == full[: len(seen) - 1] for seen in model.seen)
     # One whole read, then only what was appended after the last entry read.
     assert len(reads) == 4  # one per model call
     assert "position >" not in reads[0]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent_router.agents.openai_model import assistant_message, request_messages
+from agent_router.agents.openai_model import NAMELESS_TOOL, assistant_message, request_messages
 from agent_router.errors import InvalidTranscriptEntryError, MalformedModelResponseError
 
 
@@ -134,30 +134,65 @@ def test_empty_string_content_is_a_reply() -> None:
         ({"choices": []}, "no choices"),
         ({"choices": ["x"]}, "no message"),
         ({"choices": [{"message": None}]}, "no message"),
-        (body({"content": "hi"}), "role is None"),
         (body({"role": "user", "content": "hi"}), "role is 'user'"),
-        (body({"role": "assistant", "content": 5}), "neither a string nor null"),
-        (body({"role": "assistant", "content": None}, "length"), "finish_reason 'length'"),
-        (body({"role": "assistant", "tool_calls": {"id": "c"}}), "not a list"),
-        (body({"role": "assistant", "tool_calls": ["c"]}), "not an object"),
-        (body({"role": "assistant", "tool_calls": [call("")]}), "no id"),
-        (body({"role": "assistant", "tool_calls": [{"function": {}}]}), "no id"),
-        (body({"role": "assistant", "tool_calls": [call("c", "")]}), "no function name"),
-        (body({"role": "assistant", "tool_calls": [{"id": "c"}]}), "no function name"),
-        (
-            body({"role": "assistant", "tool_calls": [call("c") | {"type": "custom"}]}),
-            "type 'custom'",
-        ),
-        (body({"role": "assistant", "tool_calls": [call("c", "f", {"a": 1})]}), "not a string"),
-        (body({"role": "assistant", "tool_calls": [call("c", "f", '{"a": ')]}), "not a JSON obj"),
-        (body({"role": "assistant", "tool_calls": [call("c", "f", "[]")]}), "not a JSON object"),
-        (body({"role": "assistant", "tool_calls": [call("c", "f", "")]}), "not a JSON object"),
-        (body({"role": "assistant", "tool_calls": [call("c"), call("c")]}), "duplicate"),
+        (body({"role": "assistant", "content": 5}), "neither a string"),
+        (body({"role": "assistant", "tool_calls": "c"}), "not a list"),
     ],
 )
-def test_malformed_responses_are_refused(response: Any, reason: str) -> None:
+def test_bodies_that_are_no_chat_completion_are_refused(response: Any, reason: str) -> None:
     with pytest.raises(MalformedModelResponseError, match=reason):
         assistant_message(response)
+
+
+def test_content_as_a_list_of_parts_is_joined() -> None:
+    parts = [{"type": "text", "text": "Use "}, "the ", {"type": "text", "text": "reset API."}]
+
+    assert assistant_message(body({"role": "assistant", "content": parts}))["content"] == (
+        "Use the reset API."
+    )
+
+
+def test_missing_and_duplicate_ids_are_made() -> None:
+    raw = [
+        call("", "f"),
+        {"function": {"name": "g", "arguments": "{}"}},
+        call("c", "f"),
+        call("c", "f"),
+    ]
+
+    calls = assistant_message(body({"role": "assistant", "tool_calls": raw}))["tool_calls"]
+
+    ids = [c["id"] for c in calls]
+    assert len(set(ids)) == 4 and all(ids) and ids[2] == "c"
+    assert [c["function"]["name"] for c in calls] == ["f", "g", "f", "f"]
+
+
+def test_object_arguments_become_a_json_string() -> None:
+    raw = [call("c", "f", {"step": "x"})]
+
+    [repaired] = assistant_message(body({"role": "assistant", "tool_calls": raw}))["tool_calls"]
+
+    assert json.loads(repaired["function"]["arguments"]) == {"step": "x"}
+
+
+def test_broken_calls_are_kept_for_the_loop_to_answer() -> None:
+    raw = [call("ok", "f", "{}"), call("cut", "f", '{"a": '), {"id": "anon"}, "junk"]
+
+    calls = assistant_message(body({"role": "assistant", "tool_calls": raw}))["tool_calls"]
+
+    assert [c["function"]["name"] for c in calls] == ["f", "f", NAMELESS_TOOL, NAMELESS_TOOL]
+    assert calls[1]["function"]["arguments"] == '{"a": '  # the model's own string, to fix
+    # Sent back, broken arguments are wrapped in an object so that strict servers accept them.
+    [_, sent, _, _] = request_messages([{"role": "assistant", "tool_calls": calls}])[0][
+        "tool_calls"
+    ]
+    assert json.loads(sent["function"]["arguments"]) == {"unparsed_arguments": '{"a": '}
+
+
+def test_an_empty_reply_is_empty_content() -> None:
+    reply = assistant_message(body({"role": "assistant", "content": None}, "length"))
+
+    assert reply == {"role": "assistant", "content": ""}
 
 
 def test_error_quotes_a_bounded_excerpt() -> None:

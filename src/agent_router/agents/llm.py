@@ -64,7 +64,7 @@ class RoleScript:
     ``steps`` are ``do_work`` calls made one per model call. With ``await_guidance`` the agent
     keeps checking in (one ``do_work`` per model call, at most ``patience`` of them) until the
     lead steers it or tells it to wrap up: a task that deliberately runs long, so that a message
-    can reach it while it is running (seed 3.1). ``answer`` is what it says when asked.
+    can reach it while it is running. ``answer`` is what it says when asked.
     """
 
     opening: str
@@ -74,7 +74,8 @@ class RoleScript:
     answer: str = "I have nothing to add beyond my task."
 
 
-#: The seed's team. Unknown roles get :data:`DEFAULT_SCRIPT`.
+#: The demo's team: a UI Operator and a Full-Stack Engineer. Unknown roles get
+#: :data:`DEFAULT_SCRIPT`.
 ROLE_SCRIPTS: dict[str, RoleScript] = {
     "UI Operator": RoleScript(
         opening="Next I will create a new API for the login form.",
@@ -342,7 +343,7 @@ class ScriptedModel:
         if questions and "answer_other_agent" in available:
             q = questions[0]
             # Writing an answer takes a while too: the asker stays waiting on a running agent
-            # for at least that long (seed 3.5), long enough to be seen by `agent-router status`.
+            # for at least that long, long enough to be seen by `agent-router status`.
             time.sleep(self.write_seconds)
             return {
                 "role": "assistant",

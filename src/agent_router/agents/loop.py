@@ -13,9 +13,20 @@ suspends: the task ends *without* the end-of-turn hook, and the answer schedules
 ``continuation`` turn, which first runs the calls of the interrupted batch still without a
 result, then calls the model.
 
+Replies real models write are repaired, never discarded: a malformed call gets its own error
+result and the rest of the batch runs; an empty reply is asked for once more; a turn about to
+end with an open question, a tool call written as text or an announced action gets one reminder
+(see :mod:`agent_router.agents.reminders`). Every request carries the protocol section
+(:mod:`agent_router.agents.protocol`) after the role prompt.
+
 A turn makes at most ``max_turn_steps`` model calls. Before the last one the agent is told (a
 ``notice`` in its transcript) that this call must be its final reply; tool calls it still makes
-then get a result saying they were not run, and the turn ends.
+then get a result saying they were not run, and the turn ends. Every model call (an empty
+reply asked for again and a reminded step included) is charged to the team's budgets first
+and its usage recorded after.
+
+A failed lead turn is retried once: a ``notice`` tells the lead what failed and starts the
+retry; a second failure in a row stops there. A failed sub-agent turn tells the lead.
 
 Boundaries (before every model call, after it, and before every tool call) check two things: a
 heartbeat thread that renews the lease every ``heartbeat_seconds`` found the turn fenced (stop,
@@ -38,7 +49,10 @@ from typing import Any, TypeVar
 
 from agent_router import errors
 from agent_router import validation as check
+from agent_router.agents import reminders
 from agent_router.agents.llm import Model, ModelFactory, complete
+from agent_router.agents.openai_model import NAMELESS_TOOL
+from agent_router.agents.protocol import protocol_section, with_protocol
 from agent_router.agents.tools import (
     RESULT_RECORDED,
     ToolContext,
@@ -52,6 +66,7 @@ from agent_router.domain import (
     EndOfTurn,
     MessageSubtype,
     MessageType,
+    TurnStatus,
 )
 from agent_router.router import Router
 from agent_router.turn import Turn
@@ -156,7 +171,7 @@ def _run(
                 router,
                 turn,
                 lead,
-                final,
+                final if final.strip() else f"{agent.display_name} ended its turn without a reply.",
                 subtype=MessageSubtype.COMPLETION_REPORT,
                 wake=True,
                 dedup_key=f"report:{turn.id}",
@@ -190,7 +205,9 @@ def _run(
         except errors.StaleTurnError:
             return TurnOutcome.FENCED
         _log_end(turn, end, TurnOutcome.FAILED)
-        if not agent.is_lead:  # the lead told about its own failure would fail again, forever
+        if agent.is_lead:
+            _retry_lead(router, turn, error)
+        else:
             _notify_failure(router, turn, lead, error)
         return TurnOutcome.FAILED
 
@@ -216,10 +233,12 @@ def _steps(
 ) -> str:
     """The model/tool loop; returns the final reply's text."""
     schemas = tools.schemas(agent)
+    names = [str(s["function"]["name"]) for s in schemas]
     ctx = ToolContext(router=router, turn=turn, agent=agent, settings=router.settings)
     # A continuation (or any turn that finds its last batch unfinished) runs the rest first.
     index, unfinished = _open_calls(turn)
     _run_calls(turn, heartbeat, unfinished, tools, replace(ctx, reply_index=index))
+    given: set[reminders.Nudge] = set()
     max_steps = router.settings.max_turn_steps
     for step in range(max_steps):
         _boundary(turn, heartbeat)
@@ -229,23 +248,33 @@ def _steps(
         turn.charge_model_call()  # the team's budgets; a wrap-up notice is drained just below
         _drain_all(router, turn)
         history = turn.history()
-        reply = _complete(router, turn, model, list(history), schemas)
+        section = protocol_section(agent, router.agents(turn.team_id), schemas, tools.roles)
+        reply = _reply(turn, model, with_protocol(history, section), schemas)
         _boundary(turn, heartbeat)
+        reply = _unique_call_ids(reply, history)
         # Only this turn writes the transcript now: the reply lands at the end.
         ctx = replace(ctx, reply_index=len(history))
         turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
-        text = reply.get("content")
-        if not calls or last:
+        text = str(reply.get("content") or "")
+        if last:
             for call in calls:
                 turn.append_tool_result(call["id"], NOT_RUN.format(n=max_steps))
-            return str(text or "")
+        if not calls or last:
+            nudge = _ending(
+                router, turn, agent, text, history=history, names=names, given=given, last=last
+            )
+            if nudge is None:
+                return text
+            given.add(nudge[0])
+            reminders.remind(router, turn, *nudge, step)
+            continue
         if text and not agent.is_lead:
             _tell_lead(
                 router,
                 turn,
                 lead,
-                str(text),
+                text,
                 subtype=MessageSubtype.PROGRESS_OUTPUT,
                 wake=False,
                 dedup_key=f"progress:{turn.id}:{step}",
@@ -254,8 +283,28 @@ def _steps(
     raise AssertionError("unreachable: the last step returns")
 
 
-def _complete(
+def _ending(
     router: Router,
+    turn: Turn,
+    agent: Agent,
+    text: str,
+    *,
+    history: list[dict[str, Any]],
+    names: list[str],
+    given: set[reminders.Nudge],
+    last: bool,
+) -> tuple[reminders.Nudge, str] | None:
+    """The reminder due before a reply without tool calls ends the turn (none on the last
+    step: that reply ends it). With no reminder due, a final text is the answer to the one
+    question left open."""
+    questions = reminders.open_questions(router, agent)
+    nudge = None if last else reminders.nudge_for(text, questions, names, given)
+    if nudge is None and len(questions) == 1:
+        reminders.answer_in_prose(router, turn, questions[0], text, history)
+    return nudge
+
+
+def _complete(
     turn: Turn,
     model: Model,
     messages: list[dict[str, Any]],
@@ -291,6 +340,43 @@ def _tell_self(router: Router, turn: Turn, text: str, dedup_key: str) -> None:
     )
 
 
+def _reply(
+    turn: Turn, model: Model, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]
+) -> Any:
+    """One model reply (charged by the caller); an empty one (no text, no tool calls) is asked
+    for once more, that call charged to the team's budgets too."""
+    reply = _complete(turn, model, messages, schemas)
+    if not reply.get("tool_calls") and not str(reply.get("content") or "").strip():
+        logger.warning("empty model reply, asking again", extra={"action": "model_reply_empty"})
+        turn.charge_model_call()
+        reply = _complete(turn, model, messages, schemas)
+        if not reply.get("tool_calls"):
+            reply = {**reply, "content": str(reply.get("content") or "")}
+    return reply
+
+
+def _unique_call_ids(reply: dict[str, Any], transcript: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tool call ids unique within the transcript: some servers number calls from 0 in every
+    reply, and a repeated id would pair a result with the wrong call."""
+    calls = reply.get("tool_calls") or []
+    used = {
+        str(c.get("id"))
+        for e in transcript
+        if e.get("role") == "assistant"
+        for c in e.get("tool_calls") or []
+    }
+    if not any(c.get("id") in used for c in calls):
+        return reply
+    fixed = []
+    for i, call in enumerate(calls):
+        unique = call
+        if call.get("id") in used:
+            unique = {**call, "id": f"{call.get('id')}_{len(transcript)}_{i}"}
+        used.add(str(unique["id"]))
+        fixed.append(unique)
+    return {**reply, "tool_calls": fixed}
+
+
 def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
     """The transcript index of the last assistant message and its calls that still have no
     result, in order."""
@@ -318,21 +404,40 @@ def _run_calls(
 
 
 def _drain_all(router: Router, turn: Turn) -> None:
-    # A drain moves at most drain_batch_size messages; everything pending goes before the call.
-    while len(turn.drain()) >= router.settings.drain_batch_size:
+    # A drain moves at most drain_batch_size messages (fewer enter the transcript when progress
+    # notes were superseded); everything pending goes before the call.
+    while turn.drain():
         pass
 
 
 def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """One call of a reply. A broken call is answered with an error result the model can act on;
+    the other calls of the reply run as usual."""
     function = call["function"]
+    name = str(function["name"])
+    if name == NAMELESS_TOOL:
+        return fail(
+            "this tool call had no function name, so it did nothing; call one of your tools by "
+            f"name: {', '.join(str(t['function']['name']) for t in tools.schemas(ctx.agent))}",
+            "bad_call",
+        )
     raw = function.get("arguments") or "{}"
     try:
         arguments = json.loads(raw) if isinstance(raw, str) else raw
+        if isinstance(arguments, str):  # arguments encoded twice
+            arguments = json.loads(arguments)
     except json.JSONDecodeError as exc:
-        return fail(f"arguments are not valid JSON: {exc}", "bad_arguments")
+        return fail(
+            f"the arguments of {name} are not valid JSON ({exc}), so the call did nothing; "
+            "call it again with the arguments as one complete JSON object",
+            "bad_arguments",
+        )
     if not isinstance(arguments, dict):
-        return fail("arguments must be a JSON object", "bad_arguments")
-    return tools.call(str(function["name"]), arguments, ctx)
+        return fail(
+            f'the arguments of {name} must be a JSON object, e.g. {{"name": "value"}}',
+            "bad_arguments",
+        )
+    return tools.call(name, arguments, ctx)
 
 
 class ReportUndeliveredError(errors.AgentRouterError):
@@ -406,13 +511,37 @@ def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:
         router.send(
             turn.team_id,
             to=lead,
-            content=f"{turn.display_name}'s turn {turn.id} failed: {error}",
+            content=f"{turn.display_name}'s turn {turn.id} failed: {error}. Send it a message "
+            "to retry, or terminate it if its work is no longer needed.",
             sender="system",
             type=MessageType.NOTICE,
             dedup_key=f"turn-failed:{turn.id}",
         )
     except errors.AgentRouterError:
         logger.exception("failure notice not sent", extra={"action": "notice_failed"})
+
+
+def _retry_lead(router: Router, turn: Turn, error: str) -> None:
+    """A failed lead turn is retried once, with a notice saying what failed; a turn that failed
+    right after a failed turn is not retried again (it would fail the same way, forever)."""
+    earlier = [t for t in router.store.reads.turns(turn.agent_id) if t.id < turn.id]
+    if earlier and earlier[-1].status is TurnStatus.FAILED:
+        logger.error(
+            "lead turn failed twice in a row; not retried", extra={"action": "lead_failed"}
+        )
+        return
+    try:
+        router.send(
+            turn.team_id,
+            to=turn.display_name,
+            content=f"Your previous turn ({turn.id}) failed: {error}. This turn retries it: "
+            "carry on from where the transcript ends.",
+            sender="system",
+            type=MessageType.NOTICE,
+            dedup_key=f"turn-failed:{turn.id}",
+        )
+    except errors.AgentRouterError:
+        logger.exception("lead retry notice not sent", extra={"action": "notice_failed"})
 
 
 def _with_retries(operation: Callable[[], T]) -> T:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,10 @@ def _request_tool_call(i: int, call: Any) -> dict[str, Any]:
     arguments = function.get("arguments", "{}")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
+    elif not _is_json_object(arguments):
+        # A repaired call keeps the model's broken string in the transcript; servers that parse
+        # arguments (a chat template, a strict validator) get it wrapped in an object instead.
+        arguments = json.dumps({UNPARSED_ARGUMENTS: arguments}, ensure_ascii=False)
     return {
         "id": call["id"],
         "type": "function",
@@ -104,14 +109,35 @@ def _request_tool_call(i: int, call: Any) -> dict[str, Any]:
     }
 
 
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 # --------------------------------------------------------------------------- mapping: response
+
+#: The name given to a tool call that came without one (the loop answers it with an error
+#: result that says so). A valid function name, so that the call can be sent back.
+NAMELESS_TOOL = "unnamed_tool_call"
+#: The key under which arguments that are not a JSON object are sent back to the server.
+UNPARSED_ARGUMENTS = "unparsed_arguments"
 
 
 def assistant_message(body: Any) -> dict[str, Any]:
     """``choices[0].message`` of a Chat Completions response body as our assistant message:
     ``{"role": "assistant", "content": str | None, "tool_calls": [...]}``, ``tool_calls``
-    omitted when there are none. Raises :class:`MalformedModelResponseError` when the body does
-    not fit the protocol, so a bad reply never reaches a transcript.
+    omitted when there are none.
+
+    What a sloppy model writes is repaired, never discarded: content sent as a list of parts is
+    joined into one string; a tool call without an id gets a fresh one (a duplicate id too);
+    arguments sent as an object are written as a JSON string; arguments that are not a JSON
+    object are kept as they came (the loop answers that call with an error result the model
+    can fix, and runs the rest of the reply); a call without a function name is named
+    :data:`NAMELESS_TOOL`. A reply with neither content nor tool calls is an empty reply
+    (``content`` ``""``): the loop asks again. Raises :class:`MalformedModelResponseError` only
+    when the body is not a Chat Completions response at all.
     """
     if not isinstance(body, Mapping):
         raise _malformed("the body is not a JSON object", body)
@@ -122,54 +148,80 @@ def assistant_message(body: Any) -> dict[str, Any]:
     message = choice.get("message") if isinstance(choice, Mapping) else None
     if not isinstance(message, Mapping):
         raise _malformed("choices[0] has no message", body)
-    if message.get("role") != "assistant":
+    if message.get("role", "assistant") != "assistant":
         raise _malformed(f"message role is {message.get('role')!r}, not 'assistant'", body)
-    content = message.get("content")
+    content = _content(message.get("content"), body)
     if content is None and isinstance(message.get("refusal"), str):
         # A refusal is the model's answer: the agent (and its lead) should read it.
         content = message["refusal"]
-    if content is not None and not isinstance(content, str):
-        raise _malformed("message content is neither a string nor null", body)
     raw_calls = message.get("tool_calls")
+    if isinstance(raw_calls, Mapping):
+        raw_calls = [raw_calls]  # one call not wrapped in a list
     if raw_calls is not None and not isinstance(raw_calls, list):
         raise _malformed("tool_calls is not a list", body)
-    calls = [_response_tool_call(call, body) for call in raw_calls or ()]
-    ids = [call["id"] for call in calls]
-    if len(set(ids)) != len(ids):
-        raise _malformed("duplicate tool call ids", body)
+    calls: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for raw in raw_calls or ():
+        call = _response_tool_call(raw)
+        if call["id"] in seen:
+            call["id"] = _fresh_id()
+        seen.add(call["id"])
+        calls.append(call)
     if content is None and not calls:
         reason = choice.get("finish_reason") if isinstance(choice, Mapping) else None
-        raise _malformed(f"neither content nor tool calls (finish_reason {reason!r})", body)
+        logger.warning(
+            "empty model reply", extra={"action": "model_reply_empty", "finish_reason": reason}
+        )
+        content = ""
     result: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         result["tool_calls"] = calls
     return result
 
 
-def _response_tool_call(call: Any, body: Any) -> dict[str, Any]:
+def _content(content: Any, body: Any) -> str | None:
+    """A string, ``None``, or a list of parts (``{"type": "text", "text": ...}`` or strings)
+    joined into one string."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [
+            part if isinstance(part, str) else str(part.get("text") or "")
+            for part in content
+            if isinstance(part, str | Mapping)
+        ]
+        return "".join(parts)
+    raise _malformed("message content is neither a string, a list of parts nor null", body)
+
+
+def _fresh_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _response_tool_call(call: Any) -> dict[str, Any]:
     if not isinstance(call, Mapping):
-        raise _malformed("a tool call is not an object", body)
+        # Not even an object: kept as a nameless call whose arguments show what came.
+        text = json.dumps(call, ensure_ascii=False, default=str)
+        return _call(_fresh_id(), NAMELESS_TOOL, text)
     call_id = call.get("id")
-    if not isinstance(call_id, str) or not call_id:
-        raise _malformed("a tool call has no id", body)
-    # Some compatible servers leave `type` out; anything but a function call is unusable here.
-    if call.get("type", "function") != "function":
-        raise _malformed(f"tool call {call_id!r} has type {call.get('type')!r}", body)
+    if not isinstance(call_id, str) or not call_id.strip():
+        call_id = _fresh_id()
     function = call.get("function")
-    name = function.get("name") if isinstance(function, Mapping) else None
-    if not isinstance(name, str) or not name:
-        raise _malformed(f"tool call {call_id!r} has no function name", body)
-    arguments = function.get("arguments") if isinstance(function, Mapping) else None
-    if not isinstance(arguments, str):
-        raise _malformed(f"tool call {call_id!r} arguments are not a string", body)
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        # Truncated output (finish_reason "length") ends up here too.
-        raise _malformed(f"tool call {call_id!r} arguments are not a JSON object", body)
+    if not isinstance(function, Mapping):
+        function = call  # some servers put name and arguments on the call itself
+    name = function.get("name")
+    if not isinstance(name, str) or not name.strip():
+        name = NAMELESS_TOOL
+    arguments = function.get("arguments")
+    if arguments is None:
+        arguments = "{}"
+    elif not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False, default=str)
     # The model's own string is kept: it is what the tool parses and what the model sees again.
+    return _call(call_id, name.strip(), arguments)
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -367,6 +419,7 @@ def _too_long(exc: openai.APIStatusError) -> bool:
 
 __all__ = [
     "INSTALL_HINT",
+    "NAMELESS_TOOL",
     "OpenAIModel",
     "assistant_message",
     "request_messages",

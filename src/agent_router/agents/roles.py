@@ -15,13 +15,14 @@ A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table 
     [mcp_servers.time]         # optional: MCP servers roles may list (docs/tools.md)
     command = ["mcp-server-time", "--local-timezone", "UTC"]
 
-The seed's roles ship with the package (``roles.toml``). A sub-agent's system prompt is
-snapshotted into its transcript when it is created: editing the catalogue later changes new
-agents only.
+The demo's roles (UI Operator, Full-Stack Engineer) ship with the package (``roles.toml``). A
+sub-agent's system prompt is snapshotted into its transcript when it is created: editing the
+catalogue later changes new agents only.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -94,7 +95,7 @@ class RoleCatalogue:
 
     @classmethod
     def default(cls) -> RoleCatalogue:
-        """The seed's roles, shipped with the package."""
+        """The roles shipped with the package (``roles.toml``)."""
         text = (
             resources.files("agent_router.agents")
             .joinpath(DEFAULT_ROLES_RESOURCE)
@@ -161,3 +162,12 @@ def _role(entry: Any, source: str) -> Role:
         runner=runner,
         context_window=window,
     )
+
+
+#: The variable naming a roles file for worker processes (the CLI's ``--roles`` sets it too).
+ROLES_FILE_ENV = "AGENT_ROUTER_ROLES_FILE"
+
+
+def roles_from_env() -> RoleCatalogue:
+    """The roles file ``AGENT_ROUTER_ROLES_FILE`` names, or the shipped roles."""
+    return RoleCatalogue.from_file_or_default(os.environ.get(ROLES_FILE_ENV))

@@ -66,6 +66,8 @@ class AgentTools(ToolRegistry):
     ``servers``: every server a declaration may name; ``default_servers``: those of a sub-agent
     role that lists none; ``hub``: the MCP client (default: this process's)."""
 
+    roles: RoleCatalogue
+
     def __init__(
         self,
         builtin: ToolRegistry,

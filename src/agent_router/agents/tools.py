@@ -15,15 +15,13 @@ note) into the transcript, so they return :data:`RESULT_RECORDED`, or raise
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from agent_router import errors
+from agent_router.agents import lookup
 from agent_router.agents.llm import WORK_TOOL
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
@@ -33,161 +31,27 @@ from agent_router.domain import (
     Question,
     WaitOutcome,
 )
-from agent_router.settings import Settings
 
 if TYPE_CHECKING:
-    from agent_router.router import Router
-    from agent_router.turn import Turn
+    pass
 
-logger = logging.getLogger(__name__)
-
-
-class Audience(enum.StrEnum):
-    """Which agents see a tool."""
-
-    ALL = "all"
-    LEAD = "lead"
-    SUB_AGENT = "sub_agent"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolContext:
-    """What a tool may use: the claimed turn (fenced writes), the router, and the id of the
-    tool call being run (blocking tools tie their wait to it)."""
-
-    router: Router
-    turn: Turn
-    agent: Agent
-    settings: Settings
-    call_id: str = ""
-    # Where the assistant message holding the call sits in the transcript: model servers reuse
-    # call ids (``call_0``) across replies, so a call is named by both.
-    reply_index: int = 0
-
-
-class _Recorded:
-    """The router already wrote this call's result into the transcript."""
-
-    def __repr__(self) -> str:
-        return "RESULT_RECORDED"
-
-
-#: Returned by a tool whose result the router wrote itself (a resolved wait).
-RESULT_RECORDED: Final = _Recorded()
-
-ToolResult = str | _Recorded
-ToolFunction = Callable[[dict[str, Any], ToolContext], ToolResult]
-
-
-class TurnSuspended(Exception):  # noqa: N818 - a signal to the loop, not a failure
-    """Raised by a blocking tool when its turn suspended: the loop must return without ending
-    the turn (the answer will schedule a continuation)."""
-
-
-class ToolError(Exception):
-    """Raised by a tool for a bad call; it becomes an ``{"ok": false}`` result the model sees."""
-
-    def __init__(self, message: str, *, reason: str = "bad_arguments") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True, kw_only=True)
-class Tool:
-    name: str
-    description: str
-    parameters: dict[str, Any]  # JSON schema of the arguments object
-    function: ToolFunction
-    audience: Audience = Audience.ALL
-
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI ``tools`` entry."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
-
-    def visible_to(self, agent: Agent) -> bool:
-        if self.audience is Audience.ALL:
-            return True
-        return (self.audience is Audience.LEAD) == agent.is_lead
-
-
-def ok(**fields: Any) -> str:
-    return json.dumps({"ok": True, **fields}, ensure_ascii=False)
-
-
-def fail(error: str, reason: str, **fields: Any) -> str:
-    return json.dumps({"ok": False, "error": error, "reason": reason, **fields}, ensure_ascii=False)
-
-
-def refusal_reason(exc: errors.RefusedError) -> str:
-    """A stable word for a refusal, for the model (and for tests)."""
-    if isinstance(exc, errors.AskRefusedError):
-        return "cycle" if exc.cycle else "ask_refused"
-    for cls, reason in _REASONS:
-        if isinstance(exc, cls):
-            return reason
-    return "refused"
-
-
-_REASONS: tuple[tuple[type[errors.RefusedError], str], ...] = (
-    (errors.UnknownQuestionError, "unknown_question"),
-    (errors.QuestionClosedError, "question_closed"),
-    (errors.WrongQuestionError, "wrong_question"),
-    (errors.AgentTerminatedError, "terminated"),
-    (errors.UnknownAgentError, "unknown_agent"),
-    (errors.ContentTooLargeError, "too_large"),
-    (errors.DuplicateDisplayNameError, "duplicate_name"),
-    (errors.DedupConflictError, "dedup_conflict"),
-    (errors.BudgetExhaustedError, "budget_exhausted"),
-    (errors.InvalidMessageError, "invalid"),
+from agent_router.agents.toolkit import (
+    _REASONS,
+    RESULT_RECORDED,
+    Audience,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolFunction,
+    ToolRegistry,
+    ToolResult,
+    TurnSuspended,
+    fail,
+    ok,
+    refusal_reason,
 )
 
-
-class ToolRegistry:
-    def __init__(self, tools: Iterable[Tool] = ()) -> None:
-        self._tools: dict[str, Tool] = {}
-        for tool in tools:
-            self.register(tool)
-
-    def register(self, tool: Tool) -> Tool:
-        if tool.name in self._tools:
-            raise ValueError(f"tool {tool.name!r} is already registered")
-        self._tools[tool.name] = tool
-        return tool
-
-    def names(self) -> list[str]:
-        return list(self._tools)
-
-    def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
-
-    def schemas(self, agent: Agent) -> list[dict[str, Any]]:
-        return [t.schema() for t in self._tools.values() if t.visible_to(agent)]
-
-    def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        """Run a tool. A bad call (unknown tool, wrong arguments) and a refusal of the router are
-        answered in the result, as a model expects; anything else the tool raises propagates
-        (a fenced turn stops, other errors fail the turn)."""
-        tool = self._tools.get(name)
-        if tool is None or not tool.visible_to(ctx.agent):
-            return fail(f"no tool named {name!r}", "unknown_tool")
-        try:
-            return tool.function(arguments, ctx)
-        except ToolError as exc:
-            return fail(str(exc), exc.reason)
-        except errors.AskRefusedError as exc:
-            return fail(str(exc), refusal_reason(exc), cycle=exc.cycle)
-        except errors.RefusedError as exc:
-            return fail(str(exc), refusal_reason(exc))
-
-
-# ---------------------------------------------------------------------- argument checks
+logger = logging.getLogger(__name__)
 
 
 def _text(arguments: dict[str, Any], name: str) -> str:
@@ -201,20 +65,20 @@ def _name(arguments: dict[str, Any], name: str = "display_name") -> str:
     return _text(arguments, name).strip()
 
 
-def _int(arguments: dict[str, Any], name: str) -> int:
-    value = arguments.get(name)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())  # models often quote numbers
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ToolError(f"`{name}` must be an integer")
-    return value
+def _agent_named(ctx: ToolContext, name: str) -> Agent:
+    return lookup.agent_named(ctx.router, ctx.turn.team_id, name, asking=ctx.turn.agent_id)
 
 
 def _sub_agent(ctx: ToolContext, name: str) -> Agent:
-    agent = ctx.router.agent(ctx.turn.team_id, name)
+    agent = _agent_named(ctx, name)
     if agent.is_lead:
         raise ToolError(f"{name!r} is the Team Leader, not a sub-agent", reason="not_a_sub_agent")
     return agent
+
+
+def _listed(ctx: ToolContext) -> str:
+    questions = lookup.open_questions_to(ctx.router, ctx.turn.team_id, ctx.turn.agent_id)
+    return lookup.listed(ctx.router, questions)
 
 
 def _status(agent: Agent) -> dict[str, Any]:
@@ -311,21 +175,35 @@ def _send_message_to_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> T
 
 
 def _answer(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    question_id = _int(arguments, "question_id")
     answer = _text(arguments, "answer")
+    question_id = lookup.question_id(
+        ctx.router, ctx.turn.team_id, ctx.turn.agent_id, arguments.get("question_id")
+    )
     try:
         question = ctx.router.question(question_id)
     except errors.UnknownQuestionError:
-        raise ToolError(f"no question {question_id}", reason="unknown_question") from None
-    if question.team_id != ctx.turn.team_id:
-        raise ToolError(f"no question {question_id}", reason="unknown_question")
+        question = None
+    if question is None or question.team_id != ctx.turn.team_id:
+        raise ToolError(
+            f"no question {question_id}; {_listed(ctx)}",
+            reason="unknown_question",
+        )
     if question.target_agent_id != ctx.turn.agent_id:
-        raise ToolError(f"question {question_id} was not asked of you", reason="wrong_question")
+        target = ctx.router.store.reads.agent_by_id(question.target_agent_id)
+        raise ToolError(
+            f"question {question_id} was asked of {target.display_name}, not of you; only it "
+            f"can answer; {_listed(ctx)}",
+            reason="wrong_question",
+        )
     asker = ctx.router.store.reads.agent_by_id(question.asker_agent_id)
     result = json.loads(
         _send(ctx, asker.display_name, answer, MessageType.ANSWER, question_id=question_id)
     )
-    return ok(question_id=question_id, **{k: v for k, v in result.items() if k != "ok"})
+    return ok(
+        question_id=question_id,
+        answered=f"question {question_id} from {asker.display_name}",
+        **{k: v for k, v in result.items() if k != "ok"},
+    )
 
 
 def _stop_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
@@ -391,7 +269,7 @@ def _ask_master(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 def _ask_other_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
     question = ctx.turn.ask(
-        _name(arguments, "target"),
+        _agent_named(ctx, _name(arguments, "target")).display_name,
         _text(arguments, "question"),
         tool_call_id=ctx.call_id,
         subtype=MessageSubtype.ASK_OTHER,
@@ -400,7 +278,8 @@ def _ask_other_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 
 def _send_message_to_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    return _send(ctx, _name(arguments, "target"), _text(arguments, "message"), MessageType.MESSAGE)
+    target = _agent_named(ctx, _name(arguments, "target")).display_name
+    return _send(ctx, target, _text(arguments, "message"), MessageType.MESSAGE)
 
 
 def _list_agents(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
@@ -440,24 +319,25 @@ DO_WORK = Tool(
 )
 
 
-def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
-    """The tools of DESIGN section 5. ``roles``: what ``create_sub_agent`` may create (default:
-    the shipped catalogue)."""
-    roles = roles if roles is not None else RoleCatalogue.default()
+def _create_sub_agent_tool(roles: RoleCatalogue) -> Tool:
     role_names = [r.name for r in roles.sub_agent_roles()]
     role_schema: dict[str, Any] = _s("The role of the new sub-agent.")
     if role_names:
         role_schema["enum"] = role_names
-    lead, sub = Audience.LEAD, Audience.SUB_AGENT
+    return Tool(
+        name="create_sub_agent",
+        description="Create a sub-agent of a role (display name '{Role}_{n}') and give it "
+        "its first task. Returns its display_name.",
+        parameters=_schema({"role": role_schema, "task": _s("The task, self-contained.")}),
+        function=_create_sub_agent(roles),
+        audience=Audience.LEAD,
+    )
+
+
+def _lead_steering_tools() -> list[Tool]:
+    """The lead's tools that act on a sub-agent: message, answer, stop, terminate."""
+    lead = Audience.LEAD
     return [
-        Tool(
-            name="create_sub_agent",
-            description="Create a sub-agent of a role (display name '{Role}_{n}') and give it "
-            "its first task. Returns its display_name.",
-            parameters=_schema({"role": role_schema, "task": _s("The task, self-contained.")}),
-            function=_create_sub_agent(roles),
-            audience=lead,
-        ),
         Tool(
             name="send_message_to_sub_agent",
             description="Send a message (guidance, a new task) to a sub-agent. A running "
@@ -490,6 +370,13 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
             function=_terminate_sub_agent,
             audience=lead,
         ),
+    ]
+
+
+def _lead_watching_tools() -> list[Tool]:
+    """The lead's tools that look at its sub-agents: status, list, wait for output."""
+    lead = Audience.LEAD
+    return [
         Tool(
             name="get_sub_agent_status",
             description="State of the named sub-agents (all of them for an empty list).",
@@ -508,8 +395,9 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
         ),
         Tool(
             name="wait_sub_agent_output",
-            description="Wait until the named sub-agent sends its next output (progress or "
-            "final report); that output becomes this call's result.",
+            description="Wait until the named sub-agent reports the end of its work (its "
+            "completion report); the report becomes this call's result. Its progress notes do "
+            "not end the wait. Do not use it to poll.",
             parameters=_schema(
                 {"display_name": _DISPLAY_NAME},
                 {
@@ -522,6 +410,13 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
             function=_wait_sub_agent_output,
             audience=lead,
         ),
+    ]
+
+
+def _sub_agent_tools() -> list[Tool]:
+    """A sub-agent's tools: ask, answer, message and list the team."""
+    sub = Audience.SUB_AGENT
+    return [
         Tool(
             name="ask_master",
             description="Ask the Team Leader a question and wait for the answer (it becomes "
@@ -565,6 +460,49 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
     ]
 
 
+def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
+    """The multi-agent tools (docs/design.md lists them). ``roles``: what ``create_sub_agent``
+    may create (default: the shipped catalogue)."""
+    roles = roles if roles is not None else RoleCatalogue.default()
+    return [
+        _create_sub_agent_tool(roles),
+        *_lead_steering_tools(),
+        *_lead_watching_tools(),
+        *_sub_agent_tools(),
+    ]
+
+
+def team_registry(roles: RoleCatalogue | None = None) -> ToolRegistry:
+    """A fresh registry with the multi-agent tools only (what ``agent-router run`` gives a real
+    model: no pretend work tool)."""
+    roles = roles if roles is not None else RoleCatalogue.default()
+    return ToolRegistry(multi_agent_tools(roles), roles=roles)
+
+
 def default_registry(roles: RoleCatalogue | None = None) -> ToolRegistry:
-    """A fresh registry with the built-in tools: the multi-agent suite and ``do_work``."""
-    return ToolRegistry([*multi_agent_tools(roles), DO_WORK])
+    """A fresh registry with the built-in tools: the multi-agent suite and the scripted agents'
+    ``do_work`` (the demo's sub-agents work through it)."""
+    registry = team_registry(roles)
+    registry.register(DO_WORK)
+    return registry
+
+
+__all__ = [
+    "DO_WORK",
+    "RESULT_RECORDED",
+    "_REASONS",
+    "Audience",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolFunction",
+    "ToolRegistry",
+    "ToolResult",
+    "TurnSuspended",
+    "default_registry",
+    "fail",
+    "multi_agent_tools",
+    "ok",
+    "refusal_reason",
+    "team_registry",
+]

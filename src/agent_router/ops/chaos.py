@@ -19,22 +19,17 @@ import itertools
 import logging
 import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import sqlalchemy as sa
 
 from agent_router import errors
 from agent_router.budgeting import NO_LIMITS
@@ -48,9 +43,11 @@ from agent_router.domain import (
 )
 from agent_router.ops.chaos_agent import ROLE, SUB_AGENTS, TASK_PREFIX
 from agent_router.ops.chaos_agent import now as utc_now
+from agent_router.ops.chaos_processes import PrivateRedis, Workers, private_database
 from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
 from agent_router.settings import Settings
+from agent_router.store.engine import kill_connections
 from agent_router.worker.celery_app import create_app
 from agent_router.worker.publisher import CeleryPublisher
 
@@ -178,120 +175,6 @@ class ChaosResult:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PrivateRedis:
-    """A private redis-server on its own port (no persistence: a restart loses everything), so
-    that stopping it disturbs nobody else's Redis (the chaos run; the broker-down test)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        import redis
-
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with suppress(redis.RedisError):
-                if redis.Redis(port=self.port).ping():
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-
-@contextmanager
-def _database(admin_url: str) -> Iterator[str]:
-    name = f"ar_chaos_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-class _Workers:
-    def __init__(self, env: dict[str, str], concurrency: int, logdir: Path) -> None:
-        self.env = env
-        self.concurrency = concurrency
-        self.logdir = logdir
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.exe = str(Path(sys.executable).parent / "agent-router")
-
-    def start(self, i: int) -> None:
-        log = (self.logdir / f"worker{i}.log").open("ab")
-        self.procs[i] = subprocess.Popen(
-            [
-                self.exe,
-                "worker",
-                f"--concurrency={self.concurrency}",
-                "--loglevel=WARNING",
-                f"--hostname=chaos{i}-{uuid.uuid4().hex[:4]}@localhost",
-            ],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def kill(self, i: int) -> None:
-        self.procs[i].send_signal(signal.SIGKILL)
-        self.procs[i].wait()
-
-    def restart_exited(self) -> list[tuple[int, int]]:
-        """What a supervisor (compose's ``restart: unless-stopped``) does: start again every
-        worker that exited on its own. Returns ``(worker, exit code)`` of each."""
-        exited = [(i, p.returncode) for i, p in self.procs.items() if p.poll() is not None]
-        for i, _code in exited:
-            self.start(i)
-        return exited
-
-    def stop_all(self, timeout: float = 60.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # warm shutdown: running turns finish first
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def run_chaos(
     profile: Profile,
     *,
@@ -302,79 +185,100 @@ def run_chaos(
     rng = random.Random(profile.seed)
     with (
         tempfile.TemporaryDirectory(prefix="agent-router-chaos-") as tmp,
-        _database(admin_url) as dbname,
+        private_database(admin_url) as dbname,
     ):
         workdir = Path(tmp)
         redis_server = PrivateRedis(workdir)
         redis_server.start()
         base = admin_url.rsplit("/", 1)[0] + "/" + dbname
-        common: dict[str, Any] = {
-            "broker_url": redis_server.url,
-            "redis_url": redis_server.url,
-            "queue": f"agent_router.ops.chaos.{uuid.uuid4().hex[:8]}",
-            "lease_seconds": profile.lease_seconds,
-            "heartbeat_seconds": profile.heartbeat_seconds,
-            "sweep_seconds": profile.sweep_seconds,
-            "ask_block_seconds": profile.ask_block_seconds,
-            "wake_recheck_seconds": 0.5,
-            "question_timeout_seconds": 600.0,
-            "pool_size": 4,
-        }
+        common = _shared_settings(profile, redis_server.url)
         settings = Settings(database_url=base, **common)
         router = Router(settings, publisher=CeleryPublisher(create_app(settings)))
         beat: subprocess.Popen[bytes] | None = None
-        workers: _Workers | None = None
+        workers: Workers | None = None
         try:
             router.create_schema()
-            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
-            env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in common.items()})
-            env["AGENT_ROUTER_DATABASE_URL"] = f"{base}?application_name={WORKER_APP_NAME}"
-            env["AGENT_ROUTER_RUNTIME_FACTORY"] = "agent_router.ops.chaos_agent:chaos_runtime"
-            workers = _Workers(env, profile.concurrency, workdir)
+            env = _worker_env(common, base)
+            workers = Workers(env, profile.concurrency, workdir)
             for i in range(3):
                 workers.start(i)
-            beat = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "celery"),
-                    "-A",
-                    "agent_router.worker.celery_app",
-                    "beat",
-                    "--loglevel=WARNING",
-                    "-s",
-                    str(workdir / "beat-schedule"),
-                ],
-                env=env,
-                stdout=(workdir / "beat.log").open("ab"),
-                stderr=subprocess.STDOUT,
-            )
-            # Hours of turns on purpose: no budget may stop the team the run watches.
-            team = router.create_team(budget=NO_LIMITS)
-            for _ in range(SUB_AGENTS):
-                router.create_agent(team.id, role=ROLE)
-            names = [a.display_name for a in router.agents(team.id)]
-            task = f"{TASK_PREFIX}{profile.sends_per_agent} asks={profile.asks_per_agent}"
-            for name in names:
-                router.send(team.id, to=name, content=task, type=MessageType.TASK)
-            quotas = dict.fromkeys(names, profile.sends_per_agent)
-            result = _chaos_loop(router, team.id, quotas, profile, workers, redis_server, rng, log)
-            if not _done(router, team.id, quotas):
-                quotas = _wrap_up(router, team.id, quotas)
+            beat = _start_beat(env, workdir)
+            team_id, quotas = _start_team(router, profile)
+            result = _chaos_loop(router, team_id, quotas, profile, workers, redis_server, rng, log)
+            if not _done(router, team_id, quotas):
+                quotas = _wrap_up(router, team_id, quotas)
                 log(f"time is up: each agent stops at what it has sent ({quotas})")
-            _settle(router, team.id, quotas, profile, log)
+            _settle(router, team_id, quotas, profile, log)
             workers.stop_all()
             workers = None
-            _check(router, team.id, result)
+            _check(router, team_id, result)
             return result
         finally:
-            if workers is not None:
-                for proc in workers.procs.values():
-                    proc.kill()
-                    proc.wait()
-            if beat is not None:
-                beat.terminate()
-                beat.wait(30)
+            _kill(workers, beat)
             router.close()
             redis_server.stop()
+
+
+def _shared_settings(profile: Profile, redis_url: str) -> dict[str, Any]:
+    """The settings this process and the workers share (the workers get them as variables)."""
+    return {
+        "broker_url": redis_url,
+        "redis_url": redis_url,
+        "queue": f"agent_router.ops.chaos.{uuid.uuid4().hex[:8]}",
+        "lease_seconds": profile.lease_seconds,
+        "heartbeat_seconds": profile.heartbeat_seconds,
+        "sweep_seconds": profile.sweep_seconds,
+        "ask_block_seconds": profile.ask_block_seconds,
+        "wake_recheck_seconds": 0.5,
+        "question_timeout_seconds": 600.0,
+        "pool_size": 4,
+    }
+
+
+def _worker_env(common: dict[str, Any], database_url: str) -> dict[str, str]:
+    """The workers' environment: only the chaos run's AGENT_ROUTER_* variables, and the
+    scripted chaos agents as their runtime."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+    env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in common.items()})
+    env["AGENT_ROUTER_DATABASE_URL"] = f"{database_url}?application_name={WORKER_APP_NAME}"
+    env["AGENT_ROUTER_RUNTIME_FACTORY"] = "agent_router.ops.chaos_agent:chaos_runtime"
+    return env
+
+
+def _start_beat(env: dict[str, str], workdir: Path) -> subprocess.Popen[bytes]:
+    celery = str(Path(sys.executable).parent / "celery")
+    return subprocess.Popen(
+        [celery, "-A", "agent_router.worker.celery_app", "beat", "--loglevel=WARNING",
+         "-s", str(workdir / "beat-schedule")],
+        env=env,
+        stdout=(workdir / "beat.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def _start_team(router: Router, profile: Profile) -> tuple[int, dict[str, int]]:
+    """A team of scripted chaos agents, each given its task; returns the team and each agent's
+    quota of sends."""
+    # Hours of turns on purpose: no budget may stop the team the run watches.
+    team = router.create_team(budget=NO_LIMITS)
+    for _ in range(SUB_AGENTS):
+        router.create_agent(team.id, role=ROLE)
+    names = [a.display_name for a in router.agents(team.id)]
+    task = f"{TASK_PREFIX}{profile.sends_per_agent} asks={profile.asks_per_agent}"
+    for name in names:
+        router.send(team.id, to=name, content=task, type=MessageType.TASK)
+    return team.id, dict.fromkeys(names, profile.sends_per_agent)
+
+
+def _kill(workers: Workers | None, beat: subprocess.Popen[bytes] | None) -> None:
+    """Whatever is still running when the run ends early."""
+    if workers is not None:
+        for proc in workers.procs.values():
+            proc.kill()
+            proc.wait()
+    if beat is not None:
+        beat.terminate()
+        beat.wait(30)
 
 
 def _sent(router: Router, team_id: int) -> dict[str, int]:
@@ -415,7 +319,7 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
     team_id: int,
     quotas: dict[str, int],
     profile: Profile,
-    workers: _Workers,
+    workers: Workers,
     redis_server: PrivateRedis,
     rng: random.Random,
     log: Any,
@@ -465,7 +369,7 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
 
 
 def _terminate_backends(router: Router) -> int:
-    return router.store.kill_connections(WORKER_APP_NAME)
+    return kill_connections(router.store.engine, WORKER_APP_NAME)
 
 
 def _settle(

@@ -84,8 +84,8 @@ def next_action(name: str, peers: list[str], entries: list[dict[str, Any]]) -> _
     for entry in entries:
         payload = entry["payload"]
         if payload.get("role") in ("user", "tool"):
-            # An ask can also arrive as the result of this agent's own blocked ask (any wake
-            # message resolves a waiter): it must be answered all the same.
+            # Envelopes are read from drained entries and tool results alike: an ask is
+            # answered wherever it landed.
             env = _envelope(entry)
             if env is None:
                 continue

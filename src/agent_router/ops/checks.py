@@ -1,5 +1,5 @@
 """Invariant checks read back from the database: what the tests, the demo and the chaos run use
-to prove the guarantees of DESIGN section 3 held for a team."""
+to prove the guarantees (docs/design.md) held for a team."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent_router.domain import (
+    Agent,
     AgentState,
     LedgerAction,
     LedgerEvent,
     Message,
     MessageStatus,
+    TurnRecord,
     TurnStatus,
 )
 
@@ -118,35 +120,47 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
             report.violations.append(f"message {m.id} is in a transcript but {m.status.value}")
 
     for aid, agent in agents.items():
-        drained = [
-            by_id[e["message_id"]].seq
-            for e in entries[aid]
-            if e["message_id"] is not None and e["payload"].get("role") == "user"
-        ]
-        for a, b in itertools.pairwise(drained):
-            if b <= a:
-                report.reordered += 1
-                report.violations.append(f"{agent.display_name}: seq {b} drained after seq {a}")
-        transcript = [e["payload"] for e in entries[aid]]
-        busy = agent.state in (AgentState.RUNNING, AgentState.WAITING)
-        for problem in tool_pairing_problems(transcript, open_allowed=busy and not quiescent):
-            if "never got a result" in problem:
-                report.dangling_tool_calls += 1
-            else:
-                report.split_tool_results += 1
-            report.violations.append(f"{agent.display_name}: {problem}")
-
-        turns = store.reads.turns(aid)
-        running = [t for t in turns if t.status is TurnStatus.RUNNING]
-        if len(running) > 1 or (quiescent and running):
-            report.overlapping_turns += 1
-            report.violations.append(f"{agent.display_name}: turns {running} running at once")
-        spans = sorted((t.started_at, t.ended_at, t.id) for t in turns if t.ended_at is not None)
-        for (_s1, e1, id1), (s2, _e2, id2) in itertools.pairwise(spans):
-            if e1 is not None and s2 < e1:
-                report.overlapping_turns += 1
-                report.violations.append(f"{agent.display_name}: turns {id1} and {id2} overlap")
+        _check_agent(report, agent, entries[aid], by_id, store.reads.turns(aid), quiescent)
     return report
+
+
+def _check_agent(  # noqa: PLR0917 - one private call site
+    report: TeamReport,
+    agent: Agent,
+    entries: list[dict[str, Any]],
+    by_id: dict[int, Message],
+    turns: list[TurnRecord],
+    quiescent: bool,
+) -> None:
+    """Guarantees 4, 5 and 7 for one agent: drained in ``seq`` order, every tool call paired,
+    never two turns at once."""
+    drained = [
+        by_id[e["message_id"]].seq
+        for e in entries
+        if e["message_id"] is not None and e["payload"].get("role") == "user"
+    ]
+    for a, b in itertools.pairwise(drained):
+        if b <= a:
+            report.reordered += 1
+            report.violations.append(f"{agent.display_name}: seq {b} drained after seq {a}")
+    transcript = [e["payload"] for e in entries]
+    busy = agent.state in (AgentState.RUNNING, AgentState.WAITING)
+    for problem in tool_pairing_problems(transcript, open_allowed=busy and not quiescent):
+        if "never got a result" in problem:
+            report.dangling_tool_calls += 1
+        else:
+            report.split_tool_results += 1
+        report.violations.append(f"{agent.display_name}: {problem}")
+
+    running = [t for t in turns if t.status is TurnStatus.RUNNING]
+    if len(running) > 1 or (quiescent and running):
+        report.overlapping_turns += 1
+        report.violations.append(f"{agent.display_name}: turns {running} running at once")
+    spans = sorted((t.started_at, t.ended_at, t.id) for t in turns if t.ended_at is not None)
+    for (_s1, e1, id1), (s2, _e2, id2) in itertools.pairwise(spans):
+        if e1 is not None and s2 < e1:
+            report.overlapping_turns += 1
+            report.violations.append(f"{agent.display_name}: turns {id1} and {id2} overlap")
 
 
 def _check_pending_wake(

@@ -1,8 +1,8 @@
-"""The seed's team, driven by tools through the seed's scenarios, explained from the ledger.
+"""The demo's team, driven by tools through the routing scenarios, explained from the ledger.
 
-The user gives the Team Leader instructions; the lead (a
-:class:`~agent_router.agents.llm.ScriptedModel`
-that turns the ``@tool {json}`` lines of an instruction into tool calls) staffs its team with
+The scenarios carry the numbers of docs/design.md, section 3 (3.1 to 3.5). The user gives the
+Team Leader instructions; the lead (a :class:`~agent_router.agents.llm.ScriptedModel` that turns
+the ``@tool {json}`` lines of an instruction into tool calls) staffs its team with
 ``create_sub_agent`` and relays everything with its tools. Then:
 
 - 3.1 the lead steers UI Operator_1 while it runs (``send_message_to_sub_agent``): the message is
@@ -247,7 +247,19 @@ class _Scenarios:
     # ------------------------------------------------------------------ the run
 
     def run(self) -> list[CheckResult]:
-        names = {self.demo.lead}
+        ui, engineer = self.staff()
+        checks = [self.check_created(ui, engineer), self.steer(ui)]
+        engineer_turn, check = self.ask_master(engineer)
+        checks.append(check)
+        appended_turn, check = self.append_work(engineer, engineer_turn)
+        checks.append(check)
+        race_turn, check = self.ask_other(ui)
+        checks.append(check)
+        race, check = self.race(ui, race_turn)
+        checks.append(check)
+        return [*checks, *self.stop(ui, engineer, race, appended_turn)]
+
+    def staff(self) -> tuple[Agent, Agent]:
         self.tell_lead(
             "Staff the team: a UI Operator for the login page, a Full-Stack Engineer for the API.",
             directive("create_sub_agent", role=UI_ROLE, task=TASK_UI),
@@ -257,11 +269,10 @@ class _Scenarios:
             lambda: {a.display_name for a in self.router.agents(self.team_id)} >= {UI, ENGINEER},
             "the lead to create its sub-agents",
         )
-        names |= {UI, ENGINEER}
-        ui, engineer = self.agent(UI), self.agent(ENGINEER)
-        checks = [self.check_created(ui, engineer)]
+        return self.agent(UI), self.agent(ENGINEER)
 
-        # 3.1: UI Operator_1 is busy (it keeps working until the lead reviews its plan).
+    def steer(self, ui: Agent) -> CheckResult:
+        """3.1: UI Operator_1 is busy (it keeps working until the lead reviews its plan)."""
         ui_task = self.find(
             lambda m: m.target_name == UI and m.type is MessageType.TASK, "UI Operator_1's task"
         )
@@ -269,9 +280,10 @@ class _Scenarios:
         self.wait(lambda: has_stepped(self.router, ui.id, ui_turn), f"{UI} to start working")
         steer = self.relay(UI, STEER)
         self.wait_turn_over(ui, ui_turn)
-        checks.append(self.check_steer(ui, ui_turn, steer))
+        return self.check_steer(ui, ui_turn, steer)
 
-        # 3.2: Full-Stack Engineer_1 asked the lead first thing; the lead answered.
+    def ask_master(self, engineer: Agent) -> tuple[int, CheckResult]:
+        """3.2: Full-Stack Engineer_1 asked the lead first thing; the lead answered."""
         ask = self.find(
             lambda m: m.type is MessageType.ASK and m.source_name == ENGINEER,
             f"{ENGINEER} to ask the lead",
@@ -284,19 +296,22 @@ class _Scenarios:
             ENGINEER,
         )
         self.wait_turn_over(engineer, engineer_turn)
-        checks.append(self.check_ask_master(engineer, engineer_turn, ask))
+        return engineer_turn, self.check_ask_master(engineer, engineer_turn, ask)
 
-        # 3.3: Full-Stack Engineer_1 completed; the lead appends work (and it will wait for a
-        # question from UI Operator_1 while it runs: 3.5).
+    def append_work(self, engineer: Agent, engineer_turn: int) -> tuple[int, CheckResult]:
+        """3.3: Full-Stack Engineer_1 completed; the lead appends work (and it will wait for a
+        question from UI Operator_1 while it runs: 3.5)."""
         appended = self.relay(ENGINEER, APPENDED_TASK)
         appended_turn = self.turn_consuming(appended.message_id, ENGINEER)
-        checks.append(self.check_append(engineer, engineer_turn, appended, appended_turn))
+        check = self.check_append(engineer, engineer_turn, appended, appended_turn)
         self.wait(
             lambda: has_stepped(self.router, engineer.id, appended_turn),
             f"{ENGINEER} to start its appended work",
         )
+        return appended_turn, check
 
-        # 3.5: UI Operator_1's next task makes it ask the running Full-Stack Engineer_1.
+    def ask_other(self, ui: Agent) -> tuple[int, CheckResult]:
+        """3.5: UI Operator_1's next task makes it ask the running Full-Stack Engineer_1."""
         task2 = self.relay(UI, TASK_UI_2)
         race_turn = self.turn_consuming(task2.message_id, UI)
         ask_other = self.find(
@@ -308,9 +323,10 @@ class _Scenarios:
             ),
             f"{ENGINEER} to answer {UI}",
         )
-        checks.append(self.check_ask_other(ui, ask_other))
+        return race_turn, self.check_ask_other(ui, ask_other)
 
-        # 3.4: a message lands while UI Operator_1 writes its final reply.
+    def race(self, ui: Agent, race_turn: int) -> tuple[Delivery, CheckResult]:
+        """3.4: a message lands while UI Operator_1 writes its final reply."""
         answered_at = max(e["position"] for e in self.router.store.reads.transcript_entries(ui.id))
         self.wait(
             lambda: has_stepped(self.router, ui.id, race_turn, after=answered_at),
@@ -327,16 +343,20 @@ class _Scenarios:
             f"{UI} to read the wrap-up message",
         )
         race = self.router.send(self.team_id, to=UI, content=RACE, sender="user")
-        checks.append(self.check_race(ui, race_turn, wrap, race))
+        return race, self.check_race(ui, race_turn, wrap, race)
 
-        # Stop: the follow-up turn keeps working on RACE; the lead stops it.
+    def stop(
+        self, ui: Agent, engineer: Agent, race: Delivery, appended_turn: int
+    ) -> list[CheckResult]:
+        """The follow-up turn keeps working on the race message; the lead stops it."""
         follow_up = self.turn_consuming(race.message_id, UI)
         self.wait(lambda: has_stepped(self.router, ui.id, follow_up), f"{UI} to work on it")
         self.tell_lead(f"Stop {UI}.", directive("stop_sub_agent", display_name=UI))
         wait_quiescent(self.router, self.team_id, timeout=self.timeout)
-        checks.append(self.check_engineer_append_done(engineer, appended_turn))
-        checks.append(self.check_stop(ui, follow_up))
-        return checks
+        return [
+            self.check_engineer_append_done(engineer, appended_turn),
+            self.check_stop(ui, follow_up),
+        ]
 
     # ------------------------------------------------------------------ checks
 

@@ -3,7 +3,14 @@ OpenAI-compatible model until every agent rests.
 
 The lead gets the ``Team Leader`` role's system prompt and the lead tools; sub-agents are created
 by the lead (``create_sub_agent``) from the roles catalogue, each with its role's prompt and, if
-the role names one, its own model and temperature.
+the role names one, its own model and temperature. Agents get the multi-agent tools only (no
+pretend work tool). Questions get a deadline below the run's timeout, so that an unanswered one
+expires (and is reported) while the run still watches.
+
+The run ends when every agent rests, when its timeout passes, or when nothing can make progress
+any more: no agent runs or is scheduled, and every waiting agent waits on an agent that rests
+with nothing to read (only a deadline could move the team on). The result says what the team was
+waiting on and why it stopped.
 
 Separate worker processes (``agent-router worker`` on a real broker) build the same runtime with
 ``AGENT_ROUTER_RUNTIME_FACTORY=agent_router.ops.team_run:openai_runtime`` and the ``openai_*``
@@ -14,14 +21,13 @@ tools come from the roles file, ``AGENT_ROUTER_MCP_SERVERS`` and ``AGENT_ROUTER_
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent_router.agents.llm import Model, ModelFactory
-from agent_router.agents.roles import RoleCatalogue
+from agent_router.agents.roles import RoleCatalogue, roles_from_env
 from agent_router.domain import (
     RESTING_STATES,
     AgentState,
@@ -29,7 +35,6 @@ from agent_router.domain import (
     MessageType,
     TokenUsage,
 )
-from agent_router.errors import AgentRouterError
 from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
 from agent_router.settings import ModelSpec, Settings
@@ -41,15 +46,8 @@ if TYPE_CHECKING:
     from agent_router.domain import Agent
     from agent_router.worker.runtime import Runtime
 
-#: The variable naming a roles file for worker processes (the CLI's ``--roles`` sets it too).
-ROLES_FILE_ENV = "AGENT_ROUTER_ROLES_FILE"
-
 #: Agents in these states are done for now: nothing runs and nothing is scheduled for them.
 SETTLED_STATES = RESTING_STATES | {AgentState.TERMINATED}
-
-
-class RunTimeoutError(AgentRouterError):
-    """Raised when the team did not settle within the run's timeout."""
 
 
 def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
@@ -84,14 +82,11 @@ def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
     return factory
 
 
-def roles_from_env() -> RoleCatalogue:
-    return RoleCatalogue.from_file_or_default(os.environ.get(ROLES_FILE_ENV))
-
-
 def openai_runtime(settings: Settings, app: Celery) -> Runtime:
     """``AGENT_ROUTER_RUNTIME_FACTORY`` target: a worker runtime that runs every agent with the
     OpenAI-compatible model of the ``openai_*`` settings and the catalogue's roles."""
     from agent_router.agents.toolbox import agent_tools
+    from agent_router.agents.tools import team_registry
     from agent_router.worker.publisher import CeleryPublisher
     from agent_router.worker.runtime import Runtime
 
@@ -99,7 +94,7 @@ def openai_runtime(settings: Settings, app: Celery) -> Runtime:
     return Runtime(
         router=Router(settings, publisher=CeleryPublisher(app)),
         models=openai_models(settings, roles),
-        tools=agent_tools(settings, roles),
+        tools=agent_tools(settings, roles, builtin=team_registry(roles)),
         app=app,
     )
 
@@ -121,12 +116,126 @@ def print_tool_listing(tools: AgentTools, roles: RoleCatalogue, *, as_json: bool
     return not any(listing.unavailable for listing in listings)
 
 
+#: Seconds the team must look stuck (polled again and again) before the run gives up on it: a
+#: turn being enqueued or a wake signal in flight looks stuck for a moment.
+STALL_SECONDS = 3.0
+
+
+def question_timeout_for(settings: Settings, run_timeout: float) -> float:
+    """A question deadline below the run's timeout (half of it at most)."""
+    return min(settings.question_timeout_seconds, run_timeout / 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wait:
+    """One agent blocked on another: an open ask, or a wait for a sub-agent's report."""
+
+    asker: str
+    target: str
+    target_state: str
+    question_id: int
+    kind: str
+    target_pending: int  # messages waiting in the target's mailbox
+
+    def describe(self) -> str:
+        what = (
+            f"its answer to question {self.question_id}"
+            if self.kind == "ask"
+            else f"its report (wait {self.question_id})"
+        )
+        return (
+            f"{self.asker} waits on {self.target} for {what} "
+            f"({self.target} is {self.target_state}, {self.target_pending} message(s) to read)"
+        )
+
+    @property
+    def hopeless(self) -> bool:
+        """Nothing but a deadline can end this wait: its target rests with nothing to read."""
+        resting = self.target_state in {s.value for s in SETTLED_STATES}
+        return resting and not self.target_pending
+
+
+def waits(router: Router, team_id: int) -> list[Wait]:
+    statuses = router.store.reads.agent_statuses(team_id)
+    by_id = {s.agent.id: s for s in statuses}
+    found = []
+    for status in statuses:
+        for qid in status.open_questions:
+            question = router.question(qid)
+            if not question.waiting:
+                continue
+            target = by_id[question.target_agent_id].agent
+            found.append(
+                Wait(
+                    asker=status.agent.display_name,
+                    target=target.display_name,
+                    target_state=target.state.value,
+                    question_id=qid,
+                    kind=question.kind.value,
+                    target_pending=target.mailbox_depth,
+                )
+            )
+    return found
+
+
+def stuck(router: Router, team_id: int) -> list[Wait] | None:
+    """The waits that hold the team when nothing can make progress; ``None`` otherwise."""
+    agents = router.agents(team_id)
+    if any(a.state in (AgentState.RUNNING, AgentState.SCHEDULED) for a in agents):
+        return None
+    if any(a.state in RESTING_STATES and a.mailbox_depth for a in agents):
+        return None
+    found = waits(router, team_id)
+    if not found or not all(w.hopeless for w in found):
+        return None
+    return found
+
+
+@dataclass(kw_only=True)
+class Progress:
+    """How watching the team ended."""
+
+    settled: bool
+    reason: str | None = None  # why the run stopped without the team settling
+
+
+def wait_settled(
+    router: Router,
+    team_id: int,
+    *,
+    timeout: float,
+    poll: float = 0.1,
+    stall_seconds: float = STALL_SECONDS,
+) -> Progress:
+    deadline = time.monotonic() + timeout
+    stuck_since: float | None = None
+    while not settled(router, team_id):
+        now = time.monotonic()
+        holding = stuck(router, team_id)
+        if holding is None:
+            stuck_since = None
+        elif stuck_since is None:
+            stuck_since = now
+        elif now - stuck_since >= stall_seconds:
+            return Progress(
+                settled=False,
+                reason="nothing can make progress: " + "; ".join(w.describe() for w in holding),
+            )
+        if now > deadline:
+            return Progress(settled=False, reason=f"the team did not settle within {timeout:.0f}s")
+        time.sleep(poll)
+    return Progress(settled=True)
+
+
 @dataclass(kw_only=True)
 class RunResult:
     team_id: int
     settled: bool
     states: dict[str, str] = field(default_factory=dict)
     failed_turns: list[str] = field(default_factory=list)
+    expired_questions: list[str] = field(default_factory=list)
+    waiting_on: list[str] = field(default_factory=list)
+    reason: str | None = None
     final: str | None = None  # the lead's last reply
     report: TeamReport | None = None
     budget_exhausted: str | None = None  # the budget that stopped the team, if one did
@@ -137,6 +246,7 @@ class RunResult:
         return (
             self.settled
             and not self.failed_turns
+            and not self.expired_questions
             and self.budget_exhausted is None
             and (self.report is None or self.report.ok)
         )
@@ -156,21 +266,18 @@ def settled(router: Router, team_id: int) -> bool:
     return all(a.state in SETTLED_STATES for a in router.agents(team_id))
 
 
-def wait_settled(router: Router, team_id: int, *, timeout: float, poll: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while not settled(router, team_id):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(poll)
-    return True
-
-
-def result_of(router: Router, team_id: int, *, is_settled: bool) -> RunResult:
+def result_of(router: Router, team_id: int, *, progress: Progress) -> RunResult:
     agents = router.agents(team_id)
+    ledger = router.ledger(team_id)
     failed = [
         f"{e.agent_name} turn {e.turn_id}: {e.detail.get('error')}"
-        for e in router.ledger(team_id)
+        for e in ledger
         if e.action is LedgerAction.TURN_ENDED and e.detail.get("failed")
+    ]
+    expired = [
+        f"question {e.detail.get('question_id')} of {e.agent_name} got no answer in time"
+        for e in ledger
+        if e.action is LedgerAction.QUESTION_EXPIRED
     ]
     lead = next(a for a in agents if a.is_lead)
     replies = [
@@ -183,9 +290,12 @@ def result_of(router: Router, team_id: int, *, is_settled: bool) -> RunResult:
         budget_exhausted=budget.exhausted.value if budget.exhausted else None,
         usage=budget.usage,
         team_id=team_id,
-        settled=is_settled,
+        settled=progress.settled,
         states={a.display_name: a.state.value for a in agents},
         failed_turns=failed,
+        expired_questions=expired,
+        waiting_on=[w.describe() for w in waits(router, team_id)],
+        reason=progress.reason,
         final=str(replies[-1]) if replies else None,
-        report=check_team(router, team_id, quiescent=True) if is_settled else None,
+        report=check_team(router, team_id, quiescent=True) if progress.settled else None,
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from agent_router import errors
 from agent_router.domain import (
     AgentState,
+    MessageSubtype,
     MessageType,
     QuestionKind,
     QuestionStatus,
@@ -35,18 +36,19 @@ class Incoming:
     sender_id: int | None
     wake: bool
     answers: int | None = None
+    subtype: MessageSubtype | None = None
 
 
 def resolves(waiting: Waiting, msg: Incoming) -> bool:
-    """Does ``msg`` end the receiver's wait? An ask ends on any wake message unless it answers
-    another question; an output wait only on the awaited agent's output (any other message to
-    the waiting agent is queued as usual)."""
+    """Does ``msg`` end the receiver's wait? Only the agent waited on releases it: an ask ends on
+    that agent's answer to it, or on any other wake message that agent sends the asker; an
+    output wait ends on that agent's report (an output that is not progress narration). A
+    message from anyone else is queued and read after the wait ends; the system releases a wait
+    by other means (expired, cancelled)."""
+    if msg.sender_id is None or msg.sender_id != waiting.target_agent_id:
+        return False
     if waiting.kind is QuestionKind.OUTPUT:
-        return (
-            msg.type is MessageType.OUTPUT
-            and msg.sender_id is not None
-            and msg.sender_id == waiting.target_agent_id
-        )
+        return msg.type is MessageType.OUTPUT and msg.subtype is not MessageSubtype.PROGRESS_OUTPUT
     return msg.wake and (msg.answers is None or msg.answers == waiting.id)
 
 
@@ -57,7 +59,9 @@ def decide(state: AgentState, waiting: Waiting | None, msg: Incoming) -> RouteOu
         raise errors.AgentTerminatedError("a terminated agent takes no messages")
     if state is AgentState.WAITING and waiting is not None and resolves(waiting, msg):
         return RouteOutcome.RESOLVED
-    if state in (AgentState.RUNNING, AgentState.WAITING):
+    if state is AgentState.WAITING:
+        return RouteOutcome.INJECTED_INLINE if msg.wake else RouteOutcome.QUEUED
+    if state is AgentState.RUNNING:
         return RouteOutcome.INJECTED_INLINE
     if state is AgentState.SCHEDULED:
         return RouteOutcome.COALESCED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 from typing import Any
 
 import sqlalchemy as sa
@@ -39,9 +40,50 @@ def make_engine(settings: Settings) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return sa.create_engine(
-        settings.database_url,
-        pool_size=settings.pool_size,
-        max_overflow=settings.pool_size,
-        pool_pre_ping=True,
+    # No pre-ping: it costs a round trip on every checkout. A connection the server closed
+    # (restart, idle timeout, pg_terminate_backend) has its socket readable while idle: that is
+    # checked at checkout without a round trip, and the pool replaces the connection. One that
+    # dies later, inside a transaction, makes the store run that transaction again
+    # (store.faults.retrying).
+    engine = sa.create_engine(
+        settings.database_url, pool_size=settings.pool_size, max_overflow=settings.pool_size
     )
+    event.listen(engine, "checkout", _closed_by_server_check)
+    return engine
+
+
+def _closed_by_server_check(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    if closed_by_server(dbapi_conn):
+        raise sa.exc.DisconnectionError("the server closed this pooled connection")
+
+
+def closed_by_server(dbapi_conn: Any) -> bool:
+    """Whether an idle connection is gone: closed or broken on our side, or its socket has
+    something to read while no query runs (the server's goodbye, or its end of file)."""
+    if getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False):
+        return True
+    try:
+        fd = dbapi_conn.fileno()
+    except Exception:  # the driver has no open socket any more
+        return True
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+def kill_connections(engine: Engine, application_name: str) -> int:
+    """PostgreSQL: terminate the server processes of this database's connections named
+    ``application_name`` (the chaos run kills workers' connections this way)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :db AND application_name = :app"
+            ),
+            {"db": engine.url.database, "app": application_name},
+        ).all()
+        conn.commit()
+    return len(rows)

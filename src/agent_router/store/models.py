@@ -84,6 +84,8 @@ class AgentRow(Base):
     __tablename__ = "ar_agents"
     __table_args__ = (
         sa.UniqueConstraint("team_id", "display_name", name="uq_ar_agents_team_display_name"),
+        # The sweeper's scan for agents left scheduled.
+        sa.Index("ix_ar_agents_state_scheduled", "state", "scheduled_at"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -138,6 +140,8 @@ class MessageRow(Base):
 
 class QuestionRow(Base):
     __tablename__ = "ar_questions"
+    # The sweeper's scan for open questions past their deadline.
+    __table_args__ = (sa.Index("ix_ar_questions_status_deadline", "status", "deadline"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
@@ -158,7 +162,11 @@ class QuestionRow(Base):
 class TurnRow(Base):
     __tablename__ = "ar_turns"
     # One claim per epoch: the database itself refuses a second turn for the same fence.
-    __table_args__ = (sa.UniqueConstraint("agent_id", "epoch", name="uq_ar_turns_agent_epoch"),)
+    # The sweeper's scan for running turns whose lease ran out.
+    __table_args__ = (
+        sa.UniqueConstraint("agent_id", "epoch", name="uq_ar_turns_agent_epoch"),
+        sa.Index("ix_ar_turns_status_lease", "status", "lease_expires_at"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
@@ -193,7 +201,11 @@ class TranscriptEntryRow(Base):
 
 class OutboxRow(Base):
     __tablename__ = "ar_outbox"
-    __table_args__ = (sa.Index("ix_ar_outbox_unpublished", "published_at", "id"),)
+    __table_args__ = (
+        sa.Index("ix_ar_outbox_unpublished", "published_at", "id"),
+        # The sweeper's check of an agent's turn tasks of one epoch.
+        sa.Index("ix_ar_outbox_agent_epoch", "agent_id", "epoch"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)

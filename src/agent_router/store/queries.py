@@ -70,15 +70,6 @@ def mailbox_depth(session: Session, agent_id: int) -> int:
     )
 
 
-def next_position(session: Session, agent_id: int) -> int:
-    last = session.scalar(
-        sa.select(sa.func.max(TranscriptEntryRow.position)).where(
-            TranscriptEntryRow.agent_id == agent_id
-        )
-    )
-    return 0 if last is None else last + 1
-
-
 def waiting_question(session: Session, agent_id: int) -> QuestionRow | None:
     return session.scalars(
         sa.select(QuestionRow)

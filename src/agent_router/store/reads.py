@@ -483,13 +483,10 @@ class Reads:
     def turn_leases(self, team_id: int) -> dict[int, datetime | None]:
         """Each turn of the team by id, with its lease's end."""
         with self._sessions() as session:
-            return dict(
-                session.execute(
-                    sa.select(TurnRow.id, TurnRow.lease_expires_at).where(
-                        TurnRow.team_id == team_id
-                    )
-                ).tuples()
-            )
+            rows = session.execute(
+                sa.select(TurnRow.id, TurnRow.lease_expires_at).where(TurnRow.team_id == team_id)
+            ).all()
+            return {turn_id: lease for turn_id, lease in rows}
 
     @faults.wrapped_read
     def idle_connections(self) -> int:

@@ -3,6 +3,8 @@ a turn. The lock: the target agent's row (and the question an answer answers).""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sqlalchemy as sa
 from sqlalchemy.orm import aliased
 
@@ -77,6 +79,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
             sender_id=source_id,
             wake=req.wake,
             answers=answered.id if answered is not None else None,
+            subtype=req.subtype,
         ),
     )
     msg = _insert_message(
@@ -86,8 +89,9 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
         close_question(answered, QuestionStatus.ANSWERED, answer_message_id=msg.id)
     if outcome is RouteOutcome.RESOLVED:
         assert waiting_on is not None
-        if waiting_on.kind is QuestionKind.OUTPUT:
-            # The output is consumed by the wait: it is this wait's answer, delivered once.
+        if waiting_on is not answered:
+            # The report ends an output wait; any message of the asked agent to the asker is
+            # its answer: either way the question is answered by this message, delivered once.
             close_question(waiting_on, QuestionStatus.ANSWERED, answer_message_id=msg.id)
         resolve_waiter(tx, target, waiting_on, msg, turn_id=msg.consumed_turn_id)
     elif outcome is RouteOutcome.TRIGGERED_NEW_TURN:
@@ -113,6 +117,28 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
         seq=msg.seq,
         epoch=target.epoch,
     )
+
+
+def route_many(tx: Tx, reqs: Sequence[SendRequest]) -> list[Delivery]:
+    """Several messages of one team in this one transaction, each routed as :func:`route`
+    routes it, their targets locked in ascending id order (the canonical lock order); the
+    deliveries come back in the order given."""
+    team_ids = {req.team_id for req in reqs}
+    if len(team_ids) > 1:
+        raise errors.InvalidMessageError("the messages of one send_many go to one team")
+    if not reqs:
+        return []
+    found = tx.session.execute(
+        sa.select(AgentRow.display_name, AgentRow.id).where(
+            AgentRow.team_id == reqs[0].team_id,
+            AgentRow.display_name.in_({req.to for req in reqs}),
+        )
+    )
+    ids = {name: agent_id for name, agent_id in found}
+    # Unknown targets first: the refusal comes before any lock is taken.
+    order = sorted(range(len(reqs)), key=lambda i: (ids.get(reqs[i].to, 0), i))
+    deliveries: dict[int, Delivery] = {i: route(tx, reqs[i]) for i in order}
+    return [deliveries[i] for i in range(len(reqs))]
 
 
 def _waiting_on(tx: Tx, target: AgentRow, answered: QuestionRow | None) -> QuestionRow | None:

@@ -220,6 +220,13 @@ class Store:
             return routing.route(tx, req)
 
     @faults.retrying
+    def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
+        """Route several messages of one team in one transaction: all of them, or none (the
+        first refusal is raised and only it is ledgered)."""
+        with self._tx() as tx:
+            return routing.route_many(tx, reqs)
+
+    @faults.retrying
     def record_rejection(self, team_id: int | None, reason: str, **detail: Any) -> None:
         """Ledger a send refused before it reached the store (malformed input)."""
         self._write_ledger(
@@ -397,26 +404,15 @@ class Store:
             return
         # One statement is its own transaction: autocommit spares a BEGIN and a COMMIT round
         # trip on every publish (it follows every send that enqueues a turn or wakes a waiter).
+        # Its commit does not wait for the disk (synchronous_commit off, for this transaction
+        # only: the row filter sets it): a mark lost in a server crash only makes the sweeper
+        # publish the row again, and every published signal is fenced or re-checked.
+        stmt = stmt.where(sa.func.set_config("synchronous_commit", "off", True) == "off")
         try:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(stmt)
         except DBAPIError as exc:
             raise errors.StoreError(f"database error: {exc.orig!r}") from exc
-
-    def kill_connections(self, application_name: str) -> int:
-        """PostgreSQL: terminate the server processes of this database's connections named
-        ``application_name`` (the chaos run kills workers' connections this way)."""
-        dbname = self.engine.url.database
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :db AND application_name = :app"
-                ),
-                {"db": dbname, "app": application_name},
-            ).all()
-            conn.commit()
-        return len(rows)
 
     # ------------------------------------------------------------------ budgets and usage
 

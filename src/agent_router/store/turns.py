@@ -16,6 +16,7 @@ from agent_router.domain import (
     LedgerAction,
     Message,
     MessageStatus,
+    MessageSubtype,
     QuestionStatus,
     TurnRecord,
     TurnStatus,
@@ -90,11 +91,22 @@ def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
     return Claim(values.turn(turn), agent.team_id, agent.display_name)
 
 
+# The agent locked and its turn read in one statement (the lock is the agent's alone; see
+# queries.lock_agent for populate_existing).
+_FENCE = (
+    sa.select(AgentRow, TurnRow)
+    .outerjoin(TurnRow, TurnRow.id == sa.bindparam("b_turn"))
+    .where(AgentRow.id == sa.bindparam("b_agent"))
+    .with_for_update(of=AgentRow, key_share=True)
+    .execution_options(populate_existing=True)
+)
+
+
 def fenced(tx: Tx, turn: TurnRecord, operation: str) -> tuple[AgentRow, TurnRow]:
     """Lock the turn's agent and check the fence; a stale turn writes nothing."""
-    session = tx.session
-    agent = queries.lock_agent(tx.session, turn.agent_id)
-    row = session.get(TurnRow, turn.id)
+    found = tx.session.execute(_FENCE, {"b_turn": turn.id, "b_agent": turn.agent_id}).first()
+    agent: AgentRow | None = found[0] if found is not None else None
+    row: TurnRow | None = found[1] if found is not None else None
     if (
         agent is None
         or row is None
@@ -127,8 +139,15 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
     agent = _drainable(tx, turn)
     # Core rows and two set-based statements: a drain of a thousand messages is one
     # SELECT, one multi-row INSERT and one UPDATE, not a unit of work per message.
+    # The transcript's next position comes with the rows (evaluated once: it names no row).
+    next_position = (
+        sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
+        .where(TranscriptEntryRow.agent_id == agent.id)
+        .scalar_subquery()
+        .label("next_position")
+    )
     rows = session.execute(
-        sa.select(MessageRow.__table__)
+        sa.select(MessageRow.__table__, next_position)
         .where(
             MessageRow.target_agent_id == agent.id,
             MessageRow.status == MessageStatus.PENDING,
@@ -139,6 +158,7 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
     if not rows:
         return []
     now = utcnow()
+    rows, superseded = _latest_progress(rows)
     delivered = _into_transcript(tx, agent, turn, rows, now)
     session.execute(
         sa.update(MessageRow)
@@ -146,6 +166,17 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
         .values(status=MessageStatus.DELIVERED, consumed_turn_id=turn.id, consumed_at=now)
         .execution_options(synchronize_session=False)
     )
+    for old_id, latest_id in superseded.items():
+        session.execute(
+            sa.update(MessageRow)
+            .where(MessageRow.id == old_id)
+            .values(
+                status=MessageStatus.DROPPED,
+                drop_reason=f"superseded by progress output {latest_id}: only the latest "
+                "progress of a sender reaches the reader per drain",
+            )
+            .execution_options(synchronize_session=False)
+        )
     tx.ledger(
         LedgerAction.DRAIN,
         team_id=agent.team_id,
@@ -155,15 +186,34 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
         count=len(delivered),
         first_seq=delivered[0].seq,
         last_seq=delivered[-1].seq,
+        superseded=sorted(superseded) or None,
     )
     return delivered
+
+
+def _latest_progress(
+    rows: Sequence[sa.Row[Any]],
+) -> tuple[list[sa.Row[Any]], dict[int, int]]:
+    """The rows to deliver, and the progress outputs left out (id -> the later one that
+    supersedes it): of one sender's progress narration in a drain, only the latest is read.
+    Rows always hold at least that latest one, so a drain never comes back empty-handed."""
+    latest: dict[Any, int] = {}
+    for row in rows:
+        if row.subtype is MessageSubtype.PROGRESS_OUTPUT:
+            latest[row.source_name] = row.id
+    superseded = {
+        row.id: latest[row.source_name]
+        for row in rows
+        if row.subtype is MessageSubtype.PROGRESS_OUTPUT and latest[row.source_name] != row.id
+    }
+    return [row for row in rows if row.id not in superseded], superseded
 
 
 def _into_transcript(
     tx: Tx, agent: AgentRow, turn: TurnRecord, rows: Sequence[sa.Row[Any]], now: datetime
 ) -> list[Message]:
     """The drained messages as user entries of the transcript, in one multi-row INSERT."""
-    position = queries.next_position(tx.session, agent.id)
+    position = int(rows[0].next_position)
     delivered = [
         values.message(
             row._mapping,

@@ -291,6 +291,11 @@ def _ready_output(
             MessageRow.target_agent_id == lead.id,
             MessageRow.source_agent_id == target_row.id,
             MessageRow.type == MessageType.OUTPUT,
+            # A report ends the wait; progress narration does not.
+            sa.or_(
+                MessageRow.subtype.is_(None),
+                MessageRow.subtype != MessageSubtype.PROGRESS_OUTPUT,
+            ),
             MessageRow.status == MessageStatus.PENDING,
         )
         .order_by(MessageRow.seq)

@@ -60,8 +60,8 @@ def scripted_models(settings: Settings) -> ModelFactory:
 def default_tools(settings: Settings) -> ToolRegistry:
     """The router's own tools, plus the MCP servers and host functions the settings and the
     roles file (``AGENT_ROUTER_ROLES_FILE``) declare."""
+    from agent_router.agents.roles import roles_from_env
     from agent_router.agents.toolbox import agent_tools
-    from agent_router.ops.team_run import roles_from_env
 
     return agent_tools(settings, roles_from_env())
 

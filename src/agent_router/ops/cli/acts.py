@@ -8,13 +8,14 @@ import json
 import logging
 import sys
 import tempfile
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from agent_router.domain import AgentState, MessageType, RouteOutcome
+from agent_router.domain import AgentState, Delivery, MessageType, RouteOutcome
 from agent_router.ops.cli.common import (
     _OUTCOME_STYLES,
     BrokerUrlOption,
@@ -82,6 +83,10 @@ def send(  # noqa: PLR0917 - typer options
             question_id=question_id,
         )
         published = router.publisher is not None
+    _print_delivery(delivery, published=published, as_json=as_json)
+
+
+def _print_delivery(delivery: Delivery, *, published: bool, as_json: bool) -> None:
     if as_json:
         print(json.dumps({**dataclasses.asdict(delivery), "outcome": delivery.outcome.value}))
         return
@@ -222,9 +227,29 @@ def db_upgrade(
     print(f"database at {revision}", file=sys.stderr)
 
 
+# The options of `bench` that change what it measures.
+ScaleOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AGENT_ROUTER_BENCH_SCALE",
+        help="Measure the scale curve instead: grow the --postgres-url database (use one of "
+        "its own) through these sizes, messages:teams comma-separated, e.g. "
+        "10000:1000,100000:3000,1000000:10000, and measure route, claim and one sweeper "
+        "pass at each.",
+    ),
+]
+SvgOption = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="AGENT_ROUTER_BENCH_SVG",
+        help="With --scale: also write the curve as an SVG chart here.",
+    ),
+]
+
+
 @app.command()
 @_one_line_errors
-def bench(
+def bench(  # noqa: PLR0917 - typer options
     postgres_url: Annotated[
         str | None,
         typer.Option(
@@ -250,12 +275,18 @@ def bench(
         bool,
         typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="A JSON list, one object per row."),
     ] = False,
+    scale: ScaleOption = None,
+    svg: SvgOption = None,
 ) -> None:
     """Measure routing, wake, turn start, throughput, burst and drain figures, each beside the
     floor of this machine measured in the same run (see docs/benchmarks.md)."""
 
     from agent_router.ops import bench as bench_mod
+    from agent_router.ops.bench_report import render, to_json
 
+    if scale is not None:
+        _scale_curve(postgres_url, scale, samples, svg, as_json)
+        return
     logging.getLogger("celery").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         rows = bench_mod.run(
@@ -265,7 +296,27 @@ def bench(
             samples=samples,
             queued=queued,
         )
-    print(bench_mod.to_json(rows) if as_json else bench_mod.render(rows))
+    print(to_json(rows) if as_json else render(rows))
+
+
+def _scale_curve(
+    postgres_url: str | None, sizes: str, samples: int, svg: Path | None, as_json: bool
+) -> None:
+    from agent_router.ops import scale as scale_mod
+    from agent_router.ops.bench_report import render, to_json
+
+    if not postgres_url or not postgres_url.startswith("postgresql"):
+        raise typer.BadParameter(
+            "the curve fills a PostgreSQL database: give one", param_hint="--postgres-url"
+        )
+    try:
+        parsed = scale_mod.parse_sizes(sizes)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--scale") from None
+    rows, points = scale_mod.curve(postgres_url, parsed, samples=samples)
+    if svg is not None:
+        svg.write_text(scale_mod.svg(points), encoding="utf-8")
+    print(to_json(rows) if as_json else render(rows))
 
 
 @app.command()

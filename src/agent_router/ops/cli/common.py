@@ -202,6 +202,9 @@ DatabaseUrlOption = Annotated[
 JsonOption = Annotated[
     bool, typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="JSON instead of a table.")
 ]
+JsonLinesOption = Annotated[
+    bool, typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON object per line.")
+]
 LoglevelOption = Annotated[
     str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
 ]

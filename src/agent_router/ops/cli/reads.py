@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -20,6 +21,7 @@ from agent_router.domain import AgentState, AgentStatus, Budget, TokenUsage
 from agent_router.ops.cli.budgets import print_budget
 from agent_router.ops.cli.common import (
     DatabaseUrlOption,
+    JsonLinesOption,
     JsonOption,
     _one_line_errors,
     _render,
@@ -98,27 +100,8 @@ def status(  # noqa: PLR0917 - typer options
         usage, budget = _usage_of(store, statuses, team)
     if as_json:
         for s in statuses:
-            print(
-                json.dumps(
-                    {
-                        "team_id": s.agent.team_id,
-                        "agent_id": s.agent.id,
-                        "agent": s.agent.display_name,
-                        "role": s.agent.role,
-                        "state": s.agent.state.value,
-                        "suspended": s.agent.suspended,
-                        "epoch": s.agent.epoch,
-                        "mailbox_depth": s.agent.mailbox_depth,
-                        "open_questions": list(s.open_questions),
-                        "questions_to_answer": list(s.questions_to_answer),
-                        "turn_id": s.turn_id,
-                        "lease_expires_at": s.lease_expires_at.isoformat() + "Z"
-                        if s.lease_expires_at
-                        else None,
-                        **_usage_record(usage.get(s.agent.id, TokenUsage())),
-                    }
-                )
-            )
+            record = _status_record(s) | _usage_record(usage.get(s.agent.id, TokenUsage()))
+            print(json.dumps(record))
         return
     console = Console(highlight=False)
     teams = sorted({s.agent.team_id for s in statuses})
@@ -177,6 +160,24 @@ def _usage_record(usage: TokenUsage) -> dict[str, Any]:
     }
 
 
+def _status_record(s: AgentStatus) -> dict[str, Any]:
+    """One agent's status as a JSON object (``status --json``)."""
+    return {
+        "team_id": s.agent.team_id,
+        "agent_id": s.agent.id,
+        "agent": s.agent.display_name,
+        "role": s.agent.role,
+        "state": s.agent.state.value,
+        "suspended": s.agent.suspended,
+        "epoch": s.agent.epoch,
+        "mailbox_depth": s.agent.mailbox_depth,
+        "open_questions": list(s.open_questions),
+        "questions_to_answer": list(s.questions_to_answer),
+        "turn_id": s.turn_id,
+        "lease_expires_at": s.lease_expires_at.isoformat() + "Z" if s.lease_expires_at else None,
+    }
+
+
 def _status_table(team_id: int, statuses: list[AgentStatus]) -> Table:
     """One team's agents in at most 80 columns: no column is cut (names fold)."""
     now = utcnow()
@@ -223,10 +224,7 @@ _STATE_STYLES = {
 def ledger(  # noqa: PLR0917 - typer options
     team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
     database_url: DatabaseUrlOption = None,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON object per line."),
-    ] = False,
+    as_json: JsonLinesOption = False,
     after: Annotated[
         int, typer.Option(envvar="AGENT_ROUTER_AFTER", help="Only events after this ledger id.")
     ] = 0,
@@ -257,8 +255,42 @@ def ledger(  # noqa: PLR0917 - typer options
     ] = None,
 ) -> None:
     """The team's timeline: routing decisions (with outcomes) and turns, from the ledger."""
-    console = Console(highlight=False)
     reader_gone = threading.Event()  # stdout was closed (`ledger --follow | head -1`)
+    sink = _ledger_sink(
+        as_json=as_json, after=after, agents=agents, outcomes=outcomes, follow=follow,
+        reader_gone=reader_gone,
+    )  # fmt: skip
+    with _store(database_url) as store:
+        store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
+    router = Router(_settings(database_url))
+    tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
+    try:
+        if not follow:
+            tail.flush()
+            return
+        tail.start()
+        with contextlib.suppress(KeyboardInterrupt):
+            reader_gone.wait()
+    finally:
+        if follow:
+            tail.stop()
+        router.close()
+    if reader_gone.is_set():
+        raise BrokenPipeError  # ends quietly (see failures.run_quietly_on_broken_pipe)
+
+
+def _ledger_sink(
+    *,
+    as_json: bool,
+    after: int,
+    agents: list[str] | None,
+    outcomes: list[str] | None,
+    follow: bool,
+    reader_gone: threading.Event,
+) -> Callable[[dict[str, Any]], None]:
+    """Where the ledger's records go: filtered, then one JSON line or one rendered line each.
+    A reader that went away while following sets ``reader_gone`` instead of raising."""
+    console = Console(highlight=False)
 
     def sink(record: dict[str, Any]) -> None:
         if reader_gone.is_set() or record["id"] <= after:
@@ -277,23 +309,7 @@ def ledger(  # noqa: PLR0917 - typer options
                 raise
             reader_gone.set()  # the follower's thread stops printing; the command ends
 
-    with _store(database_url) as store:
-        store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
-    router = Router(_settings(database_url))
-    tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
-    try:
-        if not follow:
-            tail.flush()
-            return
-        tail.start()
-        with contextlib.suppress(KeyboardInterrupt):
-            reader_gone.wait()
-    finally:
-        if follow:
-            tail.stop()
-        router.close()
-    if reader_gone.is_set():
-        raise BrokenPipeError  # ends quietly (see failures.run_quietly_on_broken_pipe)
+    return sink
 
 
 inspect_app = typer.Typer(help="Look at one message or one agent's transcript, with provenance.")
@@ -362,10 +378,7 @@ def inspect_agent(
     team: Annotated[int, typer.Argument(help="Team id.")],
     name: Annotated[str, typer.Argument(help="Display name, e.g. 'UI Operator_1'.")],
     database_url: DatabaseUrlOption = None,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON entry per line."),
-    ] = False,
+    as_json: JsonLinesOption = False,
     full: Annotated[
         bool,
         typer.Option("--full", envvar="AGENT_ROUTER_FULL", help="Whole contents, not previews."),
@@ -394,36 +407,44 @@ def inspect_agent(
         if e["turn_id"] != turn_seen and e["turn_id"] in per_turn:
             turn_seen = e["turn_id"]
             console.print(Text(_turn_usage(turn_seen, per_turn[turn_seen]), style="dim"))
-        payload = e["payload"]
-        head = Text(f"[{e['position']}] ", style="dim")
-        head.append(payload.get("role", "?"), style="bold")
-        head.append(f"  turn {e['turn_id'] if e['turn_id'] is not None else '-'}", style="dim")
-        meta = e["meta"] or {}
-        if e["message_id"] is not None:
-            head.append(
-                f"  <- {meta.get('type')}"
-                + (f"/{meta['subtype']}" if meta.get("subtype") else "")
-                + f" from {meta.get('from')} (message {e['message_id']}"
-                + (f", question {meta['question_id']}" if meta.get("question_id") else "")
-                + ")",
-                style="cyan",
-            )
-        if meta.get("synthetic"):
-            head.append(f"  synthetic {meta['synthetic']}", style="yellow")
-        if payload.get("tool_call_id"):
-            head.append(f"  result of {payload['tool_call_id']}", style="magenta")
-        console.print(head)
-        for call in payload.get("tool_calls") or []:
-            fn = call.get("function", {})
-            console.print(
-                Text(f"    call {call.get('id')}: {fn.get('name')}({fn.get('arguments')})")
-            )
-        content = payload.get("content")
-        if content:
-            text = str(content)
-            if not full and len(text) > 300:
-                text = text[:300] + f"… ({len(text)} chars; --full for all)"
-            console.print(Text("    " + text.replace("\n", "\n    ")))
+        _print_entry(console, e, full=full)
+
+
+def _entry_head(e: dict[str, Any]) -> Text:
+    """An entry's first line: position, role, turn, and where it came from."""
+    payload = e["payload"]
+    head = Text(f"[{e['position']}] ", style="dim")
+    head.append(payload.get("role", "?"), style="bold")
+    head.append(f"  turn {e['turn_id'] if e['turn_id'] is not None else '-'}", style="dim")
+    meta = e["meta"] or {}
+    if e["message_id"] is not None:
+        head.append(
+            f"  <- {meta.get('type')}"
+            + (f"/{meta['subtype']}" if meta.get("subtype") else "")
+            + f" from {meta.get('from')} (message {e['message_id']}"
+            + (f", question {meta['question_id']}" if meta.get("question_id") else "")
+            + ")",
+            style="cyan",
+        )
+    if meta.get("synthetic"):
+        head.append(f"  synthetic {meta['synthetic']}", style="yellow")
+    if payload.get("tool_call_id"):
+        head.append(f"  result of {payload['tool_call_id']}", style="magenta")
+    return head
+
+
+def _print_entry(console: Console, e: dict[str, Any], *, full: bool) -> None:
+    payload = e["payload"]
+    console.print(_entry_head(e))
+    for call in payload.get("tool_calls") or []:
+        fn = call.get("function", {})
+        console.print(Text(f"    call {call.get('id')}: {fn.get('name')}({fn.get('arguments')})"))
+    content = payload.get("content")
+    if content:
+        text = str(content)
+        if not full and len(text) > 300:
+            text = text[:300] + f"… ({len(text)} chars; --full for all)"
+        console.print(Text("    " + text.replace("\n", "\n    ")))
 
 
 # ---------------------------------------------------------------------- acting on a team

@@ -1,0 +1,196 @@
+"""The floors the bench compares with, measured in the same run on the same machine.
+
+The route floor is the cheapest transaction with the shape of a route: lock one row
+``FOR UPDATE``, insert one row, update the locked row, commit. It runs twice on the same tables:
+through the raw driver (psycopg, or ``sqlite3`` for the embedded default; one connection per
+thread, no pool, no ORM), which is the physical floor, and through our own SQLAlchemy engine
+(:func:`agent_router.store.make_engine`), so that the stack's own overhead shows as the ratio
+between the two.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+
+from agent_router.settings import Settings
+from agent_router.store import make_engine
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1000
+
+
+def rate(threads: int, per: int, fn: Callable[[int], None]) -> float:
+    """Operations per second of ``threads`` threads each calling ``fn(i)`` ``per`` times."""
+    barrier = threading.Barrier(threads)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        for _ in range(per):
+            fn(i)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(run, range(threads)))
+    return threads * per / (time.perf_counter() - start)
+
+
+class EngineFloor:
+    """The floor transaction through our own engine (its pool and connection handling)."""
+
+    def __init__(self, settings: Settings, rows: int = 64) -> None:
+        self.engine = make_engine(settings)
+        self.tag = uuid.uuid4().hex[:8]
+        meta = sa.MetaData()
+        self.counter = sa.Table(
+            f"ar_bench_counter_{self.tag}",
+            meta,
+            sa.Column("id", sa.Integer, primary_key=True),
+            sa.Column("n", sa.Integer),
+        )
+        self.log = sa.Table(
+            f"ar_bench_log_{self.tag}",
+            meta,
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+            sa.Column("v", sa.Text),
+        )
+        self.meta = meta
+        meta.create_all(self.engine)
+        with self.engine.begin() as conn:
+            conn.execute(self.counter.insert(), [{"id": i, "n": 0} for i in range(rows)])
+
+    def run(self, row: int = 0) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.select(self.counter.c.n).where(self.counter.c.id == row).with_for_update()
+            )
+            conn.execute(self.log.insert().values(v="message"))
+            conn.execute(
+                sa.update(self.counter)
+                .where(self.counter.c.id == row)
+                .values(n=self.counter.c.n + 1)
+            )
+
+    def close(self) -> None:
+        self.meta.drop_all(self.engine)
+        self.engine.dispose()
+
+
+class RawFloor:
+    """The floor transaction through the raw driver on the engine floor's tables: one connection
+    per thread (``connection(i)``), opened once, no pool, no ORM, statements written by hand."""
+
+    def __init__(self, settings: Settings, tables: EngineFloor) -> None:
+        url = sa.engine.make_url(settings.database_url)
+        self.sqlite = url.get_backend_name() == "sqlite"
+        self._dsn = (
+            url.database or ""
+            if self.sqlite
+            else url.set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        counter, log = tables.counter.name, tables.log.name
+        mark = "?" if self.sqlite else "%s"
+        self._lock = f"SELECT n FROM {counter} WHERE id = {mark}" + (
+            "" if self.sqlite else " FOR UPDATE"
+        )
+        self._insert = f"INSERT INTO {log} (v) VALUES ('message')"
+        self._update = f"UPDATE {counter} SET n = n + 1 WHERE id = {mark}"
+        self._connections: dict[int, Any] = {}
+        self._guard = threading.Lock()
+
+    def connection(self, i: int) -> Any:
+        with self._guard:
+            conn = self._connections.get(i)
+            if conn is None:
+                if self.sqlite:
+                    conn = sqlite3.connect(self._dsn, isolation_level=None, check_same_thread=False)
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute("PRAGMA busy_timeout=30000")
+                else:
+                    conn = psycopg.connect(self._dsn)
+                self._connections[i] = conn
+            return conn
+
+    def run(self, i: int = 0) -> None:
+        conn = self.connection(i)
+        if self.sqlite:
+            # SQLite locks the database, not a row: BEGIN IMMEDIATE takes the write lock up front.
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(self._lock, (i,))
+            conn.execute(self._insert)
+            conn.execute(self._update, (i,))
+            conn.execute("COMMIT")
+            return
+        with conn.cursor() as cur:
+            cur.execute(self._lock, (i,))
+            cur.execute(self._insert)
+            cur.execute(self._update, (i,))
+        conn.commit()
+
+    def round_trip(self) -> float:
+        """Median milliseconds of one ``SELECT 1`` on an open connection: one database round
+        trip."""
+        conn = self.connection(-1)
+        if not self.sqlite:
+            conn.autocommit = True  # no BEGIN: the statement alone
+        return statistics.median(ms(lambda: conn.execute("SELECT 1").fetchone()) for _ in range(50))
+
+    def close(self) -> None:
+        with self._guard:
+            for conn in self._connections.values():
+                conn.close()
+            self._connections.clear()
+
+
+class Floors:
+    """Both floor transactions on the same tables, and what each measured in this run."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.engine = EngineFloor(settings)
+        self.raw = RawFloor(settings, self.engine)
+
+    def latency(self, samples: int) -> dict[str, tuple[float, float]]:
+        """``{"raw": (p50, p99), "engine": (p50, p99)}`` in milliseconds, interleaved so that
+        both see the same machine."""
+        raw: list[float] = []
+        engine: list[float] = []
+        self.raw.run()  # open the connection outside the samples
+        self.engine.run()
+        for _ in range(samples):
+            raw.append(ms(self.raw.run))
+            engine.append(ms(self.engine.run))
+        return {
+            "raw": (statistics.median(raw), pct(raw, 0.99)),
+            "engine": (statistics.median(engine), pct(engine, 0.99)),
+        }
+
+    def throughput(self, threads: int, per: int) -> dict[str, float]:
+        """Floor transactions per second with ``threads`` threads, each on its own row."""
+        for i in range(threads):
+            self.raw.run(i)  # connections opened outside the timing
+        return {
+            "raw": rate(threads, per, self.raw.run),
+            "engine": rate(threads, per, self.engine.run),
+        }
+
+    def close(self) -> None:
+        self.raw.close()
+        self.engine.close()
