@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from agent_router import errors
+from agent_router import validation as check
 from agent_router.domain import Agent, MessageType, Question, QuestionKind
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ def _key(name: str) -> str:
 def agent_named(router: Router, team_id: int, name: str, *, asking: int) -> Agent:
     """The team's agent called ``name``, or the one agent whose name it unambiguously spells
     (``ui operator 1`` for ``UI Operator_1``). ``asking``: the id of the agent looking."""
+    # A name with hidden or look-alike characters is refused, never matched loosely.
+    name = check.name(name)
     agents = router.agents(team_id)
     exact = [a for a in agents if a.display_name == name]
     if exact:
@@ -82,6 +85,8 @@ def question_id(router: Router, team_id: int, agent_id: int, value: Any) -> int:
             "`question_id` must be the number in the question's question_id attribute; "
             f"{listed(router, open_)}"
         )
+    if not 0 < number < 2**63:  # no row has such an id (ids are 64-bit signed integers)
+        raise errors.UnknownQuestionError(f"no question {number}; {listed(router, open_)}")
     if any(q.id == number for q in open_):
         return number
     by_message = _question_of_message(router, agent_id, number)

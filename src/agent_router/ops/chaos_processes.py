@@ -101,6 +101,9 @@ class Workers:
             [
                 self.exe,
                 "worker",
+                # The harness is the supervisor (restart_exited): a SIGKILL must hit the Celery
+                # worker itself, not a supervising parent whose child would live on.
+                "--no-supervise",
                 f"--concurrency={self.concurrency}",
                 "--loglevel=WARNING",
                 f"--hostname=chaos{i}-{uuid.uuid4().hex[:4]}@localhost",

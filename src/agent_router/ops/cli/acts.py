@@ -158,14 +158,19 @@ def answer(
     ],
     content: Annotated[str, typer.Argument(help="The answer.")],
     sender: Annotated[
-        str,
-        typer.Option(envvar="AGENT_ROUTER_SENDER", help="Who answers (an agent's name, user)."),
-    ] = "user",
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_SENDER",
+            help="Who answers. Default: the agent the question was asked of, on whose behalf "
+            "the operator answers (only that agent's answer releases the asker's wait).",
+        ),
+    ] = None,
     database_url: DatabaseUrlOption = None,
     broker_url: BrokerUrlOption = None,
 ) -> None:
-    """Answer a question by its id: the answer goes to whoever asked it and resolves their wait
-    (a closed question is a one-line error and changes nothing)."""
+    """Answer a question by its id, on behalf of the agent it was asked of: the answer goes to
+    whoever asked it and resolves their wait (a closed question is a one-line error and changes
+    nothing)."""
     with _acting_router(database_url, broker_url) as router:
         delivery = router.answer(question, content, sender=sender)
     print(f"answer to {delivery.target} (message {delivery.message_id}): {delivery.outcome.value}")
