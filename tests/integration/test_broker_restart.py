@@ -1,5 +1,7 @@
 """``agent-router worker`` survives a restart of its Redis broker: turns published after the
-broker came back run in the same worker process. The broker is a Redis server of the test's own,
+broker came back run, in the same Celery worker when it reconnects, or in a new one the
+supervisor starts when Celery gave up on the lost connection with an unrecoverable error (it
+does when a turn ends while the broker is away). The broker is a Redis server of the test's own,
 stopped for a few seconds and started again on the same port."""
 
 from __future__ import annotations
@@ -15,11 +17,18 @@ from agent_router.worker.runtime import Runtime
 from ..support.redis_server import RedisServer
 
 TIMEOUT = 90.0
+WRITE_SECONDS = 3.0
 
 
 @pytest.fixture
 def broker_url(own_redis: RedisServer) -> str:
     return own_redis.url
+
+
+@pytest.fixture
+def worker_env_extra() -> dict[str, str]:
+    # A sub-agent takes this long to write its reply: time to stop the broker under a turn.
+    return {"AGENT_ROUTER_SCRIPTED_WRITE_SECONDS": str(WRITE_SECONDS)}
 
 
 def _reports(router: Router, team_id: int) -> int:
@@ -48,6 +57,28 @@ def test_the_worker_survives_a_broker_restart(
     own_redis.stop()
     time.sleep(5)
     own_redis.start()
+    router.send(team.id, to=agent.display_name, content="Ship it again.", sender="Team Leader",
+                type=MessageType.TASK)  # fmt: skip
+    _wait_for_reports(router, team.id, 2, log)
+
+
+def test_a_turn_that_ends_while_the_broker_is_away_is_not_the_last(
+    own_redis: RedisServer, subprocess_worker: Runtime, tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    router = subprocess_worker.router
+    team = router.create_team()
+    agent = router.create_agent(team.id, role="Full-Stack Engineer")
+    router.send(team.id, to=agent.display_name, content="Ship it.", sender="Team Leader",
+                type=MessageType.TASK)  # fmt: skip
+    deadline = time.monotonic() + TIMEOUT
+    while "turn_claimed" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    own_redis.stop()  # the turn is writing its reply: it ends, and is acknowledged, meanwhile
+    time.sleep(WRITE_SECONDS + 2)
+    own_redis.start()
+    _wait_for_reports(router, team.id, 1, log)
     router.send(team.id, to=agent.display_name, content="Ship it again.", sender="Team Leader",
                 type=MessageType.TASK)  # fmt: skip
     _wait_for_reports(router, team.id, 2, log)

@@ -512,9 +512,20 @@ def worker(  # noqa: PLR0917 - typer options
 def _run_and_exit(celery: Any, argv: list[str]) -> None:
     """Run the Celery worker, then exit at once even if a thread the broken connection left
     behind would keep the process alive (the supervisor can then start a fresh worker)."""
+    from celery.signals import worker_shutdown
+
+    # worker_main drops the worker's exit status: an unrecoverable error (status 1) would look
+    # like a clean exit, and the supervisor would not start the worker again. The worker that
+    # shuts down carries it.
+    statuses: list[int] = []
+
+    def keep_status(sender: Any, **_: Any) -> None:
+        statuses.append(int(getattr(sender, "exitcode", 0) or 0))
+
+    worker_shutdown.connect(keep_status, weak=False)
     try:
         celery.worker_main(argv)
-        status = 0
+        status = statuses[-1] if statuses else 0
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     sys.stdout.flush()
