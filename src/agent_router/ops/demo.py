@@ -333,8 +333,10 @@ class _Scenarios:
             f"{UI} to go on with its second task",
         )
         wrap = self.relay(UI, WRAP_UP)
-        # Drained means: the last drain of the turn happened, and the model (told to wrap up)
-        # is now writing its final reply. The next message arrives after that drain.
+        # Drained: the model, told to wrap up, writes its final reply next (it takes
+        # scripted_write_seconds). Before that call the loop drains once more, until nothing is
+        # pending, a few milliseconds later; a message sent in between would still be read in
+        # this turn. Half the writing time later the last drain is done and the reply not yet.
         self.wait(
             lambda: (
                 message(self.router, self.team_id, wrap.message_id).status
@@ -342,6 +344,7 @@ class _Scenarios:
             ),
             f"{UI} to read the wrap-up message",
         )
+        time.sleep(self.router.settings.scripted_write_seconds / 2)
         race = self.router.send(self.team_id, to=UI, content=RACE, sender="user")
         return race, self.check_race(ui, race_turn, wrap, race)
 
