@@ -26,6 +26,14 @@ class StoreError(AgentRouterError):
         # transaction again is safe (the store does so itself a few times first).
         self.retryable = retryable
 
+    @property
+    def transient(self) -> bool:
+        """The database was out of reach (the connection was lost before or while committing),
+        not a refusal: the same call can succeed once it is back. A turn that meets one is
+        left to recovery (its lease lapses, the sweeper takes it over and the new turn reads
+        what did commit) rather than failed."""
+        return self.retryable or isinstance(self, CommitUnknownError)
+
 
 class CommitUnknownError(StoreError):
     """Raised when the connection was lost while committing: the write may or may not have

@@ -21,6 +21,7 @@ from agent_router import (
     Settings,
     TurnStatus,
     TurnTrigger,
+    errors,
 )
 from agent_router.agents.llm import Model, ScriptedModel
 from agent_router.agents.loop import TurnOutcome, run_turn
@@ -532,3 +533,37 @@ def test_a_turn_fenced_mid_batch_stops_without_running_the_rest(
         assert [e["content"][:11] for e in entries if e["role"] == "tool"] == ["interrupted"] * 2
     finally:
         router.close()
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        errors.CommitUnknownError("the connection was lost while committing"),
+        errors.StoreError("database error: connection refused", retryable=True),
+    ],
+    ids=["commit-unknown", "connection-lost"],
+)
+def test_a_turn_that_loses_the_database_is_left_to_recovery_not_failed(
+    router: Router, fault: errors.StoreError
+) -> None:
+    def database_gone(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        raise fault  # what a store call raises once its retries met no database
+
+    tools = default_registry()
+    tools.register(Tool(name="write", description="write", function=database_gone,
+                        parameters={"type": "object", "properties": {}}))  # fmt: skip
+    t = Team(router, tools)
+    t.router.create_agent(t.id, role="Full-Stack Engineer")
+    t.models[ENG] = Calls([("write", {})])
+    t.router.send(t.id, to=ENG, content="Go.", sender=LEAD, type=MessageType.TASK)
+    assert t.run(limit=1) == [(ENG, TurnOutcome.INTERRUPTED)]
+    # Not ended, not failed, nobody told: the turn still holds its lease, as a dead worker's.
+    assert t.agent(ENG).state is AgentState.RUNNING
+    assert check_team(t.router, t.id).failed_turns == 0
+    assert [m for m in t.router.messages(t.id) if m.target_name == LEAD] == []
+    # Its lease lapses and the sweeper takes it over: the recovery turn carries on and ends.
+    t.router.take_over(t.id, ENG, reason="lease expired")
+    t.models[ENG] = Calls()
+    assert t.run() == [(ENG, TurnOutcome.ENDED), (LEAD, TurnOutcome.ENDED)]
+    report = check_team(t.router, t.id, quiescent=True)
+    assert report.ok and report.failed_turns == 0, report.failures

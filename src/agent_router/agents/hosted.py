@@ -180,6 +180,9 @@ def claim(
         except errors.StaleTurnError:
             hosted.outcome = loop.TurnOutcome.FENCED
         except Exception as exc:
+            if isinstance(exc, errors.StoreError) and exc.transient:
+                hosted.outcome = loop.interrupted(turn)  # left to recovery, not failed
+                return
             hosted.outcome = loop.TurnOutcome.FAILED
             error = f"{type(exc).__name__}: {exc}"[:1000]
             try:

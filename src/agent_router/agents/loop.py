@@ -86,6 +86,9 @@ class TurnOutcome(enum.StrEnum):
     FENCED = "fenced"  # a newer epoch superseded this turn; it stopped and wrote nothing more
     SUSPENDED = "suspended"  # gave up its worker in a wait; a continuation turn resumes it
     STOPPED = "stopped"  # the lead stopped the agent: rest of the batch cancelled, agent idle
+    # The database was out of reach: the turn stopped where it was, and its lease lapses; the
+    # sweeper then takes it over and a recovery turn carries on from what committed.
+    INTERRUPTED = "interrupted"
 
 
 class MaxStepsExceededError(errors.TurnError):
@@ -151,8 +154,9 @@ class Heartbeat:
 def run_turn(
     router: Router, turn: Turn, *, models: ModelFactory, tools: ToolRegistry
 ) -> TurnOutcome:
-    """Run a claimed turn to its end. Never leaves the agent ``running``: any exception of the
-    loop ends the turn as failed (and a follow-up still fires for pending wake messages)."""
+    """Run a claimed turn to its end. Any exception of the loop ends the turn as failed (a
+    follow-up still fires for pending wake messages), but the database out of reach leaves it
+    to recovery (:func:`interrupted`)."""
     with Heartbeat(turn, router.settings.heartbeat_seconds) as heartbeat:
         return _run(router, turn, heartbeat, models=models, tools=tools)
 
@@ -198,18 +202,33 @@ def _run(
         logger.info("turn fenced", extra={"action": "turn_fenced", **_ids(turn)})
         return TurnOutcome.FENCED
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"[:1000]
-        logger.exception("turn failed", extra={"action": "turn_failed", **_ids(turn)})
-        try:
-            end = _with_retries(lambda: turn.end(failed=True, error=error))
-        except errors.StaleTurnError:
-            return TurnOutcome.FENCED
-        _log_end(turn, end, TurnOutcome.FAILED)
-        if agent.is_lead:
-            _retry_lead(router, turn, error)
-        else:
-            _notify_failure(router, turn, lead, error)
-        return TurnOutcome.FAILED
+        if isinstance(exc, errors.StoreError) and exc.transient:
+            return interrupted(turn)
+        return _fail(router, turn, agent, lead, exc)
+
+
+def interrupted(turn: Turn) -> TurnOutcome:
+    """The database is out of reach: not the turn's fault, and ending it would need the database
+    too. Its lease lapses, the sweeper takes it over, the recovery turn reads what committed."""
+    logger.warning("turn interrupted: the database is out of reach", exc_info=True,
+                   extra={"action": "turn_interrupted", **_ids(turn)})  # fmt: skip
+    return TurnOutcome.INTERRUPTED
+
+
+def _fail(router: Router, turn: Turn, agent: Agent, lead: str, exc: Exception) -> TurnOutcome:
+    """End the turn as failed; a lead's turn is retried once, a sub-agent's lead is told."""
+    error = f"{type(exc).__name__}: {exc}"[:1000]
+    logger.exception("turn failed", extra={"action": "turn_failed", **_ids(turn)})
+    try:
+        end = _with_retries(lambda: turn.end(failed=True, error=error))
+    except errors.StaleTurnError:
+        return TurnOutcome.FENCED
+    _log_end(turn, end, TurnOutcome.FAILED)
+    if agent.is_lead:
+        _retry_lead(router, turn, error)
+    else:
+        _notify_failure(router, turn, lead, error)
+    return TurnOutcome.FAILED
 
 
 def _boundary(turn: Turn, heartbeat: Heartbeat) -> None:

@@ -45,6 +45,7 @@ class ChaosOutcome(enum.StrEnum):
     SUSPENDED = "suspended"
     FENCED = "fenced"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"  # the database was out of reach: left to recovery
 
 
 # ---------------------------------------------------------------------- the scripted agents
@@ -149,13 +150,23 @@ def run_chaos_turn(
             return _chaos_steps(router, turn)
         except errors.StaleTurnError:
             return ChaosOutcome.FENCED
+        except errors.StoreError as exc:
+            if not exc.transient:
+                return _fail(turn, exc)
+            # As a host's loop should: the lease lapses and a recovery turn carries on.
+            logger.warning("chaos turn interrupted: %r", exc, extra={"action": "turn_interrupted"})
+            return ChaosOutcome.INTERRUPTED
         except Exception as exc:
-            logger.warning("chaos turn failed: %r", exc, extra={"action": "chaos_turn_failed"})
-            try:
-                turn.end(failed=True, error=repr(exc)[:500])
-            except errors.AgentRouterError:
-                return ChaosOutcome.FENCED  # the lease will recover it
-            return ChaosOutcome.FAILED
+            return _fail(turn, exc)
+
+
+def _fail(turn: Turn, exc: Exception) -> ChaosOutcome:
+    logger.warning("chaos turn failed: %r", exc, extra={"action": "chaos_turn_failed"})
+    try:
+        turn.end(failed=True, error=repr(exc)[:500])
+    except errors.AgentRouterError:
+        return ChaosOutcome.FENCED  # the lease will recover it
+    return ChaosOutcome.FAILED
 
 
 def _chaos_steps(router: Router, turn: Turn) -> ChaosOutcome:

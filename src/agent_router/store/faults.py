@@ -38,8 +38,9 @@ def store_error(exc: SQLAlchemyError, *, committing: bool) -> errors.StoreError:
     return errors.StoreError(f"database error: {cause!r}", retryable=connection_lost(exc))
 
 
-#: Runs of a transaction after the first when its connection is lost before COMMIT.
-RETRIES = 3
+#: Runs of a transaction after the first when its connection is lost before COMMIT: with the
+#: sleeps between them (0.05 s doubling) about 3 s, what a database restart or fail-over takes.
+RETRIES = 6
 
 
 def retrying(fn: Callable[P, R]) -> Callable[P, R]:
