@@ -1,7 +1,8 @@
 """The chaos suite, CI profile: three `agent-router worker` processes on a private Redis and a
-private PostgreSQL database, SIGKILLed every few seconds, Redis restarted once, the workers'
-database backends terminated once; then nothing may be lost, duplicated or reordered, no turns
-may overlap, no tool call may dangle, and every question must be closed.
+private PostgreSQL server, SIGKILLed every few seconds, Redis restarted once while asks are
+blocked, the workers' database backends terminated once, the PostgreSQL server restarted once
+while asks are blocked; then nothing may be lost, duplicated or reordered, no turns may overlap,
+no tool call may dangle, no turn may have failed, and every question must be closed.
 
 The long profile (1,000+ messages, 100+ asks) is ``agent-router chaos --duration 600``."""
 
@@ -22,7 +23,12 @@ def test_nothing_is_lost_under_chaos(redis_url: str) -> None:
     print("\n".join([*lines, result.recovery_line(), questions, result.summary()]))
     assert result.report.violations == []
     assert result.open_questions == 0
+    assert result.report.failed_turns == 0, result.report.failures
     assert result.ok
+    # Each server fault struck, the restarts while at least one ask was blocked on them.
+    assert set(result.faults) == {"redis restart", "postgres backends", "postgres restart"}
+    assert result.faults["redis restart"] >= 1
+    assert result.faults["postgres restart"] >= 1
     assert result.kills >= 3
     # The volume CI holds the chaos run to: at least 1,000 messages and 100 asks (6 agents'
     # sends, asks, answers).

@@ -2,15 +2,19 @@
 
 Six scripted agents (the lead and ``Chaos_1``..``Chaos_5``) send each other messages and asks
 (``turn.ask`` + ``turn.wait_for``; answers through ``router.send``) while the harness SIGKILLs a
-random worker every few seconds (and restarts it), restarts Redis once, and terminates the
-workers' PostgreSQL backends once. Then it lets the team settle, stops the workers with a warm
-shutdown, and checks guarantees 2-5 and 7 from the database (:func:`agent_router.ops.checks`).
+random worker every few seconds (and restarts it), restarts Redis once while asks are
+blocked, terminates the workers' PostgreSQL backends once, and restarts the PostgreSQL server
+once while asks are blocked. Then it lets the team settle, stops the workers with a warm
+shutdown, and checks guarantees 2-5 and 7 from the database (:func:`agent_router.ops.checks`),
+and that no turn failed.
 
 The agents run on :func:`agent_router.ops.chaos_agent.run_chaos_turn`, a host-style loop over
 the turn API that a recovered turn resumes where the dead one stopped.
 
-Everything runs on a private Redis (another port) and a private PostgreSQL database, so other
-users of the machine's services are not disturbed.
+Everything runs on a private Redis (another port) and a private PostgreSQL server (initdb into
+the run's directory, another port), so other users of the machine's services are not disturbed.
+Without PostgreSQL's server binaries the run uses a private database on the shared server and
+skips the server restart (``ChaosResult.pg_restarted`` says which).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import suppress
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -43,7 +48,13 @@ from agent_router.domain import (
 )
 from agent_router.ops.chaos_agent import ROLE, SUB_AGENTS, TASK_PREFIX
 from agent_router.ops.chaos_agent import now as utc_now
-from agent_router.ops.chaos_processes import PrivateRedis, Workers, private_database
+from agent_router.ops.chaos_processes import (
+    PrivatePostgres,
+    PrivateRedis,
+    Workers,
+    private_database,
+    private_server,
+)
 from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
 from agent_router.settings import Settings
@@ -139,6 +150,13 @@ class ChaosResult:
     recoveries: list[Recovery] = field(default_factory=list)
     takeover_bound: float = 0.0  # Profile.takeover_bound of the run
     events: list[str] = field(default_factory=list)
+    #: Each server fault done ("redis restart", "postgres backends", "postgres restart") and
+    #: the questions open (asks blocked) when it struck.
+    faults: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pg_restarted(self) -> bool:
+        return "postgres restart" in self.faults
 
     @property
     def ok(self) -> bool:
@@ -183,11 +201,14 @@ def run_chaos(
 ) -> ChaosResult:
     """Run the chaos scenario on a private Redis and PostgreSQL database; returns the checks."""
     rng = random.Random(profile.seed)
-    with (
-        tempfile.TemporaryDirectory(prefix="agent-router-chaos-") as tmp,
-        private_database(admin_url) as dbname,
-    ):
+    with tempfile.TemporaryDirectory(prefix="agent-router-chaos-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
+        pg_server = stack.enter_context(private_server(workdir))
+        if pg_server is None:
+            log("no PostgreSQL server binaries: a private database, no server restart")
+        else:
+            admin_url = pg_server.url
+        dbname = stack.enter_context(private_database(admin_url))
         redis_server = PrivateRedis(workdir)
         redis_server.start()
         base = admin_url.rsplit("/", 1)[0] + "/" + dbname
@@ -204,7 +225,8 @@ def run_chaos(
                 workers.start(i)
             beat = _start_beat(env, workdir)
             team_id, quotas = _start_team(router, profile)
-            result = _chaos_loop(router, team_id, quotas, profile, workers, redis_server, rng, log)
+            servers = (redis_server, pg_server)
+            result = _chaos_loop(router, team_id, quotas, profile, workers, servers, rng, log)
             if not _done(router, team_id, quotas):
                 quotas = _wrap_up(router, team_id, quotas)
                 log(f"time is up: each agent stops at what it has sent ({quotas})")
@@ -320,15 +342,14 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
     quotas: dict[str, int],
     profile: Profile,
     workers: Workers,
-    redis_server: PrivateRedis,
+    servers: tuple[PrivateRedis, PrivatePostgres | None],
     rng: random.Random,
     log: Any,
 ) -> ChaosResult:
     result = ChaosResult(report=TeamReport(), takeover_bound=profile.takeover_bound)
     started = time.monotonic()
     next_kill = started + rng.uniform(*profile.kill_every)
-    redis_at = started + min(20.0, profile.duration * 0.3)
-    pg_at = started + min(35.0, profile.duration * 0.5)
+    faults = _faults(router, servers, started, profile.duration)
     kills: list[datetime] = []
     next_kick = started + 2.0
     while time.monotonic() - started < profile.duration:
@@ -342,19 +363,15 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
             next_kill = now + rng.uniform(*profile.kill_every)
         for i, code in workers.restart_exited():
             result.events.append(f"{now - started:6.1f}s worker {i} exited ({code}): restarted")
-        if redis_at and now >= redis_at:
-            redis_server.stop()
-            time.sleep(1.0)
-            redis_server.start()
-            result.events.append(f"{now - started:6.1f}s Redis restarted")
-            redis_at = 0.0
-        if pg_at and now >= pg_at:
-            n = _terminate_backends(router)
-            result.events.append(f"{now - started:6.1f}s terminated {n} worker PostgreSQL backends")
-            pg_at = 0.0
+        for fault in [f for f in faults if f.due(router, team_id, now)]:
+            result.faults[fault.name] = _open_questions(router, team_id)
+            done = fault.strike()
+            result.events.append(f"{now - started:6.1f}s {done} "
+                                 f"({result.faults[fault.name]} asks blocked)")  # fmt: skip
+            faults.remove(fault)
         if now >= next_kick:
             with suppress(errors.AgentRouterError):
-                if _done(router, team_id, quotas) and not redis_at and not pg_at:
+                if _done(router, team_id, quotas) and not faults:
                     break
                 _kick(router, team_id, quotas)
             next_kick = now + 2.0
@@ -368,8 +385,67 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
     return result
 
 
-def _terminate_backends(router: Router) -> int:
-    return kill_connections(router.store.engine, WORKER_APP_NAME)
+#: Seconds a server restart waits for an ask to be blocked before it goes ahead anyway.
+ASK_WAIT = 15.0
+
+
+@dataclass(kw_only=True)
+class _Fault:
+    """A fault the run strikes once: at ``at`` (monotonic), or once an ask is blocked after it
+    (``while_asking``; at most ASK_WAIT seconds later)."""
+
+    name: str
+    at: float
+    while_asking: bool
+    strike: Callable[[], str]  # does it; says what it did
+
+    def due(self, router: Router, team_id: int, now: float) -> bool:
+        if now < self.at:
+            return False
+        if not self.while_asking or now - self.at >= ASK_WAIT:
+            return True
+        with suppress(errors.AgentRouterError):
+            return _open_questions(router, team_id) > 0
+        return False
+
+
+def _faults(
+    router: Router,
+    servers: tuple[PrivateRedis, PrivatePostgres | None],
+    started: float,
+    duration: float,
+) -> list[_Fault]:
+    """Redis restarted while asks block, the workers' PostgreSQL connections cut, and the
+    PostgreSQL server restarted (fast: every connection is cut) while asks block."""
+    redis_server, pg_server = servers
+
+    def restart_redis() -> str:
+        redis_server.stop()
+        time.sleep(1.0)
+        redis_server.start()
+        return "Redis restarted"
+
+    def terminate_backends() -> str:
+        n = kill_connections(router.store.engine, WORKER_APP_NAME)
+        return f"terminated {n} worker PostgreSQL backends"
+
+    faults = [
+        _Fault(name="redis restart", at=started + min(20.0, duration * 0.3), while_asking=True,
+               strike=restart_redis),
+        _Fault(name="postgres backends", at=started + min(35.0, duration * 0.5),
+               while_asking=False, strike=terminate_backends),
+    ]  # fmt: skip
+    if pg_server is not None:
+
+        def restart_postgres() -> str:
+            pg_server.stop()
+            time.sleep(1.0)
+            pg_server.start()
+            return "PostgreSQL server restarted"
+
+        faults.append(_Fault(name="postgres restart", at=started + min(50.0, duration * 0.65),
+                             while_asking=True, strike=restart_postgres))  # fmt: skip
+    return faults
 
 
 def _settle(

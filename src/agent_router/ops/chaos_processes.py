@@ -1,9 +1,13 @@
 """The processes the chaos run starts, kills and restarts: a private Redis, a private PostgreSQL
-database and the ``agent-router worker`` processes."""
+server (or, without its binaries, a private database on a shared server) and the
+``agent-router worker`` processes."""
 
 from __future__ import annotations
 
+import glob
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -70,11 +74,88 @@ class PrivateRedis:
             self.proc.wait(10)
 
 
+class PrivatePostgres:
+    """A private PostgreSQL server: ``initdb`` into the run's directory, its own port, trust
+    authentication on 127.0.0.1, so that restarting it disturbs nobody else's databases. Run as
+    root, the server runs as the ``postgres`` user (PostgreSQL refuses root)."""
+
+    def __init__(self, workdir: Path, bindir: Path) -> None:
+        self.port = _free_port()
+        self.bindir = bindir
+        self.data = workdir / "pg-data"
+        self.sockets = workdir / "pg-sockets"
+        self.log = workdir / "postgres.log"
+        self.as_root = os.geteuid() == 0
+        self.user = "postgres" if self.as_root else pwd.getpwuid(os.geteuid()).pw_name
+
+    @staticmethod
+    def find_bindir() -> Path | None:
+        """Where ``initdb`` and ``pg_ctl`` are (Debian keeps them out of PATH), or None."""
+        found = shutil.which("pg_ctl")
+        if found and shutil.which("initdb"):
+            return Path(found).parent
+        versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=_version_key)
+        return Path(versions[-1]).parent if versions else None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        command = [str(self.bindir / args[0]), *args[1:]]
+        if self.as_root:
+            command = ["runuser", "-u", self.user, "--", *command]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+    def init(self) -> None:
+        for directory in (self.data, self.sockets):
+            directory.mkdir()
+        self.log.touch()
+        if self.as_root:
+            entry = pwd.getpwnam(self.user)
+            self.data.parent.chmod(0o755)  # the server user walks into the run's directory
+            for path in (self.data, self.sockets, self.log):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        self._run("initdb", "-D", str(self.data), "-U", self.user, "--auth=trust",
+                  "--encoding=UTF8", "--locale=C", "--no-sync")  # fmt: skip
+
+    def start(self) -> None:
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.sockets}"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w",
+                  "start")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast``: every client connection is cut, as in a planned restart."""
+        with suppress(subprocess.CalledProcessError):
+            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+
+def _version_key(path: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in Path(path).parent.parent.name.split(".") if p.isdigit())
+
+
+@contextmanager
+def private_server(workdir: Path) -> Iterator[PrivatePostgres | None]:
+    """A started :class:`PrivatePostgres`, stopped afterwards; None without the binaries."""
+    bindir = PrivatePostgres.find_bindir()
+    if bindir is None:
+        yield None
+        return
+    server = PrivatePostgres(workdir, bindir)
+    server.init()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+
+
 @contextmanager
 def private_database(admin_url: str) -> Iterator[str]:
     """A new PostgreSQL database (its name), dropped afterwards whoever still holds it."""
     name = f"ar_chaos_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    # No pool: the server may have been restarted in between, cutting a pooled connection.
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     try:

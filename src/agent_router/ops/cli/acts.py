@@ -348,12 +348,14 @@ def chaos(
         str,
         typer.Option(
             envvar="AGENT_ROUTER_CHAOS_ADMIN_URL",
-            help="PostgreSQL URL allowed to create (and drop) the run's private database.",
+            help="PostgreSQL URL allowed to create (and drop) the run's private database, used "
+            "only where PostgreSQL's server binaries (initdb, pg_ctl) are missing.",
         ),
     ] = "postgresql+psycopg://root@127.0.0.1:5432/test",
 ) -> None:
-    """Kill workers, restart Redis and cut database connections while 6 scripted agents talk;
-    then check from the database that nothing was lost, duplicated or reordered.
+    """Kill workers, restart Redis, cut database connections and restart a private PostgreSQL
+    server while 6 scripted agents talk; then check from the database that nothing was lost,
+    duplicated or reordered, and that no turn failed.
 
     Prints one summary line and exits non-zero if any bad count is not zero."""
     from dataclasses import replace
