@@ -1,15 +1,20 @@
 """Keep a worker process running: ``agent-router worker`` runs the Celery worker as a child and
 starts it again when it dies (a broker restart can make a Celery worker exit with an
 unrecoverable error instead of reconnecting). SIGTERM and SIGINT are passed on to the child, and
-a child that exits after one of them, or with status 0, is not restarted."""
+a child that exits after one of them, or with status 0, is not restarted. On Linux a supervisor
+that dies, even by SIGKILL, takes its child with it: the kernel sends the child SIGTERM (a warm
+shutdown), so no worker is left running unsupervised."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 logger = logging.getLogger(__name__)
@@ -36,7 +41,8 @@ def supervise(command: Sequence[str]) -> int:
     try:
         while True:
             started = time.monotonic()
-            child = subprocess.Popen(list(command))
+            # The supervisor runs no other thread, so preexec_fn is safe here.
+            child = subprocess.Popen(list(command), preexec_fn=_die_with(os.getpid()))  # noqa: PLW1509
             status = _wait(child)
             if stopping or status == 0:
                 return status
@@ -57,6 +63,23 @@ def supervise(command: Sequence[str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+#: prctl(2): the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """What the child runs before exec: ask for SIGTERM when ``parent`` dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def set_death_signal() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request was in place
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_death_signal
 
 
 def _wait(child: subprocess.Popen[bytes]) -> int:
