@@ -28,6 +28,7 @@ from agent_router.domain import OutboxKind
 from agent_router.ops.checks import check_team
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.models import AgentRow, OutboxRow
+from agent_router.store.recovery import BACKLOG_WINDOWS
 
 from .helpers import assistant, start_running, tool_call
 
@@ -248,3 +249,44 @@ def test_a_scheduled_agent_is_reenqueued_with_backoff(database_url: str) -> None
     assert windows == [1, 2, 4]
     assert router.claim(agent.id) is not None
     router.close()
+
+
+def test_a_task_queued_behind_a_backlog_is_not_reenqueued_until_overtaken(
+    fast_router: Router,
+) -> None:
+    """Turns that started after an agent's enqueue, all of agents scheduled before it: the
+    broker hands tasks out in order, so its task is still queued behind them. A turn scheduled
+    after it and started means its task was passed over (lost): then it is re-enqueued."""
+    router = fast_router
+    lease = FAST["lease_seconds"]
+    team = router.create_team()
+    for _ in range(3):
+        router.create_agent(team.id, role="Engineer")
+    router.send(team.id, to="Engineer_1", content="go", sender="Team Leader")  # scheduled first
+    router.send(team.id, to="Engineer_2", content="go", sender="Team Leader")  # then this one
+    backlog = router.claim_turn(team.id, "Engineer_1")  # the backlog being worked off
+    assert backlog is not None
+    _wait_past(lease)
+    assert backlog.heartbeat()  # alive: not taken over by this sweep
+    router.sweep()
+    assert _count(router, team.id, LedgerAction.REENQUEUED) == 0  # still queued behind it
+    start_running(router, team.id, "Engineer_3")  # scheduled after Engineer_2, and started
+    router.sweep()
+    reenqueued = [e.agent_id for e in router.ledger(team.id)
+                  if e.action is LedgerAction.REENQUEUED]  # fmt: skip
+    assert reenqueued == [router.agent(team.id, "Engineer_2").id]
+
+
+def test_an_agent_behind_a_backlog_too_long_is_reenqueued_anyway(fast_router: Router) -> None:
+    router = fast_router
+    team = router.create_team()
+    for _ in range(2):
+        router.create_agent(team.id, role="Engineer")
+    router.send(team.id, to="Engineer_1", content="go", sender="Team Leader")
+    router.send(team.id, to="Engineer_2", content="go", sender="Team Leader")
+    backlog = router.claim_turn(team.id, "Engineer_1")
+    assert backlog is not None
+    _wait_past(FAST["lease_seconds"] * BACKLOG_WINDOWS)
+    assert backlog.heartbeat()
+    router.sweep()
+    assert _count(router, team.id, LedgerAction.REENQUEUED) == 1

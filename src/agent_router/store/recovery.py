@@ -3,7 +3,7 @@ claim unpublished outbox rows."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
@@ -82,17 +82,23 @@ def take_over(
 #: without a claim: under a backlog its task is most likely still queued, and each copy would
 #: only be refused by the fence.
 MAX_BACKOFF_WINDOWS = 32
+#: How many delivery windows an agent may wait behind a backlog before it is re-enqueued anyway.
+BACKLOG_WINDOWS = 8
 
 
 def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
     """Re-enqueue agents left ``scheduled`` whose turn task never started (the task was
     lost after being published): scheduled, and its last enqueue published, longer ago than
     its delivery window: ``older_than_seconds`` for the first re-enqueue of an epoch, doubling
-    with each one after (see :data:`MAX_BACKOFF_WINDOWS`). Fenced claims make a duplicate
-    harmless. Returns how many were re-enqueued."""
+    with each one after (see :data:`MAX_BACKOFF_WINDOWS`). Not while its task is plausibly
+    still queued: turns started since its last enqueue, all of agents scheduled before it (the
+    broker hands tasks out in order: the workers are busy with a backlog it is part of), up to
+    :data:`BACKLOG_WINDOWS`. Fenced claims make a duplicate harmless. Returns how many were
+    re-enqueued."""
     session = tx.session
     now = utcnow()
     cutoff = now - timedelta(seconds=older_than_seconds)
+    patience = now - timedelta(seconds=older_than_seconds * BACKLOG_WINDOWS)
     reenqueued = 0
     agents = session.scalars(
         sa.select(AgentRow)
@@ -100,6 +106,7 @@ def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
         .order_by(AgentRow.id)
         .with_for_update(skip_locked=True)
     ).all()
+    running = _running_turns(tx) if agents else []
     for agent in agents:
         sent, unpublished, last = session.execute(
             sa.select(
@@ -118,6 +125,8 @@ def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
         due = now - timedelta(seconds=older_than_seconds * windows)
         if unpublished or (last is not None and last >= due):
             continue
+        if last is not None and last >= patience and _behind_a_backlog(running, last):
+            continue
         agent.scheduled_at = now
         tx.outbox(
             agent,
@@ -134,6 +143,23 @@ def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
         )
         reenqueued += 1
     return reenqueued
+
+
+def _running_turns(tx: Tx) -> list[tuple[datetime, datetime]]:
+    """(scheduled at, started at) of every running turn's agent."""
+    rows = tx.session.execute(
+        sa.select(AgentRow.scheduled_at, TurnRow.started_at)
+        .select_from(TurnRow)
+        .join(AgentRow, AgentRow.id == TurnRow.agent_id)
+        .where(TurnRow.status == TurnStatus.RUNNING, AgentRow.epoch == TurnRow.epoch)
+    ).all()
+    return [(scheduled, started) for scheduled, started in rows if scheduled is not None]
+
+
+def _behind_a_backlog(running: list[tuple[datetime, datetime]], published: datetime) -> bool:
+    """Turns started since ``published``, and every one of them scheduled before it."""
+    since = [scheduled for scheduled, started in running if started > published]
+    return bool(since) and all(scheduled <= published for scheduled in since)
 
 
 def claim_unpublished(

@@ -6,7 +6,9 @@ worker that is then killed stays unacknowledged until the broker's visibility ti
 expired by then, so it never runs), and no pass runs while the broker is away. A timer thread in
 the worker's main process needs neither a slot nor a message: each worker sweeps every
 ``sweep_seconds``, starting at a random point of the period so that the passes of N workers
-interleave, and a killed worker only takes its own timer with it.
+interleave, and a killed worker only takes its own timer with it. The first pass waits until
+the worker is ready (consuming): a worker that starts to a backlog already queued would
+otherwise see agents scheduled for a while and nothing running, and re-enqueue every one.
 
 Every step of a pass is idempotent and guarded in the store (a takeover re-checks the lease under
 the agent lock, a re-enqueue skips locked rows), so timers in many workers, and beat on top of
@@ -64,6 +66,20 @@ class WorkerSweeper(bootsteps.StartStopStep):
         return SweeperThread(
             router, period=period, first_after=random.uniform(0.0, period), on_report=on_report
         )
+
+    def start(self, parent: Any) -> None:
+        """Start the timer once this worker is ready (its consumer takes tasks)."""
+        sweeper = self.obj
+        if sweeper is None:
+            return
+        from celery.signals import worker_ready
+
+        def ready(**_: Any) -> None:
+            worker_ready.disconnect(ready)
+            if self.obj is sweeper:  # not stopped meanwhile
+                sweeper.start()
+
+        worker_ready.connect(ready, weak=False)
 
     def stop(self, parent: Any) -> None:
         sweeper, self.obj = self.obj, None

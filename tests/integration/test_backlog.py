@@ -1,0 +1,78 @@
+"""A backlog is not multiplied: many agents woken at once queue behind a few worker slots for
+several delivery windows (leases), and the workers' sweepers re-enqueue hardly any of them (a
+re-enqueued task would only be refused by the fence, making the backlog worse). Two real
+`agent-router worker` processes, with their sweeper timers, on a private PostgreSQL database
+(no other test's leftovers for the sweepers to find) and Redis."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from celery import Celery
+
+from agent_router import LedgerAction, MessageType, Router, Settings
+from agent_router.ops.chaos_processes import private_database
+from agent_router.ops.demo import wait_quiescent
+from agent_router.worker.publisher import CeleryPublisher
+
+from ..conftest import PG_ADMIN_URL
+from .conftest import _worker_env
+
+TEAMS = 12
+SUB_AGENTS = 4
+#: A sub-agent's turn takes about a second (its steps, then the reply), the lead's a little
+#: less: about 100 turns on 2 x 2 slots, some 25 s of backlog, which is 8 leases.
+TIMING = {
+    "lease_seconds": 3.0,
+    "heartbeat_seconds": 0.5,
+    "sweep_seconds": 0.5,
+    "work_seconds": 0.1,
+    "scripted_write_seconds": 0.2,
+}
+TIMEOUT = 240.0
+
+
+def test_a_backlog_of_turns_is_not_reenqueued(
+    celery_settings: Settings, celery_app: Celery, tmp_path: Path
+) -> None:
+    with private_database(PG_ADMIN_URL) as name:
+        url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+        settings = celery_settings.model_copy(update={"database_url": url, **TIMING})
+        router = Router(settings, publisher=CeleryPublisher(celery_app))
+        router.create_schema()
+        env = _worker_env(settings, sweeper=True)
+        env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in TIMING.items()})
+        workers = []
+        try:
+            for i in range(2):
+                workers.append(subprocess.Popen(
+                    [str(Path(sys.executable).parent / "agent-router"), "worker",
+                     "--concurrency=2", f"--hostname=backlog{i}@%h"],
+                    env=env,
+                    stdout=(tmp_path / f"worker{i}.log").open("w"),
+                    stderr=subprocess.STDOUT,
+                ))  # fmt: skip
+            teams = [router.create_team() for _ in range(TEAMS)]
+            for team in teams:
+                for _ in range(SUB_AGENTS):
+                    agent = router.create_agent(team.id, role="Full-Stack Engineer")
+                    router.send(team.id, to=agent.display_name, content="Ship it.",
+                                sender="Team Leader", type=MessageType.TASK)  # fmt: skip
+            for team in teams:
+                wait_quiescent(router, team.id, timeout=TIMEOUT)
+        finally:
+            for proc in workers:
+                proc.send_signal(signal.SIGTERM)
+            for proc in workers:
+                proc.wait(60)
+        ledger = [e for team in teams for e in router.ledger(team.id)]
+        claimed = sum(e.action is LedgerAction.TURN_CLAIMED for e in ledger)
+        reenqueued = sum(e.action is LedgerAction.REENQUEUED for e in ledger)
+        refused = sum(e.action is LedgerAction.CLAIM_REFUSED for e in ledger)
+        print(f"claimed={claimed} reenqueued={reenqueued} refused={refused}")
+        assert claimed >= TEAMS * (SUB_AGENTS + 1)
+        assert reenqueued <= 0.05 * claimed, f"claimed={claimed} reenqueued={reenqueued}"
+        router.close()
