@@ -44,22 +44,28 @@ def _wait_for_reports(router: Router, team_id: int, count: int, log: Path) -> No
         time.sleep(0.2)
 
 
+def _task(router: Router, team_id: int | None, content: str) -> int:
+    """Give the team's engineer (a new team and engineer without ``team_id``) a task."""
+    if team_id is None:
+        team_id = router.create_team().id
+        router.create_agent(team_id, role="Full-Stack Engineer")
+    router.send(team_id, to="Full-Stack Engineer_1", content=content, sender="Team Leader",
+                type=MessageType.TASK)  # fmt: skip
+    return team_id
+
+
 def test_the_worker_survives_a_broker_restart(
     own_redis: RedisServer, subprocess_worker: Runtime, tmp_path: Path
 ) -> None:
     log = tmp_path / "worker.log"
     router = subprocess_worker.router
-    team = router.create_team()
-    agent = router.create_agent(team.id, role="Full-Stack Engineer")
-    router.send(team.id, to=agent.display_name, content="Ship it.", sender="Team Leader",
-                type=MessageType.TASK)  # fmt: skip
-    _wait_for_reports(router, team.id, 1, log)
+    team_id = _task(router, None, "Ship it.")
+    _wait_for_reports(router, team_id, 1, log)
     own_redis.stop()
     time.sleep(5)
     own_redis.start()
-    router.send(team.id, to=agent.display_name, content="Ship it again.", sender="Team Leader",
-                type=MessageType.TASK)  # fmt: skip
-    _wait_for_reports(router, team.id, 2, log)
+    _task(router, team_id, "Ship it again.")
+    _wait_for_reports(router, team_id, 2, log)
 
 
 def test_a_turn_that_ends_while_the_broker_is_away_is_not_the_last(
@@ -67,10 +73,7 @@ def test_a_turn_that_ends_while_the_broker_is_away_is_not_the_last(
 ) -> None:
     log = tmp_path / "worker.log"
     router = subprocess_worker.router
-    team = router.create_team()
-    agent = router.create_agent(team.id, role="Full-Stack Engineer")
-    router.send(team.id, to=agent.display_name, content="Ship it.", sender="Team Leader",
-                type=MessageType.TASK)  # fmt: skip
+    team_id = _task(router, None, "Ship it.")
     deadline = time.monotonic() + TIMEOUT
     while "turn_claimed" not in log.read_text():
         assert time.monotonic() < deadline, log.read_text()
@@ -78,7 +81,6 @@ def test_a_turn_that_ends_while_the_broker_is_away_is_not_the_last(
     own_redis.stop()  # the turn is writing its reply: it ends, and is acknowledged, meanwhile
     time.sleep(WRITE_SECONDS + 2)
     own_redis.start()
-    _wait_for_reports(router, team.id, 1, log)
-    router.send(team.id, to=agent.display_name, content="Ship it again.", sender="Team Leader",
-                type=MessageType.TASK)  # fmt: skip
-    _wait_for_reports(router, team.id, 2, log)
+    _wait_for_reports(router, team_id, 1, log)
+    _task(router, team_id, "Ship it again.")
+    _wait_for_reports(router, team_id, 2, log)
