@@ -1,0 +1,29 @@
+"""The lowest-versions run (``./dev test-lowest``) names its tests by pytest node id: each one
+must exist, or that run stops with "not found" at the end of ``./dev test``."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lowest_tests() -> list[str]:
+    script = (ROOT / "dev").read_text()
+    block = re.search(r"^LOWEST_TESTS=\((.*?)^\)", script, re.S | re.M)
+    assert block is not None, "LOWEST_TESTS=( ... ) not found in ./dev"
+    return [item.strip('"') for item in block.group(1).split()]
+
+
+def test_every_test_of_the_lowest_versions_run_exists() -> None:
+    tests = _lowest_tests()
+    assert len(tests) >= 5
+    for node in tests:
+        path, _, name = node.partition("::")
+        assert (ROOT / path).is_file(), node
+        if name:
+            tree = ast.parse((ROOT / path).read_text())
+            functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+            assert name in functions, node
