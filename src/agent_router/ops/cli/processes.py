@@ -520,7 +520,8 @@ def _run_and_exit(celery: Any, argv: list[str]) -> None:
     statuses: list[int] = []
 
     def keep_status(sender: Any, **_: Any) -> None:
-        statuses.append(int(getattr(sender, "exitcode", 0) or 0))
+        code = getattr(sender, "exitcode", 0)  # an int, or what a SystemExit carried
+        statuses.append(code if isinstance(code, int) else (1 if code else 0))
 
     worker_shutdown.connect(keep_status, weak=False)
     try:
