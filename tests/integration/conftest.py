@@ -21,11 +21,10 @@ from celery.contrib.testing.worker import start_worker
 from kombu import Queue
 
 from agent_router import Settings
+from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.worker import runtime
 from agent_router.worker.celery_app import create_app
 from agent_router.worker.runtime import Runtime
-
-from ..support.redis_server import RedisServer
 
 #: Worker threads: every agent of a test team can run at once.
 CONCURRENCY = 8
@@ -154,10 +153,9 @@ def _wait_for_worker(app: Celery, hostname: str, proc: subprocess.Popen[bytes], 
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A Redis server of the test's own, to stop and restart."""
-    server = RedisServer(tmp_path)
+def own_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A Redis server of the test's own, to stop and restart (the shared one is left alone)."""
+    server = PrivateRedis(tmp_path)
     server.start()
     yield server
-    if server.process is not None and server.process.poll() is None:
-        server.stop()
+    server.stop()

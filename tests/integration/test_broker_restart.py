@@ -12,16 +12,15 @@ from pathlib import Path
 import pytest
 
 from agent_router import MessageSubtype, MessageType, Router
+from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.worker.runtime import Runtime
-
-from ..support.redis_server import RedisServer
 
 TIMEOUT = 90.0
 WRITE_SECONDS = 3.0
 
 
 @pytest.fixture
-def broker_url(own_redis: RedisServer) -> str:
+def broker_url(own_redis: PrivateRedis) -> str:
     return own_redis.url
 
 
@@ -55,7 +54,7 @@ def _task(router: Router, team_id: int | None, content: str) -> int:
 
 
 def test_the_worker_survives_a_broker_restart(
-    own_redis: RedisServer, subprocess_worker: Runtime, tmp_path: Path
+    own_redis: PrivateRedis, subprocess_worker: Runtime, tmp_path: Path
 ) -> None:
     log = tmp_path / "worker.log"
     router = subprocess_worker.router
@@ -69,7 +68,7 @@ def test_the_worker_survives_a_broker_restart(
 
 
 def test_a_turn_that_ends_while_the_broker_is_away_is_not_the_last(
-    own_redis: RedisServer, subprocess_worker: Runtime, tmp_path: Path
+    own_redis: PrivateRedis, subprocess_worker: Runtime, tmp_path: Path
 ) -> None:
     log = tmp_path / "worker.log"
     router = subprocess_worker.router

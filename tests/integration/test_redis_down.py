@@ -8,10 +8,10 @@ import threading
 import time
 
 from agent_router import AgentState, MessageType, Router, Settings, Turn, WaitOutcome
+from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.outbox import RecordingPublisher
 from agent_router.waker import RedisWaker
 
-from ..support.redis_server import RedisServer
 from .helpers import assistant, start_running, tool_call
 
 
@@ -37,7 +37,7 @@ def _ask_and_answer(turn: Turn, answerer: Router, call_id: str) -> WaitOutcome:
 
 
 def test_an_ask_blocked_while_redis_dies_still_gets_its_answer(
-    database_url: str, own_redis: RedisServer
+    database_url: str, own_redis: PrivateRedis
 ) -> None:
     settings = Settings(database_url=database_url, wake_recheck_seconds=0.5)
     waiter_side = Router(settings, publisher=RecordingPublisher(), waker=RedisWaker(own_redis.url))
