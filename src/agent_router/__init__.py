@@ -1,4 +1,13 @@
-"""agent-router: durable, receiver-state message routing between LLM agents on Celery."""
+"""agent-router: durable, receiver-state message routing between LLM agents on Celery.
+
+``Router``, ``Settings`` and ``Turn`` are imported on first use: importing the package (or one
+of its modules, such as the CLI) does not load SQLAlchemy, pydantic-settings and redis-py
+until something needs them, so a short command like ``agent-router status`` starts quickly."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from agent_router.domain import (
     Agent,
@@ -40,9 +49,32 @@ from agent_router.errors import (
     UnknownQuestionError,
     UnknownTeamError,
 )
-from agent_router.router import Router
-from agent_router.settings import Settings
-from agent_router.turn import Turn
+
+if TYPE_CHECKING:
+    from agent_router.router import Router
+    from agent_router.settings import Settings
+    from agent_router.turn import Turn
+
+#: The public names loaded on first use, and the module each lives in.
+_LAZY = {
+    "Router": "agent_router.router",
+    "Settings": "agent_router.settings",
+    "Turn": "agent_router.turn",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

@@ -9,11 +9,12 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Protocol
-
-import redis
+from typing import TYPE_CHECKING, Protocol
 
 from agent_router.constants import wake_key
+
+if TYPE_CHECKING:
+    import redis
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,12 @@ class RedisWaker:
     database."""
 
     def __init__(self, url: str, *, ttl_seconds: int = 24 * 3600) -> None:
-        self._client = redis.Redis.from_url(
+        import redis  # here, not at the top: a process that never waits on Redis never loads it
+
+        self._client: redis.Redis = redis.Redis.from_url(
             url, socket_keepalive=True, health_check_interval=30, socket_connect_timeout=2.0
         )
+        self._redis_error: type[Exception] = redis.RedisError
         self._ttl = ttl_seconds
 
     def notify(self, question_id: int) -> None:
@@ -81,7 +85,7 @@ class RedisWaker:
                 pipe.rpush(key, 1)
                 pipe.expire(key, self._ttl)
                 pipe.execute()
-        except redis.RedisError as exc:
+        except self._redis_error as exc:
             logger.warning(
                 "wake signal not sent; the waiter re-reads the database",
                 extra={"action": "wake_failed", "question_id": question_id, "error": repr(exc)},
@@ -92,7 +96,7 @@ class RedisWaker:
         try:
             # BLPOP takes whole or fractional seconds; 0 would mean forever.
             found = self._client.blpop([wake_key(question_id)], timeout=max(timeout, 0.01))
-        except redis.RedisError as exc:
+        except self._redis_error as exc:
             logger.warning(
                 "wake signals unavailable; re-reading the database instead",
                 extra={"action": "wake_fallback", "question_id": question_id, "error": repr(exc)},
@@ -102,7 +106,7 @@ class RedisWaker:
         return found is not None
 
     def forget(self, question_id: int) -> None:
-        with contextlib.suppress(redis.RedisError):  # the key expires on its own
+        with contextlib.suppress(self._redis_error):  # the key expires on its own
             self._client.delete(wake_key(question_id))
 
     def close(self) -> None:

@@ -190,12 +190,23 @@ def test_status_fits_in_80_columns(tmp_path: Path) -> None:
     team = router.create_team()
     router.create_agent(team.id, role="Full-Stack Engineer")
     router.send(team.id, to="Full-Stack Engineer_1", content="go")
+    other = router.create_team()
     router.close()
     proc = run("status", str(team.id), "--database-url", url, COLUMNS="80")
     assert proc.returncode == 0, proc.stderr
     assert all(len(line) <= 80 for line in proc.stdout.splitlines())
     row = next(line for line in proc.stdout.splitlines() if "Full-Stack Engineer_1" in line)
     assert "scheduled" in row and "…" not in proc.stdout
+    # All teams: one table with a team column, however many teams the page holds.
+    everyone = run("status", "--database-url", url, COLUMNS="80")
+    assert everyone.returncode == 0, everyone.stderr
+    lines = everyone.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in everyone.stdout
+    assert sum("all teams" in line for line in lines) == 1
+    rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
+    assert sorted((r[0], r[1]) for r in rows) == sorted(
+        [(str(team.id), "Team"), (str(team.id), "Full-Stack"), (str(other.id), "Team")]
+    )
 
 
 def test_doctor_reports_each_service(pg_schema_url: str, redis_url: str) -> None:

@@ -192,6 +192,12 @@ def test_usage_is_summed_per_turn_agent_and_team_with_the_price_table(
             return ((p - cached) * 2.5 + cached * 1.25 + c * 10.0) / 1e6
 
         per_agent = router.store.reads.usage_by_agent(team.id)
+        # A status page reads the same figures by a range of agent ids, in one query.
+        ids = [team.lead.id, unpriced.agent_id]
+        assert router.store.reads.usage_of_agents(min(ids), max(ids)) == per_agent
+        assert router.store.reads.usage_of_agents(team.lead.id, team.lead.id) == {
+            team.lead.id: per_agent[team.lead.id]
+        }
         for name, usages in calls.items():
             got = per_agent[router.agent(team.id, name).id]
             assert got.model_calls == len(usages)

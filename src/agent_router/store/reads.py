@@ -62,6 +62,15 @@ class Reads:
             )
 
     @faults.wrapped_read
+    def usage_of_agents(self, first_id: int, last_id: int) -> dict[int, TokenUsage]:
+        """Model-call usage summed per agent id, of the agents whose ids run from ``first_id`` to
+        ``last_id`` (a page of :meth:`agent_statuses`): one query, whatever the page's size."""
+        with self._sessions() as session:
+            return budgets.usage_sums(
+                session, ModelCallRow.agent_id.between(first_id, last_id), ModelCallRow.agent_id
+            )
+
+    @faults.wrapped_read
     def usage_by_turn(self, agent_id: int) -> dict[int, TokenUsage]:
         """Model-call usage of one agent summed per turn id."""
         with self._sessions() as session:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
-from celery import Celery
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -19,8 +18,9 @@ from agent_router.ops.cli import failures
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store import Store
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -148,6 +148,10 @@ def _store(database_url: str | None) -> Iterator[Store]:
 @contextlib.contextmanager
 def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator[Router]:
     """A Router that publishes to the configured broker (none for memory://); closed after."""
+    # Celery loads here, not at the top: the read-only commands never need it.
+    from agent_router.worker.celery_app import create_app
+    from agent_router.worker.publisher import CeleryPublisher
+
     settings = _settings(database_url, broker_url)
     preflight.existing_database(settings.database_url)
     celery = None if settings.broker_url.startswith("memory://") else create_app(settings)

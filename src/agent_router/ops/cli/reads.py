@@ -104,13 +104,13 @@ def status(  # noqa: PLR0917 - typer options
             print(json.dumps(record))
         return
     console = Console(highlight=False)
-    teams = sorted({s.agent.team_id for s in statuses})
-    if not teams:
+    if not statuses:
         console.print("no agents" if team is None else f"team {team} has no agents")
-    for team_id in teams:
-        mine = [s for s in statuses if s.agent.team_id == team_id]
-        console.print(_status_table(team_id, mine))
-        console.print(_usage_line([usage.get(s.agent.id, TokenUsage()) for s in mine]))
+    else:
+        # One table, whatever the number of teams on the page: the agents of many teams
+        # interleave by id, and a table per team would print one per agent.
+        console.print(_status_table(team, statuses))
+        console.print(_usage_line([usage.get(s.agent.id, TokenUsage()) for s in statuses]))
     if len(statuses) == limit:
         console.print(f"more: --after {statuses[-1].agent.id}")
     if budget is not None:
@@ -120,11 +120,11 @@ def status(  # noqa: PLR0917 - typer options
 def _usage_of(
     store: Store, statuses: list[AgentStatus], team: int | None
 ) -> tuple[dict[int, TokenUsage], Budget | None]:
-    """Usage per agent id of the teams listed, and the budget of the team asked for."""
-    usage: dict[int, TokenUsage] = {}
-    for team_id in sorted({s.agent.team_id for s in statuses}):
-        usage |= store.reads.usage_by_agent(team_id)
-    return usage, store.budget(team) if team is not None and statuses else None
+    """Usage per agent id of the agents listed, and the budget of the team asked for."""
+    if not statuses:
+        return {}, None
+    usage = store.reads.usage_of_agents(statuses[0].agent.id, statuses[-1].agent.id)
+    return usage, store.budget(team) if team is not None else None
 
 
 def _usage_line(usages: list[TokenUsage]) -> str:
@@ -178,17 +178,20 @@ def _status_record(s: AgentStatus) -> dict[str, Any]:
     }
 
 
-def _status_table(team_id: int, statuses: list[AgentStatus]) -> Table:
-    """One team's agents in at most 80 columns: no column is cut (names fold)."""
+def _status_table(team_id: int | None, statuses: list[AgentStatus]) -> Table:
+    """One team's agents (all teams': ``None``, with a team column) in at most 80 columns: no
+    column is cut (names fold)."""
     now = utcnow()
     table = Table(
-        title=f"team {team_id}",
+        title="all teams" if team_id is None else f"team {team_id}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
     )
-    table.add_column("agent", overflow="fold", min_width=21)
+    if team_id is None:
+        table.add_column("team", justify="right", no_wrap=True)
+    table.add_column("agent", overflow="fold", min_width=21 if team_id is not None else 15)
     table.add_column("state", no_wrap=True)
     for column in ("epoch", "mail", "asked", "answers", "turn", "lease"):
         table.add_column(
@@ -198,6 +201,7 @@ def _status_table(team_id: int, statuses: list[AgentStatus]) -> Table:
         )
     for s in statuses:
         table.add_row(
+            *([str(s.agent.team_id)] if team_id is None else []),
             s.agent.display_name,
             Text(_state_text(s), style=_STATE_STYLES.get(s.agent.state, "")),
             str(s.agent.epoch),
