@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -135,7 +136,7 @@ def _usage_line(usages: list[TokenUsage]) -> str:
 
 
 def _print_usage(console: Console, per_turn: dict[int, TokenUsage]) -> None:
-    fields = _usage_record(TokenUsage())
+    fields = [f.name for f in dataclasses.fields(TokenUsage)]
     total = TokenUsage(**{f: sum(getattr(u, f) for u in per_turn.values()) for f in fields})
     console.print(
         f"usage: {total.model_calls} model calls, {total.prompt_tokens} prompt "
@@ -151,13 +152,8 @@ def _turn_usage(turn_id: int | None, u: TokenUsage) -> str:
 
 
 def _usage_record(usage: TokenUsage) -> dict[str, Any]:
-    return {
-        "model_calls": usage.model_calls,
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "cached_tokens": usage.cached_tokens,
-        "cost_usd": usage.cost_usd,
-    }
+    """An agent's usage in ``status --json``: every field of :class:`TokenUsage`."""
+    return dataclasses.asdict(usage)
 
 
 def _status_record(s: AgentStatus) -> dict[str, Any]:
