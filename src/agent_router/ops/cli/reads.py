@@ -24,14 +24,14 @@ from agent_router.ops.cli.common import (
     DatabaseUrlOption,
     JsonLinesOption,
     JsonOption,
+    TeamArgument,
     _one_line_errors,
     _render,
-    _settings,
+    _router,
     _store,
     app,
 )
 from agent_router.ops.explain import LedgerTail
-from agent_router.router import Router
 from agent_router.store import Store, utcnow
 
 #: How often ``ledger --follow`` reads new events.
@@ -218,7 +218,7 @@ _STATE_STYLES = {
 @app.command()
 @_one_line_errors
 def ledger(  # noqa: PLR0917 - typer options
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    team: TeamArgument,
     database_url: DatabaseUrlOption = None,
     as_json: JsonLinesOption = False,
     after: Annotated[
@@ -258,19 +258,17 @@ def ledger(  # noqa: PLR0917 - typer options
     )  # fmt: skip
     with _store(database_url) as store:
         store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
-    router = Router(_settings(database_url))
-    tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
-    try:
+    with _router(database_url) as router:
+        tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
         if not follow:
             tail.flush()
             return
-        tail.start()
-        with contextlib.suppress(KeyboardInterrupt):
-            reader_gone.wait()
-    finally:
-        if follow:
+        try:
+            tail.start()
+            with contextlib.suppress(KeyboardInterrupt):
+                reader_gone.wait()
+        finally:
             tail.stop()
-        router.close()
     if reader_gone.is_set():
         raise BrokenPipeError  # ends quietly (see failures.run_quietly_on_broken_pipe)
 
