@@ -214,30 +214,29 @@ def _chaos_steps(router: Router, turn: Turn) -> ChaosOutcome:
 
 
 def _act(router: Router, turn: Turn, action: _Action) -> str:
+    """Send what ``action`` says: an answer to its question, or the agent's next message."""
+    name = turn.display_name
+    qid = int(action.args["question_id"]) if action.tool == "answer" else None
+    if qid is None:
+        content, dedup_key = (
+            f"{name} message #{action.args['n']}",
+            f"chaos:{name}:{action.args['n']}",
+        )
+    else:
+        content, dedup_key = f"{name} answers question {qid}", f"answer:{qid}"
     try:
-        if action.tool == "answer":
-            qid = int(action.args["question_id"])
-            router.send(
-                turn.team_id,
-                to=action.args["to"],
-                content=f"{turn.display_name} answers question {qid}",
-                sender=turn.display_name,
-                type=MessageType.ANSWER,
-                question_id=qid,
-                dedup_key=f"answer:{qid}",
-            )
-            return "answered"
         router.send(
             turn.team_id,
             to=action.args["to"],
-            content=f"{turn.display_name} message #{action.args['n']}",
-            sender=turn.display_name,
-            type=MessageType.MESSAGE,
-            dedup_key=f"chaos:{turn.display_name}:{action.args['n']}",
+            content=content,
+            sender=name,
+            type=MessageType.MESSAGE if qid is None else MessageType.ANSWER,
+            question_id=qid,
+            dedup_key=dedup_key,
         )
-        return "sent"
     except errors.RefusedError as exc:  # e.g. the question expired meanwhile
         return f"refused: {exc}"
+    return "sent" if qid is None else "answered"
 
 
 def chaos_runtime(settings: Settings, app: Celery) -> Runtime:

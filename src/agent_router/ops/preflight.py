@@ -138,10 +138,10 @@ def broker(broker_url: str) -> Check:
                 max_retries=1, interval_start=0, interval_step=0, timeout=int(CHECK_TIMEOUT)
             )
     except Exception as exc:  # kombu raises each transport's own errors
-        return Check(
+        return _unreachable(
             "broker",
-            False,
-            f"broker {where} unreachable: {_reason(exc)}",
+            f"broker {where}",
+            exc,
             "start it, or check --broker-url (or AGENT_ROUTER_BROKER_URL)",
         )
     return Check("broker", True, f"{where} answers")
@@ -160,11 +160,8 @@ def redis_server(redis_url: str | None) -> Check:
     try:
         client.ping()
     except redis.RedisError as exc:
-        return Check(
-            "redis",
-            False,
-            f"Redis {where} unreachable: {_reason(exc)}",
-            "start it, or check AGENT_ROUTER_REDIS_URL",
+        return _unreachable(
+            "redis", f"Redis {where}", exc, "start it, or check AGENT_ROUTER_REDIS_URL"
         )
     finally:
         client.close()
@@ -181,10 +178,10 @@ def model_endpoint(settings: Settings) -> Check:
         with socket.create_connection((host, port), timeout=CHECK_TIMEOUT):
             pass
     except OSError as exc:
-        return Check(
+        return _unreachable(
             "model",
-            False,
-            f"model endpoint {base} unreachable: {_reason(exc)}",
+            f"model endpoint {base}",
+            exc,
             "start the server, or check --base-url (or AGENT_ROUTER_OPENAI_BASE_URL)",
         )
     return Check("model", True, f"{base} accepts connections")
@@ -211,6 +208,11 @@ def _connect_args(database_url: str) -> dict[str, object]:
     if database_url.startswith("sqlite"):
         return {}
     return {"connect_timeout": int(CHECK_TIMEOUT)}
+
+
+def _unreachable(name: str, service: str, exc: BaseException, hint: str) -> Check:
+    """The failed check of a service that did not answer, with the reason the error gave."""
+    return Check(name, False, f"{service} unreachable: {_reason(exc)}", hint)
 
 
 def _reason(exc: BaseException) -> str:

@@ -17,11 +17,13 @@ from importlib import resources
 from typing import Any
 
 from agent_router.domain import LedgerAction, LedgerEvent, Message
-from agent_router.ops.explain import describe
+from agent_router.ops.explain import describe, event_record
 from agent_router.router import Router
 
 #: Ledger actions that end a turn (a stop honoured at a boundary ends it too).
 _TURN_ENDS = (LedgerAction.TURN_ENDED, LedgerAction.STOPPED)
+#: What the swimlane keeps of an event's ``--json`` record, in this order.
+_EVENT_KEYS = ("id", "t", "agent", "action", "outcome", "turn_id", "message_id", "text")
 
 
 def _iso(event_time: Any) -> str:
@@ -60,21 +62,14 @@ def team_timeline(router: Router, team_id: int) -> dict[str, Any]:
         "messages": [
             _arrow(e, messages.get(e.message_id or -1), t0) for e in events if _is_arrow(e)
         ],
-        "events": [
-            {
-                "id": e.id,
-                "t": round(e.created_at.timestamp() - t0, 3),
-                "agent": e.agent_name,
-                "action": e.action.value,
-                "outcome": e.outcome.value if e.outcome else None,
-                "turn_id": e.turn_id,
-                "message_id": e.message_id,
-                "text": describe(e, messages),
-                "at": _iso(e.created_at),
-            }
-            for e in events
-        ],
+        "events": [_event(e, messages, t0) for e in events],
     }
+
+
+def _event(event: LedgerEvent, messages: dict[int, Message], t0: float) -> dict[str, Any]:
+    """One explained ledger event of the swimlane: part of its ``--json`` record, and its time."""
+    record = event_record(event, messages, t0)
+    return {key: record[key] for key in _EVENT_KEYS} | {"at": _iso(event.created_at)}
 
 
 def _is_arrow(event: LedgerEvent) -> bool:

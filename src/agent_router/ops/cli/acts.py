@@ -18,12 +18,15 @@ from rich.text import Text
 from agent_router.domain import AgentState, Delivery, MessageType, RouteOutcome
 from agent_router.ops.cli.common import (
     _OUTCOME_STYLES,
+    AgentArgument,
     BrokerUrlOption,
     DatabaseUrlOption,
     JsonOption,
     ReasonOption,
+    TeamArgument,
     _acting_router,
     _one_line_errors,
+    _router,
     _settings,
     app,
 )
@@ -33,7 +36,7 @@ from agent_router.store.lifecycle import Deletion
 @app.command()
 @_one_line_errors
 def send(  # noqa: PLR0917 - typer options
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    team: TeamArgument,
     to: Annotated[str, typer.Argument(help="Display name of the receiver.")],
     content: Annotated[str, typer.Argument(help="The message.")],
     sender: Annotated[
@@ -102,8 +105,8 @@ def _print_delivery(delivery: Delivery, *, published: bool, as_json: bool) -> No
 @app.command()
 @_one_line_errors
 def stop(
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
-    agent: Annotated[str, typer.Argument(help="Display name of a sub-agent.")],
+    team: TeamArgument,
+    agent: AgentArgument,
     reason: ReasonOption = "stopped by an operator",
     database_url: DatabaseUrlOption = None,
     broker_url: BrokerUrlOption = None,
@@ -121,8 +124,8 @@ def stop(
 @app.command()
 @_one_line_errors
 def terminate(
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
-    agent: Annotated[str, typer.Argument(help="Display name of a sub-agent.")],
+    team: TeamArgument,
+    agent: AgentArgument,
     reason: ReasonOption = "terminated by an operator",
     database_url: DatabaseUrlOption = None,
     broker_url: BrokerUrlOption = None,
@@ -179,7 +182,7 @@ def answer(
 @app.command()
 @_one_line_errors
 def check(
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    team: TeamArgument,
     quiescent: Annotated[
         bool,
         typer.Option(
@@ -194,14 +197,10 @@ def check(
     """Check the team's guarantees from the database (nothing lost, duplicated or reordered,
     one turn at a time, every tool call answered). Exit status 1 on a violation."""
     from agent_router.ops.checks import check_team
-    from agent_router.router import Router
 
-    router = Router(_settings(database_url))
-    try:
+    with _router(database_url) as router:
         router.team(team)  # an unknown team is an error, not a clean report
         report = check_team(router, team, quiescent=quiescent)
-    finally:
-        router.close()
     if as_json:
         print(json.dumps({**dataclasses.asdict(report), "ok": report.ok}))
     else:
@@ -401,7 +400,7 @@ def _print_deletion(deletion: Deletion, as_json: bool) -> None:
 @team_app.command("delete")
 @_one_line_errors
 def team_delete(
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    team: TeamArgument,
     dry_run: DryRunOption = False,
     database_url: DatabaseUrlOption = None,
     as_json: JsonOption = False,

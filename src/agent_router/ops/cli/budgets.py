@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated
 
@@ -16,6 +17,7 @@ from agent_router.ops.cli.common import (
     BrokerUrlOption,
     DatabaseUrlOption,
     JsonOption,
+    TeamArgument,
     _acting_router,
     _one_line_errors,
     app,
@@ -46,13 +48,7 @@ def budget_record(budget: Budget) -> dict[str, object]:
         "warned": budget.warned,
         "limits": {n.value: v for n, v in budget.limits.items()},
         "used": {n.value: v for n, v in budget.used.items()},
-        "usage": {
-            "model_calls": budget.usage.model_calls,
-            "prompt_tokens": budget.usage.prompt_tokens,
-            "completion_tokens": budget.usage.completion_tokens,
-            "cached_tokens": budget.usage.cached_tokens,
-            "cost_usd": budget.usage.cost_usd,
-        },
+        "usage": dataclasses.asdict(budget.usage),
     }
 
 
@@ -82,7 +78,7 @@ def print_budget(console: Console, budget: Budget) -> None:
 @app.command()
 @_one_line_errors
 def budget(  # noqa: PLR0917 - typer options
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    team: TeamArgument,
     model_calls: Annotated[int | None, _limit("model_calls", "model calls")] = None,
     turns: Annotated[int | None, _limit("turns", "turns started")] = None,
     tokens: Annotated[int | None, _limit("tokens", "prompt + completion tokens")] = None,

@@ -146,6 +146,22 @@ def _store(database_url: str | None) -> Iterator[Store]:
 
 
 @contextlib.contextmanager
+def _router(
+    database_url: str | None, ready: Callable[[str], None] | None = None
+) -> Iterator[Router]:
+    """A Router on the database that publishes nothing, closed afterwards; ``ready``, a
+    preflight check, is given the database's URL first."""
+    settings = _settings(database_url)
+    if ready is not None:
+        ready(settings.database_url)
+    router = Router(settings)
+    try:
+        yield router
+    finally:
+        router.close()
+
+
+@contextlib.contextmanager
 def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator[Router]:
     """A Router that publishes to the configured broker (none for memory://); closed after."""
     # Celery loads here, not at the top: the read-only commands never need it.
@@ -194,6 +210,8 @@ def _render(console: Console, record: dict[str, Any]) -> None:
 # Every option of the operating commands is also read from an AGENT_ROUTER_* variable; errors
 # are one line on stderr and exit 1 (the `_one_line_errors` boundary), never a traceback.
 
+TeamArgument = Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")]
+AgentArgument = Annotated[str, typer.Argument(help="Display name of a sub-agent.")]
 DatabaseUrlOption = Annotated[
     str | None,
     typer.Option(

@@ -465,9 +465,7 @@ def worker(  # noqa: PLR0917 - typer options
             help="Celery pool: threads (default; turns wait on I/O) or prefork.",
         ),
     ] = "threads",
-    loglevel: Annotated[
-        str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
-    ] = "INFO",
+    loglevel: LoglevelOption = "INFO",
     database_url: DatabaseUrlOption = None,
     broker_url: WorkerBrokerUrlOption = None,
     supervise: Annotated[

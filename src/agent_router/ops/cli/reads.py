@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -23,14 +24,14 @@ from agent_router.ops.cli.common import (
     DatabaseUrlOption,
     JsonLinesOption,
     JsonOption,
+    TeamArgument,
     _one_line_errors,
     _render,
-    _settings,
+    _router,
     _store,
     app,
 )
 from agent_router.ops.explain import LedgerTail
-from agent_router.router import Router
 from agent_router.store import Store, utcnow
 
 #: How often ``ledger --follow`` reads new events.
@@ -135,7 +136,7 @@ def _usage_line(usages: list[TokenUsage]) -> str:
 
 
 def _print_usage(console: Console, per_turn: dict[int, TokenUsage]) -> None:
-    fields = _usage_record(TokenUsage())
+    fields = [f.name for f in dataclasses.fields(TokenUsage)]
     total = TokenUsage(**{f: sum(getattr(u, f) for u in per_turn.values()) for f in fields})
     console.print(
         f"usage: {total.model_calls} model calls, {total.prompt_tokens} prompt "
@@ -151,13 +152,8 @@ def _turn_usage(turn_id: int | None, u: TokenUsage) -> str:
 
 
 def _usage_record(usage: TokenUsage) -> dict[str, Any]:
-    return {
-        "model_calls": usage.model_calls,
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "cached_tokens": usage.cached_tokens,
-        "cost_usd": usage.cost_usd,
-    }
+    """An agent's usage in ``status --json``: every field of :class:`TokenUsage`."""
+    return dataclasses.asdict(usage)
 
 
 def _status_record(s: AgentStatus) -> dict[str, Any]:
@@ -226,7 +222,7 @@ _STATE_STYLES = {
 @app.command()
 @_one_line_errors
 def ledger(  # noqa: PLR0917 - typer options
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    team: TeamArgument,
     database_url: DatabaseUrlOption = None,
     as_json: JsonLinesOption = False,
     after: Annotated[
@@ -266,19 +262,17 @@ def ledger(  # noqa: PLR0917 - typer options
     )  # fmt: skip
     with _store(database_url) as store:
         store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
-    router = Router(_settings(database_url))
-    tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
-    try:
+    with _router(database_url) as router:
+        tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
         if not follow:
             tail.flush()
             return
-        tail.start()
-        with contextlib.suppress(KeyboardInterrupt):
-            reader_gone.wait()
-    finally:
-        if follow:
+        try:
+            tail.start()
+            with contextlib.suppress(KeyboardInterrupt):
+                reader_gone.wait()
+        finally:
             tail.stop()
-        router.close()
     if reader_gone.is_set():
         raise BrokenPipeError  # ends quietly (see failures.run_quietly_on_broken_pipe)
 

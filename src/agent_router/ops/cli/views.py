@@ -11,8 +11,13 @@ from typing import Annotated
 import typer
 
 from agent_router.ops import preflight
-from agent_router.ops.cli.common import DatabaseUrlOption, _one_line_errors, _settings, app
-from agent_router.router import Router
+from agent_router.ops.cli.common import (
+    DatabaseUrlOption,
+    TeamArgument,
+    _one_line_errors,
+    _router,
+    app,
+)
 
 
 class TimelineFormat(enum.StrEnum):
@@ -23,7 +28,7 @@ class TimelineFormat(enum.StrEnum):
 @app.command()
 @_one_line_errors
 def timeline(
-    team: Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")],
+    team: TeamArgument,
     output: Annotated[
         Path | None,
         typer.Option(
@@ -49,13 +54,8 @@ def timeline(
     read its ledger line and the message."""
     from agent_router.ops.timeline import render_html, render_mermaid, team_timeline
 
-    settings = _settings(database_url)
-    preflight.existing_database(settings.database_url)
-    router = Router(settings)
-    try:
+    with _router(database_url, preflight.existing_database) as router:
         data = team_timeline(router, team)
-    finally:
-        router.close()
     text = render_mermaid(data) if fmt is TimelineFormat.MERMAID else render_html(data)
     if output is None or str(output) == "-":
         sys.stdout.write(text)
@@ -87,18 +87,17 @@ def web(
     the provenance of every entry. Ctrl-C stops it."""
     from agent_router.ops.web.server import make_server
 
-    settings = _settings(database_url)
-    preflight.database_ready(settings.database_url)
-    router = Router(settings)
-    server = make_server(router, host, port)
-    print(f"agent-router web on http://{host}:{server.server_port}/", file=sys.stderr, flush=True)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        router.close()
+    with _router(database_url, preflight.database_ready) as router:
+        server = make_server(router, host, port)
+        print(
+            f"agent-router web on http://{host}:{server.server_port}/", file=sys.stderr, flush=True
+        )
+        try:
+            server.serve_forever(poll_interval=0.2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
 
 
 @app.command("metrics")
@@ -125,17 +124,17 @@ def metrics_exporter(
 
     from agent_router.worker import metrics
 
-    settings = _settings(database_url)
-    preflight.database_ready(settings.database_url)
-    router = Router(settings)
-    server = metrics.serve(
-        port, store=lambda: router.store, registry=CollectorRegistry(), addr=address
-    )
-    print(f"agent-router metrics on http://{address}:{server.server_port}/metrics", file=sys.stderr)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.shutdown()
-        router.close()
+    with _router(database_url, preflight.database_ready) as router:
+        server = metrics.serve(
+            port, store=lambda: router.store, registry=CollectorRegistry(), addr=address
+        )
+        print(
+            f"agent-router metrics on http://{address}:{server.server_port}/metrics",
+            file=sys.stderr,
+        )
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.shutdown()
