@@ -6,7 +6,7 @@ operator's reads (``status``, ``ledger``, ``inspect``), acts (``send``, ``stop``
 # The modules register their commands on `app` in this order, which `--help` lists.
 from agent_router.ops.cli.common import app, embedded_worker
 from agent_router.ops.cli import failures
-from agent_router.ops.cli import processes, reads, acts, budgets, diagnose, views
+from agent_router.ops.cli import runs, processes, reads, acts, budgets, diagnose, views
 
 __all__ = [
     "acts",
@@ -17,6 +17,7 @@ __all__ = [
     "main",
     "processes",
     "reads",
+    "runs",
     "views",
 ]
 

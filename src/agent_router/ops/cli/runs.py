@@ -1,0 +1,416 @@
+"""Commands that run a team: ``demo`` (the scripted routing scenarios) and ``run`` (a task
+for a team on an OpenAI-compatible model), each printing the live timeline.
+
+The worker runtime, Celery and the team runners load inside the commands: the other commands
+of the CLI (``status``, ``ledger``, ...) start without them."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from agent_router import errors
+from agent_router.agents.roles import ROLES_FILE_ENV, RoleCatalogue
+from agent_router.ops import preflight
+from agent_router.ops.cli.common import (
+    EMBEDDED_CONCURRENCY,
+    _one_line_errors,
+    _redis_url,
+    _render,
+    app,
+    embedded_worker,
+)
+from agent_router.settings import Settings
+
+if TYPE_CHECKING:
+    from agent_router.agents.toolbox import AgentTools
+    from agent_router.ops import team_run
+    from agent_router.ops.demo import DemoResult
+    from agent_router.worker import runtime
+
+
+def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
+    if as_json:
+        for check in result.checks:
+            print(json.dumps({"event": "check", "name": check.name, "ok": check.ok,
+                              "detail": check.detail}), flush=True)  # fmt: skip
+        print(json.dumps({"event": "result", "team_id": result.team_id, "ok": result.ok}))
+        return
+    console.rule("checks")
+    for check in result.checks:
+        mark = Text("PASS ", style="bold green") if check.ok else Text("FAIL ", style="bold red")
+        console.print(mark + Text(check.name, style="bold") + Text(f"\n      {check.detail}"))
+    verdict = "all guarantees held" if result.ok else "a guarantee was broken"
+    console.print(Text(verdict, style="bold green" if result.ok else "bold red"))
+
+
+def _print_next_steps(console: Console, url: str, team_id: int) -> None:
+    console.rule("next")
+    console.print(f"the demo's database is kept: {url}\nlook at the team with:")
+    for command in (
+        f"agent-router status {team_id} --database-url {url}",
+        f"agent-router ledger {team_id} --database-url {url}",
+        f"agent-router timeline {team_id} -o team.html --database-url {url}",
+        f"agent-router web --database-url {url}",
+    ):
+        console.print(f"  {command}", soft_wrap=True)
+
+
+# The options `demo` and `run` share.
+TimelineJsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        envvar="AGENT_ROUTER_JSON",
+        help="One JSON object per line instead of the timeline.",
+    ),
+]
+EmbeddedWorkersOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--embedded-workers/--no-embedded-workers",
+        envvar="AGENT_ROUTER_EMBEDDED_WORKERS",
+        help="Run worker threads in this process. Default: on for memory://, off otherwise.",
+    ),
+]
+
+
+def _in_process(broker_url: str, embedded_workers: bool | None) -> bool:
+    """Do the turns run on worker threads of this process? (Always, for ``memory://``.)"""
+    memory = broker_url.startswith("memory://")
+    in_process = memory if embedded_workers is None else embedded_workers
+    if memory and not in_process:
+        raise typer.BadParameter("memory:// is only reachable from this process's own workers")
+    return in_process
+
+
+def _timeline_console() -> Console:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    return Console(highlight=False, stderr=False)
+
+
+def _timeline_sink(console: Console, as_json: bool) -> Callable[[dict[str, Any]], None]:
+    """Where the ledger tail writes: one JSON line per record, or the rendered timeline."""
+
+    def sink(record: dict[str, Any]) -> None:
+        if as_json:
+            print(json.dumps(record, default=str), flush=True)
+        else:
+            _render(console, record)
+
+    return sink
+
+
+@contextlib.contextmanager
+def _team_running(
+    rt: runtime.Runtime,
+    team_id: int,
+    sink: Callable[[dict[str, Any]], None],
+    *,
+    in_process: bool,
+) -> Iterator[None]:
+    """The team's ledger tailed into ``sink`` while the body runs, on embedded worker threads
+    and the embedded mode's beat (the sweeper on an in-process timer) when ``in_process``."""
+    from agent_router.ops.explain import LedgerTail
+    from agent_router.worker import runtime
+    from agent_router.worker.embedded import SweeperThread
+
+    tail = LedgerTail(rt.router, team_id, sink).start()
+    workers = embedded_worker(rt.app, EMBEDDED_CONCURRENCY) if in_process else None
+    sweeper = SweeperThread(rt.router) if in_process else contextlib.nullcontext()
+    try:
+        with workers or contextlib.nullcontext(), sweeper:
+            yield
+    finally:
+        tail.stop()
+        runtime.reset()
+
+
+@app.command()
+@_one_line_errors
+def demo(
+    as_json: TimelineJsonOption = False,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_DEMO_DATABASE_URL",
+            help="Database to run on (its tables are created if missing). "
+            "Default: a new SQLite file in a temporary directory, kept for a look afterwards.",
+        ),
+    ] = None,
+    broker_url: Annotated[
+        str,
+        typer.Option(
+            envvar="AGENT_ROUTER_DEMO_BROKER_URL",
+            help="Celery broker. memory:// (default) runs turns on worker threads of this "
+            "process; with redis://... start workers separately (`agent-router worker`, or "
+            "`celery -A agent_router.celery_app worker`) with the same AGENT_ROUTER_DATABASE_URL,"
+            " AGENT_ROUTER_BROKER_URL and AGENT_ROUTER_QUEUE.",
+        ),
+    ] = "memory://",
+    embedded_workers: EmbeddedWorkersOption = None,
+    timeout: Annotated[
+        float,
+        typer.Option(envvar="AGENT_ROUTER_DEMO_TIMEOUT", help="Seconds to wait for each step."),
+    ] = 60.0,
+) -> None:
+    """Run the demo's team through the routing scenarios and print a live timeline.
+
+    Exits non-zero if a scenario check or a guarantee (check_team) failed."""
+    from agent_router.ops.demo import run_scenarios, setup_team
+    from agent_router.worker import runtime
+    from agent_router.worker.celery_app import create_app
+
+    in_process = _in_process(broker_url, embedded_workers)
+    console = _timeline_console()
+    if not broker_url.startswith("memory://"):
+        # A broker or Redis that is down would make every publish retry (and the demo hang).
+        preflight.broker(broker_url).require()
+        preflight.redis_server(_redis_url(broker_url)).require()
+    # The database is kept: `status`, `ledger` and `timeline` read it afterwards.
+    url = database_url or _kept_sqlite_url("demo")
+    settings = Settings(database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url))
+    rt = runtime.configure(settings, app=create_app(settings))
+    rt.router.create_schema()
+    if not as_json:
+        where = "threads of this process" if in_process else "separate worker processes"
+        console.rule("agent-router demo")
+        console.print(f"database {url}\nbroker   {broker_url} (turns run on {where})")
+    team = setup_team(rt.router)
+    with _team_running(rt, team.team.id, _timeline_sink(console, as_json), in_process=in_process):
+        result = run_scenarios(rt.router, team, timeout=timeout)
+    _print_result(console, result, as_json)
+    if not as_json:
+        _print_next_steps(console, url, team.team.id)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def _kept_sqlite_url(what: str) -> str:
+    """A new SQLite file in a new temporary directory, left in place for a look afterwards."""
+    return f"sqlite:///{Path(tempfile.mkdtemp(prefix=f'agent-router-{what}-')) / f'{what}.db'}"
+
+
+def _run_settings(
+    database_url: str, broker_url: str, model: str | None, base_url: str | None
+) -> Settings:
+    overrides: dict[str, Any] = {"openai_model": model} if model else {}
+    if base_url:
+        overrides["openai_base_url"] = base_url
+    return Settings(
+        database_url=database_url,
+        broker_url=broker_url,
+        redis_url=_redis_url(broker_url),
+        **overrides,
+    )
+
+
+def _check_model(settings: Settings) -> None:
+    """Build one model now: a missing key or SDK, or a server that does not answer, fails
+    before anything runs."""
+    from agent_router.agents.openai_model import OpenAIModel
+
+    OpenAIModel(settings).close()
+    preflight.model_endpoint(settings).require()
+
+
+def _print_run_result(
+    console: Console, team_id: int, result: team_run.RunResult, *, as_json: bool, timeout: float
+) -> None:
+    if as_json:
+        print(json.dumps({"event": "result", "team_id": team_id, "ok": result.ok,
+                          "settled": result.settled, "states": result.states,
+                          "failed_turns": result.failed_turns,
+                          "expired_questions": result.expired_questions,
+                          "waiting_on": result.waiting_on, "reason": result.reason,
+                          "final": result.final, "budget_exhausted": result.budget_exhausted,
+                          "usage": dataclasses.asdict(result.usage)}))  # fmt: skip
+        return
+    console.rule("result")
+    for name, state in result.states.items():
+        console.print(f"{name:<24} {state}")
+    for failure in result.failed_turns:
+        console.print(Text(f"failed: {failure}", style="bold red"))
+    for expired in result.expired_questions:
+        console.print(Text(f"expired: {expired}", style="bold red"))
+    for wait in result.waiting_on:
+        console.print(Text(f"waiting: {wait}", style="yellow"))
+    if result.reason:
+        console.print(Text(f"stopped: {result.reason}", style="bold red"))
+    if not result.settled:
+        console.print(Text(f"the team did not settle within {timeout:.0f}s", style="bold red"))
+    if result.final:
+        console.print(Text("Team Leader: ", style="bold") + Text(result.final))
+    u = result.usage
+    console.print(f"usage: {u.model_calls} model calls, {u.total_tokens} tokens, "
+                  f"${u.cost_usd:.6f}")  # fmt: skip
+    if result.budget_exhausted:
+        console.print(Text(f"stopped: the team's {result.budget_exhausted} budget is spent "
+                           f"(raise it: agent-router budget {team_id} --help)",
+                           style="bold red"))  # fmt: skip
+
+
+def _roles(roles: Path | None) -> RoleCatalogue:
+    """The roles catalogue of ``--roles`` (or the shipped one); this process's runtime factory
+    reads the same file."""
+    try:
+        catalogue = RoleCatalogue.from_file_or_default(roles)
+    except errors.ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--roles") from None
+    if roles is not None:
+        os.environ[ROLES_FILE_ENV] = str(roles)
+    return catalogue
+
+
+# The options of `run`.
+ModelOption = Annotated[
+    str | None,
+    typer.Option(envvar="AGENT_ROUTER_OPENAI_MODEL", help="Model name."),
+]
+BaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AGENT_ROUTER_OPENAI_BASE_URL",
+        help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default: the SDK's).",
+    ),
+]
+RolesOption = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="AGENT_ROUTER_ROLES_FILE",
+        help="Roles catalogue (TOML). Default: the roles shipped with the package.",
+    ),
+]
+RunDatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AGENT_ROUTER_RUN_DATABASE_URL",
+        help="Database (tables created if missing). Default: a temporary SQLite.",
+    ),
+]
+RunBrokerUrlOption = Annotated[
+    str,
+    typer.Option(
+        envvar="AGENT_ROUTER_RUN_BROKER_URL",
+        help="Celery broker: memory:// (default) runs turns on threads of this process; with "
+        "redis://... start workers with AGENT_ROUTER_RUNTIME_FACTORY="
+        "agent_router.ops.team_run:openai_runtime and the same AGENT_ROUTER_* settings.",
+    ),
+]
+McpServerOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mcp-server",
+        envvar="AGENT_ROUTER_RUN_MCP_SERVER",
+        help="NAME=COMMAND_OR_URL: an MCP server (a command line over stdio, or a streamable "
+        "HTTP URL) for every sub-agent role that lists none of its own; repeatable; adds to "
+        "AGENT_ROUTER_MCP_SERVERS (its variable holds entries without spaces, separated by "
+        "spaces).",
+    ),
+]
+HostToolsOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AGENT_ROUTER_HOST_TOOLS",
+        help="Module(s), comma-separated, whose @host_tool functions become tools.",
+    ),
+]
+ListToolsOption = Annotated[
+    bool,
+    typer.Option(
+        "--list-tools",
+        envvar="AGENT_ROUTER_RUN_LIST_TOOLS",
+        help="Print the tools each role gets, and exit.",
+    ),
+]
+RunTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        envvar="AGENT_ROUTER_RUN_TIMEOUT",
+        help="Seconds until every agent must be idle or completed. Questions get a deadline "
+        "of at most half of it.",
+    ),
+]
+
+
+@app.command()
+@_one_line_errors
+def run(  # noqa: PLR0917 - typer options
+    task: Annotated[str | None, typer.Argument(help="The task for the Team Leader.")] = None,
+    model: ModelOption = None,
+    base_url: BaseUrlOption = None,
+    as_json: TimelineJsonOption = False,
+    roles: RolesOption = None,
+    database_url: RunDatabaseUrlOption = None,
+    broker_url: RunBrokerUrlOption = "memory://",
+    embedded_workers: EmbeddedWorkersOption = None,
+    timeout: RunTimeoutOption = 1800.0,
+    mcp_server: McpServerOption = None,
+    host_tools: HostToolsOption = None,
+    list_tools: ListToolsOption = False,
+) -> None:
+    """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
+    from AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY) until every agent is idle or completed,
+    printing the live timeline. Sub-agents get the multi-agent tools only. Stops early, saying
+    what the team waits on, when nothing can make progress. Exits 1 if a turn failed, a
+    question expired unanswered, or the team did not settle, 3 if a team budget
+    (AGENT_ROUTER_BUDGET_*) stopped it."""
+    from agent_router.ops import team_run
+    from agent_router.worker import runtime
+    from agent_router.worker.celery_app import create_app
+
+    in_process = _in_process(broker_url, embedded_workers)
+    console = _timeline_console()
+    catalogue = _roles(roles)
+    tool_settings = Settings(host_tools=host_tools) if host_tools else Settings()
+    tools = _agent_tools(tool_settings, catalogue, mcp_server or [])
+    if list_tools:
+        raise typer.Exit(0 if team_run.print_tool_listing(tools, catalogue, as_json=as_json) else 1)
+    if task is None:
+        raise typer.BadParameter("a task is required (or --list-tools)", param_hint="TASK")
+    with tempfile.TemporaryDirectory(prefix="agent-router-run-") as tmp:
+        url = database_url or f"sqlite:///{Path(tmp) / 'run.db'}"
+        settings = _run_settings(url, broker_url, model, base_url)
+        settings = settings.model_copy(
+            update={"question_timeout_seconds": team_run.question_timeout_for(settings, timeout)}
+        )
+        models = team_run.openai_models(settings, catalogue)
+        _check_model(settings)
+        rt = runtime.configure(settings, app=create_app(settings), models=models, tools=tools)
+        rt.router.create_schema()
+        if not as_json:
+            console.rule("agent-router run")
+            console.print(
+                f"model    {settings.openai_model} at {settings.openai_base_url or 'default'}\n"
+                f"database {url}\nbroker   {broker_url}"
+            )
+        team_id = team_run.start_team(rt.router, task, catalogue)
+        with _team_running(rt, team_id, _timeline_sink(console, as_json), in_process=in_process):
+            progress = team_run.wait_settled(rt.router, team_id, timeout=timeout)
+            result = team_run.result_of(rt.router, team_id, progress=progress)
+    _print_run_result(console, team_id, result, as_json=as_json, timeout=timeout)
+    # Exit 3: the team was stopped by a budget (it may go on once the budget is raised).
+    raise typer.Exit(3 if result.budget_exhausted else 0 if result.ok else 1)
+
+
+def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str]) -> AgentTools:
+    from agent_router.agents.toolbox import agent_tools
+    from agent_router.agents.tools import team_registry
+
+    try:
+        # A real model gets the multi-agent tools and what its role declares: no pretend work.
+        builtin = team_registry(catalogue)
+        return agent_tools(settings, catalogue, server_options=servers, builtin=builtin)
+    except errors.ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--mcp-server/--host-tools/--roles") from None
