@@ -77,25 +77,10 @@ def charge_model_call(router: Router, turn: Turn) -> None:
 
 
 def record_usage(
-    router: Router,
-    turn: Turn,
-    *,
-    model: str | None,
-    prompt_tokens: int,
-    completion_tokens: int,
-    cached_tokens: int = 0,
-    estimated: bool = False,
+    router: Router, turn: Turn, model: str | None, usage: TokenUsage, *, estimated: bool
 ) -> TokenUsage:
-    """Record one model call's tokens and their cost (by the ``models`` price table)."""
-    spec = router.settings.models.get(model or "")
-    cost = spec.cost(prompt_tokens, completion_tokens, cached_tokens) if spec else 0.0
-    usage = TokenUsage(
-        model_calls=1,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cached_tokens=cached_tokens,
-        cost_usd=cost,
-    )
+    """Record one model call's ``usage`` (tokens, and their cost by the ``models`` price table)
+    for the turn: counted against the team's budgets, then reported to the hooks."""
     check = router.store.record_usage(
         turn.team_id, turn.agent_id, turn.id, model=model, usage=usage, estimated=estimated
     )

@@ -46,6 +46,17 @@ class RouterHooks:
         """A team budget was found spent (once per team until it is raised): the team stops."""
 
 
+def route_fields(team_id: int, sender: str, delivery: Delivery) -> dict[str, Any]:
+    """What a hook reports of a delivered message: its team, sender, target, outcome and id."""
+    return {
+        "team_id": team_id,
+        "sender": sender,
+        "target": delivery.target,
+        "outcome": delivery.outcome.value,
+        "message_id": delivery.message_id,
+    }
+
+
 class HookChain(RouterHooks):
     """Several hooks, called in order; one that raises does not keep the others from running."""
 

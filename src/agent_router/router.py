@@ -144,17 +144,9 @@ class Router:
             check.name(display_name)
         check.optional_text(system_prompt, "system_prompt")
         runner = _runner(self.settings, role, runner)
-        request = self._validate(
-            team_id,
-            to=display_name or role,  # replaced by the new agent's display name
-            content=task,
-            sender=sender,
-            type=MessageType.TASK,
-            subtype=None,
-            question_id=None,
-            wake=True,
-            dedup_key=None,
-        )
+        # `to` is replaced by the new agent's display name.
+        task_fields = {"to": display_name or role, "content": task, "type": MessageType.TASK}
+        request = self._validate(team_id, {**check.SEND_FIELDS, **task_fields, "sender": sender})
         with self._refusals_reported(team_id, sender):
             agent, delivery = self.store.create_agent_with_task(
                 team_id,
@@ -228,17 +220,17 @@ class Router:
 
         Refusals raise a subclass of :class:`~agent_router.errors.RefusedError` and write only a
         ledger event."""
-        request = self._validate(
-            team_id,
-            to=to,
-            content=content,
-            sender=sender,
-            type=type,
-            subtype=subtype,
-            question_id=question_id,
-            wake=wake,
-            dedup_key=dedup_key,
-        )
+        fields = {
+            "to": to,
+            "content": content,
+            "sender": sender,
+            "type": type,
+            "subtype": subtype,
+            "question_id": question_id,
+            "wake": wake,
+            "dedup_key": dedup_key,
+        }
+        request = self._validate(team_id, fields)
         with self._refusals_reported(team_id, sender):
             delivery = self.store.route(request)
         return self._delivered(team_id, sender, delivery)
@@ -255,7 +247,7 @@ class Router:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
             raise errors.InvalidMessageError("send_many takes a list of messages")
         requests = [
-            self._validate(team_id, **check.send_fields(m), sender=sender) for m in messages
+            self._validate(team_id, {**check.send_fields(m), "sender": sender}) for m in messages
         ]
         with self._refusals_reported(team_id, sender):
             deliveries = self.store.route_many(requests)
@@ -275,37 +267,26 @@ class Router:
         self.hooks.after_route(team_id, sender, delivery)
         return delivery
 
-    def _validate(
-        self,
-        team_id: int,
-        *,
-        to: Any,
-        content: Any,
-        sender: Any,
-        type: Any,
-        subtype: Any,
-        question_id: Any,
-        wake: Any,
-        dedup_key: Any,
-    ) -> SendRequest:
-        """Every argument of a send checked before the database sees it; a refusal is
-        ledgered (when the team exists) and reaches the hooks."""
+    def _validate(self, team_id: int, fields: Mapping[str, Any]) -> SendRequest:
+        """Every field of a send (``check.SEND_FIELDS`` and ``sender``) checked before the
+        database sees it; a refusal is ledgered (when the team exists) and reaches the hooks."""
+        to, sender, subtype = fields["to"], fields["sender"], fields["subtype"]
         try:
             try:
-                msg_type = MessageType(type)
+                msg_type = MessageType(fields["type"])
                 msg_subtype = MessageSubtype(subtype) if subtype is not None else None
             except ValueError as exc:
                 raise errors.InvalidArgumentError(
                     f"unknown message type or subtype: {exc}"
                 ) from None
-            _text(self.settings, content, "content")
+            _text(self.settings, fields["content"], "content")
             check.name(to, "`to`")
             check.sender(sender)
-            if not isinstance(wake, bool):
+            if not isinstance(fields["wake"], bool):
                 raise errors.InvalidArgumentError("`wake` must be a bool")
-            if question_id is not None:
-                check.row_id(question_id, "question", errors.UnknownQuestionError)
-            check.optional_key(dedup_key, "`dedup_key`")
+            if fields["question_id"] is not None:
+                check.row_id(fields["question_id"], "question", errors.UnknownQuestionError)
+            check.optional_key(fields["dedup_key"], "`dedup_key`")
         except errors.RefusedError as problem:
             valid_team = isinstance(team_id, int) and 1 <= team_id <= check.MAX_ID
             self.hooks.after_reject(team_id if valid_team else None, str(sender)[:200], problem)
@@ -317,17 +298,8 @@ class Router:
                     to=check.scrub(str(to))[:200],
                 )
             raise
-        return SendRequest(
-            team_id=_team_id(team_id),
-            to=to,
-            content=content,
-            sender=sender,
-            type=msg_type,
-            subtype=msg_subtype,
-            question_id=question_id,
-            wake=wake,
-            dedup_key=dedup_key,
-        )
+        checked = {**fields, "type": msg_type, "subtype": msg_subtype}
+        return SendRequest(team_id=_team_id(team_id), **checked)
 
     # ------------------------------------------------------------------ turns
 

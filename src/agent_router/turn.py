@@ -141,15 +141,15 @@ class Turn:
         estimated: bool = False,
     ) -> TokenUsage:
         """Record a model call's tokens (and their cost by the price table) for this turn."""
-        return budgeting.record_usage(
-            self._router,
-            self,
-            model=model,
+        spec = self._router.settings.models.get(model or "")
+        usage = TokenUsage(
+            model_calls=1,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
-            estimated=estimated,
+            cost_usd=spec.cost(prompt_tokens, completion_tokens, cached_tokens) if spec else 0.0,
         )
+        return budgeting.record_usage(self._router, self, model, usage, estimated=estimated)
 
     def start_background(self, signature: Any) -> BackgroundJob:
         """Start the Celery task ``signature`` on this agent's behalf; its completion comes

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -221,22 +221,11 @@ def _shortened(message: dict[str, Any], keep: int) -> dict[str, Any] | None:
         cut = _cut(env.content, keep)
         if cut is None:
             return None
-        return message | {"content": formats.render(_replace_content(env, cut))}
+        return message | {"content": formats.render(replace(env, content=cut))}
     if role not in ("tool", "assistant"):
         return None
     cut = _cut(content, keep)
     return None if cut is None else message | {"content": cut}
-
-
-def _replace_content(env: formats.Envelope, content: str) -> formats.Envelope:
-    return formats.Envelope(
-        type=env.type,
-        sender=env.sender,
-        message_id=env.message_id,
-        content=content,
-        subtype=env.subtype,
-        question_id=env.question_id,
-    )
 
 
 def _without(messages: list[dict[str, Any]], left_out: set[int]) -> list[dict[str, Any]]:

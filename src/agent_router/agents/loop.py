@@ -263,7 +263,7 @@ def _steps(
         _boundary(turn, heartbeat)
         last = step == max_steps - 1
         if last:
-            _tell_self(router, turn, LAST_STEP_NOTICE.format(n=max_steps), f"last-step:{turn.id}")
+            _tell_last_step(router, turn, max_steps)
         turn.charge_model_call()  # the team's budgets; a wrap-up notice is drained just below
         _drain_all(router, turn)
         history = turn.history()
@@ -346,17 +346,10 @@ def _complete(
     return result.message
 
 
-def _tell_self(router: Router, turn: Turn, text: str, dedup_key: str) -> None:
-    """A notice from the system into this agent's own transcript, read before the next call."""
-    router.send(
-        turn.team_id,
-        to=turn.display_name,
-        content=text,
-        sender="system",
-        type=MessageType.NOTICE,
-        wake=False,
-        dedup_key=dedup_key,
-    )
+def _tell_last_step(router: Router, turn: Turn, max_steps: int) -> None:
+    """The notice (context only, read before the next call) that this call is the last."""
+    text = LAST_STEP_NOTICE.format(n=max_steps)
+    reminders.notice(router, turn, text, f"last-step:{turn.id}", wake=False)
 
 
 def _reply(
@@ -526,18 +519,11 @@ def _tell_lead(
 
 
 def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:
-    try:
-        router.send(
-            turn.team_id,
-            to=lead,
-            content=f"{turn.display_name}'s turn {turn.id} failed: {error}. Send it a message "
-            "to retry, or terminate it if its work is no longer needed.",
-            sender="system",
-            type=MessageType.NOTICE,
-            dedup_key=f"turn-failed:{turn.id}",
-        )
-    except errors.AgentRouterError:
-        logger.exception("failure notice not sent", extra={"action": "notice_failed"})
+    text = (
+        f"{turn.display_name}'s turn {turn.id} failed: {error}. Send it a message to retry, or "
+        "terminate it if its work is no longer needed."
+    )
+    _failure_notice(router, turn, text, to=lead, unsent="failure notice not sent")
 
 
 def _retry_lead(router: Router, turn: Turn, error: str) -> None:
@@ -549,18 +535,20 @@ def _retry_lead(router: Router, turn: Turn, error: str) -> None:
             "lead turn failed twice in a row; not retried", extra={"action": "lead_failed"}
         )
         return
+    text = (
+        f"Your previous turn ({turn.id}) failed: {error}. This turn retries it: carry on from "
+        "where the transcript ends."
+    )
+    _failure_notice(router, turn, text, to=None, unsent="lead retry notice not sent")
+
+
+def _failure_notice(router: Router, turn: Turn, text: str, *, to: str | None, unsent: str) -> None:
+    """The one notice a failed turn sends (``to``: the lead; ``None``: the agent itself, whose
+    retry it starts); one that cannot be sent is logged as ``unsent``."""
     try:
-        router.send(
-            turn.team_id,
-            to=turn.display_name,
-            content=f"Your previous turn ({turn.id}) failed: {error}. This turn retries it: "
-            "carry on from where the transcript ends.",
-            sender="system",
-            type=MessageType.NOTICE,
-            dedup_key=f"turn-failed:{turn.id}",
-        )
+        reminders.notice(router, turn, text, f"turn-failed:{turn.id}", to=to)
     except errors.AgentRouterError:
-        logger.exception("lead retry notice not sent", extra={"action": "notice_failed"})
+        logger.exception(unsent, extra={"action": "notice_failed"})
 
 
 def _with_retries(operation: Callable[[], T]) -> T:

@@ -140,13 +140,22 @@ def remind(router: Router, turn: Turn, nudge: Nudge, text: str, step: int) -> No
         "turn reminded",
         extra={"action": "turn_reminded", "nudge": nudge.value, "turn_id": turn.id},
     )
+    notice(router, turn, text, f"reminder:{turn.id}:{step}")
+
+
+def notice(
+    router: Router, turn: Turn, text: str, key: str, *, to: str | None = None, wake: bool = True
+) -> None:
+    """A ``notice`` from ``system`` to ``to`` (default: the turn's own agent), routed like any
+    message; its dedup ``key`` keeps a retried turn from sending it twice."""
     router.send(
         turn.team_id,
-        to=turn.display_name,
+        to=to or turn.display_name,
         content=text,
         sender="system",
         type=MessageType.NOTICE,
-        dedup_key=f"reminder:{turn.id}:{step}",
+        wake=wake,
+        dedup_key=key,
     )
 
 

@@ -334,130 +334,129 @@ def _create_sub_agent_tool(roles: RoleCatalogue) -> Tool:
     )
 
 
+#: One tool of a group: its name, description, arguments' JSON schema and function.
+_Row = tuple[str, str, dict[str, Any], ToolFunction]
+
+
+def _tools(audience: Audience, rows: list[_Row]) -> list[Tool]:
+    """The tools of ``rows``, all seen by ``audience``."""
+    return [
+        Tool(name=name, description=text, parameters=schema, function=fn, audience=audience)
+        for name, text, schema, fn in rows
+    ]
+
+
 def _lead_steering_tools() -> list[Tool]:
     """The lead's tools that act on a sub-agent: message, answer, stop, terminate."""
-    lead = Audience.LEAD
-    return [
-        Tool(
-            name="send_message_to_sub_agent",
-            description="Send a message (guidance, a new task) to a sub-agent. A running "
-            "sub-agent reads it before its next step; an idle one starts working on it.",
-            parameters=_schema({"display_name": _DISPLAY_NAME, "message": _s("The message.")}),
-            function=_send_message_to_sub_agent,
-            audience=lead,
-        ),
-        Tool(
-            name="answer_sub_agent_question",
-            description="Answer a question a sub-agent asked you (ask_master); the answer "
-            "becomes the result of its waiting call.",
-            parameters=_schema({"question_id": _QUESTION_ID, "answer": _s("Your answer.")}),
-            function=_answer,
-            audience=lead,
-        ),
-        Tool(
-            name="stop_sub_agent",
-            description="Stop a sub-agent's current work: it finishes the step it is in, "
-            "drops the rest and becomes idle (its unread messages are kept).",
-            parameters=_schema({"display_name": _DISPLAY_NAME}),
-            function=_stop_sub_agent,
-            audience=lead,
-        ),
-        Tool(
-            name="terminate_sub_agent",
-            description="Remove a sub-agent for good: its unread messages are dropped and "
-            "nobody can message it any more.",
-            parameters=_schema({"display_name": _DISPLAY_NAME}),
-            function=_terminate_sub_agent,
-            audience=lead,
-        ),
-    ]
+    return _tools(
+        Audience.LEAD,
+        [
+            (
+                "send_message_to_sub_agent",
+                "Send a message (guidance, a new task) to a sub-agent. A running sub-agent reads "
+                "it before its next step; an idle one starts working on it.",
+                _schema({"display_name": _DISPLAY_NAME, "message": _s("The message.")}),
+                _send_message_to_sub_agent,
+            ),
+            (
+                "answer_sub_agent_question",
+                "Answer a question a sub-agent asked you (ask_master); the answer becomes the "
+                "result of its waiting call.",
+                _schema({"question_id": _QUESTION_ID, "answer": _s("Your answer.")}),
+                _answer,
+            ),
+            (
+                "stop_sub_agent",
+                "Stop a sub-agent's current work: it finishes the step it is in, drops the rest "
+                "and becomes idle (its unread messages are kept).",
+                _schema({"display_name": _DISPLAY_NAME}),
+                _stop_sub_agent,
+            ),
+            (
+                "terminate_sub_agent",
+                "Remove a sub-agent for good: its unread messages are dropped and nobody can "
+                "message it any more.",
+                _schema({"display_name": _DISPLAY_NAME}),
+                _terminate_sub_agent,
+            ),
+        ],
+    )
 
 
 def _lead_watching_tools() -> list[Tool]:
     """The lead's tools that look at its sub-agents: status, list, wait for output."""
-    lead = Audience.LEAD
-    return [
-        Tool(
-            name="get_sub_agent_status",
-            description="State of the named sub-agents (all of them for an empty list).",
-            parameters=_schema(
-                {"display_names": {"type": "array", "items": _STR, "description": "Names."}}
+    timeout = {
+        "type": "number",
+        "description": "Give up after this long (default: the question timeout).",
+    }
+    return _tools(
+        Audience.LEAD,
+        [
+            (
+                "get_sub_agent_status",
+                "State of the named sub-agents (all of them for an empty list).",
+                _schema(
+                    {"display_names": {"type": "array", "items": _STR, "description": "Names."}}
+                ),
+                _get_sub_agent_status,
             ),
-            function=_get_sub_agent_status,
-            audience=lead,
-        ),
-        Tool(
-            name="list_sub_agents",
-            description="List your sub-agents with their roles and states.",
-            parameters=_schema({}),
-            function=_list_sub_agents,
-            audience=lead,
-        ),
-        Tool(
-            name="wait_sub_agent_output",
-            description="Wait until the named sub-agent reports the end of its work (its "
-            "completion report); the report becomes this call's result. Its progress notes do "
-            "not end the wait. Do not use it to poll.",
-            parameters=_schema(
-                {"display_name": _DISPLAY_NAME},
-                {
-                    "timeout_seconds": {
-                        "type": "number",
-                        "description": "Give up after this long (default: the question timeout).",
-                    }
-                },
+            (
+                "list_sub_agents",
+                "List your sub-agents with their roles and states.",
+                _schema({}),
+                _list_sub_agents,
             ),
-            function=_wait_sub_agent_output,
-            audience=lead,
-        ),
-    ]
+            (
+                "wait_sub_agent_output",
+                "Wait until the named sub-agent reports the end of its work (its completion "
+                "report); the report becomes this call's result. Its progress notes do not end "
+                "the wait. Do not use it to poll.",
+                _schema({"display_name": _DISPLAY_NAME}, {"timeout_seconds": timeout}),
+                _wait_sub_agent_output,
+            ),
+        ],
+    )
 
 
 def _sub_agent_tools() -> list[Tool]:
     """A sub-agent's tools: ask, answer, message and list the team."""
-    sub = Audience.SUB_AGENT
-    return [
-        Tool(
-            name="ask_master",
-            description="Ask the Team Leader a question and wait for the answer (it becomes "
-            "this call's result).",
-            parameters=_schema({"question": _s("The question, self-contained.")}),
-            function=_ask_master,
-            audience=sub,
-        ),
-        Tool(
-            name="ask_other_agent",
-            description="Ask another agent of the team a question and wait for the answer.",
-            parameters=_schema(
-                {"target": _s("The agent's display name."), "question": _s("The question.")}
+    target = _s("The agent's display name.")
+    return _tools(
+        Audience.SUB_AGENT,
+        [
+            (
+                "ask_master",
+                "Ask the Team Leader a question and wait for the answer (it becomes this call's "
+                "result).",
+                _schema({"question": _s("The question, self-contained.")}),
+                _ask_master,
             ),
-            function=_ask_other_agent,
-            audience=sub,
-        ),
-        Tool(
-            name="answer_other_agent",
-            description="Answer a question another agent asked you (use its question_id).",
-            parameters=_schema({"question_id": _QUESTION_ID, "answer": _s("Your answer.")}),
-            function=_answer,
-            audience=sub,
-        ),
-        Tool(
-            name="send_message_to_agent",
-            description="Send a message to another agent of the team (no answer awaited).",
-            parameters=_schema(
-                {"target": _s("The agent's display name."), "message": _s("The message.")}
+            (
+                "ask_other_agent",
+                "Ask another agent of the team a question and wait for the answer.",
+                _schema({"target": target, "question": _s("The question.")}),
+                _ask_other_agent,
             ),
-            function=_send_message_to_agent,
-            audience=sub,
-        ),
-        Tool(
-            name="list_agents",
-            description="List the agents of your team with their roles and states.",
-            parameters=_schema({}),
-            function=_list_agents,
-            audience=sub,
-        ),
-    ]
+            (
+                "answer_other_agent",
+                "Answer a question another agent asked you (use its question_id).",
+                _schema({"question_id": _QUESTION_ID, "answer": _s("Your answer.")}),
+                _answer,
+            ),
+            (
+                "send_message_to_agent",
+                "Send a message to another agent of the team (no answer awaited).",
+                _schema({"target": target, "message": _s("The message.")}),
+                _send_message_to_agent,
+            ),
+            (
+                "list_agents",
+                "List the agents of your team with their roles and states.",
+                _schema({}),
+                _list_agents,
+            ),
+        ],
+    )
 
 
 def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:

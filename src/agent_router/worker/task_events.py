@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from agent_router.hooks import RouterHooks
+from agent_router.hooks import RouterHooks, route_fields
 
 if TYPE_CHECKING:
     from celery import Task
@@ -69,13 +69,7 @@ class TaskEventHooks(RouterHooks):
 
     def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
         send_progress(
-            action="route",
-            team_id=team_id,
-            sender=sender,
-            target=delivery.target,
-            outcome=delivery.outcome.value,
-            message_id=delivery.message_id,
-            target_epoch=delivery.epoch,
+            action="route", **route_fields(team_id, sender, delivery), target_epoch=delivery.epoch
         )
 
     def after_reject(self, team_id: int | None, sender: str, error: AgentRouterError) -> None:

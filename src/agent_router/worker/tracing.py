@@ -16,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from agent_router.domain import RouteOutcome
-from agent_router.hooks import RouterHooks
+from agent_router.hooks import RouterHooks, route_fields
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, TracerProvider
@@ -49,11 +49,7 @@ class TracingHooks(RouterHooks):
             "agent_router.route",
             context=context,
             attributes=_attributes(
-                team_id=team_id,
-                sender=sender,
-                target=delivery.target,
-                outcome=delivery.outcome.value,
-                message_id=delivery.message_id,
+                **route_fields(team_id, sender, delivery),
                 epoch=delivery.epoch,
                 duplicate=delivery.duplicate,
             ),

@@ -8,6 +8,7 @@ Create Date: 2026-11-30 23:55:00
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -47,23 +48,37 @@ def _ledger_type(labels: Sequence[str]) -> sa.Enum:
     return sa.Enum(*labels, name="ar_ledger_action", create_constraint=True)
 
 
+#: The columns of a team's limits (NULL: unlimited) and their types.
+LIMITS: tuple[tuple[str, type[sa.types.TypeEngine[Any]]], ...] = (
+    ("max_model_calls", sa.BigInteger),
+    ("max_turns", sa.BigInteger),
+    ("max_tokens", sa.BigInteger),
+    ("max_cost_nano", sa.BigInteger),
+    ("max_wall_seconds", sa.Float),
+    ("max_sub_agents_created", sa.Integer),
+    ("max_sub_agents_active", sa.Integer),
+)
+#: The tokens and cost of model calls: one call's (ar_model_calls), a team's sum (ar_budgets).
+USAGE = ("prompt_tokens", "completion_tokens", "cached_tokens", "cost_nano")
+
+
+def _counters(*names: str) -> list[sa.Column[Any]]:
+    return [sa.Column(name, sa.BigInteger(), nullable=False) for name in names]
+
+
+def _fk(table: str, column: str, target: str) -> sa.ForeignKeyConstraint:
+    """The foreign key of ``table.column`` on ``target.id``."""
+    return sa.ForeignKeyConstraint(
+        [column], [f"{target}.id"], name=op.f(f"fk_{table}_{column}_{target}")
+    )
+
+
 def upgrade() -> None:
     op.create_table(
         "ar_budgets",
         sa.Column("team_id", BIG_ID, nullable=False),
-        sa.Column("max_model_calls", sa.BigInteger(), nullable=True),
-        sa.Column("max_turns", sa.BigInteger(), nullable=True),
-        sa.Column("max_tokens", sa.BigInteger(), nullable=True),
-        sa.Column("max_cost_nano", sa.BigInteger(), nullable=True),
-        sa.Column("max_wall_seconds", sa.Float(), nullable=True),
-        sa.Column("max_sub_agents_created", sa.Integer(), nullable=True),
-        sa.Column("max_sub_agents_active", sa.Integer(), nullable=True),
-        sa.Column("model_calls", sa.BigInteger(), nullable=False),
-        sa.Column("turns", sa.BigInteger(), nullable=False),
-        sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
-        sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
-        sa.Column("cached_tokens", sa.BigInteger(), nullable=False),
-        sa.Column("cost_nano", sa.BigInteger(), nullable=False),
+        *(sa.Column(name, type_(), nullable=True) for name, type_ in LIMITS),
+        *_counters("model_calls", "turns", *USAGE),
         sa.Column("started_at", sa.DateTime(), nullable=False),
         sa.Column("deadline_at", sa.DateTime(), nullable=True),
         sa.Column("warned", sa.Boolean(), nullable=False),
@@ -72,9 +87,7 @@ def upgrade() -> None:
             sa.Enum(*BUDGET_NAMES, name="ar_budget_name", create_constraint=True),
             nullable=True,
         ),
-        sa.ForeignKeyConstraint(
-            ["team_id"], ["ar_teams.id"], name=op.f("fk_ar_budgets_team_id_ar_teams")
-        ),
+        _fk("ar_budgets", "team_id", "ar_teams"),
         sa.PrimaryKeyConstraint("team_id", name=op.f("pk_ar_budgets")),
     )
     op.create_table(
@@ -84,18 +97,11 @@ def upgrade() -> None:
         sa.Column("agent_id", BIG_ID, nullable=False),
         sa.Column("turn_id", BIG_ID, nullable=True),
         sa.Column("model", sa.String(length=200), nullable=True),
-        sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
-        sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
-        sa.Column("cached_tokens", sa.BigInteger(), nullable=False),
-        sa.Column("cost_nano", sa.BigInteger(), nullable=False),
+        *_counters(*USAGE),
         sa.Column("estimated", sa.Boolean(), nullable=False),
         sa.Column("created_at", sa.DateTime(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["agent_id"], ["ar_agents.id"], name=op.f("fk_ar_model_calls_agent_id_ar_agents")
-        ),
-        sa.ForeignKeyConstraint(
-            ["team_id"], ["ar_teams.id"], name=op.f("fk_ar_model_calls_team_id_ar_teams")
-        ),
+        _fk("ar_model_calls", "agent_id", "ar_agents"),
+        _fk("ar_model_calls", "team_id", "ar_teams"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_ar_model_calls")),
     )
     with op.batch_alter_table("ar_model_calls", schema=None) as batch_op:
