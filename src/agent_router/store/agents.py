@@ -53,7 +53,7 @@ def create_team(
         is_lead=True,
         runner=lead_runner,
     )
-    tx.ledger(LedgerAction.TEAM_CREATED, team_id=team.id, agent_id=lead.id)
+    tx.agent_ledger(LedgerAction.TEAM_CREATED, lead)
     return Team(id=team.id, lead=values.agent(lead), created_at=team.created_at)
 
 
@@ -128,10 +128,9 @@ def add_agent(
             display_name=display_name,
         )
     agent = insert_agent(tx, team_id, display_name, role, system_prompt, runner=runner)
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.AGENT_CREATED,
-        team_id=team_id,
-        agent_id=agent.id,
+        agent,
         display_name=display_name,
         role=role,
     )
@@ -225,10 +224,9 @@ def terminate(tx: Tx, agent_id: int, *, reason: str) -> None:
     move(agent, AgentState.TERMINATED)
     agent.suspended = False
     agent.pending_trigger = None
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.TERMINATED,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         epoch=agent.epoch,
         reason=reason,
         dropped=dropped,
@@ -294,10 +292,9 @@ def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
     else:
         _stop_now(tx, agent, own, reason)
         action = LedgerAction.STOPPED
-    tx.ledger(
+    tx.agent_ledger(
         action,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         epoch=agent.epoch,
         reason=reason,
         state_before=state_before.value,

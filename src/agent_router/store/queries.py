@@ -56,7 +56,8 @@ def lock_agent(session: Session, agent_id: int) -> AgentRow | None:
     return session.scalars(stmt).one_or_none()
 
 
-def mailbox_depth(session: Session, agent_id: int) -> int:
+def mailbox_depth(session: Session, agent_id: int, *only: sa.ColumnElement[bool]) -> int:
+    """Pending messages in the agent's mailbox (``only``: those that match these too)."""
     return (
         session.scalar(
             sa.select(sa.func.count())
@@ -64,6 +65,7 @@ def mailbox_depth(session: Session, agent_id: int) -> int:
             .where(
                 MessageRow.target_agent_id == agent_id,
                 MessageRow.status == MessageStatus.PENDING,
+                *only,
             )
         )
         or 0
@@ -178,15 +180,4 @@ def unpublished_since(cutoff: datetime, limit: int) -> sa.Select[OutboxRow]:
 
 def pending_wake(session: Session, agent_id: int) -> int:
     """Pending wake messages in the agent's mailbox."""
-    return (
-        session.scalar(
-            sa.select(sa.func.count())
-            .select_from(MessageRow)
-            .where(
-                MessageRow.target_agent_id == agent_id,
-                MessageRow.status == MessageStatus.PENDING,
-                MessageRow.wake.is_(True),
-            )
-        )
-        or 0
-    )
+    return mailbox_depth(session, agent_id, MessageRow.wake.is_(True))
