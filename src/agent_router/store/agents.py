@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Unpack
 
 import sqlalchemy as sa
 
@@ -34,7 +34,7 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Tx
-from agent_router.store.values import SendRequest
+from agent_router.store.values import AgentOptions, SendRequest
 
 
 def create_team(
@@ -76,16 +76,21 @@ def create_agent_with_task(
     team_id: int,
     *,
     role: str,
-    display_name: str | None = None,
-    system_prompt: str | None = None,
     task: SendRequest | None = None,
-    runner: str | None = None,
+    **options: Unpack[AgentOptions],
 ) -> tuple[Agent, Delivery | None]:
     """Add a sub-agent and, when ``task`` is given, route that message to it (its ``to`` is
     replaced by the new display name) in the same transaction: both exist, or neither.
     ``role`` is checked by :func:`check_role` first."""
     queries.team(tx.session, team_id, lock=True)
-    agent = add_agent(tx, team_id, role, display_name, system_prompt, runner=runner)
+    agent = add_agent(
+        tx,
+        team_id,
+        role,
+        options.get("display_name"),
+        options.get("system_prompt"),
+        runner=options.get("runner"),
+    )
     delivery: Delivery | None = None
     if task is not None:
         task = replace(task, team_id=team_id, to=agent.display_name)
@@ -246,18 +251,15 @@ def _fence_and_drop(tx: Tx, agent: AgentRow, reason: str) -> int:
         turn.ended_at = now
         turn.error = f"terminated: {reason}"
     turns.close_dangling(tx, agent, None, f"cancelled: agent terminated ({reason})", None)
-    dropped = cast(
-        "sa.CursorResult[Any]",
-        session.execute(
-            sa.update(MessageRow)
-            .where(
-                MessageRow.target_agent_id == agent.id,
-                MessageRow.status == MessageStatus.PENDING,
-            )
-            .values(status=MessageStatus.DROPPED, drop_reason=f"target terminated: {reason}")
-        ),
-    ).rowcount
-    return dropped
+    return queries.changed(
+        session,
+        sa.update(MessageRow)
+        .where(
+            MessageRow.target_agent_id == agent.id,
+            MessageRow.status == MessageStatus.PENDING,
+        )
+        .values(status=MessageStatus.DROPPED, drop_reason=f"target terminated: {reason}"),
+    )
 
 
 def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
@@ -312,10 +314,7 @@ def _stop_now(tx: Tx, agent: AgentRow, own: QuestionRow | None, reason: str) -> 
     turns.cancel_own_questions(tx, agent, utcnow())
     if agent.state in (AgentState.SCHEDULED, AgentState.WAITING):
         agent.epoch += 1  # a queued turn task (or continuation) claims nothing
-    move(agent, AgentState.IDLE)
-    agent.suspended = False
-    agent.pending_trigger = None
-    agent.stop_requested = False
+    turns.to_idle(agent)
 
 
 def seed_mailbox(

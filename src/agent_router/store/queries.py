@@ -4,7 +4,7 @@ built of. Functions of a session: the read views use them as well."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -133,6 +133,12 @@ def append(
             turn_id=turn_id,
         )
     )
+
+
+def changed(session: Session, stmt: sa.Executable) -> int:
+    """Run an UPDATE or a DELETE; how many rows it changed."""
+    result = cast("sa.CursorResult[Any]", session.execute(stmt))
+    return int(result.rowcount or 0)
 
 
 def waiter_turn_id(session: Session, waiter: AgentRow, question: QuestionRow) -> int | None:

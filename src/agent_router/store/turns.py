@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -408,20 +408,17 @@ def end_turn(
 
 def renew_lease(tx: Tx, turn: TurnRecord) -> bool:
     """Extend a running turn's lease; ``False`` if the turn was fenced (stop working)."""
-    session = tx.session
-    renewed = cast(
-        "sa.CursorResult[Any]",
-        session.execute(
-            sa.update(TurnRow)
-            .where(
-                TurnRow.id == turn.id,
-                TurnRow.status == TurnStatus.RUNNING,
-                TurnRow.epoch
-                == sa.select(AgentRow.epoch).where(AgentRow.id == turn.agent_id).scalar_subquery(),
-            )
-            .values(lease_expires_at=utcnow() + timedelta(seconds=tx.settings.lease_seconds))
-        ),
-    ).rowcount
+    renewed = queries.changed(
+        tx.session,
+        sa.update(TurnRow)
+        .where(
+            TurnRow.id == turn.id,
+            TurnRow.status == TurnStatus.RUNNING,
+            TurnRow.epoch
+            == sa.select(AgentRow.epoch).where(AgentRow.id == turn.agent_id).scalar_subquery(),
+        )
+        .values(lease_expires_at=utcnow() + timedelta(seconds=tx.settings.lease_seconds)),
+    )
     return bool(renewed)
 
 
@@ -459,9 +456,7 @@ def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> None:
     cancel_own_questions(tx, agent, now)
     row.status = TurnStatus.STOPPED
     row.ended_at = now
-    move(agent, AgentState.IDLE)
-    agent.suspended = False
-    agent.stop_requested = False
+    to_idle(agent)
     tx.agent_ledger(
         LedgerAction.STOPPED,
         agent,
@@ -470,6 +465,15 @@ def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> None:
         reason=reason,
         cancelled_tool_calls=closed,
     )
+
+
+def to_idle(agent: AgentRow) -> None:
+    """A stop is done: the agent is ``idle``, with no wait suspended, no turn scheduled and no
+    stop pending."""
+    move(agent, AgentState.IDLE)
+    agent.suspended = False
+    agent.pending_trigger = None
+    agent.stop_requested = False
 
 
 def cancel_own_questions(tx: Tx, agent: AgentRow, now: Any) -> None:
