@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Unpack
 
 import sqlalchemy as sa
 
@@ -34,7 +33,7 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Tx
-from agent_router.store.values import AgentOptions, SendRequest
+from agent_router.store.values import SendRequest
 
 
 def create_team(
@@ -76,21 +75,16 @@ def create_agent_with_task(
     team_id: int,
     *,
     role: str,
+    display_name: str | None = None,
+    system_prompt: str | None = None,
     task: SendRequest | None = None,
-    **options: Unpack[AgentOptions],
+    runner: str | None = None,
 ) -> tuple[Agent, Delivery | None]:
     """Add a sub-agent and, when ``task`` is given, route that message to it (its ``to`` is
     replaced by the new display name) in the same transaction: both exist, or neither.
     ``role`` is checked by :func:`check_role` first."""
     queries.team(tx.session, team_id, lock=True)
-    agent = add_agent(
-        tx,
-        team_id,
-        role,
-        options.get("display_name"),
-        options.get("system_prompt"),
-        runner=options.get("runner"),
-    )
+    agent = add_agent(tx, team_id, role, display_name, system_prompt, runner=runner)
     delivery: Delivery | None = None
     if task is not None:
         task = replace(task, team_id=team_id, to=agent.display_name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Unpack
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -59,7 +59,7 @@ from agent_router.store.engine import make_engine
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
 from agent_router.store.tx import Refused, Tx, drop_ledger_buffer, write_ledger_buffer
-from agent_router.store.values import AgentOptions, Claim, SendRequest
+from agent_router.store.values import Claim, SendRequest
 
 #: Called after a commit with the outbox entries the transaction wrote.
 AfterCommit = Callable[[list[OutboxEntry]], object]
@@ -143,8 +143,22 @@ class Store:
             return team
 
     @faults.retrying
-    def create_agent(self, team_id: int, *, role: str, **options: Unpack[AgentOptions]) -> Agent:
-        agent, _ = self.create_agent_with_task(team_id, role=role, **options)
+    def create_agent(
+        self,
+        team_id: int,
+        *,
+        role: str,
+        display_name: str | None = None,
+        system_prompt: str | None = None,
+        runner: str | None = None,
+    ) -> Agent:
+        agent, _ = self.create_agent_with_task(
+            team_id,
+            role=role,
+            display_name=display_name,
+            system_prompt=system_prompt,
+            runner=runner,
+        )
         return agent
 
     @faults.retrying
@@ -153,18 +167,27 @@ class Store:
         team_id: int,
         *,
         role: str,
+        display_name: str | None = None,
+        system_prompt: str | None = None,
         task: SendRequest | None = None,
-        **options: Unpack[AgentOptions],
+        runner: str | None = None,
     ) -> tuple[Agent, Delivery | None]:
         """Add a sub-agent and, when ``task`` is given, route that message to it in the same
         transaction: both exist, or neither."""
         role = agents.check_role(role)
-        display_name = options.get("display_name")
         if display_name is not None:
             routing.check_display_name(display_name)
         try:
             with self._tx() as tx:
-                return agents.create_agent_with_task(tx, team_id, role=role, task=task, **options)
+                return agents.create_agent_with_task(
+                    tx,
+                    team_id,
+                    role=role,
+                    display_name=display_name,
+                    system_prompt=system_prompt,
+                    task=task,
+                    runner=runner,
+                )
         except IntegrityError as exc:  # pragma: no cover - the team lock makes this unreachable
             raise errors.DuplicateDisplayNameError(str(exc.orig)) from exc
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -40,14 +40,6 @@ class SendRequest:
     question_id: int | None = None
     wake: bool = True
     dedup_key: str | None = None
-
-
-class AgentOptions(TypedDict, total=False):
-    """What a new sub-agent may be given besides its role (``None`` or left out: the default)."""
-
-    display_name: str | None  # default: ``{role}_{n}``
-    system_prompt: str | None
-    runner: str | None  # the host's Celery task for its turns; default: the built-in loop
 
 
 class Claim(NamedTuple):
