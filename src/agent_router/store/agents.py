@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, cast
 
 import sqlalchemy as sa
 
@@ -53,7 +52,7 @@ def create_team(
         is_lead=True,
         runner=lead_runner,
     )
-    tx.ledger(LedgerAction.TEAM_CREATED, team_id=team.id, agent_id=lead.id)
+    tx.agent_ledger(LedgerAction.TEAM_CREATED, lead)
     return Team(id=team.id, lead=values.agent(lead), created_at=team.created_at)
 
 
@@ -128,10 +127,9 @@ def add_agent(
             display_name=display_name,
         )
     agent = insert_agent(tx, team_id, display_name, role, system_prompt, runner=runner)
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.AGENT_CREATED,
-        team_id=team_id,
-        agent_id=agent.id,
+        agent,
         display_name=display_name,
         role=role,
     )
@@ -225,10 +223,9 @@ def terminate(tx: Tx, agent_id: int, *, reason: str) -> None:
     move(agent, AgentState.TERMINATED)
     agent.suspended = False
     agent.pending_trigger = None
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.TERMINATED,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         epoch=agent.epoch,
         reason=reason,
         dropped=dropped,
@@ -248,18 +245,15 @@ def _fence_and_drop(tx: Tx, agent: AgentRow, reason: str) -> int:
         turn.ended_at = now
         turn.error = f"terminated: {reason}"
     turns.close_dangling(tx, agent, None, f"cancelled: agent terminated ({reason})", None)
-    dropped = cast(
-        "sa.CursorResult[Any]",
-        session.execute(
-            sa.update(MessageRow)
-            .where(
-                MessageRow.target_agent_id == agent.id,
-                MessageRow.status == MessageStatus.PENDING,
-            )
-            .values(status=MessageStatus.DROPPED, drop_reason=f"target terminated: {reason}")
-        ),
-    ).rowcount
-    return dropped
+    return queries.changed(
+        session,
+        sa.update(MessageRow)
+        .where(
+            MessageRow.target_agent_id == agent.id,
+            MessageRow.status == MessageStatus.PENDING,
+        )
+        .values(status=MessageStatus.DROPPED, drop_reason=f"target terminated: {reason}"),
+    )
 
 
 def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
@@ -294,10 +288,9 @@ def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
     else:
         _stop_now(tx, agent, own, reason)
         action = LedgerAction.STOPPED
-    tx.ledger(
+    tx.agent_ledger(
         action,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         epoch=agent.epoch,
         reason=reason,
         state_before=state_before.value,
@@ -315,10 +308,7 @@ def _stop_now(tx: Tx, agent: AgentRow, own: QuestionRow | None, reason: str) -> 
     turns.cancel_own_questions(tx, agent, utcnow())
     if agent.state in (AgentState.SCHEDULED, AgentState.WAITING):
         agent.epoch += 1  # a queued turn task (or continuation) claims nothing
-    move(agent, AgentState.IDLE)
-    agent.suspended = False
-    agent.pending_trigger = None
-    agent.stop_requested = False
+    turns.to_idle(agent)
 
 
 def seed_mailbox(

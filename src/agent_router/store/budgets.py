@@ -56,6 +56,10 @@ _LIMIT_COLUMNS: Mapping[BudgetName, str] = {
     BudgetName.SUB_AGENTS_ACTIVE: "max_sub_agents_active",
 }
 
+#: The token counts of a model call: a column each of its ``ar_model_calls`` row and of the
+#: team's budget row (the team's sums), and a field each of :class:`TokenUsage`.
+_TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens")
+
 
 def default_limits(settings: Settings) -> dict[BudgetName, float | None]:
     """A new team's limits, from the ``budget_*`` settings."""
@@ -242,33 +246,28 @@ def record_usage(
 ) -> BudgetCheck:
     """One model call's usage: a row per call, the team's totals, one ledger event."""
     ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
+    tokens = {name: getattr(usage, name) for name in _TOKEN_COUNTS}
     cost_nano = round(usage.cost_usd * NANO)
     row, now = _row(tx, team_id), utcnow()
-    row.prompt_tokens += usage.prompt_tokens
-    row.completion_tokens += usage.completion_tokens
-    row.cached_tokens += usage.cached_tokens
+    for name, count in tokens.items():
+        setattr(row, name, getattr(row, name) + count)
     row.cost_nano += cost_nano
     tx.session.add(
         ModelCallRow(
             team_id=team_id,
-            agent_id=agent_id,
-            turn_id=turn_id,
             model=model,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
             cost_nano=cost_nano,
             estimated=estimated,
             created_at=now,
+            **ids,
+            **tokens,
         )
     )
     tx.ledger(
         LedgerAction.MODEL_CALL,
         team_id=team_id,
         model=model,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        cached_tokens=usage.cached_tokens,
+        **tokens,
         cost_usd=cost_nano / NANO,
         estimated=estimated,
         **ids,

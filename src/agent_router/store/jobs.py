@@ -52,10 +52,9 @@ def start_job(tx: Tx, team_id: int, agent: str, *, name: str, task_id: str) -> B
     )
     session.add(job)
     session.flush()
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.JOB_STARTED,
-        team_id=team_id,
-        agent_id=row.id,
+        row,
         job_id=job.id,
         name=job.name,
         task_id=task_id,
@@ -100,10 +99,9 @@ def finish_job(
         job.notice_message_id = delivery.message_id
         if batch_seconds > 0:
             batch_turn(tx, agent, delivery, batch_seconds)
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.JOB_FINISHED,
-        team_id=job.team_id,
-        agent_id=job.agent_id,
+        agent,
         message_id=job.notice_message_id,
         job_id=job.id,
         status=job.status.value,

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from agent_router import errors
 from agent_router.domain import TURN_STATES, AgentState, LedgerAction, QuestionStatus
+from agent_router.store import queries
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -100,14 +101,7 @@ def delete_teams(
     ).all()
     rows: dict[str, int] = {}
     for table, where in _team_rows(teams, outbox_pruned_before):
-        name = str(table.__tablename__)
-        if dry_run:
-            rows[name] = session.scalar(sa.select(sa.func.count()).where(where)) or 0
-        else:
-            result = session.execute(
-                sa.delete(table).where(where).execution_options(synchronize_session=False)
-            )
-            rows[name] = int(result.rowcount or 0)  # type: ignore[attr-defined]
+        rows[str(table.__tablename__)] = _remove(tx, table, where, dry_run=dry_run)
     return Deletion(teams=tuple(locked), rows=rows, questions=tuple(questions), dry_run=dry_run)
 
 
@@ -142,12 +136,16 @@ def finished_teams(tx: Tx, *, before: datetime, limit: int, after: int = 0) -> l
 def prune_outbox(tx: Tx, *, before: datetime, dry_run: bool) -> int:
     """Published outbox rows older than ``before`` (their tasks were sent long ago)."""
     where = sa.and_(OutboxRow.published_at.is_not(None), OutboxRow.published_at < before)
+    return _remove(tx, OutboxRow, where, dry_run=dry_run)
+
+
+def _remove(tx: Tx, table: type[Any], where: sa.ColumnElement[bool], *, dry_run: bool) -> int:
+    """Delete the rows of ``table`` matching ``where``; how many (``dry_run``: count them)."""
     if dry_run:
         return tx.session.scalar(sa.select(sa.func.count()).where(where)) or 0
-    result = tx.session.execute(
-        sa.delete(OutboxRow).where(where).execution_options(synchronize_session=False)
+    return queries.changed(
+        tx.session, sa.delete(table).where(where).execution_options(synchronize_session=False)
     )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 #: Refusals of one kind (team, reason, sender, receiver) within this many seconds share one

@@ -4,7 +4,7 @@ built of. Functions of a session: the read views use them as well."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -56,7 +56,8 @@ def lock_agent(session: Session, agent_id: int) -> AgentRow | None:
     return session.scalars(stmt).one_or_none()
 
 
-def mailbox_depth(session: Session, agent_id: int) -> int:
+def mailbox_depth(session: Session, agent_id: int, *only: sa.ColumnElement[bool]) -> int:
+    """Pending messages in the agent's mailbox (``only``: those that match these too)."""
     return (
         session.scalar(
             sa.select(sa.func.count())
@@ -64,6 +65,7 @@ def mailbox_depth(session: Session, agent_id: int) -> int:
             .where(
                 MessageRow.target_agent_id == agent_id,
                 MessageRow.status == MessageStatus.PENDING,
+                *only,
             )
         )
         or 0
@@ -133,6 +135,12 @@ def append(
     )
 
 
+def changed(session: Session, stmt: sa.Executable) -> int:
+    """Run an UPDATE or a DELETE; how many rows it changed."""
+    result = cast("sa.CursorResult[Any]", session.execute(stmt))
+    return int(result.rowcount or 0)
+
+
 def waiter_turn_id(session: Session, waiter: AgentRow, question: QuestionRow) -> int | None:
     return session.scalar(
         sa.select(TurnRow.id).where(
@@ -178,15 +186,4 @@ def unpublished_since(cutoff: datetime, limit: int) -> sa.Select[OutboxRow]:
 
 def pending_wake(session: Session, agent_id: int) -> int:
     """Pending wake messages in the agent's mailbox."""
-    return (
-        session.scalar(
-            sa.select(sa.func.count())
-            .select_from(MessageRow)
-            .where(
-                MessageRow.target_agent_id == agent_id,
-                MessageRow.status == MessageStatus.PENDING,
-                MessageRow.wake.is_(True),
-            )
-        )
-        or 0
-    )
+    return mailbox_depth(session, agent_id, MessageRow.wake.is_(True))

@@ -4,9 +4,9 @@ chaos run read. Each read is one short session, no lock."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -45,6 +45,9 @@ from agent_router.store.models import (
     utcnow,
 )
 
+R = TypeVar("R")
+V = TypeVar("V")
+
 
 class Reads:
     """The read views (``store.reads``)."""
@@ -52,6 +55,11 @@ class Reads:
     def __init__(self, sessions: sessionmaker[Session], engine: Engine) -> None:
         self._sessions = sessions
         self._engine = engine
+
+    def _each(self, value: Callable[[R], V], stmt: sa.Select[R]) -> list[V]:
+        """What ``stmt`` selects (one column or entity), each row made a value by ``value``."""
+        with self._sessions() as session:
+            return [value(row) for row in session.scalars(stmt)]
 
     @faults.wrapped_read
     def usage_by_agent(self, team_id: int) -> dict[int, TokenUsage]:
@@ -232,21 +240,14 @@ class Reads:
     def message_events(self, message_id: int) -> list[LedgerEvent]:
         """Ledger events about one message (its routing, a duplicate send, a drop)."""
         with self._sessions() as session:
-            rows = session.execute(
-                sa.select(LedgerRow, AgentRow.display_name)
-                .outerjoin(AgentRow, AgentRow.id == LedgerRow.agent_id)
-                .where(LedgerRow.message_id == message_id)
-                .order_by(LedgerRow.id)
-            ).all()
-            return [values.ledger_event(r, name) for r, name in rows]
+            return _ledger_events(session, LedgerRow.message_id == message_id)
 
     @faults.wrapped_read
     def turns(self, agent_id: int) -> list[TurnRecord]:
-        with self._sessions() as session:
-            rows = session.scalars(
-                sa.select(TurnRow).where(TurnRow.agent_id == agent_id).order_by(TurnRow.id)
-            ).all()
-            return [values.turn(r) for r in rows]
+        return self._each(
+            values.turn,
+            sa.select(TurnRow).where(TurnRow.agent_id == agent_id).order_by(TurnRow.id),
+        )
 
     @faults.wrapped_read
     def current_turn(self, agent_id: int) -> TurnRecord | None:
@@ -267,13 +268,7 @@ class Reads:
     def ledger(self, team_id: int, *, after_id: int = 0) -> list[LedgerEvent]:
         """The team's ledger in order; ``after_id``: only events after that one (tailing)."""
         with self._sessions() as session:
-            rows = session.execute(
-                sa.select(LedgerRow, AgentRow.display_name)
-                .outerjoin(AgentRow, AgentRow.id == LedgerRow.agent_id)
-                .where(LedgerRow.team_id == team_id, LedgerRow.id > after_id)
-                .order_by(LedgerRow.id)
-            ).all()
-            return [values.ledger_event(r, name) for r, name in rows]
+            return _ledger_events(session, LedgerRow.team_id == team_id, LedgerRow.id > after_id)
 
     @faults.wrapped_read
     def expired_leases(self) -> list[int]:
@@ -299,44 +294,39 @@ class Reads:
     def running_jobs(self, *, older_than_seconds: float, limit: int = 500) -> list[BackgroundJob]:
         """Jobs with no completion seen yet, started at least ``older_than_seconds`` ago."""
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
-        with self._sessions() as session:
-            rows = session.scalars(
-                sa.select(BackgroundJobRow)
-                .where(
-                    BackgroundJobRow.status == JobStatus.RUNNING,
-                    BackgroundJobRow.created_at <= cutoff,
-                )
-                .order_by(BackgroundJobRow.created_at)
-                .limit(limit)
-            ).all()
-            return [values.job(r) for r in rows]
+        return self._each(
+            values.job,
+            sa.select(BackgroundJobRow)
+            .where(
+                BackgroundJobRow.status == JobStatus.RUNNING,
+                BackgroundJobRow.created_at <= cutoff,
+            )
+            .order_by(BackgroundJobRow.created_at)
+            .limit(limit),
+        )
 
     @faults.wrapped_read
     def jobs(self, team_id: int) -> list[BackgroundJob]:
-        with self._sessions() as session:
-            rows = session.scalars(
-                sa.select(BackgroundJobRow)
-                .where(BackgroundJobRow.team_id == team_id)
-                .order_by(BackgroundJobRow.id)
-            ).all()
-            return [values.job(r) for r in rows]
+        return self._each(
+            values.job,
+            sa.select(BackgroundJobRow)
+            .where(BackgroundJobRow.team_id == team_id)
+            .order_by(BackgroundJobRow.id),
+        )
 
     @faults.wrapped_read
     def unpublished(
         self, *, older_than_seconds: float = 0.0, limit: int = 500
     ) -> list[OutboxEntry]:
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
-        with self._sessions() as session:
-            rows = session.scalars(queries.unpublished_since(cutoff, limit)).all()
-            return [values.outbox_entry(r) for r in rows]
+        return self._each(values.outbox_entry, queries.unpublished_since(cutoff, limit))
 
     @faults.wrapped_read
     def outbox(self, team_id: int) -> list[OutboxEntry]:
-        with self._sessions() as session:
-            rows = session.scalars(
-                sa.select(OutboxRow).where(OutboxRow.team_id == team_id).order_by(OutboxRow.id)
-            ).all()
-            return [values.outbox_entry(r) for r in rows]
+        return self._each(
+            values.outbox_entry,
+            sa.select(OutboxRow).where(OutboxRow.team_id == team_id).order_by(OutboxRow.id),
+        )
 
     @faults.wrapped_read
     def agent_statuses(
@@ -482,11 +472,9 @@ class Reads:
 
     @faults.wrapped_read
     def question_statuses(self, team_id: int) -> list[QuestionStatus]:
-        with self._sessions() as session:
-            rows = session.scalars(
-                sa.select(QuestionRow.status).where(QuestionRow.team_id == team_id)
-            ).all()
-            return [QuestionStatus(s) for s in rows]
+        return self._each(
+            QuestionStatus, sa.select(QuestionRow.status).where(QuestionRow.team_id == team_id)
+        )
 
     @faults.wrapped_read
     def turn_leases(self, team_id: int) -> dict[int, datetime | None]:
@@ -501,3 +489,14 @@ class Reads:
     def idle_connections(self) -> int:
         """Connections checked in to the engine's pool."""
         return int(self._engine.pool.checkedin())  # type: ignore[attr-defined]
+
+
+def _ledger_events(session: Session, *where: sa.ColumnElement[bool]) -> list[LedgerEvent]:
+    """The ledger events matching ``where`` in order, each with its agent's name."""
+    rows = session.execute(
+        sa.select(LedgerRow, AgentRow.display_name)
+        .outerjoin(AgentRow, AgentRow.id == LedgerRow.agent_id)
+        .where(*where)
+        .order_by(LedgerRow.id)
+    ).all()
+    return [values.ledger_event(r, name) for r, name in rows]

@@ -66,10 +66,9 @@ def take_over(
     else:
         turns.close_dangling(tx, agent, old.id if old else None, turns.INTERRUPTED_RESULT, None)
         routing.schedule(tx, agent, TurnTrigger.RECOVERY)
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.TAKE_OVER,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         turn_id=old.id if old else None,
         epoch=agent.epoch,
         reason=reason,
@@ -134,10 +133,9 @@ def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
             trigger=(agent.pending_trigger or TurnTrigger.NEW).value,
             reenqueued=True,
         )
-        tx.ledger(
+        tx.agent_ledger(
             LedgerAction.REENQUEUED,
-            team_id=agent.team_id,
-            agent_id=agent.id,
+            agent,
             epoch=agent.epoch,
             backoff_windows=windows,
         )

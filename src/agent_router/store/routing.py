@@ -96,10 +96,9 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
         resolve_waiter(tx, target, waiting_on, msg, turn_id=msg.consumed_turn_id)
     elif outcome is RouteOutcome.TRIGGERED_NEW_TURN:
         schedule(tx, target, TurnTrigger.NEW)
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.ROUTE,
-        team_id=req.team_id,
-        agent_id=target.id,
+        target,
         outcome=outcome,
         message_id=msg.id,
         epoch=target.epoch,
@@ -110,13 +109,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
         state_before=state_before.value,
         state_after=target.state.value,
     )
-    return Delivery(
-        message_id=msg.id,
-        outcome=outcome,
-        target=target.display_name,
-        seq=msg.seq,
-        epoch=target.epoch,
-    )
+    return _delivery(target, msg)
 
 
 def route_many(tx: Tx, reqs: Sequence[SendRequest]) -> list[Delivery]:
@@ -213,21 +206,26 @@ def _duplicate(tx: Tx, req: SendRequest, target: AgentRow) -> Delivery | None:
             "dedup_conflict",
         )
     target.next_seq -= 1  # no new message: give the number back
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.DUPLICATE_SEND,
-        team_id=req.team_id,
-        agent_id=target.id,
+        target,
         outcome=first.outcome,
         message_id=first.id,
         dedup_key=req.dedup_key,
     )
+    return _delivery(target, first, duplicate=True)
+
+
+def _delivery(target: AgentRow, msg: MessageRow, *, duplicate: bool = False) -> Delivery:
+    """What a send returns: ``msg``, as routed to ``target`` (``duplicate``: a retried send
+    found it, the first delivery of its dedup key)."""
     return Delivery(
-        message_id=first.id,
-        outcome=first.outcome,
+        message_id=msg.id,
+        outcome=msg.outcome,
         target=target.display_name,
-        seq=first.seq,
+        seq=msg.seq,
         epoch=target.epoch,
-        duplicate=True,
+        duplicate=duplicate,
     )
 
 
@@ -382,10 +380,9 @@ def resolve_waiter(
         message_id=msg.id,
         meta=formats.metadata(message),
     )
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.QUESTION_RESOLVED,
-        team_id=target.team_id,
-        agent_id=target.id,
+        target,
         message_id=msg.id,
         epoch=target.epoch,
         question_id=question.id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -32,7 +32,7 @@ from agent_router.store.models import (
     TurnRow,
     utcnow,
 )
-from agent_router.store.tx import Tx
+from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import Claim
 
 #: The synthetic result of a tool call whose turn died or ended first. It says that the call may
@@ -56,10 +56,9 @@ def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
     if agent is None:
         raise errors.UnknownAgentError(f"no agent with id {agent_id}")
     if agent.state is not AgentState.SCHEDULED or (epoch is not None and epoch != agent.epoch):
-        tx.ledger(
+        tx.agent_ledger(
             LedgerAction.CLAIM_REFUSED,
-            team_id=agent.team_id,
-            agent_id=agent.id,
+            agent,
             epoch=epoch,
             current_epoch=agent.epoch,
             state=agent.state.value,
@@ -80,10 +79,9 @@ def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
     )
     session.add(turn)
     session.flush()
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.TURN_CLAIMED,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         turn_id=turn.id,
         epoch=agent.epoch,
         trigger=trigger.value,
@@ -129,6 +127,26 @@ def fenced(tx: Tx, turn: TurnRecord, operation: str) -> tuple[AgentRow, TurnRow]
             **({} if agent and row else {"deleted_agent_id": turn.agent_id, "turn": turn.id}),
         )
     return agent, row
+
+
+def _write_refused(
+    tx: Tx,
+    agent: AgentRow,
+    turn: TurnRecord,
+    operation: str,
+    error: errors.AgentRouterError,
+    **detail: Any,
+) -> Refused:
+    """A write (``operation``) of a current turn refused: ledgered as a stale write."""
+    return tx.refuse(
+        error,
+        LedgerAction.STALE_WRITE_REFUSED,
+        team_id=agent.team_id,
+        agent_id=agent.id,
+        turn_id=turn.id,
+        operation=operation,
+        **detail,
+    )
 
 
 def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:
@@ -177,10 +195,9 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
             )
             .execution_options(synchronize_session=False)
         )
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.DRAIN,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         turn_id=turn.id,
         epoch=turn.epoch,
         count=len(delivered),
@@ -249,26 +266,24 @@ def _drainable(tx: Tx, turn: TurnRecord) -> AgentRow:
     """The turn's agent, locked, if it may drain: running, and no tool call left open."""
     agent, _row = fenced(tx, turn, "drain")
     if agent.state is not AgentState.RUNNING:
-        raise tx.refuse(
+        raise _write_refused(
+            tx,
+            agent,
+            turn,
+            "drain",
             errors.TurnError(f"{agent.display_name} is {agent.state.value}: cannot drain"),
-            LedgerAction.STALE_WRITE_REFUSED,
-            team_id=agent.team_id,
-            agent_id=agent.id,
-            turn_id=turn.id,
-            operation="drain",
         )
     dangling = queries.open_tool_calls(tx.session, agent.id)
     if dangling:
-        raise tx.refuse(
+        raise _write_refused(
+            tx,
+            agent,
+            turn,
+            "drain",
             errors.ToolCallsPendingError(
                 f"tool calls {dangling} have no result yet: a drain would split them "
                 "from their assistant message"
             ),
-            LedgerAction.STALE_WRITE_REFUSED,
-            team_id=agent.team_id,
-            agent_id=agent.id,
-            turn_id=turn.id,
-            operation="drain",
             dangling=dangling,
         )
     return agent
@@ -279,15 +294,14 @@ def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
     agent, _row = fenced(tx, turn, "append_assistant")
     dangling = queries.open_tool_calls(tx.session, agent.id)
     if dangling:
-        raise tx.refuse(
+        raise _write_refused(
+            tx,
+            agent,
+            turn,
+            "append_assistant",
             errors.ToolCallsPendingError(
                 f"tool calls {dangling} need results before the next assistant message"
             ),
-            LedgerAction.STALE_WRITE_REFUSED,
-            team_id=agent.team_id,
-            agent_id=agent.id,
-            turn_id=turn.id,
-            operation="append_assistant",
         )
     queries.append(tx.session, agent.id, payload, turn_id=turn.id)
 
@@ -295,15 +309,14 @@ def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
 def append_tool_result(tx: Tx, turn: TurnRecord, tool_call_id: str, content: str) -> None:
     agent, _row = fenced(tx, turn, "append_tool_result")
     if tool_call_id not in queries.open_tool_calls(tx.session, agent.id):
-        raise tx.refuse(
+        raise _write_refused(
+            tx,
+            agent,
+            turn,
+            "append_tool_result",
             errors.InvalidTranscriptEntryError(
                 f"{tool_call_id!r} is not an open tool call of the last assistant message"
             ),
-            LedgerAction.STALE_WRITE_REFUSED,
-            team_id=agent.team_id,
-            agent_id=agent.id,
-            turn_id=turn.id,
-            operation="append_tool_result",
         )
     queries.append(
         tx.session,
@@ -327,10 +340,9 @@ def close_dangling(
             turn_id=turn_id,
             meta={"synthetic": result.split(":", 1)[0]},
         )
-        tx.ledger(
+        tx.agent_ledger(
             LedgerAction.SYNTHETIC_TOOL_RESULT,
-            team_id=agent.team_id,
-            agent_id=agent.id,
+            agent,
             turn_id=turn_id,
             tool_call_id=call_id,
             result=result,
@@ -372,10 +384,9 @@ def end_turn(
             routing.schedule(tx, agent, TurnTrigger.FOLLOW_UP)
         else:
             move(agent, AgentState.COMPLETED)
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.TURN_ENDED,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         turn_id=turn.id,
         epoch=turn.epoch,
         failed=failed,
@@ -384,10 +395,9 @@ def end_turn(
         synthetic_results=closed,
     )
     if follow_up:
-        tx.ledger(
+        tx.agent_ledger(
             LedgerAction.FOLLOW_UP,
-            team_id=agent.team_id,
-            agent_id=agent.id,
+            agent,
             turn_id=turn.id,
             epoch=agent.epoch,
         )
@@ -398,20 +408,17 @@ def end_turn(
 
 def renew_lease(tx: Tx, turn: TurnRecord) -> bool:
     """Extend a running turn's lease; ``False`` if the turn was fenced (stop working)."""
-    session = tx.session
-    renewed = cast(
-        "sa.CursorResult[Any]",
-        session.execute(
-            sa.update(TurnRow)
-            .where(
-                TurnRow.id == turn.id,
-                TurnRow.status == TurnStatus.RUNNING,
-                TurnRow.epoch
-                == sa.select(AgentRow.epoch).where(AgentRow.id == turn.agent_id).scalar_subquery(),
-            )
-            .values(lease_expires_at=utcnow() + timedelta(seconds=tx.settings.lease_seconds))
-        ),
-    ).rowcount
+    renewed = queries.changed(
+        tx.session,
+        sa.update(TurnRow)
+        .where(
+            TurnRow.id == turn.id,
+            TurnRow.status == TurnStatus.RUNNING,
+            TurnRow.epoch
+            == sa.select(AgentRow.epoch).where(AgentRow.id == turn.agent_id).scalar_subquery(),
+        )
+        .values(lease_expires_at=utcnow() + timedelta(seconds=tx.settings.lease_seconds)),
+    )
     return bool(renewed)
 
 
@@ -425,10 +432,9 @@ def suspend(tx: Tx, turn: TurnRecord) -> bool:
     agent.suspended = True
     row.status = TurnStatus.SUSPENDED
     row.ended_at = utcnow()
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.TURN_ENDED,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         turn_id=turn.id,
         epoch=turn.epoch,
         state=agent.state.value,
@@ -450,18 +456,24 @@ def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> None:
     cancel_own_questions(tx, agent, now)
     row.status = TurnStatus.STOPPED
     row.ended_at = now
-    move(agent, AgentState.IDLE)
-    agent.suspended = False
-    agent.stop_requested = False
-    tx.ledger(
+    to_idle(agent)
+    tx.agent_ledger(
         LedgerAction.STOPPED,
-        team_id=agent.team_id,
-        agent_id=agent.id,
+        agent,
         turn_id=row.id,
         epoch=agent.epoch,
         reason=reason,
         cancelled_tool_calls=closed,
     )
+
+
+def to_idle(agent: AgentRow) -> None:
+    """A stop is done: the agent is ``idle``, with no wait suspended, no turn scheduled and no
+    stop pending."""
+    move(agent, AgentState.IDLE)
+    agent.suspended = False
+    agent.pending_trigger = None
+    agent.stop_requested = False
 
 
 def cancel_own_questions(tx: Tx, agent: AgentRow, now: Any) -> None:

@@ -89,6 +89,10 @@ class Tx:
             },
         )
 
+    def agent_ledger(self, action: LedgerAction, agent: AgentRow, **fields: Any) -> None:
+        """A ledger event about ``agent``: its team and id are taken from the row."""
+        self.ledger(action, team_id=agent.team_id, agent_id=agent.id, **fields)
+
     def outbox(self, agent: AgentRow, kind: OutboxKind, **payload: Any) -> OutboxEntry:
         """Write an outbox row for ``agent``'s current epoch; published after commit."""
         if kind is OutboxKind.ENQUEUE_TURN:

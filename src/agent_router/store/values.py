@@ -50,95 +50,56 @@ class Claim(NamedTuple):
     display_name: str
 
 
+def _columns(cls: type[Any], *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The fields of the value class ``cls`` that its row holds in columns of the same names
+    (all of them but those in ``but``, which the caller supplies)."""
+    return tuple(f.name for f in fields(cls) if f.name not in but)
+
+
+_LEDGER_FIELDS = _columns(LedgerEvent, but=("agent_name", "detail"))
+_AGENT_FIELDS = _columns(Agent, but=("mailbox_depth",))
+#: The columns a :class:`Message` is made of (all its fields but the target's name).
+_MESSAGE_FIELDS = _columns(Message, but=("target_name",))
+_OUTBOX_FIELDS = _columns(OutboxEntry)
+_TURN_FIELDS = _columns(TurnRecord)
+#: A question's asker and target names are not columns: the Router's reads fill them.
+_QUESTION_FIELDS = _columns(Question, but=("asker", "target"))
+_JOB_FIELDS = _columns(BackgroundJob)
+
+
+def _read(row: object, names: tuple[str, ...]) -> dict[str, Any]:
+    """The values of the columns ``names`` of an ORM row."""
+    return {name: getattr(row, name) for name in names}
+
+
 def ledger_event(r: LedgerRow, name: str | None) -> LedgerEvent:
-    return LedgerEvent(
-        id=r.id,
-        team_id=r.team_id,
-        agent_id=r.agent_id,
-        agent_name=name,
-        action=r.action,
-        outcome=r.outcome,
-        message_id=r.message_id,
-        turn_id=r.turn_id,
-        epoch=r.epoch,
-        detail=dict(r.detail or {}),
-        created_at=r.created_at,
-    )
+    return LedgerEvent(**_read(r, _LEDGER_FIELDS), agent_name=name, detail=dict(r.detail or {}))
 
 
 def agent(row: AgentRow, mailbox_depth: int = 0) -> Agent:
-    return Agent(
-        id=row.id,
-        team_id=row.team_id,
-        display_name=row.display_name,
-        role=row.role,
-        is_lead=row.is_lead,
-        state=row.state,
-        suspended=row.suspended,
-        epoch=row.epoch,
-        pending_trigger=row.pending_trigger,
-        mailbox_depth=mailbox_depth,
-        stop_requested=row.stop_requested,
-        runner=row.runner,
-    )
-
-
-#: The columns a :class:`Message` is made of (all its fields but the target's name).
-_MESSAGE_FIELDS = tuple(f.name for f in fields(Message) if f.name != "target_name")
+    return Agent(**_read(row, _AGENT_FIELDS), mailbox_depth=mailbox_depth)
 
 
 def message(row: MessageRow | sa.RowMapping, target_name: str, **overrides: Any) -> Message:
     """A :class:`Message` from an ORM row or a Core row mapping (the drain's set-based path)."""
     if isinstance(row, MessageRow):
-        values = {name: getattr(row, name) for name in _MESSAGE_FIELDS}
+        values = _read(row, _MESSAGE_FIELDS)
     else:
         values = {name: row[name] for name in _MESSAGE_FIELDS}
     return Message(**(values | {"target_name": target_name} | overrides))
 
 
 def outbox_entry(row: OutboxRow) -> OutboxEntry:
-    return OutboxEntry(
-        id=row.id, kind=row.kind, agent_id=row.agent_id, epoch=row.epoch, payload=row.payload
-    )
+    return OutboxEntry(**_read(row, _OUTBOX_FIELDS))
 
 
 def turn(row: TurnRow) -> TurnRecord:
-    return TurnRecord(
-        id=row.id,
-        agent_id=row.agent_id,
-        epoch=row.epoch,
-        trigger=row.trigger,
-        status=row.status,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-    )
+    return TurnRecord(**_read(row, _TURN_FIELDS))
 
 
 def question(row: QuestionRow) -> Question:
-    return Question(
-        id=row.id,
-        team_id=row.team_id,
-        asker_agent_id=row.asker_agent_id,
-        target_agent_id=row.target_agent_id,
-        tool_call_id=row.tool_call_id,
-        status=row.status,
-        waiting=row.waiting,
-        deadline=row.deadline,
-        answer_message_id=row.answer_message_id,
-        kind=row.kind,
-    )
+    return Question(**_read(row, _QUESTION_FIELDS))
 
 
 def job(row: BackgroundJobRow) -> BackgroundJob:
-    return BackgroundJob(
-        id=row.id,
-        team_id=row.team_id,
-        agent_id=row.agent_id,
-        name=row.name,
-        task_id=row.task_id,
-        status=row.status,
-        created_at=row.created_at,
-        finished_at=row.finished_at,
-        result=row.result,
-        notice_message_id=row.notice_message_id,
-    )
+    return BackgroundJob(**_read(row, _JOB_FIELDS))

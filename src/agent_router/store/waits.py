@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -32,21 +34,41 @@ from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import SendRequest
 
 
+@dataclass(frozen=True)
+class WaitEdge:
+    """A waits-for edge that :func:`open_wait_edge` checked: the waiting turn, the locked rows
+    of its agent and of the agent waited on (``target`` by name), the tool call that waits,
+    and what ends the wait."""
+
+    turn: TurnRecord
+    waiter: AgentRow
+    target_row: AgentRow
+    target: str
+    tool_call_id: str
+    kind: QuestionKind
+
+
+class _Wait(NamedTuple):
+    operation: str  # what the fence check of the waiting turn names
+    verb: str  # what its refusals say it would do
+    action: LedgerAction  # the ledger event of an opened wait
+
+
+_WAITS = {
+    QuestionKind.ASK: _Wait("ask", "ask", LedgerAction.ASK),
+    QuestionKind.OUTPUT: _Wait("wait_output", "wait", LedgerAction.WAIT_OUTPUT),
+}
+
+
 def open_wait_edge(
-    tx: Tx,
-    turn: TurnRecord,
-    target: str,
-    tool_call_id: str,
-    *,
-    operation: str,
-    verb: str,
-    kind: QuestionKind | None = None,
-) -> tuple[AgentRow, AgentRow]:
+    tx: Tx, turn: TurnRecord, target: str, tool_call_id: str, kind: QuestionKind
+) -> WaitEdge:
     """The checks before a new waits-for edge (an ask, or a wait for an output), under the
     team lock that serializes edge creation, then both agents' locks by id. Refused (a
     ledger event, no wait) for an unknown, terminated or same target, a tool call that is not
-    open, or an edge that would close a cycle. Returns the locked (waiter, target) rows."""
+    open, or an edge that would close a cycle."""
     session = tx.session
+    operation, verb, _action = _WAITS[kind]
     probe = session.get(AgentRow, turn.agent_id)
     if probe is None:
         raise errors.UnknownAgentError(f"no agent with id {turn.agent_id}")
@@ -81,30 +103,33 @@ def open_wait_edge(
     cycle = queries.cycle_through(tx.session, waiter, target_row)
     if cycle:
         raise refuse("cycle", f"this {verb} would deadlock: " + " -> ".join(cycle), cycle=cycle)
-    return waiter, target_row
+    return WaitEdge(
+        turn=turn,
+        waiter=waiter,
+        target_row=target_row,
+        target=target,
+        tool_call_id=tool_call_id,
+        kind=kind,
+    )
 
 
 def open_question(
-    tx: Tx,
-    waiter: AgentRow,
-    target: AgentRow,
-    tool_call_id: str,
-    *,
-    kind: QuestionKind,
-    timeout_seconds: float | None,
+    tx: Tx, edge: WaitEdge, timeout_seconds: float | None, **detail: Any
 ) -> QuestionRow:
     """The new waits-for edge (checked by :func:`open_wait_edge`): an open question with
-    its deadline, and the waiter ``waiting``, blocking in its worker."""
+    its deadline, and the waiter ``waiting``, blocking in its worker; ledgered as an ``ask``
+    or a ``wait_output`` with ``detail``."""
     session = tx.session
+    waiter = edge.waiter
     timeout = timeout_seconds or tx.settings.question_timeout_seconds
     question = QuestionRow(
         team_id=waiter.team_id,
         asker_agent_id=waiter.id,
-        target_agent_id=target.id,
-        tool_call_id=tool_call_id,
+        target_agent_id=edge.target_row.id,
+        tool_call_id=edge.tool_call_id,
         asker_epoch=waiter.epoch,
         status=QuestionStatus.OPEN,
-        kind=kind,
+        kind=edge.kind,
         waiting=True,
         deadline=utcnow() + timedelta(seconds=timeout),
     )
@@ -112,6 +137,15 @@ def open_question(
     session.flush()
     move(waiter, AgentState.WAITING)
     waiter.suspended = False
+    tx.agent_ledger(
+        _WAITS[edge.kind].action,
+        waiter,
+        turn_id=edge.turn.id,
+        epoch=waiter.epoch,
+        question_id=question.id,
+        target=edge.target,
+        **detail,
+    )
     return question
 
 
@@ -129,32 +163,15 @@ def ask(
 
     Refused (no wait, a ledger event) when it asks oneself, targets a terminated or unknown
     agent, or would close a cycle in the team's waits-for graph."""
-    asker, target_row = open_wait_edge(tx, turn, target, tool_call_id, operation="ask", verb="ask")
-    team_id = asker.team_id
-    q = open_question(
-        tx,
-        asker,
-        target_row,
-        tool_call_id,
-        kind=QuestionKind.ASK,
-        timeout_seconds=timeout_seconds,
-    )
-    tx.ledger(
-        LedgerAction.ASK,
-        team_id=team_id,
-        agent_id=asker.id,
-        turn_id=turn.id,
-        epoch=asker.epoch,
-        question_id=q.id,
-        target=target,
-    )
+    edge = open_wait_edge(tx, turn, target, tool_call_id, QuestionKind.ASK)
+    q = open_question(tx, edge, timeout_seconds)
     delivery = routing.route(
         tx,
         SendRequest(
-            team_id=team_id,
+            team_id=edge.waiter.team_id,
             to=target,
             content=question,
-            sender=asker.display_name,
+            sender=edge.waiter.display_name,
             type=MessageType.ASK,
             subtype=subtype,
             question_id=q.id,
@@ -168,13 +185,13 @@ def expire_questions(tx: Tx, *, question_id: int | None = None) -> int:
     continues (woken if blocked, a continuation turn if suspended)."""
     session = tx.session
     expired = 0
-    stmt = sa.select(QuestionRow.id, QuestionRow.team_id).where(
+    stmt = sa.select(QuestionRow.id).where(
         QuestionRow.status == QuestionStatus.OPEN, QuestionRow.deadline <= utcnow()
     )
     if question_id is not None:
         stmt = stmt.where(QuestionRow.id == question_id)
-    overdue = session.execute(stmt.order_by(QuestionRow.team_id, QuestionRow.id)).all()
-    for qid, team_id in overdue:
+    overdue = session.scalars(stmt.order_by(QuestionRow.team_id, QuestionRow.id)).all()
+    for qid in overdue:
         question = session.get(QuestionRow, qid)
         assert question is not None
         asker = queries.lock_agent(tx.session, question.asker_agent_id)
@@ -184,10 +201,9 @@ def expire_questions(tx: Tx, *, question_id: int | None = None) -> int:
             continue
         close_question(question, QuestionStatus.EXPIRED)
         expired += 1
-        tx.ledger(
+        tx.agent_ledger(
             LedgerAction.QUESTION_EXPIRED,
-            team_id=team_id,
-            agent_id=asker.id,
+            asker,
             question_id=qid,
             waiting=question.waiting,
         )
@@ -222,10 +238,9 @@ def release(
         meta={"synthetic": result.split(":", 1)[0], "question_id": question.id},
     )
     question.waiting = False
-    tx.ledger(
+    tx.agent_ledger(
         LedgerAction.QUESTION_CANCELLED,
-        team_id=asker.team_id,
-        agent_id=asker.id,
+        asker,
         epoch=asker.epoch,
         question_id=question.id,
         result=result,
@@ -244,51 +259,24 @@ def wait_output(
     """The lead waits for ``target``'s next output (a waits-for edge lead -> target, checked
     for cycles like an ask). An output of ``target`` already in the lead's mailbox is
     consumed at once; otherwise the lead is ``waiting`` until one arrives."""
-    lead, target_probe = open_wait_edge(
-        tx,
-        turn,
-        target,
-        tool_call_id,
-        operation="wait_output",
-        verb="wait",
-        kind=QuestionKind.OUTPUT,
-    )
-    team_id = lead.team_id
-    ready = _ready_output(tx, turn, lead, target_probe, target)
-    q = open_question(
-        tx,
-        lead,
-        target_probe,
-        tool_call_id,
-        kind=QuestionKind.OUTPUT,
-        timeout_seconds=timeout_seconds,
-    )
-    tx.ledger(
-        LedgerAction.WAIT_OUTPUT,
-        team_id=team_id,
-        agent_id=lead.id,
-        turn_id=turn.id,
-        epoch=lead.epoch,
-        question_id=q.id,
-        target=target,
-        ready=ready is not None,
-    )
+    edge = open_wait_edge(tx, turn, target, tool_call_id, QuestionKind.OUTPUT)
+    ready = _ready_output(tx, edge)
+    q = open_question(tx, edge, timeout_seconds, ready=ready is not None)
     if ready is not None:
         close_question(q, QuestionStatus.ANSWERED, answer_message_id=ready.id)
         # The blocking path: state back to running, the wake signal unneeded but harmless.
-        routing.resolve_waiter(tx, lead, q, ready)
+        routing.resolve_waiter(tx, edge.waiter, q, ready)
     return values.question(q)
 
 
-def _ready_output(
-    tx: Tx, turn: TurnRecord, lead: AgentRow, target_row: AgentRow, target: str
-) -> MessageRow | None:
-    """An output of ``target`` already pending for ``lead``. Refused when there is none and
-    ``target`` rests with nothing to work on (it would never produce one)."""
+def _ready_output(tx: Tx, edge: WaitEdge) -> MessageRow | None:
+    """An output of the agent waited on already pending for the waiter. Refused when there is
+    none and that agent rests with nothing to work on (it would never produce one)."""
+    target_row = edge.target_row
     ready = tx.session.scalars(
         sa.select(MessageRow)
         .where(
-            MessageRow.target_agent_id == lead.id,
+            MessageRow.target_agent_id == edge.waiter.id,
             MessageRow.source_agent_id == target_row.id,
             MessageRow.type == MessageType.OUTPUT,
             # A report ends the wait; progress narration does not.
@@ -307,13 +295,13 @@ def _ready_output(
         and not queries.pending_wake(tx.session, target_row.id)
     ):
         raise wait_refusal(
-            turn,
-            lead.team_id,
-            target,
+            edge.turn,
+            edge.waiter.team_id,
+            edge.target,
             "not_working",
-            f"{target!r} is {target_row.state.value} with nothing to work on: "
+            f"{edge.target!r} is {target_row.state.value} with nothing to work on: "
             "it will produce no output until it is given a task",
-            kind=QuestionKind.OUTPUT,
+            kind=edge.kind,
         )
     return ready
 
@@ -326,10 +314,11 @@ def wait_refusal(
     message: str,
     *,
     cycle: list[str] | None = None,
-    kind: QuestionKind | None = None,
+    kind: QuestionKind = QuestionKind.ASK,
 ) -> Refused:
-    """A refused wait edge: the tool gets :class:`AskRefusedError`, the ledger ``ask_refused``."""
-    extra = {"kind": kind.value} if kind is not None else {}
+    """A refused wait edge: the tool gets :class:`AskRefusedError`, the ledger ``ask_refused``
+    (with the wait's kind when it is not an ask)."""
+    extra = {"kind": kind.value} if kind is not QuestionKind.ASK else {}
     return Refused(
         errors.AskRefusedError(message, cycle=cycle),
         LedgerAction.ASK_REFUSED,
