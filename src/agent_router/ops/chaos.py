@@ -349,7 +349,7 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
     result = ChaosResult(report=TeamReport(), takeover_bound=profile.takeover_bound)
     started = time.monotonic()
     next_kill = started + rng.uniform(*profile.kill_every)
-    faults = _faults(router, servers, started, profile.duration)
+    faults = _faults(router, servers)
     kills: list[datetime] = []
     next_kick = started + 2.0
     while time.monotonic() - started < profile.duration:
@@ -363,7 +363,8 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
             next_kill = now + rng.uniform(*profile.kill_every)
         for i, code in workers.restart_exited():
             result.events.append(f"{now - started:6.1f}s worker {i} exited ({code}): restarted")
-        for fault in [f for f in faults if f.due(router, team_id, now)]:
+        progress = _progress(router, team_id, quotas) if faults else 1.0
+        for fault in [f for f in faults if f.due(router, team_id, now, progress)]:
             result.faults[fault.name] = 0
             with suppress(errors.AgentRouterError):
                 result.faults[fault.name] = _open_questions(router, team_id)
@@ -391,32 +392,39 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
 ASK_WAIT = 15.0
 
 
+def _progress(router: Router, team_id: int, quotas: dict[str, int]) -> float:
+    """The share of the team's messages sent so far (0 while the database cannot be read)."""
+    with suppress(errors.AgentRouterError):
+        sent = _sent(router, team_id)
+        return sum(min(sent.get(n, 0), q) for n, q in quotas.items()) / max(sum(quotas.values()), 1)
+    return 0.0
+
+
 @dataclass(kw_only=True)
 class _Fault:
-    """A fault the run strikes once: at ``at`` (monotonic), or once an ask is blocked after it
-    (``while_asking``; at most ASK_WAIT seconds later)."""
+    """A fault the run strikes once, when the team has sent the share ``after`` of its messages
+    (so it strikes while the team still works, however fast the machine), and with
+    ``while_asking`` once an ask is blocked too (at most ASK_WAIT seconds later)."""
 
     name: str
-    at: float
+    after: float
     while_asking: bool
     strike: Callable[[], str]  # does it; says what it did
+    reached: float | None = None  # when the share was reached (monotonic)
 
-    def due(self, router: Router, team_id: int, now: float) -> bool:
-        if now < self.at:
-            return False
-        if not self.while_asking or now - self.at >= ASK_WAIT:
+    def due(self, router: Router, team_id: int, now: float, progress: float) -> bool:
+        if self.reached is None:
+            if progress < self.after:
+                return False
+            self.reached = now
+        if not self.while_asking or now - self.reached >= ASK_WAIT:
             return True
         with suppress(errors.AgentRouterError):
             return _open_questions(router, team_id) > 0
         return False
 
 
-def _faults(
-    router: Router,
-    servers: tuple[PrivateRedis, PrivatePostgres | None],
-    started: float,
-    duration: float,
-) -> list[_Fault]:
+def _faults(router: Router, servers: tuple[PrivateRedis, PrivatePostgres | None]) -> list[_Fault]:
     """Redis restarted while asks block, the workers' PostgreSQL connections cut, and the
     PostgreSQL server restarted (fast: every connection is cut) while asks block."""
     redis_server, pg_server = servers
@@ -432,10 +440,9 @@ def _faults(
         return f"terminated {n} worker PostgreSQL backends"
 
     faults = [
-        _Fault(name="redis restart", at=started + min(20.0, duration * 0.3), while_asking=True,
-               strike=restart_redis),
-        _Fault(name="postgres backends", at=started + min(35.0, duration * 0.5),
-               while_asking=False, strike=terminate_backends),
+        _Fault(name="redis restart", after=0.2, while_asking=True, strike=restart_redis),
+        _Fault(name="postgres backends", after=0.35, while_asking=False,
+               strike=terminate_backends),
     ]  # fmt: skip
     if pg_server is not None:
 
@@ -445,8 +452,8 @@ def _faults(
             pg_server.start()
             return "PostgreSQL server restarted"
 
-        faults.append(_Fault(name="postgres restart", at=started + min(50.0, duration * 0.65),
-                             while_asking=True, strike=restart_postgres))  # fmt: skip
+        faults.append(_Fault(name="postgres restart", after=0.5, while_asking=True,
+                             strike=restart_postgres))  # fmt: skip
     return faults
 
 
