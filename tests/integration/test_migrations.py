@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from agent_router.domain import LedgerAction
+from agent_router.store import migrations
 from agent_router.store.migrate import VERSION_TABLE, downgrade, upgrade
 from agent_router.store.models import Base
 
@@ -91,3 +95,20 @@ def test_budget_events_fit_a_migrated_database_and_0004_goes_back(
         assert not {"ar_budgets", "ar_model_calls"} & tables
         upgrade(url)
         assert _diff(url) == []
+
+
+def _revision(name: str) -> ModuleType:
+    path = Path(migrations.__file__).parent / "versions" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"revision_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_revision_states_the_ledger_labels_it_starts_from() -> None:
+    """0004 adds ledger actions to those 0001 created, written out in the revision itself: the
+    labels of today's code are exactly those, so a new label needs a new revision."""
+    initial, budgets = _revision("0001_initial_schema"), _revision("0004_budgets_usage")
+    assert initial.ENUMS["ar_ledger_action"] == budgets.OLD_ACTIONS
+    assert [a.value for a in LedgerAction] == [*budgets.OLD_ACTIONS, *budgets.NEW_ACTIONS]

@@ -37,11 +37,38 @@ NEW_ACTIONS = (
 )
 
 
-def _ledger_actions() -> tuple[str, ...]:
-    """The ledger action labels before this revision, in their order."""
-    from agent_router.domain import LedgerAction
-
-    return tuple(a.value for a in LedgerAction if a.value not in NEW_ACTIONS)
+#: The ledger action labels before this revision, in their order (as revision 0001 created
+#: them). Written out here, not read from today's code: a label a later version adds must not
+#: change what this revision does.
+OLD_ACTIONS = (
+    "team_created",
+    "agent_created",
+    "route",
+    "send_rejected",
+    "duplicate_send",
+    "turn_claimed",
+    "claim_refused",
+    "drain",
+    "turn_ended",
+    "follow_up",
+    "ask",
+    "ask_refused",
+    "question_resolved",
+    "take_over",
+    "stale_write_refused",
+    "synthetic_tool_result",
+    "outbox_published",
+    "terminated",
+    "message_dropped",
+    "question_cancelled",
+    "question_expired",
+    "reenqueued",
+    "job_started",
+    "job_finished",
+    "wait_output",
+    "stop_requested",
+    "stopped",
+)
 
 
 def _ledger_type(labels: Sequence[str]) -> sa.Enum:
@@ -108,7 +135,7 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f("ix_ar_model_calls_agent_id"), ["agent_id"])
         batch_op.create_index(batch_op.f("ix_ar_model_calls_team_id"), ["team_id"])
 
-    old = _ledger_actions()
+    old = OLD_ACTIONS
     if op.get_bind().dialect.name == "postgresql":
         for label in NEW_ACTIONS:
             op.execute(sa.text(f"ALTER TYPE ar_ledger_action ADD VALUE IF NOT EXISTS '{label}'"))
@@ -123,7 +150,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    old = _ledger_actions()
+    old = OLD_ACTIONS
     labels = ", ".join(f"'{label}'" for label in NEW_ACTIONS)
     op.execute(sa.text(f"DELETE FROM ar_ledger WHERE CAST(action AS VARCHAR) IN ({labels})"))
     if op.get_bind().dialect.name == "postgresql":
