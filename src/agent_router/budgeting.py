@@ -34,6 +34,7 @@ from agent_router.domain import (
 
 if TYPE_CHECKING:
     from agent_router.router import Router
+    from agent_router.settings import Settings
     from agent_router.turn import Turn
 
 logger = logging.getLogger(__name__)
@@ -76,11 +77,32 @@ def charge_model_call(router: Router, turn: Turn) -> None:
         )
 
 
+def priced(
+    settings: Settings,
+    model: str | None,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+) -> TokenUsage:
+    """One model call's usage: its tokens and their cost by the ``models`` price table (0 for a
+    model the table does not list)."""
+    spec = settings.models.get(model or "")
+    cost = spec.cost(prompt_tokens, completion_tokens, cached_tokens) if spec else 0.0
+    return TokenUsage(
+        model_calls=1,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
+        cost_usd=cost,
+    )
+
+
 def record_usage(
     router: Router, turn: Turn, model: str | None, usage: TokenUsage, *, estimated: bool
 ) -> TokenUsage:
-    """Record one model call's ``usage`` (tokens, and their cost by the ``models`` price table)
-    for the turn: counted against the team's budgets, then reported to the hooks."""
+    """Record one model call's ``usage`` (:func:`priced`) for the turn: counted against the
+    team's budgets, then reported to the hooks."""
     check = router.store.record_usage(
         turn.team_id, turn.agent_id, turn.id, model=model, usage=usage, estimated=estimated
     )

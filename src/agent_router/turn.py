@@ -141,13 +141,12 @@ class Turn:
         estimated: bool = False,
     ) -> TokenUsage:
         """Record a model call's tokens (and their cost by the price table) for this turn."""
-        spec = self._router.settings.models.get(model or "")
-        usage = TokenUsage(
-            model_calls=1,
+        usage = budgeting.priced(
+            self._router.settings,
+            model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
-            cost_usd=spec.cost(prompt_tokens, completion_tokens, cached_tokens) if spec else 0.0,
         )
         return budgeting.record_usage(self._router, self, model, usage, estimated=estimated)
 
