@@ -363,7 +363,9 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
             next_kill = now + rng.uniform(*profile.kill_every)
         for i, code in workers.restart_exited():
             result.events.append(f"{now - started:6.1f}s worker {i} exited ({code}): restarted")
-        progress = _progress(router, team_id, quotas) if faults else 1.0
+        # Every message of the team is read for it: only while a fault waits for its share.
+        waiting = any(f.reached is None for f in faults)
+        progress = _progress(router, team_id, quotas) if waiting else 1.0
         for fault in [f for f in faults if f.due(router, team_id, now, progress)]:
             result.faults[fault.name] = 0
             with suppress(errors.AgentRouterError):
