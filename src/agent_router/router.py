@@ -524,7 +524,12 @@ class Router:
             # The row stays unpublished; the sweeper publishes it again.
             logger.exception("outbox publish failed", extra={"action": "publish"})
         finally:
-            self.store.mark_published(published)
+            try:
+                self.store.mark_published(published)
+            except errors.StoreError:
+                # What was sent committed: the caller's transition stands. The rows stay
+                # unpublished and the sweeper sends them again (every turn task is fenced).
+                logger.exception("outbox mark failed", extra={"action": "publish"})
         return len(published)
 
     def publish_outbox(

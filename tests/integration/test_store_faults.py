@@ -17,10 +17,13 @@ from sqlalchemy.orm import Session
 from agent_router import (
     CommitUnknownError,
     RefusedError,
+    RouteOutcome,
     Router,
     Settings,
     StoreError,
 )
+from agent_router.domain import OutboxKind
+from agent_router.outbox import RecordingPublisher
 
 from ..conftest import PG_ADMIN_URL
 
@@ -101,3 +104,39 @@ def test_every_run_losing_its_connection_is_a_retryable_store_error(pg_router: R
         pg_router.send(team.id, to="Engineer_1", content="deploy")
     assert caught.value.retryable and not isinstance(caught.value, CommitUnknownError)
     assert pg_router.messages(team.id) == []  # nothing was written
+
+
+def test_a_publish_mark_lost_after_a_committed_send_is_not_the_senders_error(
+    pg_schema_url: str,
+) -> None:
+    """The send committed and its turn task went out; the connection that marks the outbox row
+    published is then cut. The sender gets its delivery, not an error (its turn went on), and
+    the row stays unpublished for the sweeper to send again (every turn task is fenced)."""
+    publisher = RecordingPublisher()
+    router = Router(Settings(database_url=pg_schema_url), publisher=publisher)
+    team = router.create_team()
+    cut: list[int] = []
+
+    def cut_the_mark(conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith("UPDATE ar_outbox") and not cut:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            cut.append(dbapi.info.backend_pid)
+            admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+            with admin.connect() as other:
+                other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": cut[0]})
+            admin.dispose()
+
+    event.listen(router.store.engine, "before_cursor_execute", cut_the_mark)
+    try:
+        delivery = router.send(team.id, to="Team Leader", content="go")
+    finally:
+        event.remove(router.store.engine, "before_cursor_execute", cut_the_mark)
+    try:
+        assert cut and delivery.outcome is RouteOutcome.TRIGGERED_NEW_TURN
+        assert [e.kind for e in publisher.entries] == [OutboxKind.ENQUEUE_TURN]
+        ours = publisher.entries[0].id
+        router.publish_outbox()  # still unpublished: sent again
+        assert [e.id for e in publisher.entries].count(ours) == 2
+    finally:
+        router.close()

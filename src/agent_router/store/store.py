@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from agent_router import errors
@@ -411,8 +411,9 @@ class Store:
         try:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(stmt)
-        except DBAPIError as exc:
-            raise errors.StoreError(f"database error: {exc.orig!r}") from exc
+        except SQLAlchemyError as exc:
+            # One autocommit statement: a connection lost during it leaves the mark unknown.
+            raise faults.store_error(exc, committing=True) from exc
 
     # ------------------------------------------------------------------ budgets and usage
 
