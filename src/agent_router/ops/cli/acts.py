@@ -29,6 +29,8 @@ from agent_router.ops.cli.common import (
     _router,
     _settings,
     app,
+    json_option,
+    switch_option,
 )
 from agent_router.store.lifecycle import Deletion
 
@@ -48,10 +50,10 @@ def send(  # noqa: PLR0917 - typer options
     ] = MessageType.MESSAGE,
     wake: Annotated[
         bool,
-        typer.Option(
-            "--wake/--no-wake",
-            envvar="AGENT_ROUTER_WAKE",
-            help="--no-wake: a context-only notice, seen at the next turn (starts none).",
+        switch_option(
+            "wake",
+            "AGENT_ROUTER_WAKE",
+            "--no-wake: a context-only notice, seen at the next turn (starts none).",
         ),
     ] = True,
     dedup_key: Annotated[
@@ -275,10 +277,7 @@ def bench(  # noqa: PLR0917 - typer options
             envvar="AGENT_ROUTER_BENCH_QUEUED", help="Messages queued for the drain figures."
         ),
     ] = 100_000,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="A JSON list, one object per row."),
-    ] = False,
+    as_json: Annotated[bool, json_option("A JSON list, one object per row.")] = False,
     scale: ScaleOption = None,
     svg: SvgOption = None,
 ) -> None:

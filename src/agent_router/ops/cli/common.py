@@ -210,6 +210,29 @@ def _render(console: Console, record: dict[str, Any]) -> None:
 # Every option of the operating commands is also read from an AGENT_ROUTER_* variable; errors
 # are one line on stderr and exit 1 (the `_one_line_errors` boundary), never a traceback.
 
+
+def json_option(help: str) -> Any:
+    """``--json`` (or AGENT_ROUTER_JSON): machine-readable output, as ``help`` says which."""
+    return typer.Option("--json", envvar="AGENT_ROUTER_JSON", help=help)
+
+
+def broker_url_option(help: str) -> Any:
+    """``--broker-url`` (or AGENT_ROUTER_BROKER_URL): the broker, in the role ``help`` says."""
+    return typer.Option(
+        "--broker-url", envvar="AGENT_ROUTER_BROKER_URL", help=help, show_default=False
+    )
+
+
+def switch_option(name: str, envvar: str, help: str) -> Any:
+    """A yes/no option given as ``--name`` or ``--no-name``."""
+    return typer.Option(f"--{name}/--no-{name}", envvar=envvar, help=help)
+
+
+def http_port_option(envvar: str) -> Any:
+    """The port of a command that serves HTTP."""
+    return typer.Option(envvar=envvar, help="HTTP port.")
+
+
 TeamArgument = Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")]
 AgentArgument = Annotated[str, typer.Argument(help="Display name of a sub-agent.")]
 DatabaseUrlOption = Annotated[
@@ -221,23 +244,16 @@ DatabaseUrlOption = Annotated[
         show_default=False,
     ),
 ]
-JsonOption = Annotated[
-    bool, typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="JSON instead of a table.")
-]
-JsonLinesOption = Annotated[
-    bool, typer.Option("--json", envvar="AGENT_ROUTER_JSON", help="One JSON object per line.")
-]
+JsonOption = Annotated[bool, json_option("JSON instead of a table.")]
+JsonLinesOption = Annotated[bool, json_option("One JSON object per line.")]
 LoglevelOption = Annotated[
     str, typer.Option(envvar="AGENT_ROUTER_LOGLEVEL", help="Celery log level.")
 ]
 BrokerUrlOption = Annotated[
     str | None,
-    typer.Option(
-        "--broker-url",
-        envvar="AGENT_ROUTER_BROKER_URL",
-        help="Broker the turn tasks go to. memory:// (the default) publishes nothing from here: "
-        "the sweeper of any worker on the database publishes the turn within a sweep period.",
-        show_default=False,
+    broker_url_option(
+        "Broker the turn tasks go to. memory:// (the default) publishes nothing from here: "
+        "the sweeper of any worker on the database publishes the turn within a sweep period."
     ),
 ]
 ReasonOption = Annotated[

@@ -21,6 +21,7 @@ from agent_router.ops.cli.common import (
     _one_line_errors,
     _settings,
     app,
+    switch_option,
 )
 
 
@@ -56,10 +57,10 @@ def doctor(
     broker_url: BrokerUrlOption = None,
     model: Annotated[
         bool,
-        typer.Option(
-            "--model/--no-model",
-            envvar="AGENT_ROUTER_DOCTOR_MODEL",
-            help="Also check that the model endpoint (AGENT_ROUTER_OPENAI_BASE_URL) answers.",
+        switch_option(
+            "model",
+            "AGENT_ROUTER_DOCTOR_MODEL",
+            "Also check that the model endpoint (AGENT_ROUTER_OPENAI_BASE_URL) answers.",
         ),
     ] = False,
     as_json: JsonOption = False,

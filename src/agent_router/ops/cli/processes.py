@@ -17,6 +17,9 @@ from agent_router.ops.cli.common import (
     _one_line_errors,
     _settings,
     app,
+    broker_url_option,
+    http_port_option,
+    switch_option,
 )
 from agent_router.settings import Settings
 
@@ -26,11 +29,8 @@ if TYPE_CHECKING:
 
 WorkerBrokerUrlOption = Annotated[
     str | None,
-    typer.Option(
-        "--broker-url",
-        envvar="AGENT_ROUTER_BROKER_URL",
-        help="Broker the turn tasks come from: redis://... or amqp://..., the one the senders use.",
-        show_default=False,
+    broker_url_option(
+        "Broker the turn tasks come from: redis://... or amqp://..., the one the senders use."
     ),
 ]
 
@@ -86,10 +86,10 @@ def worker(  # noqa: PLR0917 - typer options
     broker_url: WorkerBrokerUrlOption = None,
     supervise: Annotated[
         bool,
-        typer.Option(
-            "--supervise/--no-supervise",
-            envvar="AGENT_ROUTER_SUPERVISE",
-            help="Run the worker as a child process and start it again if it dies.",
+        switch_option(
+            "supervise",
+            "AGENT_ROUTER_SUPERVISE",
+            "Run the worker as a child process and start it again if it dies.",
         ),
     ] = True,
 ) -> None:
@@ -186,7 +186,7 @@ FLOWER_TASK_COLUMNS = "name,args,state,result,received,started,runtime,worker"
 @_one_line_errors
 def flower(
     ctx: typer.Context,
-    port: Annotated[int, typer.Option(envvar="AGENT_ROUTER_FLOWER_PORT", help="HTTP port.")] = 5555,
+    port: Annotated[int, http_port_option("AGENT_ROUTER_FLOWER_PORT")] = 5555,
     address: Annotated[
         str,
         typer.Option(

@@ -31,6 +31,8 @@ from agent_router.ops.cli.common import (
     _render,
     app,
     embedded_worker,
+    json_option,
+    switch_option,
 )
 from agent_router.settings import Settings
 
@@ -70,19 +72,14 @@ def _print_next_steps(console: Console, url: str, team_id: int) -> None:
 
 # The options `demo` and `run` share.
 TimelineJsonOption = Annotated[
-    bool,
-    typer.Option(
-        "--json",
-        envvar="AGENT_ROUTER_JSON",
-        help="One JSON object per line instead of the timeline.",
-    ),
+    bool, json_option("One JSON object per line instead of the timeline.")
 ]
 EmbeddedWorkersOption = Annotated[
     bool | None,
-    typer.Option(
-        "--embedded-workers/--no-embedded-workers",
-        envvar="AGENT_ROUTER_EMBEDDED_WORKERS",
-        help="Run worker threads in this process. Default: on for memory://, off otherwise.",
+    switch_option(
+        "embedded-workers",
+        "AGENT_ROUTER_EMBEDDED_WORKERS",
+        "Run worker threads in this process. Default: on for memory://, off otherwise.",
     ),
 ]
 

@@ -17,6 +17,7 @@ from agent_router.ops.cli.common import (
     _one_line_errors,
     _router,
     app,
+    http_port_option,
 )
 
 
@@ -80,7 +81,7 @@ def web(
             "an authenticating proxy).",
         ),
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar="AGENT_ROUTER_WEB_PORT", help="HTTP port.")] = 8765,
+    port: Annotated[int, http_port_option("AGENT_ROUTER_WEB_PORT")] = 8765,
 ) -> None:
     """Serve a read-only live UI of the router's database: the teams, each team's agents with
     their state and counts, its swimlane following new events, and an agent's transcript with
@@ -104,9 +105,7 @@ def web(
 @_one_line_errors
 def metrics_exporter(
     database_url: DatabaseUrlOption = None,
-    port: Annotated[
-        int, typer.Option(envvar="AGENT_ROUTER_CLUSTER_METRICS_PORT", help="HTTP port.")
-    ] = 9101,
+    port: Annotated[int, http_port_option("AGENT_ROUTER_CLUSTER_METRICS_PORT")] = 9101,
     address: Annotated[
         str,
         typer.Option(
