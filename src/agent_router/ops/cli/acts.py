@@ -30,6 +30,7 @@ from agent_router.ops.cli.common import (
     _settings,
     app,
     json_option,
+    own_option,
     switch_option,
 )
 from agent_router.store.lifecycle import Deletion
@@ -236,20 +237,18 @@ def db_upgrade(
 # The options of `bench` that change what it measures.
 ScaleOption = Annotated[
     str | None,
-    typer.Option(
-        envvar="AGENT_ROUTER_BENCH_SCALE",
-        help="Measure the scale curve instead: grow the --postgres-url database (use one of "
-        "its own) through these sizes, messages:teams comma-separated, e.g. "
-        "10000:1000,100000:3000,1000000:10000, and measure route, claim and one sweeper "
-        "pass at each.",
+    own_option(
+        "bench",
+        "scale",
+        "Measure the scale curve instead: grow the --postgres-url database (use one of its own) "
+        "through these sizes, messages:teams comma-separated, e.g. "
+        "10000:1000,100000:3000,1000000:10000, and measure route, claim and one sweeper pass at "
+        "each.",
     ),
 ]
 SvgOption = Annotated[
     Path | None,
-    typer.Option(
-        envvar="AGENT_ROUTER_BENCH_SVG",
-        help="With --scale: also write the curve as an SVG chart here.",
-    ),
+    own_option("bench", "svg", "With --scale: also write the curve as an SVG chart here."),
 ]
 
 
@@ -258,24 +257,19 @@ SvgOption = Annotated[
 def bench(  # noqa: PLR0917 - typer options
     postgres_url: Annotated[
         str | None,
-        typer.Option(
-            envvar="AGENT_ROUTER_BENCH_POSTGRES_URL",
-            help="PostgreSQL for the production figures (its tables are created). "
+        own_option(
+            "bench",
+            "postgres_url",
+            "PostgreSQL for the production figures (its tables are created). "
             "Without it (or --redis-url) only the embedded default is measured.",
         ),
     ] = None,
     redis_url: Annotated[
-        str | None,
-        typer.Option(envvar="AGENT_ROUTER_BENCH_REDIS_URL", help="Redis: broker and wake keys."),
+        str | None, own_option("bench", "redis_url", "Redis: broker and wake keys.")
     ] = None,
-    samples: Annotated[
-        int, typer.Option(envvar="AGENT_ROUTER_BENCH_SAMPLES", help="Samples per latency figure.")
-    ] = 200,
+    samples: Annotated[int, own_option("bench", "samples", "Samples per latency figure.")] = 200,
     queued: Annotated[
-        int,
-        typer.Option(
-            envvar="AGENT_ROUTER_BENCH_QUEUED", help="Messages queued for the drain figures."
-        ),
+        int, own_option("bench", "queued", "Messages queued for the drain figures.")
     ] = 100_000,
     as_json: Annotated[bool, json_option("A JSON list, one object per row.")] = False,
     scale: ScaleOption = None,
@@ -326,28 +320,26 @@ def _scale_curve(
 def chaos(
     duration: Annotated[
         float,
-        typer.Option(
-            envvar="AGENT_ROUTER_CHAOS_DURATION",
-            help="Most seconds of chaos (kills) before the team settles.",
-        ),
+        own_option("chaos", "duration", "Most seconds of chaos (kills) before the team settles."),
     ] = 600.0,
     sends: Annotated[
         int | None,
-        typer.Option(
-            envvar="AGENT_ROUTER_CHAOS_SENDS",
-            help="Messages each of the 6 agents sends (default: enough for ten minutes).",
+        own_option(
+            "chaos",
+            "sends",
+            "Messages each of the 6 agents sends (default: enough for ten minutes).",
         ),
     ] = None,
     asks: Annotated[
-        int | None,
-        typer.Option(envvar="AGENT_ROUTER_CHAOS_ASKS", help="Asks each of the 6 agents makes."),
+        int | None, own_option("chaos", "asks", "Asks each of the 6 agents makes.")
     ] = None,
     admin_url: Annotated[
         str,
-        typer.Option(
-            envvar="AGENT_ROUTER_CHAOS_ADMIN_URL",
-            help="PostgreSQL URL allowed to create (and drop) the run's private database, used "
-            "only where PostgreSQL's server binaries (initdb, pg_ctl) are missing.",
+        own_option(
+            "chaos",
+            "admin_url",
+            "PostgreSQL URL allowed to create (and drop) the run's private database, used only "
+            "where PostgreSQL's server binaries (initdb, pg_ctl) are missing.",
         ),
     ] = "postgresql+psycopg://root@127.0.0.1:5432/test",
 ) -> None:

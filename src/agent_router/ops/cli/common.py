@@ -228,6 +228,19 @@ def switch_option(name: str, envvar: str, help: str) -> Any:
     return typer.Option(f"--{name}/--no-{name}", envvar=envvar, help=help)
 
 
+def own_option(command: str, name: str, help: str, *flags: str) -> Any:
+    """An option of one command only, also read from AGENT_ROUTER_<COMMAND>_<NAME>."""
+    return typer.Option(*flags, envvar=f"AGENT_ROUTER_{command}_{name}".upper(), help=help)
+
+
+def setting_option(field: str, help: str) -> Any:
+    """An option that gives one of the :class:`Settings` on the command line: it reads the
+    variable that setting is read from."""
+    if field not in Settings.model_fields:
+        raise ValueError(f"no setting {field!r}")
+    return typer.Option(envvar=f"{Settings.model_config['env_prefix']}{field.upper()}", help=help)
+
+
 def http_port_option(envvar: str) -> Any:
     """The port of a command that serves HTTP."""
     return typer.Option(envvar=envvar, help="HTTP port.")

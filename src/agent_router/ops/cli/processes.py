@@ -19,6 +19,7 @@ from agent_router.ops.cli.common import (
     app,
     broker_url_option,
     http_port_option,
+    own_option,
     switch_option,
 )
 from agent_router.settings import Settings
@@ -158,9 +159,10 @@ def beat(
     loglevel: LoglevelOption = "INFO",
     schedule_file: Annotated[
         str | None,
-        typer.Option(
-            envvar="AGENT_ROUTER_BEAT_SCHEDULE_FILE",
-            help="Where beat keeps its last-run times (default: celerybeat-schedule here).",
+        own_option(
+            "beat",
+            "schedule_file",
+            "Where beat keeps its last-run times (default: celerybeat-schedule here).",
         ),
     ] = None,
 ) -> None:

@@ -219,6 +219,12 @@ _STATE_STYLES = {
 }
 
 
+def _ledger_filter(name: str, help: str) -> Any:
+    """A repeatable ``--name`` of ``ledger`` (or AGENT_ROUTER_LEDGER_<NAME>): only the records
+    whose ``name`` is one of those given."""
+    return typer.Option(f"--{name}", envvar=f"AGENT_ROUTER_LEDGER_{name.upper()}", help=help)
+
+
 @app.command()
 @_one_line_errors
 def ledger(  # noqa: PLR0917 - typer options
@@ -239,18 +245,13 @@ def ledger(  # noqa: PLR0917 - typer options
     ] = False,
     agents: Annotated[
         list[str] | None,
-        typer.Option(
-            "--agent",
-            envvar="AGENT_ROUTER_LEDGER_AGENT",
-            help="Only this agent's events (repeat for more agents).",
-        ),
+        _ledger_filter("agent", "Only this agent's events (repeat for more agents)."),
     ] = None,
     outcomes: Annotated[
         list[str] | None,
-        typer.Option(
-            "--outcome",
-            envvar="AGENT_ROUTER_LEDGER_OUTCOME",
-            help="Only routing events with this outcome, e.g. queued or rejected (repeatable).",
+        _ledger_filter(
+            "outcome",
+            "Only routing events with this outcome, e.g. queued or rejected (repeatable).",
         ),
     ] = None,
 ) -> None:

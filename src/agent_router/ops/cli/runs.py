@@ -32,6 +32,8 @@ from agent_router.ops.cli.common import (
     app,
     embedded_worker,
     json_option,
+    own_option,
+    setting_option,
     switch_option,
 )
 from agent_router.settings import Settings
@@ -141,17 +143,19 @@ def demo(
     as_json: TimelineJsonOption = False,
     database_url: Annotated[
         str | None,
-        typer.Option(
-            envvar="AGENT_ROUTER_DEMO_DATABASE_URL",
-            help="Database to run on (its tables are created if missing). "
+        own_option(
+            "demo",
+            "database_url",
+            "Database to run on (its tables are created if missing). "
             "Default: a new SQLite file in a temporary directory, kept for a look afterwards.",
         ),
     ] = None,
     broker_url: Annotated[
         str,
-        typer.Option(
-            envvar="AGENT_ROUTER_DEMO_BROKER_URL",
-            help="Celery broker. memory:// (default) runs turns on worker threads of this "
+        own_option(
+            "demo",
+            "broker_url",
+            "Celery broker. memory:// (default) runs turns on worker threads of this "
             "process; with redis://... start workers separately (`agent-router worker`, or "
             "`celery -A agent_router.celery_app worker`) with the same AGENT_ROUTER_DATABASE_URL,"
             " AGENT_ROUTER_BROKER_URL and AGENT_ROUTER_QUEUE.",
@@ -159,8 +163,7 @@ def demo(
     ] = "memory://",
     embedded_workers: EmbeddedWorkersOption = None,
     timeout: Annotated[
-        float,
-        typer.Option(envvar="AGENT_ROUTER_DEMO_TIMEOUT", help="Seconds to wait for each step."),
+        float, own_option("demo", "timeout", "Seconds to wait for each step.")
     ] = 60.0,
 ) -> None:
     """Run the demo's team through the routing scenarios and print a live timeline.
@@ -271,71 +274,65 @@ def _roles(roles: Path | None) -> RoleCatalogue:
 
 
 # The options of `run`.
-ModelOption = Annotated[
-    str | None,
-    typer.Option(envvar="AGENT_ROUTER_OPENAI_MODEL", help="Model name."),
-]
+ModelOption = Annotated[str | None, setting_option("openai_model", "Model name.")]
 BaseUrlOption = Annotated[
     str | None,
-    typer.Option(
-        envvar="AGENT_ROUTER_OPENAI_BASE_URL",
-        help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default: the SDK's).",
+    setting_option(
+        "openai_base_url",
+        "OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default: the SDK's).",
     ),
 ]
 RolesOption = Annotated[
     Path | None,
     typer.Option(
-        envvar="AGENT_ROUTER_ROLES_FILE",
+        envvar=ROLES_FILE_ENV,
         help="Roles catalogue (TOML). Default: the roles shipped with the package.",
     ),
 ]
 RunDatabaseUrlOption = Annotated[
     str | None,
-    typer.Option(
-        envvar="AGENT_ROUTER_RUN_DATABASE_URL",
-        help="Database (tables created if missing). Default: a temporary SQLite.",
+    own_option(
+        "run", "database_url", "Database (tables created if missing). Default: a temporary SQLite."
     ),
 ]
 RunBrokerUrlOption = Annotated[
     str,
-    typer.Option(
-        envvar="AGENT_ROUTER_RUN_BROKER_URL",
-        help="Celery broker: memory:// (default) runs turns on threads of this process; with "
+    own_option(
+        "run",
+        "broker_url",
+        "Celery broker: memory:// (default) runs turns on threads of this process; with "
         "redis://... start workers with AGENT_ROUTER_RUNTIME_FACTORY="
         "agent_router.ops.team_run:openai_runtime and the same AGENT_ROUTER_* settings.",
     ),
 ]
 McpServerOption = Annotated[
     list[str] | None,
-    typer.Option(
-        "--mcp-server",
-        envvar="AGENT_ROUTER_RUN_MCP_SERVER",
-        help="NAME=COMMAND_OR_URL: an MCP server (a command line over stdio, or a streamable "
+    own_option(
+        "run",
+        "mcp_server",
+        "NAME=COMMAND_OR_URL: an MCP server (a command line over stdio, or a streamable "
         "HTTP URL) for every sub-agent role that lists none of its own; repeatable; adds to "
         "AGENT_ROUTER_MCP_SERVERS (its variable holds entries without spaces, separated by "
         "spaces).",
+        "--mcp-server",
     ),
 ]
 HostToolsOption = Annotated[
     str | None,
-    typer.Option(
-        envvar="AGENT_ROUTER_HOST_TOOLS",
-        help="Module(s), comma-separated, whose @host_tool functions become tools.",
+    setting_option(
+        "host_tools", "Module(s), comma-separated, whose @host_tool functions become tools."
     ),
 ]
 ListToolsOption = Annotated[
     bool,
-    typer.Option(
-        "--list-tools",
-        envvar="AGENT_ROUTER_RUN_LIST_TOOLS",
-        help="Print the tools each role gets, and exit.",
-    ),
+    own_option("run", "list_tools", "Print the tools each role gets, and exit.", "--list-tools"),
 ]
 RunTimeoutOption = Annotated[
     float,
-    typer.Option(
-        envvar="AGENT_ROUTER_RUN_TIMEOUT",
-        help="Seconds until every agent must be idle or completed. Questions get a deadline "
+    own_option(
+        "run",
+        "timeout",
+        "Seconds until every agent must be idle or completed. Questions get a deadline "
         "of at most half of it.",
     ),
 ]
