@@ -23,9 +23,11 @@ read from the ledger, which is the source of truth wherever the turns ran.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec
 
 from agent_router import errors
 from agent_router.agents.llm import AWAIT_QUESTION, directive
@@ -166,6 +168,23 @@ def setup_team(router: Router, roles: RoleCatalogue | None = None) -> DemoTeam:
 
 def instruction(text: str, *calls: str) -> str:
     return "\n".join([text, *calls])
+
+
+P = ParamSpec("P")
+
+
+def _check(name: str) -> Callable[[Callable[P, tuple[bool, str]]], Callable[P, CheckResult]]:
+    """A check of the demo, named ``name``: the method says whether it held, and why."""
+
+    def named(method: Callable[P, tuple[bool, str]]) -> Callable[P, CheckResult]:
+        @functools.wraps(method)
+        def check(*args: P.args, **kwargs: P.kwargs) -> CheckResult:
+            ok, detail = method(*args, **kwargs)
+            return CheckResult(name=name, ok=ok, detail=detail)
+
+        return check
+
+    return named
 
 
 class _Scenarios:
@@ -363,8 +382,8 @@ class _Scenarios:
 
     # ------------------------------------------------------------------ checks
 
-    def check_created(self, ui: Agent, engineer: Agent) -> CheckResult:
-        name = "the lead created its sub-agents with create_sub_agent ({Role}_{n})"
+    @_check("the lead created its sub-agents with create_sub_agent ({Role}_{n})")
+    def check_created(self, ui: Agent, engineer: Agent) -> tuple[bool, str]:
         ledger = self.router.ledger(self.team_id)
         created = [
             e.detail.get("display_name") for e in ledger if e.action is LedgerAction.AGENT_CREATED
@@ -374,12 +393,10 @@ class _Scenarios:
             for a in (ui, engineer)
         ]
         ok = created == [UI, ENGINEER] and all(prompts)
-        return CheckResult(
-            name=name, ok=ok, detail=f"created={created} system_prompt_snapshotted={prompts}"
-        )
+        return ok, f"created={created} system_prompt_snapshotted={prompts}"
 
-    def check_steer(self, ui: Agent, turn_id: int, steer: Delivery) -> CheckResult:
-        name = "3.1 steer a running agent: injected inline, seen in the same turn"
+    @_check("3.1 steer a running agent: injected inline, seen in the same turn")
+    def check_steer(self, ui: Agent, turn_id: int, steer: Delivery) -> tuple[bool, str]:
         entries = self.router.store.reads.transcript_entries(ui.id)
         at = next((e["position"] for e in entries if e["message_id"] == steer.message_id), None)
         seen = at is not None and any(
@@ -388,11 +405,9 @@ class _Scenarios:
         )
         consumed = consuming_turn(self.router, self.team_id, steer.message_id)
         ok = steer.outcome is RouteOutcome.INJECTED_INLINE and consumed == turn_id and seen
-        return CheckResult(
-            name=name,
-            ok=ok,
-            detail=f"outcome={steer.outcome.value} consumed_by_turn={consumed} "
-            f"(running turn {turn_id}) answered_in_same_turn={seen}",
+        return ok, (
+            f"outcome={steer.outcome.value} consumed_by_turn={consumed} "
+            f"(running turn {turn_id}) answered_in_same_turn={seen}"
         )
 
     def _answer_in_call(self, asker: Agent, ask: Message) -> tuple[Message | None, bool]:
@@ -412,8 +427,8 @@ class _Scenarios:
         )
         return answer, in_call
 
-    def check_ask_master(self, engineer: Agent, turn_id: int, ask: Message) -> CheckResult:
-        name = "3.2 a sub-agent asks the lead (ask_master): the answer lands in the blocked call"
+    @_check("3.2 a sub-agent asks the lead (ask_master): the answer lands in the blocked call")
+    def check_ask_master(self, engineer: Agent, turn_id: int, ask: Message) -> tuple[bool, str]:
         answer, in_call = self._answer_in_call(engineer, ask)
         status = self.router.question(ask.question_id or 0).status
         ok = (
@@ -423,33 +438,29 @@ class _Scenarios:
             and in_call
             and status is QuestionStatus.ANSWERED
         )
-        return CheckResult(
-            name=name,
-            ok=ok,
-            detail=f"question={ask.question_id} status={status.value} "
+        return ok, (
+            f"question={ask.question_id} status={status.value} "
             f"answer_outcome={answer.outcome.value if answer else None} "
-            f"result_of_the_ask_call={in_call}",
+            f"result_of_the_ask_call={in_call}"
         )
 
+    @_check("3.3 append work to a completed agent: triggers a new turn")
     def check_append(
         self, engineer: Agent, first_turn: int, appended: Delivery, turn_id: int
-    ) -> CheckResult:
-        name = "3.3 append work to a completed agent: triggers a new turn"
+    ) -> tuple[bool, str]:
         record = turn_record(self.router, engineer.id, turn_id)
         ok = (
             appended.outcome is RouteOutcome.TRIGGERED_NEW_TURN
             and turn_id != first_turn
             and record.trigger is TurnTrigger.NEW
         )
-        return CheckResult(
-            name=name,
-            ok=ok,
-            detail=f"outcome={appended.outcome.value} new_turn={turn_id} "
-            f"trigger={record.trigger.value} (first turn {first_turn})",
+        return ok, (
+            f"outcome={appended.outcome.value} new_turn={turn_id} "
+            f"trigger={record.trigger.value} (first turn {first_turn})"
         )
 
-    def check_ask_other(self, ui: Agent, ask: Message) -> CheckResult:
-        name = "3.5 a sub-agent asks a running one (ask_other_agent): its answer is the result"
+    @_check("3.5 a sub-agent asks a running one (ask_other_agent): its answer is the result")
+    def check_ask_other(self, ui: Agent, ask: Message) -> tuple[bool, str]:
         answer, in_call = self._answer_in_call(ui, ask)
         ok = (
             ask.outcome is RouteOutcome.INJECTED_INLINE
@@ -458,35 +469,29 @@ class _Scenarios:
             and answer.outcome is RouteOutcome.RESOLVED
             and in_call
         )
-        return CheckResult(
-            name=name,
-            ok=ok,
-            detail=f"ask_outcome={ask.outcome.value} (target running) "
+        return ok, (
+            f"ask_outcome={ask.outcome.value} (target running) "
             f"answer_outcome={answer.outcome.value if answer else None} "
-            f"result_of_the_ask_call={in_call}",
+            f"result_of_the_ask_call={in_call}"
         )
 
-    def check_engineer_append_done(self, engineer: Agent, turn_id: int) -> CheckResult:
-        name = "3.3 the appended work was done and reported"
+    @_check("3.3 the appended work was done and reported")
+    def check_engineer_append_done(self, engineer: Agent, turn_id: int) -> tuple[bool, str]:
         reports = [
             m
             for m in self.router.messages(self.team_id)
             if m.source_agent_id == engineer.id and m.dedup_key == f"report:{turn_id}"
         ]
-        return CheckResult(
-            name=name,
-            ok=len(reports) == 1,
-            detail=f"completion reports of turn {turn_id}: {len(reports)}",
-        )
+        return len(reports) == 1, f"completion reports of turn {turn_id}: {len(reports)}"
 
-    def check_race(self, ui: Agent, turn_id: int, wrap: Delivery, race: Delivery) -> CheckResult:
-        name = "3.4 message during the last output: exactly one follow-up turn"
+    @_check("3.4 message during the last output: exactly one follow-up turn")
+    def check_race(
+        self, ui: Agent, turn_id: int, wrap: Delivery, race: Delivery
+    ) -> tuple[bool, str]:
         if race.outcome is not RouteOutcome.INJECTED_INLINE:
-            return CheckResult(
-                name=name,
-                ok=False,
-                detail=f"missed the race window: the turn had already ended "
-                f"(outcome={race.outcome.value}); raise scripted_write_seconds",
+            return False, (
+                f"missed the race window: the turn had already ended "
+                f"(outcome={race.outcome.value}); raise scripted_write_seconds"
             )
         self.wait(
             lambda: turn_record(self.router, ui.id, turn_id).ended_at is not None,
@@ -512,16 +517,14 @@ class _Scenarios:
             and copies == 1
             and consuming_turn(self.router, self.team_id, wrap.message_id) == turn_id
         )
-        return CheckResult(
-            name=name,
-            ok=ok,
-            detail=f"outcome={race.outcome.value} follow_ups={len(follow_ups)} "
+        return ok, (
+            f"outcome={race.outcome.value} follow_ups={len(follow_ups)} "
             f"turns_after={[(t.id, t.trigger.value) for t in later]} consumed_by_turn={consumed} "
-            f"copies_in_transcript={copies}",
+            f"copies_in_transcript={copies}"
         )
 
-    def check_stop(self, ui: Agent, turn_id: int) -> CheckResult:
-        name = "stop_sub_agent: the running turn stops at a boundary, nothing left dangling"
+    @_check("stop_sub_agent: the running turn stops at a boundary, nothing left dangling")
+    def check_stop(self, ui: Agent, turn_id: int) -> tuple[bool, str]:
         record = turn_record(self.router, ui.id, turn_id)
         agent = self.agent(UI)
         actions = [
@@ -543,11 +546,9 @@ class _Scenarios:
             and not problems
             and not reports
         )
-        return CheckResult(
-            name=name,
-            ok=ok,
-            detail=f"turn {turn_id} {record.status.value}, state={agent.state.value} "
-            f"ledger={[a.value for a in actions]} dangling={problems} reports={len(reports)}",
+        return ok, (
+            f"turn {turn_id} {record.status.value}, state={agent.state.value} "
+            f"ledger={[a.value for a in actions]} dangling={problems} reports={len(reports)}"
         )
 
 
