@@ -59,7 +59,7 @@ class _Metric:
     help: str
     labels: tuple[str, ...] = ()
     zero: tuple[str, ...] = ()
-    buckets: tuple[float, ...] | None = None  # a histogram's; none: a counter
+    buckets: tuple[float, ...] | None = None  # a histogram's; None: a counter
 
     def make(self, registry: CollectorRegistry) -> Counter | Histogram:
         metric: Counter | Histogram
