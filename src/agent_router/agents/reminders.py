@@ -23,12 +23,11 @@ import json
 import logging
 import re
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 from agent_router import errors, formats
 from agent_router.agents import lookup
-from agent_router.domain import Agent, MessageType
+from agent_router.domain import Agent, MessageType, Question
 from agent_router.router import Router
 from agent_router.turn import Turn
 
@@ -43,18 +42,9 @@ class Nudge(enum.StrEnum):
     ANNOUNCED_ACTION = "announced_action"
 
 
-@dataclass(frozen=True, kw_only=True)
-class OpenQuestion:
-    id: int
-    asker: str
-
-
-def open_questions(router: Router, agent: Agent) -> list[OpenQuestion]:
-    """Open questions addressed to ``agent``, with their askers."""
-    return [
-        OpenQuestion(id=q.id, asker=router.store.reads.agent_by_id(q.asker_agent_id).display_name)
-        for q in lookup.open_questions_to(router, agent.team_id, agent.id)
-    ]
+def open_questions(router: Router, agent: Agent) -> list[Question]:
+    """Open questions addressed to ``agent``, with their askers' display names (``asker``)."""
+    return lookup.open_questions_to(router, agent.team_id, agent.id)
 
 
 _ANNOUNCED = re.compile(
@@ -85,7 +75,7 @@ def announces_action(text: str) -> bool:
 
 
 def nudge_for(
-    text: str, questions: list[OpenQuestion], tool_names: Collection[str], given: set[Nudge]
+    text: str, questions: list[Question], tool_names: Collection[str], given: set[Nudge]
 ) -> tuple[Nudge, str] | None:
     """The reminder a turn ending with ``text`` gets, if any (one per kind and turn)."""
     if questions and Nudge.OPEN_QUESTIONS not in given:
@@ -106,7 +96,7 @@ def nudge_for(
     return None
 
 
-def _questions_text(questions: list[OpenQuestion], tool_names: Collection[str]) -> str:
+def _questions_text(questions: list[Question], tool_names: Collection[str]) -> str:
     tool = next(
         (t for t in ("answer_sub_agent_question", "answer_other_agent") if t in tool_names),
         "the answer tool",
@@ -162,7 +152,7 @@ def notice(
 def answer_in_prose(
     router: Router,
     turn: Turn,
-    question: OpenQuestion,
+    question: Question,
     text: str,
     read: list[dict[str, Any]],
 ) -> None:

@@ -49,6 +49,7 @@ from agent_router.domain import (
     TurnTrigger,
 )
 from agent_router.ops.checks import TeamReport, check_team, tool_pairing_problems
+from agent_router.ops.preflight import Check
 from agent_router.router import Router
 
 UI_ROLE = "UI Operator"
@@ -80,11 +81,9 @@ class DemoTimeoutError(errors.AgentRouterError):
     """Raised when the team did not reach an expected point in time."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class CheckResult:
-    name: str
-    ok: bool
-    detail: str
+#: One scenario check: the same value as a preflight check (what was checked, whether it held,
+#: what was seen), with no hint.
+CheckResult = Check
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -48,105 +49,121 @@ WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 SWEEP_KINDS = ("republished", "taken_over", "reenqueued", "expired", "jobs_reported")
 
 
+@dataclass(frozen=True)
+class _Metric:
+    """One counter or histogram of :class:`PrometheusHooks`. ``zero``: values of its one label
+    that exist from the start at 0, so that rate() and alerts see a series before the first
+    event of its kind (a first rejection, a first recovery)."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    zero: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None  # a histogram's; None: a counter
+
+    def make(self, registry: CollectorRegistry) -> Counter | Histogram:
+        metric: Counter | Histogram
+        if self.buckets is None:
+            metric = Counter(self.name, self.help, self.labels, registry=registry)
+        else:
+            metric = Histogram(
+                self.name, self.help, self.labels, buckets=self.buckets, registry=registry
+            )
+        for value in self.zero:
+            metric.labels(value)
+        return metric
+
+
+#: The metrics of :class:`PrometheusHooks`, by the attribute that holds each.
+_METRICS = {
+    "routed": _Metric(
+        "agent_router_messages_routed",
+        "Messages routed, by outcome (rejected: refused sends).",
+        ("outcome",),
+        zero=tuple(outcome.value for outcome in RouteOutcome),
+    ),
+    "turns_started": _Metric(
+        "agent_router_turns_started",
+        "Turns claimed by a worker, by trigger.",
+        ("trigger",),
+        zero=tuple(trigger.value for trigger in TurnTrigger),
+    ),
+    "turn_seconds": _Metric(
+        "agent_router_turn_duration_seconds",
+        "From claim to end-of-turn hook, by how the turn ended (ended, failed).",
+        ("status",),
+        zero=("ended", "failed"),
+        buckets=TURN_BUCKETS,
+    ),
+    "wait_seconds": _Metric(
+        "agent_router_wait_duration_seconds",
+        "How long a blocked ask held its worker, by outcome (resolved, suspended).",
+        ("outcome",),
+        zero=tuple(wait.value for wait in WaitOutcome),
+        buckets=WAIT_BUCKETS,
+    ),
+    "follow_ups": _Metric(
+        "agent_router_follow_ups", "Follow-up turns fired by the end-of-turn hook."
+    ),
+    "recoveries": _Metric(
+        "agent_router_recoveries",
+        "Recovery turns started after a dead worker's turn was taken over.",
+    ),
+    "sweeps": _Metric(
+        "agent_router_sweeps",
+        "Sweeper passes this process ran (its timer; beat's task passes are not counted).",
+    ),
+    "sweep_repairs": _Metric(
+        "agent_router_sweep_repairs",
+        "What sweeper passes of this process repaired, by kind (republished, taken_over, "
+        "reenqueued, expired, jobs_reported).",
+        ("kind",),
+        zero=SWEEP_KINDS,
+    ),
+    # Usage: model calls, tokens and cost per model; teams stopped per budget.
+    "model_calls": _Metric(
+        "agent_router_model_calls", "Model calls whose usage was recorded, by model.", ("model",)
+    ),
+    "tokens": _Metric(
+        "agent_router_tokens",
+        "Tokens used by model calls, by model and kind (prompt, completion, cached; "
+        "cached tokens are part of the prompt tokens).",
+        ("model", "kind"),
+    ),
+    "cost": _Metric(
+        "agent_router_cost_usd",
+        "What model calls cost in US dollars, by the price table, by model.",
+        ("model",),
+    ),
+    "budgets_exhausted": _Metric(
+        "agent_router_budgets_exhausted",
+        "Teams stopped because a budget was spent, by budget.",
+        ("budget",),
+        zero=tuple(budget.value for budget in BudgetName),
+    ),
+}
+
+
 class PrometheusHooks(RouterHooks):
     """Counts routing outcomes, turn starts, follow-ups, recoveries; times turns and waits."""
 
+    routed: Counter
+    turns_started: Counter
+    turn_seconds: Histogram
+    wait_seconds: Histogram
+    follow_ups: Counter
+    recoveries: Counter
+    sweeps: Counter
+    sweep_repairs: Counter
+    model_calls: Counter
+    tokens: Counter
+    cost: Counter
+    budgets_exhausted: Counter
+
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
-        self.routed = Counter(
-            "agent_router_messages_routed",
-            "Messages routed, by outcome (rejected: refused sends).",
-            ["outcome"],
-            registry=registry,
-        )
-        self.turns_started = Counter(
-            "agent_router_turns_started",
-            "Turns claimed by a worker, by trigger.",
-            ["trigger"],
-            registry=registry,
-        )
-        self.turn_seconds = Histogram(
-            "agent_router_turn_duration_seconds",
-            "From claim to end-of-turn hook, by how the turn ended (ended, failed).",
-            ["status"],
-            buckets=TURN_BUCKETS,
-            registry=registry,
-        )
-        self.wait_seconds = Histogram(
-            "agent_router_wait_duration_seconds",
-            "How long a blocked ask held its worker, by outcome (resolved, suspended).",
-            ["outcome"],
-            buckets=WAIT_BUCKETS,
-            registry=registry,
-        )
-        self.follow_ups = Counter(
-            "agent_router_follow_ups",
-            "Follow-up turns fired by the end-of-turn hook.",
-            registry=registry,
-        )
-        self.recoveries = Counter(
-            "agent_router_recoveries",
-            "Recovery turns started after a dead worker's turn was taken over.",
-            registry=registry,
-        )
-        self.sweeps = Counter(
-            "agent_router_sweeps",
-            "Sweeper passes this process ran (its timer; beat's task passes are not counted).",
-            registry=registry,
-        )
-        self.sweep_repairs = Counter(
-            "agent_router_sweep_repairs",
-            "What sweeper passes of this process repaired, by kind (republished, taken_over, "
-            "reenqueued, expired, jobs_reported).",
-            ["kind"],
-            registry=registry,
-        )
-        self._usage_counters(registry)
-        self._zero_labels()
-
-    def _usage_counters(self, registry: CollectorRegistry) -> None:
-        """Model calls, tokens and cost per model; teams stopped per budget."""
-        self.model_calls = Counter(
-            "agent_router_model_calls",
-            "Model calls whose usage was recorded, by model.",
-            ["model"],
-            registry=registry,
-        )
-        self.tokens = Counter(
-            "agent_router_tokens",
-            "Tokens used by model calls, by model and kind (prompt, completion, cached; "
-            "cached tokens are part of the prompt tokens).",
-            ["model", "kind"],
-            registry=registry,
-        )
-        self.cost = Counter(
-            "agent_router_cost_usd",
-            "What model calls cost in US dollars, by the price table, by model.",
-            ["model"],
-            registry=registry,
-        )
-        self.budgets_exhausted = Counter(
-            "agent_router_budgets_exhausted",
-            "Teams stopped because a budget was spent, by budget.",
-            ["budget"],
-            registry=registry,
-        )
-
-    def _zero_labels(self) -> None:
-        """Every label value exists from the start at 0, so that rate() and alerts see a
-        series before the first event of its kind (a first rejection, a first recovery)."""
-        for outcome in RouteOutcome:
-            self.routed.labels(outcome=outcome.value)
-        for trigger in TurnTrigger:
-            self.turns_started.labels(trigger=trigger.value)
-        for status in ("ended", "failed"):
-            self.turn_seconds.labels(status=status)
-        for wait in WaitOutcome:
-            self.wait_seconds.labels(outcome=wait.value)
-        for kind in SWEEP_KINDS:
-            self.sweep_repairs.labels(kind=kind)
-        for budget in BudgetName:
-            self.budgets_exhausted.labels(budget=budget.value)
+        for attribute, metric in _METRICS.items():
+            setattr(self, attribute, metric.make(registry))
 
     def record_sweep(self, report: SweepReport) -> None:
         """Count one sweeper pass and what it repaired."""
