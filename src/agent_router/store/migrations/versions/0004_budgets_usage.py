@@ -1,7 +1,5 @@
 """budgets and usage: ar_budgets, ar_model_calls, five ledger actions
 
-Revision ID: 0004
-Revises: 0003
 Create Date: 2026-11-30 23:55:00
 """
 
