@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -45,6 +45,7 @@ from agent_router.store.models import (
     utcnow,
 )
 
+P = ParamSpec("P")
 R = TypeVar("R")
 V = TypeVar("V")
 
@@ -61,30 +62,44 @@ class Reads:
         with self._sessions() as session:
             return [value(row) for row in session.scalars(stmt)]
 
+    def _by_id(
+        self, value: Callable[[R], V], row: type[R], where: sa.ColumnElement[bool]
+    ) -> list[V]:
+        """The rows of ``row``'s table matching ``where`` in the order they were written (by
+        their autoincrementing key), each made a value by ``value``."""
+        stmt = sa.select(row).where(where).order_by(*sa.inspect(row).primary_key)
+        return self._each(value, stmt)
+
+    def _read(
+        self, read: Callable[Concatenate[Session, P], V], *args: P.args, **kwargs: P.kwargs
+    ) -> V:
+        """What ``read`` returns, run in a session of its own."""
+        with self._sessions() as session:
+            return read(session, *args, **kwargs)
+
     @faults.wrapped_read
     def usage_by_agent(self, team_id: int) -> dict[int, TokenUsage]:
         """Model-call usage of a team summed per agent id (agents that made no call: absent)."""
-        with self._sessions() as session:
-            return budgets.usage_sums(
-                session, ModelCallRow.team_id == team_id, ModelCallRow.agent_id
-            )
+        return self._read(
+            budgets.usage_sums, ModelCallRow.team_id == team_id, ModelCallRow.agent_id
+        )
 
     @faults.wrapped_read
     def usage_of_agents(self, first_id: int, last_id: int) -> dict[int, TokenUsage]:
         """Model-call usage summed per agent id, of the agents whose ids run from ``first_id`` to
         ``last_id`` (a page of :meth:`agent_statuses`): one query, whatever the page's size."""
-        with self._sessions() as session:
-            return budgets.usage_sums(
-                session, ModelCallRow.agent_id.between(first_id, last_id), ModelCallRow.agent_id
-            )
+        return self._read(
+            budgets.usage_sums,
+            ModelCallRow.agent_id.between(first_id, last_id),
+            ModelCallRow.agent_id,
+        )
 
     @faults.wrapped_read
     def usage_by_turn(self, agent_id: int) -> dict[int, TokenUsage]:
         """Model-call usage of one agent summed per turn id."""
-        with self._sessions() as session:
-            return budgets.usage_sums(
-                session, ModelCallRow.agent_id == agent_id, ModelCallRow.turn_id
-            )
+        return self._read(
+            budgets.usage_sums, ModelCallRow.agent_id == agent_id, ModelCallRow.turn_id
+        )
 
     @faults.wrapped_read
     def team(self, team_id: int) -> Team:
@@ -108,9 +123,8 @@ class Reads:
     @faults.wrapped_read
     def agent_by_id(self, agent_id: int) -> Agent:
         with self._sessions() as session:
-            row = session.get(AgentRow, agent_id)
-            if row is None:
-                raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+            missing = errors.UnknownAgentError(f"no agent with id {agent_id}")
+            row = _row(session, AgentRow, agent_id, missing)
             return values.agent(row, queries.mailbox_depth(session, row.id))
 
     @faults.wrapped_read
@@ -130,18 +144,13 @@ class Reads:
     @faults.wrapped_read
     def question(self, question_id: int) -> Question:
         with self._sessions() as session:
-            row = session.get(QuestionRow, question_id)
-            if row is None:
-                raise errors.UnknownQuestionError(f"no question {question_id}")
-            return values.question(row)
+            return values.question(_question(session, question_id))
 
     @faults.wrapped_read
     def named_question(self, question_id: int) -> Question:
         """The question with the display names of its asker and of the agent asked."""
         with self._sessions() as session:
-            row = session.get(QuestionRow, question_id)
-            if row is None:
-                raise errors.UnknownQuestionError(f"no question {question_id}")
+            row = _question(session, question_id)
             found = session.execute(
                 sa.select(AgentRow.id, AgentRow.display_name).where(
                     AgentRow.id.in_((row.asker_agent_id, row.target_agent_id))
@@ -163,8 +172,7 @@ class Reads:
 
     @faults.wrapped_read
     def open_tool_calls(self, agent_id: int) -> list[str]:
-        with self._sessions() as session:
-            return queries.open_tool_calls(session, agent_id)
+        return self._read(queries.open_tool_calls, agent_id)
 
     @faults.wrapped_read
     def transcript(self, agent_id: int) -> list[dict[str, Any]]:
@@ -229,9 +237,12 @@ class Reads:
     def message(self, message_id: int) -> Message:
         """One message by id, with its delivery record."""
         with self._sessions() as session:
-            row = session.get(MessageRow, message_id)
-            if row is None:
-                raise errors.UnknownMessageError(f"no message {message_id}")
+            row = _row(
+                session,
+                MessageRow,
+                message_id,
+                errors.UnknownMessageError(f"no message {message_id}"),
+            )
             target = session.get(AgentRow, row.target_agent_id)
             assert target is not None
             return values.message(row, target.display_name)
@@ -239,15 +250,11 @@ class Reads:
     @faults.wrapped_read
     def message_events(self, message_id: int) -> list[LedgerEvent]:
         """Ledger events about one message (its routing, a duplicate send, a drop)."""
-        with self._sessions() as session:
-            return _ledger_events(session, LedgerRow.message_id == message_id)
+        return self._read(_ledger_events, LedgerRow.message_id == message_id)
 
     @faults.wrapped_read
     def turns(self, agent_id: int) -> list[TurnRecord]:
-        return self._each(
-            values.turn,
-            sa.select(TurnRow).where(TurnRow.agent_id == agent_id).order_by(TurnRow.id),
-        )
+        return self._by_id(values.turn, TurnRow, TurnRow.agent_id == agent_id)
 
     @faults.wrapped_read
     def current_turn(self, agent_id: int) -> TurnRecord | None:
@@ -267,8 +274,7 @@ class Reads:
     @faults.wrapped_read
     def ledger(self, team_id: int, *, after_id: int = 0) -> list[LedgerEvent]:
         """The team's ledger in order; ``after_id``: only events after that one (tailing)."""
-        with self._sessions() as session:
-            return _ledger_events(session, LedgerRow.team_id == team_id, LedgerRow.id > after_id)
+        return self._read(_ledger_events, LedgerRow.team_id == team_id, LedgerRow.id > after_id)
 
     @faults.wrapped_read
     def expired_leases(self) -> list[int]:
@@ -307,12 +313,7 @@ class Reads:
 
     @faults.wrapped_read
     def jobs(self, team_id: int) -> list[BackgroundJob]:
-        return self._each(
-            values.job,
-            sa.select(BackgroundJobRow)
-            .where(BackgroundJobRow.team_id == team_id)
-            .order_by(BackgroundJobRow.id),
-        )
+        return self._by_id(values.job, BackgroundJobRow, BackgroundJobRow.team_id == team_id)
 
     @faults.wrapped_read
     def unpublished(
@@ -323,10 +324,7 @@ class Reads:
 
     @faults.wrapped_read
     def outbox(self, team_id: int) -> list[OutboxEntry]:
-        return self._each(
-            values.outbox_entry,
-            sa.select(OutboxRow).where(OutboxRow.team_id == team_id).order_by(OutboxRow.id),
-        )
+        return self._by_id(values.outbox_entry, OutboxRow, OutboxRow.team_id == team_id)
 
     @faults.wrapped_read
     def agent_statuses(
@@ -489,6 +487,19 @@ class Reads:
     def idle_connections(self) -> int:
         """Connections checked in to the engine's pool."""
         return int(self._engine.pool.checkedin())  # type: ignore[attr-defined]
+
+
+def _row(session: Session, row: type[R], key: int, missing: errors.AgentRouterError) -> R:
+    """The row of ``row``'s table with the primary key ``key``; ``missing`` when there is none."""
+    found = session.get(row, key)
+    if found is None:
+        raise missing
+    return found
+
+
+def _question(session: Session, question_id: int) -> QuestionRow:
+    missing = errors.UnknownQuestionError(f"no question {question_id}")
+    return _row(session, QuestionRow, question_id, missing)
 
 
 def _ledger_events(session: Session, *where: sa.ColumnElement[bool]) -> list[LedgerEvent]:

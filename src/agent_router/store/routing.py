@@ -4,6 +4,7 @@ a turn. The lock: the target agent's row (and the question an answer answers).""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import aliased
@@ -368,27 +369,46 @@ def resolve_waiter(
         msg.consumed_turn_id = turn_id
         msg.consumed_at = utcnow()
     message = values.message(msg, target.display_name)
-    queries.append(
-        tx.session,
-        target.id,
-        {
-            "role": "tool",
-            "tool_call_id": question.tool_call_id,
-            "content": formats.render(formats.envelope_of(message)),
-        },
+    end_wait(
+        tx,
+        target,
+        question,
+        formats.render(formats.envelope_of(message)),
+        LedgerAction.QUESTION_RESOLVED,
         turn_id=turn_id,
         message_id=msg.id,
         meta=formats.metadata(message),
-    )
-    tx.agent_ledger(
-        LedgerAction.QUESTION_RESOLVED,
-        target,
-        message_id=msg.id,
-        epoch=target.epoch,
-        question_id=question.id,
         suspended=target.suspended,
     )
-    continue_waiter(tx, target, question)
+
+
+def end_wait(
+    tx: Tx,
+    waiter: AgentRow,
+    question: QuestionRow,
+    tool_result: str,
+    action: LedgerAction,
+    *,
+    turn_id: int | None,
+    message_id: int | None = None,
+    meta: dict[str, Any],
+    **detail: Any,
+) -> None:
+    """A wait ends (``question`` no longer ``waiting``): ``tool_result`` becomes the blocked tool
+    call's result in the waiter's transcript, ``action`` is ledgered with ``detail``, and the
+    waiter continues (:func:`continue_waiter`)."""
+    queries.append(
+        tx.session,
+        waiter.id,
+        {"role": "tool", "tool_call_id": question.tool_call_id, "content": tool_result},
+        turn_id=turn_id,
+        message_id=message_id,
+        meta=meta,
+    )
+    tx.agent_ledger(
+        action, waiter, message_id=message_id, epoch=waiter.epoch, question_id=question.id, **detail
+    )
+    continue_waiter(tx, waiter, question)
 
 
 def schedule(tx: Tx, agent: AgentRow, trigger: TurnTrigger) -> None:

@@ -273,36 +273,42 @@ def _drainable(tx: Tx, turn: TurnRecord) -> AgentRow:
             "drain",
             errors.TurnError(f"{agent.display_name} is {agent.state.value}: cannot drain"),
         )
+    _refuse_open_tool_calls(
+        tx,
+        agent,
+        turn,
+        "drain",
+        "have no result yet: a drain would split them from their assistant message",
+        ledger_calls=True,
+    )
+    return agent
+
+
+def _refuse_open_tool_calls(
+    tx: Tx,
+    agent: AgentRow,
+    turn: TurnRecord,
+    operation: str,
+    why: str,
+    *,
+    ledger_calls: bool = False,
+) -> None:
+    """Refuse ``operation`` while tool calls of the last assistant message have no result
+    (:class:`ToolCallsPendingError`, ``why`` after their ids); ``ledger_calls``: the stale
+    write event names them."""
     dangling = queries.open_tool_calls(tx.session, agent.id)
     if dangling:
-        raise _write_refused(
-            tx,
-            agent,
-            turn,
-            "drain",
-            errors.ToolCallsPendingError(
-                f"tool calls {dangling} have no result yet: a drain would split them "
-                "from their assistant message"
-            ),
-            dangling=dangling,
-        )
-    return agent
+        error = errors.ToolCallsPendingError(f"tool calls {dangling} {why}")
+        detail = {"dangling": dangling} if ledger_calls else {}
+        raise _write_refused(tx, agent, turn, operation, error, **detail)
 
 
 def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
     """Append an assistant message (checked by :func:`validate_assistant`) to the transcript."""
     agent, _row = fenced(tx, turn, "append_assistant")
-    dangling = queries.open_tool_calls(tx.session, agent.id)
-    if dangling:
-        raise _write_refused(
-            tx,
-            agent,
-            turn,
-            "append_assistant",
-            errors.ToolCallsPendingError(
-                f"tool calls {dangling} need results before the next assistant message"
-            ),
-        )
+    _refuse_open_tool_calls(
+        tx, agent, turn, "append_assistant", "need results before the next assistant message"
+    )
     queries.append(tx.session, agent.id, payload, turn_id=turn.id)
 
 
@@ -384,11 +390,10 @@ def end_turn(
             routing.schedule(tx, agent, TurnTrigger.FOLLOW_UP)
         else:
             move(agent, AgentState.COMPLETED)
-    tx.agent_ledger(
-        LedgerAction.TURN_ENDED,
+    _ledger_turn_ended(
+        tx,
         agent,
-        turn_id=turn.id,
-        epoch=turn.epoch,
+        turn,
         failed=failed,
         error=error,
         state=agent.state.value,
@@ -432,15 +437,13 @@ def suspend(tx: Tx, turn: TurnRecord) -> bool:
     agent.suspended = True
     row.status = TurnStatus.SUSPENDED
     row.ended_at = utcnow()
-    tx.agent_ledger(
-        LedgerAction.TURN_ENDED,
-        agent,
-        turn_id=turn.id,
-        epoch=turn.epoch,
-        state=agent.state.value,
-        suspended=True,
-    )
+    _ledger_turn_ended(tx, agent, turn, state=agent.state.value, suspended=True)
     return True
+
+
+def _ledger_turn_ended(tx: Tx, agent: AgentRow, turn: TurnRecord, **detail: Any) -> None:
+    """The ``turn_ended`` event of ``turn``, ended or suspended, with ``detail``."""
+    tx.agent_ledger(LedgerAction.TURN_ENDED, agent, turn_id=turn.id, epoch=turn.epoch, **detail)
 
 
 def finish_stop(tx: Tx, turn: TurnRecord, *, reason: str = "stop requested by the lead") -> None:

@@ -27,7 +27,6 @@ from agent_router.store.models import (
     AgentRow,
     MessageRow,
     QuestionRow,
-    TurnRow,
     utcnow,
 )
 from agent_router.store.tx import Refused, Tx
@@ -224,28 +223,17 @@ def release(
     result: str,
 ) -> None:
     """End a wait without an answer: a synthetic tool result, then wake or continue."""
-    session = tx.session
-    turn_id = session.scalar(
-        sa.select(TurnRow.id).where(
-            TurnRow.agent_id == asker.id, TurnRow.epoch == question.asker_epoch
-        )
-    )
-    queries.append(
-        tx.session,
-        asker.id,
-        {"role": "tool", "tool_call_id": question.tool_call_id, "content": result},
-        turn_id=turn_id,
-        meta={"synthetic": result.split(":", 1)[0], "question_id": question.id},
-    )
-    question.waiting = False
-    tx.agent_ledger(
-        LedgerAction.QUESTION_CANCELLED,
+    question.waiting = False  # before the next statement: one UPDATE of the question
+    routing.end_wait(
+        tx,
         asker,
-        epoch=asker.epoch,
-        question_id=question.id,
+        question,
+        result,
+        LedgerAction.QUESTION_CANCELLED,
+        turn_id=queries.waiter_turn_id(tx.session, asker, question),
+        meta={"synthetic": result.split(":", 1)[0], "question_id": question.id},
         result=result,
     )
-    routing.continue_waiter(tx, asker, question)
 
 
 def wait_output(

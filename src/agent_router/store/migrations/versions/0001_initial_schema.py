@@ -1,7 +1,5 @@
 """initial schema
 
-Revision ID: 0001
-Revises:
 Create Date: 2026-11-30 04:15:36.754218
 """
 
@@ -14,6 +12,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from agent_router.store.migrations.initial_labels import ENUMS
+
 revision: str = "0001"
 down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
@@ -24,58 +24,6 @@ depends_on: str | Sequence[str] | None = None
 BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 #: JSON documents: JSONB on PostgreSQL.
 JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
-
-#: The enum types (CHECK constraints on SQLite) and their labels, in the order PostgreSQL's
-#: types are dropped.
-ENUMS: dict[str, tuple[str, ...]] = {
-    "ar_agent_state": ("idle", "scheduled", "running", "waiting", "completed", "terminated"),
-    "ar_turn_trigger": ("new", "follow_up", "continuation", "recovery"),
-    "ar_message_type": ("task", "output", "ask", "answer", "message", "notice"),
-    "ar_message_subtype": ("progress_output", "completion_report", "ask_master", "ask_other"),
-    "ar_route_outcome": (
-        "resolved",
-        "injected_inline",
-        "coalesced",
-        "triggered_new_turn",
-        "queued",
-        "rejected",
-    ),
-    "ar_message_status": ("pending", "delivered", "dropped"),
-    "ar_question_status": ("open", "answered", "expired", "cancelled"),
-    "ar_question_kind": ("ask", "output"),
-    "ar_turn_status": ("running", "ended", "failed", "suspended", "fenced", "stopped"),
-    "ar_outbox_kind": ("enqueue_turn", "wake_waiter"),
-    "ar_job_status": ("running", "succeeded", "failed"),
-    "ar_ledger_action": (
-        "team_created",
-        "agent_created",
-        "route",
-        "send_rejected",
-        "duplicate_send",
-        "turn_claimed",
-        "claim_refused",
-        "drain",
-        "turn_ended",
-        "follow_up",
-        "ask",
-        "ask_refused",
-        "question_resolved",
-        "take_over",
-        "stale_write_refused",
-        "synthetic_tool_result",
-        "outbox_published",
-        "terminated",
-        "message_dropped",
-        "question_cancelled",
-        "question_expired",
-        "reenqueued",
-        "job_started",
-        "job_finished",
-        "wait_output",
-        "stop_requested",
-        "stopped",
-    ),
-}
 
 #: Each table's indexes (name, columns), created in this order just after the table.
 INDEXES: dict[str, tuple[tuple[str, list[str]], ...]] = {

@@ -1,7 +1,5 @@
 """agent runner: the Celery task that runs a host-owned agent's turns
 
-Revision ID: 0002
-Revises: 0001
 Create Date: 2026-12-01 00:05:00.000000
 """
 

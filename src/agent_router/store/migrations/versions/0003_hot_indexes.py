@@ -1,7 +1,5 @@
 """hot indexes: the sweeper's scans by state, deadline and epoch
 
-Revision ID: 0003
-Revises: 0002
 Create Date: 2026-12-01 00:30:00.000000
 """
 

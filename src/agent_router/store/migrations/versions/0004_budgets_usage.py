@@ -1,7 +1,5 @@
 """budgets and usage: ar_budgets, ar_model_calls, five ledger actions
 
-Revision ID: 0004
-Revises: 0003
 Create Date: 2026-11-30 23:55:00
 """
 
@@ -12,6 +10,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
+
+from agent_router.store.migrations.initial_labels import ENUMS
 
 revision: str = "0004"
 down_revision: str | None = "0003"
@@ -37,38 +37,10 @@ NEW_ACTIONS = (
 )
 
 
-#: The ledger action labels before this revision, in their order (as revision 0001 created
-#: them). Written out here, not read from today's code: a label a later version adds must not
-#: change what this revision does.
-OLD_ACTIONS = (
-    "team_created",
-    "agent_created",
-    "route",
-    "send_rejected",
-    "duplicate_send",
-    "turn_claimed",
-    "claim_refused",
-    "drain",
-    "turn_ended",
-    "follow_up",
-    "ask",
-    "ask_refused",
-    "question_resolved",
-    "take_over",
-    "stale_write_refused",
-    "synthetic_tool_result",
-    "outbox_published",
-    "terminated",
-    "message_dropped",
-    "question_cancelled",
-    "question_expired",
-    "reenqueued",
-    "job_started",
-    "job_finished",
-    "wait_output",
-    "stop_requested",
-    "stopped",
-)
+#: The ledger action labels before this revision, in their order: those revision 0001 created,
+#: read from its frozen labels, never from today's code (a label a later version adds must not
+#: change what this revision does).
+OLD_ACTIONS = ENUMS["ar_ledger_action"]
 
 
 def _ledger_type(labels: Sequence[str]) -> sa.Enum:
