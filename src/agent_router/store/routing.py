@@ -60,6 +60,9 @@ _LOCK_TARGET = (
 )
 
 
+_INSERT_MESSAGE = sa.insert(MessageRow).returning(MessageRow.id)
+
+
 def route(tx: Tx, req: SendRequest) -> Delivery:
     """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`)."""
     target, source_id = _lock_target(tx, req)
@@ -246,7 +249,7 @@ def _insert_message(
         if resolves and waiting_on is not None
         else None
     )
-    msg = MessageRow(
+    fields = dict(
         team_id=req.team_id,
         seq=target.next_seq - 1,
         source_name=req.sender,
@@ -262,10 +265,12 @@ def _insert_message(
         status=MessageStatus.DELIVERED if resolves else MessageStatus.PENDING,
         consumed_turn_id=waiter_turn_id,
         consumed_at=utcnow() if resolves else None,
+        created_at=utcnow(),
     )
-    tx.session.add(msg)
-    tx.session.flush()
-    return msg
+    # A Core INSERT built once, not the unit of work: the row is final as inserted, and the
+    # object returned is only read (its id, seq and outcome, and the message it renders).
+    message_id = tx.session.connection().execute(_INSERT_MESSAGE, fields).scalar_one()
+    return MessageRow(id=message_id, **fields)
 
 
 def reject(req: SendRequest, error: errors.AgentRouterError, reason: str) -> Refused:

@@ -23,6 +23,9 @@ logger = logging.getLogger("agent_router.store")
 
 _LEDGER_BUFFER = "agent_router.ledger"
 
+_INSERT_OUTBOX = sa.insert(OutboxRow).returning(OutboxRow.id)
+_INSERT_LEDGER = sa.insert(LedgerRow)
+
 
 class Refused(Exception):  # noqa: N818 - control flow, never escapes the store
     """Abort the transaction, then record a ledger event and raise ``error``."""
@@ -101,13 +104,24 @@ class Tx:
             payload = {"agent": agent.display_name, "team_id": agent.team_id, **payload}
             if agent.runner:  # a host owns the agent's turns: its task is published by name
                 payload["task"] = agent.runner
-        row = OutboxRow(
-            team_id=agent.team_id, agent_id=agent.id, kind=kind, epoch=agent.epoch, payload=payload
+        # A Core INSERT built once, not the unit of work: nothing reads the row back in this
+        # transaction, and the publisher needs only its id.
+        row_id = (
+            self.session.connection()
+            .execute(
+                _INSERT_OUTBOX,
+                {
+                    "team_id": agent.team_id,
+                    "agent_id": agent.id,
+                    "kind": kind,
+                    "epoch": agent.epoch,
+                    "payload": payload,
+                },
+            )
+            .scalar_one()
         )
-        self.session.add(row)
-        self.session.flush()
         entry = OutboxEntry(
-            id=row.id, kind=kind, agent_id=agent.id, epoch=agent.epoch, payload=payload
+            id=row_id, kind=kind, agent_id=agent.id, epoch=agent.epoch, payload=payload
         )
         self.entries.append(entry)
         return entry
@@ -123,7 +137,7 @@ def write_ledger_buffer(session: Session) -> None:
     rows = session.info.pop(_LEDGER_BUFFER, None)
     if rows:
         session.flush()  # the rows they name exist first
-        session.connection().execute(sa.insert(LedgerRow), rows)
+        session.connection().execute(_INSERT_LEDGER, rows)
 
 
 def drop_ledger_buffer(session: Session, transaction: SessionTransaction) -> None:
