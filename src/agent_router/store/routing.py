@@ -21,7 +21,7 @@ from agent_router.domain import (
     RouteOutcome,
     TurnTrigger,
 )
-from agent_router.store import decisions, queries, values
+from agent_router.store import decisions, one_statement, queries, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -65,6 +65,10 @@ _INSERT_MESSAGE = sa.insert(MessageRow).returning(MessageRow.id)
 
 def route(tx: Tx, req: SendRequest) -> Delivery:
     """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`)."""
+    if one_statement.eligible(tx, req):
+        delivered = one_statement.route(tx, req, external=is_external(req.sender))
+        if delivered is not None:
+            return delivered
     target, source_id = _lock_target(tx, req)
     if req.dedup_key is not None:
         duplicate = _duplicate(tx, req, target)
@@ -105,12 +109,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
         outcome=outcome,
         message_id=msg.id,
         epoch=target.epoch,
-        seq=msg.seq,
-        type=req.type.value,
-        sender=req.sender,
-        wake=req.wake,
-        state_before=state_before.value,
-        state_after=target.state.value,
+        **one_statement.route_detail(req, msg.seq, state_before, target.state),
     )
     return _delivery(target, msg)
 
