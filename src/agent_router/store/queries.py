@@ -105,6 +105,20 @@ def open_tool_calls(session: Session, agent_id: int) -> list[str]:
     return [c for c in calls if c not in answered]
 
 
+# Built once (appends and waiter lookups run on the hot path of every resolved wait): the
+# position is the next after the agent's last entry (the writer holds the agent's row lock, so
+# no other append to this transcript runs meanwhile).
+_APPEND = sa.insert(cast("sa.Table", TranscriptEntryRow.__table__)).values(
+    position=sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
+    .where(TranscriptEntryRow.agent_id == sa.bindparam("b_agent"))
+    .scalar_subquery()
+)
+
+_WAITER_TURN = sa.select(TurnRow.id).where(
+    TurnRow.agent_id == sa.bindparam("agent_id"), TurnRow.epoch == sa.bindparam("epoch")
+)
+
+
 def append(
     session: Session,
     agent_id: int,
@@ -114,24 +128,19 @@ def append(
     message_id: int | None = None,
     meta: dict[str, Any] | None = None,
 ) -> None:
-    # One statement: the position is the next after the agent's last entry (the writer holds
-    # the agent's row lock, so no other append to this transcript runs meanwhile).
-    position = (
-        sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
-        .where(TranscriptEntryRow.agent_id == agent_id)
-        .scalar_subquery()
-    )
+    """One transcript entry at the end of ``agent_id``'s transcript, in one statement."""
     session.execute(
-        sa.insert(TranscriptEntryRow).values(
-            agent_id=agent_id,
-            position=position,
-            role=payload["role"],
-            payload=payload,
-            meta=meta,
-            message_id=message_id,
-            tool_call_id=payload.get("tool_call_id"),
-            turn_id=turn_id,
-        )
+        _APPEND,
+        {
+            "b_agent": agent_id,
+            "agent_id": agent_id,
+            "role": payload["role"],
+            "payload": payload,
+            "meta": meta,
+            "message_id": message_id,
+            "tool_call_id": payload.get("tool_call_id"),
+            "turn_id": turn_id,
+        },
     )
 
 
@@ -142,11 +151,7 @@ def changed(session: Session, stmt: sa.Executable) -> int:
 
 
 def waiter_turn_id(session: Session, waiter: AgentRow, question: QuestionRow) -> int | None:
-    return session.scalar(
-        sa.select(TurnRow.id).where(
-            TurnRow.agent_id == waiter.id, TurnRow.epoch == question.asker_epoch
-        )
-    )
+    return session.scalar(_WAITER_TURN, {"agent_id": waiter.id, "epoch": question.asker_epoch})
 
 
 def cycle_through(session: Session, asker: AgentRow, target: AgentRow) -> list[str]:

@@ -22,7 +22,7 @@ from agent_router.domain import (
     RouteOutcome,
     TurnTrigger,
 )
-from agent_router.store import decisions, queries, values
+from agent_router.store import decisions, one_statement, queries, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -61,8 +61,15 @@ _LOCK_TARGET = (
 )
 
 
+_INSERT_MESSAGE = sa.insert(MessageRow).returning(MessageRow.id)
+
+
 def route(tx: Tx, req: SendRequest) -> Delivery:
     """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`)."""
+    if one_statement.eligible(tx, req):
+        delivered = one_statement.route(tx, req, external=is_external(req.sender))
+        if delivered is not None:
+            return delivered
     target, source_id = _lock_target(tx, req)
     if req.dedup_key is not None:
         duplicate = _duplicate(tx, req, target)
@@ -103,12 +110,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
         outcome=outcome,
         message_id=msg.id,
         epoch=target.epoch,
-        seq=msg.seq,
-        type=req.type.value,
-        sender=req.sender,
-        wake=req.wake,
-        state_before=state_before.value,
-        state_after=target.state.value,
+        **one_statement.route_detail(req, msg.seq, state_before, target.state),
     )
     return _delivery(target, msg)
 
@@ -247,7 +249,7 @@ def _insert_message(
         if resolves and waiting_on is not None
         else None
     )
-    msg = MessageRow(
+    fields = dict(
         team_id=req.team_id,
         seq=target.next_seq - 1,
         source_name=req.sender,
@@ -263,10 +265,12 @@ def _insert_message(
         status=MessageStatus.DELIVERED if resolves else MessageStatus.PENDING,
         consumed_turn_id=waiter_turn_id,
         consumed_at=utcnow() if resolves else None,
+        created_at=utcnow(),
     )
-    tx.session.add(msg)
-    tx.session.flush()
-    return msg
+    # A Core INSERT built once, not the unit of work: the row is final as inserted, and the
+    # object returned is only read (its id, seq and outcome, and the message it renders).
+    message_id = tx.session.connection().execute(_INSERT_MESSAGE, fields).scalar_one()
+    return MessageRow(id=message_id, **fields)
 
 
 def reject(req: SendRequest, error: errors.AgentRouterError, reason: str) -> Refused:

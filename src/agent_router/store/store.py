@@ -65,6 +65,22 @@ from agent_router.store.values import Claim, SendRequest
 AfterCommit = Callable[[list[OutboxEntry]], object]
 
 
+# Marking outbox rows published follows every send that enqueues a turn or wakes a waiter:
+# built once. On PostgreSQL its commit does not wait for the disk (synchronous_commit off, for
+# this transaction only: the row filter sets it): a mark lost in a server crash only makes the
+# sweeper publish the row again, and every published signal is fenced or re-checked.
+_MARK_PUBLISHED = (
+    sa.update(OutboxRow)
+    .where(
+        OutboxRow.id.in_(sa.bindparam("b_ids", expanding=True)), OutboxRow.published_at.is_(None)
+    )
+    .values(published_at=sa.bindparam("b_now"), attempts=OutboxRow.attempts + 1)
+)
+_MARK_PUBLISHED_NO_WAIT = _MARK_PUBLISHED.where(
+    sa.func.set_config("synchronous_commit", "off", True) == "off"
+)
+
+
 class Store:
     def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
         self.settings = settings
@@ -393,24 +409,16 @@ class Store:
     def mark_published(self, ids: Sequence[int]) -> None:
         if not ids:
             return
-        stmt = (
-            sa.update(OutboxRow)
-            .where(OutboxRow.id.in_(ids), OutboxRow.published_at.is_(None))
-            .values(published_at=utcnow(), attempts=OutboxRow.attempts + 1)
-        )
+        params = {"b_ids": list(ids), "b_now": utcnow()}
         if self.engine.dialect.name == "sqlite":
             with self._tx() as tx:  # SQLite writes under BEGIN IMMEDIATE (make_engine)
-                tx.session.execute(stmt)
+                tx.session.execute(_MARK_PUBLISHED, params)
             return
         # One statement is its own transaction: autocommit spares a BEGIN and a COMMIT round
-        # trip on every publish (it follows every send that enqueues a turn or wakes a waiter).
-        # Its commit does not wait for the disk (synchronous_commit off, for this transaction
-        # only: the row filter sets it): a mark lost in a server crash only makes the sweeper
-        # publish the row again, and every published signal is fenced or re-checked.
-        stmt = stmt.where(sa.func.set_config("synchronous_commit", "off", True) == "off")
+        # trip on every publish.
         try:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.execute(stmt)
+                conn.execute(_MARK_PUBLISHED_NO_WAIT, params)
         except SQLAlchemyError as exc:
             # One autocommit statement: a connection lost during it leaves the mark unknown.
             raise faults.store_error(exc, committing=True) from exc

@@ -9,6 +9,7 @@ for a transaction that rolled back).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +23,9 @@ from agent_router.store.models import AgentRow, LedgerRow, OutboxRow, utcnow
 logger = logging.getLogger("agent_router.store")
 
 _LEDGER_BUFFER = "agent_router.ledger"
+
+_INSERT_OUTBOX = sa.insert(OutboxRow).returning(OutboxRow.id)
+_INSERT_LEDGER = sa.insert(LedgerRow)
 
 
 class Refused(Exception):  # noqa: N818 - control flow, never escapes the store
@@ -61,33 +65,19 @@ class Tx:
     ) -> None:
         # Buffered: the transaction's events are written together just before it commits (one
         # statement, no unit of work). Nothing reads the ledger inside a writing transaction.
-        self.session.info.setdefault(_LEDGER_BUFFER, []).append(
-            {
-                "team_id": team_id,
-                "agent_id": agent_id,
-                "action": action,
-                "outcome": outcome,
-                "message_id": message_id,
-                "turn_id": turn_id,
-                "epoch": epoch,
-                "detail": detail,
-                "created_at": utcnow(),
-            }
-        )
-        logger.info(
-            action.value,
-            extra={
-                "action": action.value,
-                "team_id": team_id,
-                "agent_id": agent_id,
-                "outcome": outcome.value if outcome else None,
-                "message_id": message_id,
-                "turn_id": turn_id,
-                "epoch": epoch,
-                # What the event's detail says of a turn or a question, for the log line.
-                **{k: detail[k] for k in _LOGGED_DETAIL if detail.get(k) is not None},
-            },
-        )
+        row = {
+            "team_id": team_id,
+            "agent_id": agent_id,
+            "action": action,
+            "outcome": outcome,
+            "message_id": message_id,
+            "turn_id": turn_id,
+            "epoch": epoch,
+            "detail": detail,
+            "created_at": utcnow(),
+        }
+        self.session.info.setdefault(_LEDGER_BUFFER, []).append(row)
+        log_event(row)
 
     def agent_ledger(self, action: LedgerAction, agent: AgentRow, **fields: Any) -> None:
         """A ledger event about ``agent``: its team and id are taken from the row."""
@@ -101,13 +91,24 @@ class Tx:
             payload = {"agent": agent.display_name, "team_id": agent.team_id, **payload}
             if agent.runner:  # a host owns the agent's turns: its task is published by name
                 payload["task"] = agent.runner
-        row = OutboxRow(
-            team_id=agent.team_id, agent_id=agent.id, kind=kind, epoch=agent.epoch, payload=payload
+        # A Core INSERT built once, not the unit of work: nothing reads the row back in this
+        # transaction, and the publisher needs only its id.
+        row_id = (
+            self.session.connection()
+            .execute(
+                _INSERT_OUTBOX,
+                {
+                    "team_id": agent.team_id,
+                    "agent_id": agent.id,
+                    "kind": kind,
+                    "epoch": agent.epoch,
+                    "payload": payload,
+                },
+            )
+            .scalar_one()
         )
-        self.session.add(row)
-        self.session.flush()
         entry = OutboxEntry(
-            id=row.id, kind=kind, agent_id=agent.id, epoch=agent.epoch, payload=payload
+            id=row_id, kind=kind, agent_id=agent.id, epoch=agent.epoch, payload=payload
         )
         self.entries.append(entry)
         return entry
@@ -119,11 +120,38 @@ class Tx:
         return Refused(error, action, **ledger)
 
 
+def log_event(row: Mapping[str, Any]) -> None:
+    """The log line of a ledger event, from its row (``action``, ``team_id``, ``agent_id`` and
+    ``detail``; ``outcome``, ``message_id``, ``turn_id`` and ``epoch`` where it has them)."""
+    action: LedgerAction = row["action"]
+    outcome: RouteOutcome | None = row.get("outcome")
+    detail: Mapping[str, Any] = row["detail"]
+    logger.info(
+        action.value,
+        extra={
+            "action": action.value,
+            "team_id": row["team_id"],
+            "agent_id": row["agent_id"],
+            "outcome": outcome.value if outcome else None,
+            "message_id": row.get("message_id"),
+            "turn_id": row.get("turn_id"),
+            "epoch": row.get("epoch"),
+            # What the event's detail says of a turn or a question, for the log line.
+            **{k: detail[k] for k in _LOGGED_DETAIL if detail.get(k) is not None},
+        },
+    )
+
+
+def has_buffered_ledger(session: Session) -> bool:
+    """Whether this transaction has ledger events not yet written."""
+    return bool(session.info.get(_LEDGER_BUFFER))
+
+
 def write_ledger_buffer(session: Session) -> None:
     rows = session.info.pop(_LEDGER_BUFFER, None)
     if rows:
         session.flush()  # the rows they name exist first
-        session.connection().execute(sa.insert(LedgerRow), rows)
+        session.connection().execute(_INSERT_LEDGER, rows)
 
 
 def drop_ledger_buffer(session: Session, transaction: SessionTransaction) -> None:
