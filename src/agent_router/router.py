@@ -15,6 +15,7 @@ from agent_router import budgeting, errors
 from agent_router import validation as check
 from agent_router.constants import BACKGROUND_DONE
 from agent_router.domain import (
+    LEAD_DISPLAY_NAME,
     LEAD_ROLE,
     Agent,
     AgentState,
@@ -35,7 +36,7 @@ from agent_router.domain import (
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
-from agent_router.store import SendRequest, Store
+from agent_router.store import NewAgent, SendRequest, Store
 from agent_router.store import utcnow as _utcnow
 from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
@@ -98,11 +99,13 @@ class Router:
         that runs the lead's turns (``name`` or ``name@queue``; default
         ``Settings.runners["Team Leader"]``, else the built-in loop). ``budget`` overrides some
         of the ``budget_*`` settings (``None``: unlimited)."""
-        return self.store.create_team(
-            lead_system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
-            lead_runner=_runner(self.settings, LEAD_ROLE, lead_runner),
-            budget=budget,
+        lead = NewAgent(
+            role=LEAD_ROLE,
+            display_name=LEAD_DISPLAY_NAME,
+            system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
+            runner=_runner(self.settings, LEAD_ROLE, lead_runner),
         )
+        return self.store.create_team(lead, budget=budget)
 
     def create_agent(
         self,
@@ -116,14 +119,9 @@ class Router:
         """Add a sub-agent; its display name is ``{role}_{n}`` unless given. ``runner``: the
         host's Celery task for its turns (default ``Settings.runners[role]``, else the built-in
         loop)."""
-        role = check.name(role, "role")
-        return self.store.create_agent(
-            _team_id(team_id),
-            role=role,
-            display_name=None if display_name is None else check.name(display_name),
-            system_prompt=check.optional_text(system_prompt, "system_prompt"),
-            runner=_runner(self.settings, role, runner),
-        )
+        new = _new_agent(self.settings, role, display_name, system_prompt, runner)
+        agent, _ = self.store.create_agent(_team_id(team_id), new)
+        return agent
 
     def create_agent_with_task(
         self,
@@ -139,23 +137,16 @@ class Router:
         """Add a sub-agent and send it its first ``task`` in one transaction: a crash or a
         refused task (too large, unknown sender, ...) leaves neither behind. The task wakes the
         new agent like any message to an idle one (``triggered_new_turn``)."""
-        check.name(role, "role")
-        if display_name is not None:
-            check.name(display_name)
-        check.optional_text(system_prompt, "system_prompt")
-        runner = _runner(self.settings, role, runner)
+        new = _new_agent(self.settings, role, display_name, system_prompt, runner)
         # `to` is replaced by the new agent's display name.
-        task_fields = {"to": display_name or role, "content": task, "type": MessageType.TASK}
+        task_fields = {
+            "to": new.display_name or new.role,
+            "content": task,
+            "type": MessageType.TASK,
+        }
         request = self._validate(team_id, {**check.SEND_FIELDS, **task_fields, "sender": sender})
         with self._refusals_reported(team_id, sender):
-            agent, delivery = self.store.create_agent_with_task(
-                team_id,
-                role=role,
-                display_name=display_name,
-                system_prompt=system_prompt,
-                task=request,
-                runner=runner,
-            )
+            agent, delivery = self.store.create_agent(team_id, new, task=request)
         assert delivery is not None
         return agent, self._delivered(team_id, sender, delivery)
 
@@ -561,6 +552,23 @@ def _forget(waker: Waker, deletion: Deletion) -> None:
     if not deletion.dry_run:
         for question_id in deletion.questions:
             waker.forget(question_id)
+
+
+def _new_agent(
+    settings: Settings,
+    role: str,
+    display_name: str | None,
+    system_prompt: str | None,
+    runner: str | None,
+) -> NewAgent:
+    """The checked definition of a sub-agent to add."""
+    role = check.name(role, "role")
+    return NewAgent(
+        role=role,
+        display_name=None if display_name is None else check.name(display_name),
+        system_prompt=check.optional_text(system_prompt, "system_prompt"),
+        runner=_runner(settings, role, runner),
+    )
 
 
 def _runner(settings: Settings, role: str, runner: str | None) -> str | None:

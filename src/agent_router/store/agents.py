@@ -9,8 +9,6 @@ import sqlalchemy as sa
 
 from agent_router import errors
 from agent_router.domain import (
-    LEAD_DISPLAY_NAME,
-    LEAD_ROLE,
     Agent,
     AgentState,
     Delivery,
@@ -33,27 +31,21 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Tx
-from agent_router.store.values import SendRequest
+from agent_router.store.values import NewAgent, SendRequest
 
 
-def create_team(
-    tx: Tx, *, lead_system_prompt: str | None = None, lead_runner: str | None = None
-) -> Team:
+def create_team(tx: Tx, lead: NewAgent) -> Team:
+    """A team and its ``lead`` (named by its display name, else by its role)."""
     session = tx.session
     team = TeamRow()
     session.add(team)
     session.flush()
-    lead = insert_agent(
-        tx,
-        team.id,
-        LEAD_DISPLAY_NAME,
-        LEAD_ROLE,
-        lead_system_prompt,
-        is_lead=True,
-        runner=lead_runner,
+    name = lead.display_name or lead.role
+    row = insert_agent(
+        tx, team.id, name, lead.role, lead.system_prompt, is_lead=True, runner=lead.runner
     )
-    tx.agent_ledger(LedgerAction.TEAM_CREATED, lead)
-    return Team(id=team.id, lead=values.agent(lead), created_at=team.created_at)
+    tx.agent_ledger(LedgerAction.TEAM_CREATED, row)
+    return Team(id=team.id, lead=values.agent(row), created_at=team.created_at)
 
 
 def check_role(role: str) -> str:
@@ -70,21 +62,14 @@ def check_role(role: str) -> str:
     return role
 
 
-def create_agent_with_task(
-    tx: Tx,
-    team_id: int,
-    *,
-    role: str,
-    display_name: str | None = None,
-    system_prompt: str | None = None,
-    task: SendRequest | None = None,
-    runner: str | None = None,
+def create_agent(
+    tx: Tx, team_id: int, new: NewAgent, task: SendRequest | None = None
 ) -> tuple[Agent, Delivery | None]:
     """Add a sub-agent and, when ``task`` is given, route that message to it (its ``to`` is
     replaced by the new display name) in the same transaction: both exist, or neither.
-    ``role`` is checked by :func:`check_role` first."""
+    ``new.role`` is checked by :func:`check_role` first."""
     queries.team(tx.session, team_id, lock=True)
-    agent = add_agent(tx, team_id, role, display_name, system_prompt, runner=runner)
+    agent = add_agent(tx, team_id, new)
     delivery: Delivery | None = None
     if task is not None:
         task = replace(task, team_id=team_id, to=agent.display_name)
@@ -92,17 +77,10 @@ def create_agent_with_task(
     return values.agent(agent), delivery
 
 
-def add_agent(
-    tx: Tx,
-    team_id: int,
-    role: str,
-    display_name: str | None,
-    system_prompt: str | None,
-    *,
-    runner: str | None = None,
-) -> AgentRow:
+def add_agent(tx: Tx, team_id: int, new: NewAgent) -> AgentRow:
     """Insert the agent (the caller holds the team lock)."""
     session = tx.session
+    role, display_name = new.role, new.display_name
     if display_name is None:
         # {Role}_{n}, n counted per role from 1; the team lock makes the count safe.
         taken = set(
@@ -126,7 +104,7 @@ def add_agent(
             reason="duplicate_display_name",
             display_name=display_name,
         )
-    agent = insert_agent(tx, team_id, display_name, role, system_prompt, runner=runner)
+    agent = insert_agent(tx, team_id, display_name, role, new.system_prompt, runner=new.runner)
     tx.agent_ledger(
         LedgerAction.AGENT_CREATED,
         agent,

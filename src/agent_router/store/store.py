@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -59,7 +60,7 @@ from agent_router.store.engine import make_engine
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
 from agent_router.store.tx import Refused, Tx, drop_ledger_buffer, write_ledger_buffer
-from agent_router.store.values import Claim, SendRequest
+from agent_router.store.values import Claim, NewAgent, SendRequest
 
 #: Called after a commit with the outbox entries the transaction wrote.
 AfterCommit = Callable[[list[OutboxEntry]], object]
@@ -144,66 +145,26 @@ class Store:
 
     @faults.retrying
     def create_team(
-        self,
-        *,
-        lead_system_prompt: str | None = None,
-        lead_runner: str | None = None,
-        budget: Mapping[BudgetName, float | None] | None = None,
+        self, lead: NewAgent, *, budget: Mapping[BudgetName, float | None] | None = None
     ) -> Team:
-        """A team, its lead and its budget row (the defaults, ``budget`` overriding some)."""
+        """A team, its ``lead`` and its budget row (the defaults, ``budget`` overriding some)."""
         with self._tx() as tx:
-            team = agents.create_team(
-                tx, lead_system_prompt=lead_system_prompt, lead_runner=lead_runner
-            )
+            team = agents.create_team(tx, lead)
             budgets.create(tx, team.id, budget)
             return team
 
     @faults.retrying
     def create_agent(
-        self,
-        team_id: int,
-        *,
-        role: str,
-        display_name: str | None = None,
-        system_prompt: str | None = None,
-        runner: str | None = None,
-    ) -> Agent:
-        agent, _ = self.create_agent_with_task(
-            team_id,
-            role=role,
-            display_name=display_name,
-            system_prompt=system_prompt,
-            runner=runner,
-        )
-        return agent
-
-    @faults.retrying
-    def create_agent_with_task(
-        self,
-        team_id: int,
-        *,
-        role: str,
-        display_name: str | None = None,
-        system_prompt: str | None = None,
-        task: SendRequest | None = None,
-        runner: str | None = None,
+        self, team_id: int, new: NewAgent, *, task: SendRequest | None = None
     ) -> tuple[Agent, Delivery | None]:
         """Add a sub-agent and, when ``task`` is given, route that message to it in the same
         transaction: both exist, or neither."""
-        role = agents.check_role(role)
-        if display_name is not None:
-            routing.check_display_name(display_name)
+        new = replace(new, role=agents.check_role(new.role))
+        if new.display_name is not None:
+            routing.check_display_name(new.display_name)
         try:
             with self._tx() as tx:
-                return agents.create_agent_with_task(
-                    tx,
-                    team_id,
-                    role=role,
-                    display_name=display_name,
-                    system_prompt=system_prompt,
-                    task=task,
-                    runner=runner,
-                )
+                return agents.create_agent(tx, team_id, new, task)
         except IntegrityError as exc:  # pragma: no cover - the team lock makes this unreachable
             raise errors.DuplicateDisplayNameError(str(exc.orig)) from exc
 

@@ -42,6 +42,18 @@ class SendRequest:
     dedup_key: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class NewAgent:
+    """An agent to add (a team's lead or a sub-agent): its role, display name (``None``:
+    ``{role}_{n}``), system prompt and runner (the host's Celery task for its turns; ``None``:
+    the built-in loop)."""
+
+    role: str
+    display_name: str | None = None
+    system_prompt: str | None = None
+    runner: str | None = None
+
+
 class Claim(NamedTuple):
     """A claimed turn and whose it is."""
 
