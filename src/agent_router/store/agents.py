@@ -36,10 +36,7 @@ from agent_router.store.values import NewAgent, SendRequest
 
 def create_team(tx: Tx, lead: NewAgent) -> Team:
     """A team and its ``lead`` (named by its display name, else by its role)."""
-    session = tx.session
-    team = TeamRow()
-    session.add(team)
-    session.flush()
+    team = tx.added(TeamRow())
     name = lead.display_name or lead.role
     row = insert_agent(
         tx, team.id, name, lead.role, lead.system_prompt, is_lead=True, runner=lead.runner
@@ -126,18 +123,17 @@ def insert_agent(
 ) -> AgentRow:
     """A new idle agent; its system prompt, snapshotted now, opens its transcript. ``runner``:
     the host's task for its turns (``None``: the built-in loop)."""
-    session = tx.session
-    agent = AgentRow(
-        team_id=team_id,
-        display_name=display_name,
-        role=role,
-        is_lead=is_lead,
-        state=AgentState.IDLE,
-        system_prompt=system_prompt,
-        runner=runner,
+    agent = tx.added(
+        AgentRow(
+            team_id=team_id,
+            display_name=display_name,
+            role=role,
+            is_lead=is_lead,
+            state=AgentState.IDLE,
+            system_prompt=system_prompt,
+            runner=runner,
+        )
     )
-    session.add(agent)
-    session.flush()
     if system_prompt:
         queries.append(
             tx.session, agent.id, {"role": "system", "content": system_prompt}, turn_id=None

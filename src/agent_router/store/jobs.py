@@ -36,22 +36,21 @@ JOB_BATCH_MAX_WINDOWS = 10
 def start_job(tx: Tx, team_id: int, agent: str, *, name: str, task_id: str) -> BackgroundJob:
     """Record a background job before its task is sent, so that a completion (or the
     poller) always finds it."""
-    session = tx.session
     queries.team(tx.session, team_id)
     row = queries.agent_by_name(tx.session, team_id, agent)
     if row is None:
         raise errors.UnknownAgentError(f"no agent {agent!r} in team {team_id}")
     if row.state is AgentState.TERMINATED:
         raise errors.AgentTerminatedError(f"agent {agent!r} is terminated")
-    job = BackgroundJobRow(
-        team_id=team_id,
-        agent_id=row.id,
-        name=name[:200],
-        task_id=task_id,
-        status=JobStatus.RUNNING,
+    job = tx.added(
+        BackgroundJobRow(
+            team_id=team_id,
+            agent_id=row.id,
+            name=name[:200],
+            task_id=task_id,
+            status=JobStatus.RUNNING,
+        )
     )
-    session.add(job)
-    session.flush()
     tx.agent_ledger(
         LedgerAction.JOB_STARTED,
         row,

@@ -51,7 +51,6 @@ def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
     """Claim the scheduled turn of ``epoch`` (default: the current one); ``None`` if there is
     nothing to claim: a duplicate or stale delivery, or no turn scheduled. The claim carries
     the agent's team and name, so that starting the turn needs no second read."""
-    session = tx.session
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
         raise errors.UnknownAgentError(f"no agent with id {agent_id}")
@@ -68,17 +67,17 @@ def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
     move(agent, AgentState.RUNNING)
     agent.pending_trigger = None
     now = utcnow()
-    turn = TurnRow(
-        team_id=agent.team_id,
-        agent_id=agent.id,
-        epoch=agent.epoch,
-        trigger=trigger,
-        status=TurnStatus.RUNNING,
-        started_at=now,
-        lease_expires_at=now + timedelta(seconds=tx.settings.lease_seconds),
+    turn = tx.added(
+        TurnRow(
+            team_id=agent.team_id,
+            agent_id=agent.id,
+            epoch=agent.epoch,
+            trigger=trigger,
+            status=TurnStatus.RUNNING,
+            started_at=now,
+            lease_expires_at=now + timedelta(seconds=tx.settings.lease_seconds),
+        )
     )
-    session.add(turn)
-    session.flush()
     tx.agent_ledger(
         LedgerAction.TURN_CLAIMED,
         agent,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, SessionTransaction
@@ -23,6 +23,8 @@ from agent_router.store.models import AgentRow, LedgerRow, OutboxRow, utcnow
 logger = logging.getLogger("agent_router.store")
 
 _LEDGER_BUFFER = "agent_router.ledger"
+
+_Row = TypeVar("_Row")
 
 _INSERT_OUTBOX = sa.insert(OutboxRow).returning(OutboxRow.id)
 _INSERT_LEDGER = sa.insert(LedgerRow)
@@ -78,6 +80,12 @@ class Tx:
         }
         self.session.info.setdefault(_LEDGER_BUFFER, []).append(row)
         log_event(row)
+
+    def added(self, row: _Row) -> _Row:
+        """``row``, inserted now (its id and defaults are known when this returns)."""
+        self.session.add(row)
+        self.session.flush()
+        return row
 
     def agent_ledger(self, action: LedgerAction, agent: AgentRow, **fields: Any) -> None:
         """A ledger event about ``agent``: its team and id are taken from the row."""

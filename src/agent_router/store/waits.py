@@ -118,22 +118,21 @@ def open_question(
     """The new waits-for edge (checked by :func:`open_wait_edge`): an open question with
     its deadline, and the waiter ``waiting``, blocking in its worker; ledgered as an ``ask``
     or a ``wait_output`` with ``detail``."""
-    session = tx.session
     waiter = edge.waiter
     timeout = timeout_seconds or tx.settings.question_timeout_seconds
-    question = QuestionRow(
-        team_id=waiter.team_id,
-        asker_agent_id=waiter.id,
-        target_agent_id=edge.target_row.id,
-        tool_call_id=edge.tool_call_id,
-        asker_epoch=waiter.epoch,
-        status=QuestionStatus.OPEN,
-        kind=edge.kind,
-        waiting=True,
-        deadline=utcnow() + timedelta(seconds=timeout),
+    question = tx.added(
+        QuestionRow(
+            team_id=waiter.team_id,
+            asker_agent_id=waiter.id,
+            target_agent_id=edge.target_row.id,
+            tool_call_id=edge.tool_call_id,
+            asker_epoch=waiter.epoch,
+            status=QuestionStatus.OPEN,
+            kind=edge.kind,
+            waiting=True,
+            deadline=utcnow() + timedelta(seconds=timeout),
+        )
     )
-    session.add(question)
-    session.flush()
     move(waiter, AgentState.WAITING)
     waiter.suspended = False
     tx.agent_ledger(
