@@ -249,18 +249,11 @@ def _insert_message(
         if resolves and waiting_on is not None
         else None
     )
-    fields = dict(
-        team_id=req.team_id,
+    fields = {name: getattr(req, name) for name in values.SENT_COLUMNS} | dict(
         seq=target.next_seq - 1,
         source_name=req.sender,
         source_agent_id=source_id,
         target_agent_id=target.id,
-        type=req.type,
-        subtype=req.subtype,
-        content=req.content,
-        question_id=req.question_id,
-        wake=req.wake,
-        dedup_key=req.dedup_key,
         outcome=outcome,
         status=MessageStatus.DELIVERED if resolves else MessageStatus.PENDING,
         consumed_turn_id=waiter_turn_id,

@@ -68,6 +68,8 @@ def _columns(cls: type[Any], *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls) if f.name not in but)
 
 
+#: The fields of a send that its message row holds under the same names.
+SENT_COLUMNS = _columns(SendRequest, but=("to", "sender"))
 _LEDGER_FIELDS = _columns(LedgerEvent, but=("agent_name", "detail"))
 _AGENT_FIELDS = _columns(Agent, but=("mailbox_depth",))
 #: The columns a :class:`Message` is made of (all its fields but the target's name).
