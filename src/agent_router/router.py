@@ -36,7 +36,7 @@ from agent_router.domain import (
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
-from agent_router.store import NewAgent, SendRequest, Store
+from agent_router.store import Ask, NewAgent, SendRequest, Store
 from agent_router.store import utcnow as _utcnow
 from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
@@ -342,8 +342,7 @@ class Router:
         if timeout_seconds is not None:
             check.seconds(timeout_seconds, "timeout_seconds")
         lead = self.team(turn.team_id).lead.display_name
-        q, delivery = self.store.ask(
-            turn.record,
+        asked = Ask(
             target=target,
             question=question,
             tool_call_id=tool_call_id,
@@ -351,6 +350,7 @@ class Router:
             or (MessageSubtype.ASK_MASTER if target == lead else MessageSubtype.ASK_OTHER),
             timeout_seconds=timeout_seconds,
         )
+        q, delivery = self.store.ask(turn.record, asked)
         self._delivered(turn.team_id, turn.display_name, delivery)
         return dataclasses.replace(q, asker=turn.display_name, target=target)
 

@@ -35,7 +35,6 @@ from agent_router.domain import (
     EndOfTurn,
     LedgerAction,
     Message,
-    MessageSubtype,
     OutboxEntry,
     Question,
     RouteOutcome,
@@ -60,7 +59,7 @@ from agent_router.store.engine import make_engine
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
 from agent_router.store.tx import Refused, Tx, drop_ledger_buffer, write_ledger_buffer
-from agent_router.store.values import Claim, NewAgent, SendRequest
+from agent_router.store.values import Ask, Claim, NewAgent, SendRequest
 
 #: Called after a commit with the outbox entries the transaction wrote.
 AfterCommit = Callable[[list[OutboxEntry]], object]
@@ -264,26 +263,9 @@ class Store:
     # ------------------------------------------------------------------ waits
 
     @faults.retrying
-    def ask(
-        self,
-        turn: TurnRecord,
-        *,
-        target: str,
-        question: str,
-        tool_call_id: str,
-        subtype: MessageSubtype,
-        timeout_seconds: float | None = None,
-    ) -> tuple[Question, Delivery]:
+    def ask(self, turn: TurnRecord, asked: Ask) -> tuple[Question, Delivery]:
         with self._tx() as tx:
-            return waits.ask(
-                tx,
-                turn,
-                target=target,
-                question=question,
-                tool_call_id=tool_call_id,
-                subtype=subtype,
-                timeout_seconds=timeout_seconds,
-            )
+            return waits.ask(tx, turn, asked)
 
     @faults.retrying
     def wait_output(

@@ -54,6 +54,30 @@ class NewAgent:
     runner: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Ask:
+    """A question a turn's agent asks ``target`` in its tool call ``tool_call_id``, open for
+    ``timeout_seconds`` (``None``: the question timeout setting)."""
+
+    target: str
+    question: str
+    tool_call_id: str
+    subtype: MessageSubtype
+    timeout_seconds: float | None = None
+
+    def message(self, team_id: int, asker: str, question_id: int) -> SendRequest:
+        """The question as the message it is routed as, from ``asker``."""
+        return SendRequest(
+            team_id=team_id,
+            to=self.target,
+            content=self.question,
+            sender=asker,
+            type=MessageType.ASK,
+            subtype=self.subtype,
+            question_id=question_id,
+        )
+
+
 class Claim(NamedTuple):
     """A claimed turn and whose it is."""
 

@@ -30,7 +30,7 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Refused, Tx
-from agent_router.store.values import SendRequest
+from agent_router.store.values import Ask
 
 
 @dataclass(frozen=True)
@@ -147,34 +147,15 @@ def open_question(
     return question
 
 
-def ask(
-    tx: Tx,
-    turn: TurnRecord,
-    *,
-    target: str,
-    question: str,
-    tool_call_id: str,
-    subtype: MessageSubtype,
-    timeout_seconds: float | None = None,
-) -> tuple[Question, Delivery]:
-    """Open a question from the turn's agent to ``target`` and put the asker in ``waiting``.
+def ask(tx: Tx, turn: TurnRecord, asked: Ask) -> tuple[Question, Delivery]:
+    """Open a question from the turn's agent to ``asked.target`` and put the asker in
+    ``waiting``.
 
     Refused (no wait, a ledger event) when it asks oneself, targets a terminated or unknown
     agent, or would close a cycle in the team's waits-for graph."""
-    edge = open_wait_edge(tx, turn, target, tool_call_id, QuestionKind.ASK)
-    q = open_question(tx, edge, timeout_seconds)
-    delivery = routing.route(
-        tx,
-        SendRequest(
-            team_id=edge.waiter.team_id,
-            to=target,
-            content=question,
-            sender=edge.waiter.display_name,
-            type=MessageType.ASK,
-            subtype=subtype,
-            question_id=q.id,
-        ),
-    )
+    edge = open_wait_edge(tx, turn, asked.target, asked.tool_call_id, QuestionKind.ASK)
+    q = open_question(tx, edge, asked.timeout_seconds)
+    delivery = routing.route(tx, asked.message(edge.waiter.team_id, edge.waiter.display_name, q.id))
     return values.question(q), delivery
 
 
