@@ -4,6 +4,7 @@ of a question, checked on plain values and unsaved rows (no database)."""
 from __future__ import annotations
 
 import itertools
+from datetime import datetime
 
 import pytest
 
@@ -12,6 +13,7 @@ from agent_router.domain import (
     AgentState,
     MessageSubtype,
     MessageType,
+    Question,
     QuestionKind,
     QuestionStatus,
     RouteOutcome,
@@ -19,7 +21,6 @@ from agent_router.domain import (
 from agent_router.store.decisions import (
     TRANSITIONS,
     Incoming,
-    Waiting,
     close_question,
     decide,
     move,
@@ -27,8 +28,24 @@ from agent_router.store.decisions import (
 )
 from agent_router.store.models import AgentRow, QuestionRow
 
-ASK = Waiting(id=7, kind=QuestionKind.ASK, target_agent_id=2)
-OUTPUT_WAIT = Waiting(id=8, kind=QuestionKind.OUTPUT, target_agent_id=2)
+
+def _waiting_on(question_id: int, kind: QuestionKind) -> Question:
+    """An open question of agent 1 to agent 2, which agent 1 is blocked on."""
+    return Question(
+        id=question_id,
+        team_id=1,
+        asker_agent_id=1,
+        target_agent_id=2,
+        tool_call_id=f"call-{question_id}",
+        status=QuestionStatus.OPEN,
+        waiting=True,
+        deadline=datetime(2030, 1, 1),
+        kind=kind,
+    )
+
+
+ASK = _waiting_on(7, QuestionKind.ASK)
+OUTPUT_WAIT = _waiting_on(8, QuestionKind.OUTPUT)
 WAKE = Incoming(type=MessageType.MESSAGE, sender_id=3, wake=True)
 CONTEXT = Incoming(type=MessageType.NOTICE, sender_id=None, wake=False)
 

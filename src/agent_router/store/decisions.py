@@ -11,20 +11,12 @@ from agent_router.domain import (
     AgentState,
     MessageSubtype,
     MessageType,
+    Question,
     QuestionKind,
     QuestionStatus,
     RouteOutcome,
 )
 from agent_router.store.models import AgentRow, QuestionRow, utcnow
-
-
-@dataclass(frozen=True, kw_only=True)
-class Waiting:
-    """What a waiting receiver is blocked on: the question's id, its kind and its target."""
-
-    id: int
-    kind: QuestionKind
-    target_agent_id: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +31,7 @@ class Incoming:
     subtype: MessageSubtype | None = None
 
 
-def resolves(waiting: Waiting, msg: Incoming) -> bool:
+def resolves(waiting: Question, msg: Incoming) -> bool:
     """Does ``msg`` end the receiver's wait? Only the agent waited on releases it: an ask ends on
     that agent's answer to it, or on any other wake message that agent sends the asker; an
     output wait ends on that agent's report (an output that is not progress narration). A
@@ -52,7 +44,7 @@ def resolves(waiting: Waiting, msg: Incoming) -> bool:
     return msg.wake and (msg.answers is None or msg.answers == waiting.id)
 
 
-def decide(state: AgentState, waiting: Waiting | None, msg: Incoming) -> RouteOutcome:
+def decide(state: AgentState, waiting: Question | None, msg: Incoming) -> RouteOutcome:
     """The routing table: the outcome of delivering ``msg`` to a receiver in ``state`` (blocked
     on ``waiting``, if it is waiting). A terminated receiver is refused before this is asked."""
     if state is AgentState.TERMINATED:

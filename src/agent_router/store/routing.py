@@ -81,7 +81,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
     # Decided from the state before anything changes, so the row is inserted once, final.
     outcome = decisions.decide(
         target.state,
-        _waiting(waiting_on),
+        None if waiting_on is None else values.question(waiting_on),
         decisions.Incoming(
             type=req.type,
             sender_id=source_id,
@@ -145,14 +145,6 @@ def _waiting_on(tx: Tx, target: AgentRow, answered: QuestionRow | None) -> Quest
     if answered is not None and answered.waiting:
         return answered
     return queries.waiting_question(tx.session, target.id)
-
-
-def _waiting(question: QuestionRow | None) -> decisions.Waiting | None:
-    if question is None:
-        return None
-    return decisions.Waiting(
-        id=question.id, kind=question.kind, target_agent_id=question.target_agent_id
-    )
 
 
 def _lock_target(tx: Tx, req: SendRequest) -> tuple[AgentRow, int | None]:
