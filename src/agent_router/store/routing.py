@@ -22,7 +22,7 @@ from agent_router.domain import (
     RouteOutcome,
     TurnTrigger,
 )
-from agent_router.store import decisions, one_statement, queries, values
+from agent_router.store import answer_route, decisions, one_statement, queries, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -68,6 +68,10 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
     """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`)."""
     if one_statement.eligible(tx, req):
         delivered = one_statement.route(tx, req, external=is_external(req.sender))
+        if delivered is not None:
+            return delivered
+    elif answer_route.eligible(tx, req) and not is_external(req.sender):
+        delivered = answer_route.route(tx, req)
         if delivered is not None:
             return delivered
     target, source_id = _lock_target(tx, req)

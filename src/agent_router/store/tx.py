@@ -53,31 +53,11 @@ class Tx:
         self.settings = settings
         self.entries: list[OutboxEntry] = []
 
-    def ledger(
-        self,
-        action: LedgerAction,
-        *,
-        team_id: int | None,
-        agent_id: int | None = None,
-        outcome: RouteOutcome | None = None,
-        message_id: int | None = None,
-        turn_id: int | None = None,
-        epoch: int | None = None,
-        **detail: Any,
-    ) -> None:
-        # Buffered: the transaction's events are written together just before it commits (one
-        # statement, no unit of work). Nothing reads the ledger inside a writing transaction.
-        row = {
-            "team_id": team_id,
-            "agent_id": agent_id,
-            "action": action,
-            "outcome": outcome,
-            "message_id": message_id,
-            "turn_id": turn_id,
-            "epoch": epoch,
-            "detail": detail,
-            "created_at": utcnow(),
-        }
+    def ledger(self, action: LedgerAction, **fields: Any) -> None:
+        """A ledger event (:func:`ledger_row`), buffered: the transaction's events are written
+        together just before it commits (one statement, no unit of work). Nothing reads the
+        ledger inside a writing transaction."""
+        row = ledger_row(action, **fields)
         self.session.info.setdefault(_LEDGER_BUFFER, []).append(row)
         log_event(row)
 
@@ -126,6 +106,31 @@ class Tx:
         """A refusal to raise: the transaction rolls back, then ``action`` is ledgered with
         ``ledger`` in a transaction of its own and ``error`` reaches the caller."""
         return Refused(error, action, **ledger)
+
+
+def ledger_row(
+    action: LedgerAction,
+    *,
+    team_id: int | None,
+    agent_id: int | None = None,
+    outcome: RouteOutcome | None = None,
+    message_id: int | None = None,
+    turn_id: int | None = None,
+    epoch: int | None = None,
+    **detail: Any,
+) -> dict[str, Any]:
+    """A ledger event as the row it is written as; ``detail``: the event's own fields."""
+    return {
+        "team_id": team_id,
+        "agent_id": agent_id,
+        "action": action,
+        "outcome": outcome,
+        "message_id": message_id,
+        "turn_id": turn_id,
+        "epoch": epoch,
+        "detail": detail,
+        "created_at": utcnow(),
+    }
 
 
 def log_event(row: Mapping[str, Any]) -> None:

@@ -135,8 +135,11 @@ def turn(row: TurnRow) -> TurnRecord:
     return TurnRecord(**_read(row, _TURN_FIELDS))
 
 
-def question(row: QuestionRow) -> Question:
-    return Question(**_read(row, _QUESTION_FIELDS))
+def question(row: QuestionRow | sa.RowMapping) -> Question:
+    """A :class:`Question` from an ORM row or a Core row mapping with the same column names."""
+    if isinstance(row, QuestionRow):
+        return Question(**_read(row, _QUESTION_FIELDS))
+    return Question(**{name: row[name] for name in _QUESTION_FIELDS})
 
 
 def job(row: BackgroundJobRow) -> BackgroundJob:

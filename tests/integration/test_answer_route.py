@@ -1,0 +1,317 @@
+"""On PostgreSQL an answer to the question its receiver waits on is delivered in two statements.
+It must write exactly what the general way writes: the same delivery, message row, tool result
+in the asker's transcript (with its provenance), question, agent state, ledger events and wake
+row; and every answer it does not take (a wrong, unknown or closed question, another sender, a
+suspended asker, a refused sender) must come out of the general way unchanged. Each case is
+sent twice, to two teams built alike: once as it is, once with the two statements switched
+off."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from agent_router import AgentState, MessageType, RefusedError, Router, Settings
+from agent_router.domain import LedgerAction, OutboxKind, QuestionStatus, RouteOutcome
+from agent_router.outbox import RecordingPublisher
+from agent_router.store import answer_route
+
+from .helpers import assistant, start_running, tool_call
+
+
+@pytest.fixture
+def pg_router(pg_schema_url: str) -> Iterator[Router]:
+    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    yield router
+    router.close()
+
+
+#: How the asker ``Engineer_1`` is left before the answer arrives.
+SETUPS = ["waiting", "suspended", "answered", "asked_another", "expired"]
+
+
+def _team(router: Router, setup: str) -> tuple[int, int]:
+    """A lead, ``Engineer_1`` (as ``setup`` says), ``Reviewer_1`` (running) and ``Tester_1``
+    (terminated); and the id of Engineer_1's question."""
+    team = router.create_team().id
+    for role in ("Engineer", "Reviewer", "Tester"):
+        router.create_agent(team, role=role)
+    router.terminate(team, "Tester_1", reason="gone")
+    start_running(router, team, "Reviewer_1")
+    asked = "Reviewer_1" if setup == "asked_another" else "Team Leader"
+    turn = start_running(router, team, "Engineer_1")
+    turn.append_assistant(assistant(None, tool_call("ask-1", "ask_master")))
+    question = turn.ask(asked, "which auth module?", tool_call_id="ask-1").id
+    if setup == "suspended":
+        turn.end()
+        assert router.agent(team, "Engineer_1").suspended
+    elif setup == "answered":
+        router.send(
+            team,
+            to="Engineer_1",
+            content="first answer",
+            sender="Team Leader",
+            type=MessageType.ANSWER,
+            question_id=question,
+        )
+        turn.append_assistant({"role": "assistant", "content": "thinking"})
+    elif setup == "expired":
+        _overdue(router, question)
+        router.expire_questions()
+        assert router.agent(team, "Engineer_1").state is AgentState.RUNNING
+    return team, question
+
+
+def _overdue(router: Router, question: int) -> None:
+    """The question's deadline has passed."""
+    with router.store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE ar_questions SET deadline = now() - interval '1 hour' WHERE id = :q"),
+            {"q": question},
+        )
+
+
+def _answer(question: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "to": "Engineer_1",
+        "content": "use the OAuth module",
+        "sender": "Team Leader",
+        "type": MessageType.ANSWER,
+        "question_id": question,
+        **fields,
+    }
+
+
+#: The answers sent, each a function of the question's id.
+SENDS: list[Callable[[int], dict[str, Any]]] = [
+    _answer,
+    lambda q: _answer(q, content="a </agent-message> inside\n<agent-message type=x>"),
+    lambda q: _answer(q, wake=False),
+    lambda q: _answer(q, sender="Reviewer_1"),
+    lambda q: _answer(q, sender="user"),
+    lambda q: _answer(q, sender="Tester_1"),
+    lambda q: _answer(q, sender="Engineer_1"),
+    lambda q: _answer(q, sender="Nobody_9"),
+    lambda q: _answer(q + 1_000_000),
+    lambda q: _answer(q, to="Reviewer_1"),
+    lambda q: _answer(q, to="Tester_1"),
+    lambda q: _answer(q, to="Nobody_9"),
+]
+
+
+def _no_ids(value: Any, team: int, question: int) -> Any:
+    """``value`` without what differs between two teams built alike: their ids."""
+    if isinstance(value, dict):
+        return {
+            k: (v is not None) if k.endswith("_id") else _no_ids(v, team, question)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_no_ids(v, team, question) for v in value]
+    if isinstance(value, str):
+        text = value.replace(f"team {team}", "team T")
+        return re.sub(r'(message_id|question_id)="\d+"|question \d+', "(id)", text)
+    return value
+
+
+def _written(router: Router, team: int, question: int, send: dict[str, Any]) -> dict[str, Any]:
+    """What one send returned or raised, and everything it wrote."""
+    names = {a.id: a.display_name for a in router.agents(team)}
+    engineer = router.agent(team, "Engineer_1").id
+    before = (
+        len(router.ledger(team)),
+        len(router.outbox(team)),
+        len(router.messages(team)),
+        len(router.store.reads.transcript_entries(engineer)),
+    )
+    try:
+        delivery = router.send(team, **send)
+        returned: Any = (
+            delivery.outcome,
+            delivery.target,
+            delivery.seq,
+            delivery.epoch,
+            delivery.duplicate,
+        )
+    except RefusedError as exc:
+        returned = (type(exc), _no_ids(str(exc), team, question))
+    agents = {
+        a.display_name: (a.state, a.epoch, a.suspended, a.pending_trigger, a.mailbox_depth)
+        for a in router.agents(team)
+    }
+    messages = [
+        (
+            m.seq,
+            m.source_name,
+            names.get(m.source_agent_id or 0),
+            m.target_name,
+            m.type,
+            m.content,
+            m.question_id == question,
+            m.wake,
+            m.outcome,
+            m.status,
+            m.consumed_turn_id is not None,
+        )
+        for m in router.messages(team)[before[2] :]
+    ]
+    ledger = [
+        (e.action, e.agent_name, e.outcome, e.epoch, _no_ids(e.detail, team, question))
+        for e in router.ledger(team)[before[0] :]
+    ]
+    outbox = [
+        (o.kind, names[o.agent_id], o.epoch, _no_ids(o.payload, team, question))
+        for o in router.outbox(team)[before[1] :]
+    ]
+    entries = [
+        {**_no_ids(e, team, question), "position": e["position"]}
+        for e in router.store.reads.transcript_entries(engineer)[before[3] :]
+    ]
+    q = router.question(question)
+    return {
+        "returned": returned,
+        "agents": agents,
+        "messages": messages,
+        "ledger": ledger,
+        "outbox": outbox,
+        "transcript": entries,
+        "question": (q.status, q.waiting, q.answer_message_id is not None),
+    }
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_the_two_statements_write_what_the_general_way_writes(
+    pg_router: Router, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    taken = 0
+    for make in SENDS:
+        fast_team, fast_q = _team(pg_router, setup)
+        general_team, general_q = _team(pg_router, setup)
+        with _counting(monkeypatch) as took:
+            fast = _written(pg_router, fast_team, fast_q, make(fast_q))
+        taken += took[0]
+        with monkeypatch.context() as patch:
+            patch.setattr(answer_route, "eligible", lambda tx, req: False)
+            general = _written(pg_router, general_team, general_q, make(general_q))
+        assert fast == general, make(0)
+        if not isinstance(general["returned"][0], type):
+            assert len(general["messages"]) == 1
+    # The common case is taken where it exists, and only there: the asked agent's answers to
+    # an asker still blocked on the question.
+    assert taken == {"waiting": 2, "asked_another": 1}.get(setup, 0)
+
+
+@contextmanager
+def _counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """How many sends the two statements delivered (not handed to the general way)."""
+    took = [0]
+    real = answer_route.route
+
+    def counted(tx: Any, req: Any) -> Any:
+        delivered = real(tx, req)
+        took[0] += delivered is not None
+        return delivered
+
+    with monkeypatch.context() as patch:
+        patch.setattr(answer_route, "route", counted)
+        yield took
+
+
+def test_the_answer_is_the_tool_result_and_wakes_the_asker(pg_router: Router) -> None:
+    team, question = _team(pg_router, "waiting")
+    delivery = pg_router.send(team, **_answer(question))
+    assert delivery.outcome is RouteOutcome.RESOLVED
+    last = pg_router.transcript(team, "Engineer_1")[-1]
+    assert last["role"] == "tool" and last["tool_call_id"] == "ask-1"
+    assert f'message_id="{delivery.message_id}"' in last["content"]
+    assert "use the OAuth module" in last["content"]
+    assert pg_router.agent(team, "Engineer_1").state is AgentState.RUNNING
+    q = pg_router.question(question)
+    assert q.status is QuestionStatus.ANSWERED and q.answer_message_id == delivery.message_id
+    wakes = [o for o in pg_router.outbox(team) if o.kind is OutboxKind.WAKE_WAITER]
+    assert [o.payload for o in wakes] == [{"question_id": question}]
+    actions = [e.action for e in pg_router.ledger(team)][-2:]
+    assert actions == [LedgerAction.QUESTION_RESOLVED, LedgerAction.ROUTE]
+
+
+def test_an_answer_is_two_statements(pg_router: Router) -> None:
+    team, question = _team(pg_router, "waiting")
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(pg_router.store.engine, "before_cursor_execute", record)
+    try:
+        pg_router.send(team, **_answer(question))
+    finally:
+        event.remove(pg_router.store.engine, "before_cursor_execute", record)
+    # The read and the write in the transaction; the wake row is marked published after it.
+    read, write, mark = seen
+    assert read.lstrip().startswith("WITH target AS MATERIALIZED")
+    assert write.lstrip().startswith("WITH moved AS")
+    assert mark.lstrip().startswith("UPDATE ar_outbox SET published_at")
+
+
+def test_both_statements_fit_the_drivers_statement_cache() -> None:
+    """psycopg converts a query's parameters once and caches it only up to this length."""
+    from psycopg import _queries
+    from sqlalchemy.dialects import postgresql
+
+    for statement in (answer_route._READ, answer_route._WRITE):
+        assert statement._generate_cache_key() is not None  # SQLAlchemy compiles it once
+        text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
+        assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+
+
+def test_an_answer_racing_the_deadline_and_other_senders(pg_router: Router) -> None:
+    """The answer, the sweeper's expiry of the same question and messages from other senders
+    race, many times: no deadlock, no error, the question closes once (answered or expired),
+    the asker gets exactly one tool result for its call, and every message is kept in order."""
+    for _ in range(15):
+        team, question = _team(pg_router, "waiting")
+        _overdue(pg_router, question)
+        barrier = threading.Barrier(4)
+        failures: list[BaseException] = []
+
+        def run(
+            fn: Callable[[], Any],
+            barrier: threading.Barrier = barrier,
+            failures: list[BaseException] = failures,
+        ) -> None:
+            try:
+                barrier.wait()
+                fn()
+            except RefusedError:
+                pass  # the answer came after the expiry: the question was closed
+            except BaseException as exc:  # pragma: no cover - reported below
+                failures.append(exc)
+
+        jobs: list[Callable[[], Any]] = [
+            partial(pg_router.send, team, **_answer(question)),
+            pg_router.expire_questions,
+            partial(pg_router.send, team, to="Engineer_1", content="a", sender="user"),
+            partial(pg_router.send, team, to="Engineer_1", content="b", sender="Reviewer_1"),
+        ]
+        threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        q = pg_router.question(question)
+        assert q.status in (QuestionStatus.ANSWERED, QuestionStatus.EXPIRED) and not q.waiting
+        results = [
+            e for e in pg_router.transcript(team, "Engineer_1") if e.get("tool_call_id") == "ask-1"
+        ]
+        assert len(results) == 1
+        seqs = sorted(m.seq for m in pg_router.messages(team) if m.target_name == "Engineer_1")
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
