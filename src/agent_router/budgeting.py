@@ -54,10 +54,9 @@ SPENT = "the team's {budget} budget is spent"
 _ACTIVE = (AgentState.SCHEDULED, AgentState.RUNNING, AgentState.WAITING)
 
 
-def admit_turn(router: Router, turn: Turn) -> bool:
-    """Count a claimed turn against the team's budgets; ``False`` (the turn already stopped)
-    when a budget is spent."""
-    check = router.store.charge(turn.team_id, turn.agent_id, turn.id, turn_start=True)
+def admit_turn(router: Router, turn: Turn, check: BudgetCheck) -> bool:
+    """Act on a claimed turn's budget ``check`` (counted in the claim's transaction): warn or
+    stop the team as it says; ``False`` (the turn already stopped) when a budget is spent."""
     _after(router, turn.team_id, check)
     if check.ok:
         return True

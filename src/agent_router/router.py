@@ -315,7 +315,7 @@ class Router:
         if claim is None:
             return None
         turn = Turn(self, claim.record, claim.team_id, claim.display_name)
-        if not budgeting.admit_turn(self, turn):
+        if not budgeting.admit_turn(self, turn, claim.budget):
             return None  # a team budget is spent: the turn stopped at once
         self.hooks.after_claim(turn)
         return turn

@@ -134,13 +134,13 @@ def route_detail(
     }
 
 
-def _param(name: str, type_: Any) -> sa.ColumnElement[Any]:
+def param(name: str, type_: Any) -> sa.ColumnElement[Any]:
     """A parameter cast to its column's type (PostgreSQL cannot infer it in a SELECT list,
     inside CASE, or as an argument of jsonb_build_object)."""
     return sa.cast(sa.bindparam(name), type_)
 
 
-def _constant(value: Any, type_: sa.Enum | None = None) -> sa.ColumnElement[Any]:
+def constant(value: Any, type_: sa.Enum | None = None) -> sa.ColumnElement[Any]:
     """A constant written into the statement's text (a key, an enum value), no parameter;
     ``type_`` names the enum type where PostgreSQL cannot infer it (in a SELECT list)."""
     text = f"'{value.value if isinstance(value, enum.Enum) else value}'"
@@ -163,11 +163,11 @@ def _locked(*, external: bool) -> sa.CTE:
             .where(
                 sender.c.team_id == sa.bindparam("b_team"),
                 sender.c.display_name == sa.bindparam("b_sender"),
-                sender.c.state != _constant(AgentState.TERMINATED),
+                sender.c.state != constant(AgentState.TERMINATED),
             )
             .scalar_subquery()
         )
-    in_state = [(agent.state == _constant(s), s) for s in STATES]
+    in_state = [(agent.state == constant(s), s) for s in STATES]
     return (
         sa.select(
             agent.id,
@@ -175,20 +175,20 @@ def _locked(*, external: bool) -> sa.CTE:
             agent.state,
             source_id.label("source_id"),
             # The parameters that more than one row takes, named once.
-            _param("b_now", sa.DateTime).label("now"),
-            _param("b_sender", sa.Text).label("sender"),
-            _param("b_wake", sa.Boolean).label("wake"),
-            sa.case(*[(c, _param(f"o_{s.value}", RouteOutcomeType)) for c, s in in_state]).label(
+            param("b_now", sa.DateTime).label("now"),
+            param("b_sender", sa.Text).label("sender"),
+            param("b_wake", sa.Boolean).label("wake"),
+            sa.case(*[(c, param(f"o_{s.value}", RouteOutcomeType)) for c, s in in_state]).label(
                 "outcome"
             ),
-            sa.case(*[(c, _param(f"t_{s.value}", sa.Boolean)) for c, s in in_state]).label(
+            sa.case(*[(c, param(f"t_{s.value}", sa.Boolean)) for c, s in in_state]).label(
                 "new_turn"
             ),
         )
         .where(
             agent.team_id == sa.bindparam("b_team"),
             agent.display_name == sa.bindparam("b_to"),
-            agent.state.in_([_constant(s) for s in STATES]),
+            agent.state.in_([constant(s) for s in STATES]),
         )
         .with_for_update(key_share=True)
         .cte("old")
@@ -211,9 +211,9 @@ def _moved(old: sa.CTE, *, external: bool) -> sa.CTE:
         .values(
             next_seq=agent.next_seq + 1,
             epoch=sa.case((new_turn, agent.epoch + 1), else_=agent.epoch),
-            state=sa.case((new_turn, _constant(AgentState.SCHEDULED)), else_=agent.state),
+            state=sa.case((new_turn, constant(AgentState.SCHEDULED)), else_=agent.state),
             pending_trigger=sa.case(
-                (new_turn, _constant(TurnTrigger.NEW)),
+                (new_turn, constant(TurnTrigger.NEW)),
                 else_=agent.pending_trigger,
             ),
             scheduled_at=sa.case((new_turn, old.c.now), else_=agent.scheduled_at),
@@ -261,12 +261,12 @@ def _message(target: sa.CTE) -> sa.CTE:
                 target.c.sender,
                 target.c.source_id,
                 target.c.id,
-                _param("b_type", _messages.c.type.type),
-                _param("b_subtype", _messages.c.subtype.type),
-                _param("b_content", sa.Text),
+                param("b_type", _messages.c.type.type),
+                param("b_subtype", _messages.c.subtype.type),
+                param("b_content", sa.Text),
                 target.c.wake,
                 target.c.outcome,
-                _constant(MessageStatus.PENDING, MessageStatusType),
+                constant(MessageStatus.PENDING, MessageStatusType),
                 target.c.now,
             ),
         )
@@ -280,17 +280,17 @@ def _turn_task(target: sa.CTE) -> sa.CTE:
     # The turn task's payload, as Tx.outbox writes it: the agent's name and team for monitors,
     # the trigger, and the host's task when a host owns the agent's turns.
     payload = sa.func.jsonb_build_object(
-        _constant("agent"),
-        _param("b_to", sa.Text),
-        _constant("team_id"),
+        constant("agent"),
+        param("b_to", sa.Text),
+        constant("team_id"),
         target.c.team_id,
-        _constant("trigger"),
-        _constant(TurnTrigger.NEW),
+        constant("trigger"),
+        constant(TurnTrigger.NEW),
     ).op("||")(
         sa.case(
             (
                 target.c.runner.is_not(None),
-                sa.func.jsonb_build_object(_constant("task"), target.c.runner),
+                sa.func.jsonb_build_object(constant("task"), target.c.runner),
             ),
             else_=sa.literal_column("'{}'::jsonb", JSONB),
         )
@@ -302,7 +302,7 @@ def _turn_task(target: sa.CTE) -> sa.CTE:
             sa.select(
                 target.c.team_id,
                 target.c.id,
-                _constant(OutboxKind.ENQUEUE_TURN, OutboxKindType),
+                constant(OutboxKind.ENQUEUE_TURN, OutboxKindType),
                 target.c.epoch,
                 sa.type_coerce(payload, JSONB),
                 target.c.now,
@@ -318,7 +318,7 @@ def _route_event(target: sa.CTE, message: sa.CTE) -> sa.CTE:
     """The route's ledger event, with the detail the general way writes."""
     detail = {
         "seq": target.c.seq,
-        "type": _param("b_type_name", sa.Text),
+        "type": param("b_type_name", sa.Text),
         "sender": target.c.sender,
         "wake": target.c.wake,
         "state_before": sa.cast(target.c.state_before, sa.Text),
@@ -340,12 +340,12 @@ def _route_event(target: sa.CTE, message: sa.CTE) -> sa.CTE:
             sa.select(
                 target.c.team_id,
                 target.c.id,
-                _constant(LedgerAction.ROUTE, LedgerActionType),
+                constant(LedgerAction.ROUTE, LedgerActionType),
                 target.c.outcome,
                 message.c.id,
                 target.c.epoch,
                 sa.func.jsonb_build_object(
-                    *[part for key, value in detail.items() for part in (_constant(key), value)]
+                    *[part for key, value in detail.items() for part in (constant(key), value)]
                 ),
                 target.c.now,
             ).select_from(target.join(message, sa.true())),

@@ -369,14 +369,10 @@ class Store:
     # ------------------------------------------------------------------ budgets and usage
 
     @faults.retrying
-    def charge(
-        self, team_id: int, agent_id: int, turn_id: int, *, turn_start: bool = False
-    ) -> BudgetCheck:
-        """Count a turn starting (``turn_start``) or a model call against the team's budgets;
-        refused (nothing counted) when one is spent."""
+    def charge(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+        """Count a model call against the team's budgets; refused (nothing counted) when one is
+        spent. (A turn is counted by its claim.)"""
         with self._tx() as tx:
-            if turn_start:
-                return budgets.charge_turn(tx, team_id, agent_id, turn_id)
             return budgets.charge_model_call(tx, team_id, agent_id, turn_id)
 
     @faults.retrying

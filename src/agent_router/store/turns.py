@@ -22,7 +22,7 @@ from agent_router.domain import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.store import queries, routing, values
+from agent_router.store import budgets, claim_statement, queries, routing, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -48,9 +48,16 @@ STOPPED_RESULT = "cancelled: the agent was stopped before this tool call ran"
 
 
 def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
-    """Claim the scheduled turn of ``epoch`` (default: the current one); ``None`` if there is
-    nothing to claim: a duplicate or stale delivery, or no turn scheduled. The claim carries
-    the agent's team and name, so that starting the turn needs no second read."""
+    """Claim the scheduled turn of ``epoch`` (default: the current one) and count it against
+    the team's budgets; ``None`` if there is nothing to claim: a duplicate or stale delivery,
+    or no turn scheduled. The claim carries the agent's team and name, so that starting the
+    turn needs no second read."""
+    if claim_statement.eligible(tx):
+        claimed = claim_statement.claim(tx, agent_id, epoch)
+        if claimed is not None:
+            record, team_id, name = claimed
+            check = budgets.charge_turn(tx, team_id, agent_id, record.id)
+            return Claim(record, team_id, name, check)
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
         raise errors.UnknownAgentError(f"no agent with id {agent_id}")
@@ -85,7 +92,9 @@ def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
         epoch=agent.epoch,
         trigger=trigger.value,
     )
-    return Claim(values.turn(turn), agent.team_id, agent.display_name)
+    # The agent's lock, then the budget's: no transaction takes them the other way round.
+    check = budgets.charge_turn(tx, agent.team_id, agent.id, turn.id)
+    return Claim(values.turn(turn), agent.team_id, agent.display_name, check)
 
 
 # The agent locked and its turn read in one statement (the lock is the agent's alone; see

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from agent_router.domain import (
     Agent,
     BackgroundJob,
+    BudgetCheck,
     LedgerEvent,
     Message,
     MessageSubtype,
@@ -79,11 +80,13 @@ class Ask:
 
 
 class Claim(NamedTuple):
-    """A claimed turn and whose it is."""
+    """A claimed turn, whose it is, and the turn counted against the team's budgets in the
+    claim's transaction (``budget.ok`` false: a budget is spent and the turn must stop)."""
 
     record: TurnRecord
     team_id: int
     display_name: str
+    budget: BudgetCheck
 
 
 def _columns(cls: type[Any], *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -99,7 +102,8 @@ _AGENT_FIELDS = _columns(Agent, but=("mailbox_depth",))
 #: The columns a :class:`Message` is made of (all its fields but the target's name).
 _MESSAGE_FIELDS = _columns(Message, but=("target_name",))
 _OUTBOX_FIELDS = _columns(OutboxEntry)
-_TURN_FIELDS = _columns(TurnRecord)
+#: The columns a :class:`TurnRecord` is made of.
+TURN_FIELDS = _columns(TurnRecord)
 #: A question's asker and target names are not columns: the Router's reads fill them.
 _QUESTION_FIELDS = _columns(Question, but=("asker", "target"))
 _JOB_FIELDS = _columns(BackgroundJob)
@@ -131,8 +135,11 @@ def outbox_entry(row: OutboxRow) -> OutboxEntry:
     return OutboxEntry(**_read(row, _OUTBOX_FIELDS))
 
 
-def turn(row: TurnRow) -> TurnRecord:
-    return TurnRecord(**_read(row, _TURN_FIELDS))
+def turn(row: TurnRow | sa.RowMapping) -> TurnRecord:
+    """A :class:`TurnRecord` from an ORM row or a Core row mapping with its column names."""
+    if isinstance(row, TurnRow):
+        return TurnRecord(**_read(row, TURN_FIELDS))
+    return TurnRecord(**{name: row[name] for name in TURN_FIELDS})
 
 
 def question(row: QuestionRow | sa.RowMapping) -> Question:

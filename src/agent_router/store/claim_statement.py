@@ -1,0 +1,147 @@
+"""A turn's claim as one statement on PostgreSQL.
+
+The general way (:func:`agent_router.store.turns.claim_turn`) locks the agent, inserts the turn
+through the unit of work, moves the agent and writes the ledger event: four statements. Here
+one data-modifying statement does the same for an agent that is ``scheduled`` in the epoch
+claimed: it locks the agent (``FOR NO KEY UPDATE``, as the general way does), moves it to
+``running`` with no pending trigger, inserts the turn with its lease and the ``turn_claimed``
+event, and returns the turn with the agent's team and name. An agent in any other state, or
+in another epoch, an unknown agent: nothing matches and nothing is written, and the general
+way decides (a refused claim is ledgered there).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, cast
+
+import sqlalchemy as sa
+
+from agent_router.domain import AgentState, LedgerAction, TurnRecord, TurnStatus, TurnTrigger
+from agent_router.store import values
+from agent_router.store.models import (
+    AgentRow,
+    LedgerActionType,
+    LedgerRow,
+    TurnRow,
+    TurnStatusType,
+    utcnow,
+)
+from agent_router.store.one_statement import constant
+from agent_router.store.tx import Tx, has_buffered_ledger, ledger_row, log_event
+
+_agents = cast("sa.Table", AgentRow.__table__)
+_turns = cast("sa.Table", TurnRow.__table__)
+_ledger = cast("sa.Table", LedgerRow.__table__)
+
+
+def eligible(tx: Tx) -> bool:
+    """On PostgreSQL, with no ledger event of this transaction still buffered."""
+    return not tx.settings.is_sqlite and not has_buffered_ledger(tx.session)
+
+
+def claim(tx: Tx, agent_id: int, epoch: int | None) -> tuple[TurnRecord, int, str] | None:
+    """The claimed turn, the agent's team and name; ``None`` when nothing was claimed (nor
+    written) and the general way must decide."""
+    now = utcnow()
+    params = {
+        "b_agent": agent_id,
+        "b_epoch": epoch,
+        "b_now": now,
+        "b_lease": now + timedelta(seconds=tx.settings.lease_seconds),
+    }
+    found = tx.session.connection().execute(_STATEMENT, params).mappings().one_or_none()
+    if found is None:
+        return None
+    record = values.turn(found)
+    log_event(
+        ledger_row(
+            LedgerAction.TURN_CLAIMED,
+            team_id=found["team_id"],
+            agent_id=agent_id,
+            turn_id=record.id,
+            epoch=record.epoch,
+            trigger=record.trigger.value,
+        )
+    )
+    return record, found["team_id"], found["display_name"]
+
+
+def _locked() -> sa.CTE:
+    """The agent, locked, if it is scheduled in the epoch claimed (any, when none is given),
+    with the trigger of the turn it is scheduled for."""
+    agent = _agents.c
+    return (
+        sa.select(
+            agent.id,
+            agent.team_id,
+            agent.display_name,
+            agent.epoch,
+            sa.func.coalesce(agent.pending_trigger, constant(TurnTrigger.NEW)).label("trigger"),
+        )
+        .where(
+            agent.id == sa.bindparam("b_agent"),
+            agent.state == constant(AgentState.SCHEDULED),
+            sa.or_(
+                sa.bindparam("b_epoch", type_=sa.Integer).is_(None),
+                agent.epoch == sa.bindparam("b_epoch", type_=sa.Integer),
+            ),
+        )
+        .with_for_update(key_share=True)
+        # Materialized: the agent is locked as the CTE is read, before anything is written.
+        .cte("old")
+        .prefix_with("MATERIALIZED")
+    )
+
+
+def _statement() -> sa.Select[Any]:
+    agent = _agents.c
+    old = _locked()
+    moved = (
+        sa.update(_agents)
+        .where(agent.id == sa.select(old.c.id).scalar_subquery())
+        .values(state=constant(AgentState.RUNNING), pending_trigger=sa.null())
+        .cte("moved")
+    )
+    turn = (
+        sa.insert(_turns)
+        .from_select(
+            ["team_id", "agent_id", "epoch", "trigger", "status", "started_at", "lease_expires_at"],
+            sa.select(
+                old.c.team_id,
+                old.c.id,
+                old.c.epoch,
+                old.c.trigger,
+                constant(TurnStatus.RUNNING, TurnStatusType),
+                sa.bindparam("b_now", type_=sa.DateTime),
+                sa.bindparam("b_lease", type_=sa.DateTime),
+            ),
+        )
+        .returning(*[_turns.c[name] for name in values.TURN_FIELDS])
+        .cte("turn")
+    )
+    event = (
+        sa.insert(_ledger)
+        .from_select(
+            ["team_id", "agent_id", "action", "turn_id", "epoch", "detail", "created_at"],
+            sa.select(
+                old.c.team_id,
+                old.c.id,
+                constant(LedgerAction.TURN_CLAIMED, LedgerActionType),
+                turn.c.id,
+                turn.c.epoch,
+                sa.func.jsonb_build_object(constant("trigger"), turn.c.trigger),
+                sa.bindparam("b_now", type_=sa.DateTime),
+            ).select_from(old.join(turn, sa.true())),
+        )
+        .cte("event")
+    )
+    return (
+        sa.select(turn, old.c.team_id, old.c.display_name)
+        .select_from(turn.join(old, sa.true()))
+        .add_cte(moved, event)
+    )
+
+
+#: Built once: every turn starts with it.
+_STATEMENT = _statement()

@@ -1,0 +1,169 @@
+"""On PostgreSQL a turn is claimed by one statement. It must write exactly what the general way
+writes: the same turn, agent state, ledger events and budget count, for every state, epoch and
+trigger; and every claim it does not take (not scheduled, another epoch, an unknown agent)
+must come out of the general way unchanged. Each case is claimed twice, in two teams built
+alike: once as it is, once with the one statement switched off."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from agent_router import Router, Settings
+from agent_router.domain import BudgetName, LedgerAction
+from agent_router.outbox import RecordingPublisher
+from agent_router.store import claim_statement
+
+from .helpers import assistant, start_running, tool_call
+
+
+@pytest.fixture
+def pg_router(pg_schema_url: str) -> Iterator[Router]:
+    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    yield router
+    router.close()
+
+
+#: How ``Engineer_1`` is left before the claim.
+SETUPS = ["scheduled", "continuation", "idle", "running", "terminated", "turns_spent"]
+
+
+def _team(router: Router, setup: str) -> tuple[int, int]:
+    """A team whose ``Engineer_1`` is as ``setup`` says; its id and the agent's id."""
+    budget = {BudgetName.TURNS: 1.0} if setup == "turns_spent" else None
+    team = router.create_team(budget=budget).id
+    agent = router.create_agent(team, role="Engineer").id
+    if setup in ("scheduled", "turns_spent"):
+        router.send(team, to="Engineer_1", content="go", sender="user")
+    elif setup == "continuation":
+        # A suspended ask answered: its continuation turn is scheduled.
+        turn = start_running(router, team, "Engineer_1")
+        turn.append_assistant(assistant(None, tool_call("ask-1", "ask_master")))
+        question = turn.ask("Team Leader", "?", tool_call_id="ask-1")
+        turn.end()
+        router.answer(question.id, "yes")
+    elif setup == "running":
+        start_running(router, team, "Engineer_1")
+    elif setup == "terminated":
+        router.terminate(team, "Engineer_1", reason="gone")
+    if setup == "turns_spent":
+        # The lead's turn used the one turn the team may start.
+        router.send(team, to="Team Leader", content="go", sender="user")
+        router.claim_turn(team, "Team Leader")
+    return team, agent
+
+
+def _claimed(router: Router, team: int, agent: int, epoch: int | None) -> dict[str, Any]:
+    ledger_before = len(router.ledger(team))
+    turn = router.claim(agent, epoch)
+    returned = (
+        None
+        if turn is None
+        else (
+            turn.team_id,
+            turn.display_name,
+            turn.record.epoch,
+            turn.record.trigger,
+            turn.record.status,
+            turn.record.ended_at,
+        )
+    )
+    a = router.agent(team, "Engineer_1")
+    budget = router.store.budget(team)
+    return {
+        "returned": returned is not None and (returned[0] == team, *returned[1:]),
+        "agent": (a.state, a.epoch, a.pending_trigger, a.suspended),
+        "turns": [
+            (t.epoch, t.trigger, t.status, t.ended_at is None)
+            for t in router.store.reads.turns(agent)
+        ],
+        "ledger": [
+            (e.action, e.agent_name, e.epoch, e.turn_id is not None, e.detail)
+            for e in router.ledger(team)[ledger_before:]
+        ],
+        "budget": (budget.used[BudgetName.TURNS], budget.exhausted),
+    }
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_the_one_statement_claims_as_the_general_way_claims(
+    pg_router: Router, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    for epoch in (None, "current", "next"):
+        written = []
+        for general in (False, True):
+            team, agent = _team(pg_router, setup)
+            current = pg_router.agent(team, "Engineer_1").epoch
+            asked = {None: None, "current": current, "next": current + 1}[epoch]
+            with monkeypatch.context() as patch:
+                if general:
+                    patch.setattr(claim_statement, "eligible", lambda tx: False)
+                written.append(_claimed(pg_router, team, agent, asked))
+        fast, general_way = written
+        assert fast == general_way, (setup, epoch)
+        claimed = setup in ("scheduled", "continuation", "turns_spent") and epoch != "next"
+        assert bool(fast["returned"]) is (claimed and setup != "turns_spent")
+        assert (LedgerAction.TURN_CLAIMED in [e[0] for e in fast["ledger"]]) is claimed
+
+
+def test_a_claim_is_one_statement_and_the_budget(pg_router: Router) -> None:
+    _, agent = _team(pg_router, "scheduled")
+
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(pg_router.store.engine, "before_cursor_execute", record)
+    try:
+        assert pg_router.claim(agent) is not None
+    finally:
+        event.remove(pg_router.store.engine, "before_cursor_execute", record)
+    claim, *budget = seen
+    assert claim.lstrip().startswith('WITH "old" AS MATERIALIZED')
+    # The budget row read locked and its count written, in the same transaction.
+    assert [s.split()[0] for s in budget] == ["SELECT", "UPDATE"]
+
+
+def test_the_statement_fits_the_drivers_statement_cache() -> None:
+    from psycopg import _queries
+    from sqlalchemy.dialects import postgresql
+
+    statement = claim_statement._STATEMENT
+    assert statement._generate_cache_key() is not None  # SQLAlchemy compiles it once
+    text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
+    assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+
+
+def test_racing_claims_of_one_turn_claim_it_once(pg_router: Router) -> None:
+    """Duplicate deliveries of one turn task race on the statement, many times: one claims,
+    the others get nothing, and the turn and the budget are counted once."""
+    for _ in range(20):
+        team, agent = _team(pg_router, "scheduled")
+        epoch = pg_router.agent(team, "Engineer_1").epoch
+        barrier = threading.Barrier(4)
+        claimed: list[Any] = []
+
+        def claim(
+            barrier: threading.Barrier = barrier,
+            claimed: list[Any] = claimed,
+            agent: int = agent,
+            epoch: int = epoch,
+        ) -> None:
+            barrier.wait()
+            claimed.append(pg_router.claim(agent, epoch))
+
+        threads = [threading.Thread(target=claim) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(turn is not None for turn in claimed) == 1
+        assert len(pg_router.store.reads.turns(agent)) == 1
+        assert pg_router.store.budget(team).used[BudgetName.TURNS] == 1
+        refused = [e for e in pg_router.ledger(team) if e.action is LedgerAction.CLAIM_REFUSED]
+        assert len(refused) == 3
