@@ -124,6 +124,15 @@ class TurnError(AgentRouterError):
     """Raised when a turn operation cannot proceed."""
 
 
+class HostOwnedTurnError(TurnError):
+    """Raised when the built-in loop is handed a turn of an agent whose turns a host's task runs:
+    nothing is claimed, and the turn belongs to ``runner``."""
+
+    def __init__(self, runner: str) -> None:
+        super().__init__(f"the turns of this agent run in the host's task {runner!r}")
+        self.runner = runner
+
+
 class StaleTurnError(TurnError):
     """Raised when a turn's epoch was superseded: it can drain, append and end nothing."""
 

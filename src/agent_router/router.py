@@ -302,8 +302,12 @@ class Router:
         agent = self.agent(team_id, display_name)
         return self.claim(agent.id, epoch)
 
-    def claim(self, agent_id: int, epoch: int | None = None) -> Turn | None:
-        """Claim by id and epoch, as a turn task does; duplicates and stale epochs get ``None``."""
+    def claim(
+        self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+    ) -> Turn | None:
+        """Claim by id and epoch, as a turn task does; duplicates and stale epochs get ``None``.
+        ``builtin``: the built-in loop's claim, refused with ``HostOwnedTurnError`` (nothing
+        claimed) for an agent whose turns a host's task runs."""
         if not 1 <= check.integer(agent_id, "agent id") <= check.MAX_ID:
             return None  # no such agent: nothing to claim
         if (
@@ -311,7 +315,7 @@ class Router:
             and not check.MIN_INT32 <= check.integer(epoch, "epoch") <= check.MAX_INT32
         ):
             return None  # no turn ever had that epoch
-        claim = self.store.claim_turn(agent_id, epoch)
+        claim = self.store.claim_turn(agent_id, epoch, builtin=builtin)
         if claim is None:
             return None
         turn = Turn(self, claim.record, claim.team_id, claim.display_name)

@@ -15,6 +15,7 @@ from sqlalchemy import event
 
 from agent_router import Router, Settings
 from agent_router.domain import BudgetName, LedgerAction
+from agent_router.errors import HostOwnedTurnError
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import claim_statement
 
@@ -167,3 +168,23 @@ def test_racing_claims_of_one_turn_claim_it_once(pg_router: Router) -> None:
         assert pg_router.store.budget(team).used[BudgetName.TURNS] == 1
         refused = [e for e in pg_router.ledger(team) if e.action is LedgerAction.CLAIM_REFUSED]
         assert len(refused) == 3
+
+
+@pytest.mark.parametrize("general", [False, True], ids=["one statement", "general way"])
+def test_the_built_in_loop_claims_no_turn_a_host_runs(
+    pg_router: Router, monkeypatch: pytest.MonkeyPatch, general: bool
+) -> None:
+    """Both ways: the built-in loop's claim of a host-owned agent's turn names the host's task
+    and writes nothing; the host's own claim of it then succeeds."""
+    if general:
+        monkeypatch.setattr(claim_statement, "eligible", lambda tx: False)
+    team = pg_router.create_team().id
+    agent = pg_router.create_agent(team, role="Engineer", runner="chat.engineer_turn").id
+    pg_router.send(team, to="Engineer_1", content="go", sender="user")
+    before = len(pg_router.ledger(team))
+    with pytest.raises(HostOwnedTurnError) as owned:
+        pg_router.claim(agent, builtin=True)
+    assert owned.value.runner == "chat.engineer_turn"
+    assert len(pg_router.ledger(team)) == before
+    assert pg_router.agent(team, "Engineer_1").state.value == "scheduled"
+    assert pg_router.claim(agent) is not None

@@ -3,11 +3,11 @@
 The general way (:func:`agent_router.store.turns.claim_turn`) locks the agent, inserts the turn
 through the unit of work, moves the agent and writes the ledger event: four statements. Here
 one data-modifying statement does the same for an agent that is ``scheduled`` in the epoch
-claimed: it locks the agent (``FOR NO KEY UPDATE``, as the general way does), moves it to
-``running`` with no pending trigger, inserts the turn with its lease and the ``turn_claimed``
-event, and returns the turn with the agent's team and name. An agent in any other state, or
-in another epoch, an unknown agent: nothing matches and nothing is written, and the general
-way decides (a refused claim is ledgered there).
+claimed (and, for the built-in loop, whose turns no host's task runs): it locks the agent
+(``FOR NO KEY UPDATE``, as the general way does), moves it to ``running`` with no pending
+trigger, inserts the turn with its lease and the ``turn_claimed`` event, and returns the turn
+with the agent's team and name. Any other agent, or an unknown one: nothing matches and nothing
+is written, and the general way decides (a refused claim is ledgered there).
 """
 
 from __future__ import annotations
@@ -40,13 +40,17 @@ def eligible(tx: Tx) -> bool:
     return not tx.settings.is_sqlite and not has_buffered_ledger(tx.session)
 
 
-def claim(tx: Tx, agent_id: int, epoch: int | None) -> tuple[TurnRecord, int, str] | None:
+def claim(
+    tx: Tx, agent_id: int, epoch: int | None, *, builtin: bool
+) -> tuple[TurnRecord, int, str] | None:
     """The claimed turn, the agent's team and name; ``None`` when nothing was claimed (nor
-    written) and the general way must decide."""
+    written) and the general way must decide. ``builtin``: an agent whose turns a host's task
+    runs matches nothing."""
     now = utcnow()
     params = {
         "b_agent": agent_id,
         "b_epoch": epoch,
+        "b_builtin": builtin,
         "b_now": now,
         "b_lease": now + timedelta(seconds=tx.settings.lease_seconds),
     }
@@ -82,6 +86,7 @@ def _locked() -> sa.CTE:
         .where(
             agent.id == sa.bindparam("b_agent"),
             agent.state == constant(AgentState.SCHEDULED),
+            sa.or_(sa.not_(sa.bindparam("b_builtin", type_=sa.Boolean)), agent.runner.is_(None)),
             sa.or_(
                 sa.bindparam("b_epoch", type_=sa.Integer).is_(None),
                 agent.epoch == sa.bindparam("b_epoch", type_=sa.Integer),

@@ -216,9 +216,13 @@ class Store:
     # ------------------------------------------------------------------ turns
 
     @faults.retrying
-    def claim_turn(self, agent_id: int, epoch: int | None = None) -> Claim | None:
+    def claim_turn(
+        self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+    ) -> Claim | None:
+        """Claim a turn (:func:`turns.claim_turn`); ``builtin``: for the built-in loop, which
+        claims no turn of an agent a host's task runs (``HostOwnedTurnError``)."""
         with self._tx() as tx:
-            return turns.claim_turn(tx, agent_id, epoch)
+            return turns.claim_turn(tx, agent_id, epoch, builtin=builtin)
 
     @faults.retrying
     def drain(self, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:

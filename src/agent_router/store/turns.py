@@ -47,13 +47,17 @@ INTERRUPTED_RESULT = (
 STOPPED_RESULT = "cancelled: the agent was stopped before this tool call ran"
 
 
-def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
+def claim_turn(
+    tx: Tx, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+) -> Claim | None:
     """Claim the scheduled turn of ``epoch`` (default: the current one) and count it against
     the team's budgets; ``None`` if there is nothing to claim: a duplicate or stale delivery,
     or no turn scheduled. The claim carries the agent's team and name, so that starting the
-    turn needs no second read."""
+    turn needs no second read. ``builtin``: the claim is the built-in loop's, which runs no turn
+    of an agent whose turns a host's task runs (refused with ``HostOwnedTurnError``, nothing
+    written, whatever the agent's state: the host's task claims or refuses it)."""
     if claim_statement.eligible(tx):
-        claimed = claim_statement.claim(tx, agent_id, epoch)
+        claimed = claim_statement.claim(tx, agent_id, epoch, builtin=builtin)
         if claimed is not None:
             record, team_id, name = claimed
             check = budgets.charge_turn(tx, team_id, agent_id, record.id)
@@ -61,6 +65,8 @@ def claim_turn(tx: Tx, agent_id: int, epoch: int | None = None) -> Claim | None:
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
         raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+    if builtin and agent.runner:
+        raise errors.HostOwnedTurnError(agent.runner)
     if agent.state is not AgentState.SCHEDULED or (epoch is not None and epoch != agent.epoch):
         tx.agent_ledger(
             LedgerAction.CLAIM_REFUSED,

@@ -59,17 +59,16 @@ def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
 
 def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epoch: int) -> str:
     try:
-        runner = rt.router.store.reads.agent_by_id(agent_id).runner
-        if runner:
-            # A host owns this agent's turns: the built-in loop never runs one. Forwarded with
-            # the same fence, so the host's task claims (or refuses) it as any delivery.
-            send_turn(task.app, runner, agent_id, epoch)
-            logger.info(
-                "turn forwarded to the host's task",
-                extra={"action": "forward", "agent_id": agent_id, "epoch": epoch, "task": runner},
-            )
-            return "forwarded"
-        turn = rt.router.claim(agent_id, epoch)
+        turn = rt.router.claim(agent_id, epoch, builtin=True)
+    except errors.HostOwnedTurnError as owned:
+        # A host owns this agent's turns: the built-in loop never runs one. Forwarded with the
+        # same fence, so the host's task claims (or refuses) it as any delivery.
+        send_turn(task.app, owned.runner, agent_id, epoch)
+        logger.info(
+            "turn forwarded to the host's task",
+            extra={"action": "forward", "agent_id": agent_id, "epoch": epoch, "task": owned.runner},
+        )
+        return "forwarded"
     except errors.StoreError as exc:
         logger.warning(
             "claim failed on a database error; retrying",
