@@ -374,10 +374,10 @@ class Router:
     def _wait(self, turn: Turn, question: Question, *, give_up_at: float) -> WaitOutcome:
         try:
             while True:
-                current = self.store.reads.question(question.id)
-                if not current.waiting:
+                waiting, deadline = self.store.reads.wait_state(question.id)
+                if not waiting:
                     return WaitOutcome.RESOLVED
-                until_deadline = (current.deadline - _utcnow()) / timedelta(seconds=1)
+                until_deadline = (deadline - _utcnow()) / timedelta(seconds=1)
                 if until_deadline <= 0:
                     self.store.expire_questions(question_id=question.id)
                     continue

@@ -77,6 +77,10 @@ class RedisWaker:
         )
         self._redis_error: type[Exception] = redis.RedisError
         self._ttl = ttl_seconds
+        # Questions whose last wait popped a signal: the pop emptied their list (Redis deletes
+        # an empty list), so forgetting them needs no round trip.
+        self._popped: set[int] = set()
+        self._popped_lock = threading.Lock()
 
     def notify(self, question_id: int) -> None:
         key = wake_key(question_id)
@@ -103,9 +107,17 @@ class RedisWaker:
             )
             time.sleep(max(0.0, timeout - (time.monotonic() - started)))
             return False
+        with self._popped_lock:
+            (self._popped.add if found is not None else self._popped.discard)(question_id)
         return found is not None
 
     def forget(self, question_id: int) -> None:
+        with self._popped_lock:
+            if question_id in self._popped:
+                # Its signal was popped: nothing is left but a duplicate notify, if any, which
+                # expires on its own.
+                self._popped.discard(question_id)
+                return
         with contextlib.suppress(self._redis_error):  # the key expires on its own
             self._client.delete(wake_key(question_id))
 

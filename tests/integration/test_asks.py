@@ -292,3 +292,45 @@ def test_terminating_the_target_releases_the_asker(router: Router) -> None:
     assert all(m.status.value == "dropped" and m.drop_reason for m in dropped)
     transcript = router.transcript(team.id, "Engineer_1")
     assert tool_pairing_problems(transcript, open_allowed=True) == []
+
+
+def test_a_redis_wake_signal_is_consumed_once_and_leaves_nothing_behind(redis_url: str) -> None:
+    """A popped signal empties its list: forgetting it then costs no round trip and leaves no
+    key. A signal nobody popped (the wait ended otherwise) is deleted by the forget; a
+    duplicate notify after a pop stays only until its expiry."""
+    import redis
+
+    from agent_router.constants import wake_key
+
+    client: Any = redis.Redis.from_url(redis_url)
+    waker = RedisWaker(redis_url, ttl_seconds=60)
+    commands: list[str] = []
+    real: Any = waker._client.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        commands.append(str(args[0]))
+        return real(*args, **kwargs)
+
+    waker._client.execute_command = counting  # type: ignore[method-assign]
+    try:
+        qid = 10**12 + threading.get_ident() % 10**6
+        client.delete(wake_key(qid), wake_key(qid + 1))
+        waker.notify(qid)
+        assert waker.wait(qid, 1.0) is True
+        commands.clear()
+        waker.forget(qid)
+        assert commands == [] and client.exists(wake_key(qid)) == 0
+        # Not popped: a leftover signal is deleted.
+        waker.notify(qid + 1)
+        waker.forget(qid + 1)
+        assert commands == ["DEL"] and client.exists(wake_key(qid + 1)) == 0
+        # A duplicate notify after the pop: it expires on its own.
+        waker.notify(qid)
+        waker.notify(qid)
+        assert waker.wait(qid, 1.0) is True
+        waker.forget(qid)
+        assert 0 < client.ttl(wake_key(qid)) <= 60
+    finally:
+        client.delete(wake_key(qid))
+        client.close()
+        waker.close()

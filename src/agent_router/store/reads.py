@@ -142,6 +142,16 @@ class Reads:
             return session.get(TeamRow, team_id) is not None
 
     @faults.wrapped_read
+    def wait_state(self, question_id: int) -> tuple[bool, datetime]:
+        """Whether the asker still waits on the question, and its deadline: what a blocked
+        call re-reads after every wake signal (one statement built once, no ORM)."""
+        with self._engine.connect() as conn:
+            found = conn.execute(_WAIT_STATE, {"b_question": question_id}).one_or_none()
+        if found is None:
+            raise errors.UnknownQuestionError(f"no question {question_id}")
+        return bool(found.waiting), found.deadline
+
+    @faults.wrapped_read
     def question(self, question_id: int) -> Question:
         with self._sessions() as session:
             return values.question(_question(session, question_id))
@@ -495,6 +505,11 @@ def _row(session: Session, row: type[R], key: int, missing: errors.AgentRouterEr
     if found is None:
         raise missing
     return found
+
+
+_WAIT_STATE = sa.select(QuestionRow.waiting, QuestionRow.deadline).where(
+    QuestionRow.id == sa.bindparam("b_question")
+)
 
 
 def _question(session: Session, question_id: int) -> QuestionRow:
