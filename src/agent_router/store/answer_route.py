@@ -22,14 +22,12 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 
-from agent_router import formats
+from agent_router import domain, formats
 from agent_router.domain import (
     AgentState,
     Delivery,
     LedgerAction,
-    Message,
     MessageStatus,
-    MessageType,
     OutboxEntry,
     OutboxKind,
     QuestionKind,
@@ -81,7 +79,7 @@ def eligible(tx: Tx, req: SendRequest) -> bool:
     keep their order)."""
     return (
         not tx.settings.is_sqlite
-        and req.type is MessageType.ANSWER
+        and req.type is domain.MessageType.ANSWER
         and req.question_id is not None
         and req.dedup_key is None
         and not has_buffered_ledger(tx.session)
@@ -100,7 +98,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery | None:
     found = tx.session.connection().execute(_READ, params).mappings().one_or_none()
     if found is None or not _resolves(req, found):
         return None
-    message = Message(
+    message = domain.Message(
         **{name: getattr(req, name) for name in values.SENT_COLUMNS},
         id=found["message_id"],
         seq=found["next_seq"],
@@ -163,7 +161,9 @@ def _resolves(req: SendRequest, found: sa.RowMapping) -> bool:
     return decisions.decide(AgentState.WAITING, question, incoming) is RouteOutcome.RESOLVED
 
 
-def _events(req: SendRequest, found: sa.RowMapping, message: Message) -> list[dict[str, Any]]:
+def _events(
+    req: SendRequest, found: sa.RowMapping, message: domain.Message
+) -> list[dict[str, Any]]:
     """The two ledger events, in the order the general way writes them."""
     about = {
         "team_id": req.team_id,
@@ -181,7 +181,10 @@ def _events(req: SendRequest, found: sa.RowMapping, message: Message) -> list[di
 
 
 def _write_params(
-    found: sa.RowMapping, message: Message, events: list[dict[str, Any]], wake: dict[str, Any]
+    found: sa.RowMapping,
+    message: domain.Message,
+    events: list[dict[str, Any]],
+    wake: dict[str, Any],
 ) -> dict[str, Any]:
     """The second statement's parameters: the message, the tool result that renders it, the
     wake row and the ledger events."""
@@ -262,20 +265,9 @@ def _read_statement() -> sa.Select[Any]:
 
 #: The message's fields the second statement takes from the message value.
 _MESSAGE_PARAMS = (
-    "id",
-    "team_id",
-    "seq",
-    "source_name",
-    "source_agent_id",
-    "target_agent_id",
-    "type",
-    "subtype",
-    "content",
-    "question_id",
-    "wake",
-    "dedup_key",
-    "outcome",
-    "consumed_turn_id",
+    *values.SENT_COLUMNS,
+    *("id", "seq", "source_name", "source_agent_id", "target_agent_id"),
+    *("outcome", "consumed_turn_id"),
 )
 
 _LEDGER_KEYS = (

@@ -30,9 +30,7 @@ from agent_router.store.models import (
 from agent_router.store.one_statement import constant
 from agent_router.store.tx import Tx, has_buffered_ledger, ledger_row, log_event
 
-_agents = cast("sa.Table", AgentRow.__table__)
-_turns = cast("sa.Table", TurnRow.__table__)
-_ledger = cast("sa.Table", LedgerRow.__table__)
+_agents, _turns, _ledger = (cast("sa.Table", r.__table__) for r in (AgentRow, TurnRow, LedgerRow))
 
 
 def eligible(tx: Tx) -> bool:
@@ -109,42 +107,42 @@ def _statement() -> sa.Select[Any]:
         .cte("moved")
     )
     turn = (
-        sa.insert(_turns)
-        .from_select(
-            ["team_id", "agent_id", "epoch", "trigger", "status", "started_at", "lease_expires_at"],
-            sa.select(
-                old.c.team_id,
-                old.c.id,
-                old.c.epoch,
-                old.c.trigger,
-                constant(TurnStatus.RUNNING, TurnStatusType),
-                sa.bindparam("b_now", type_=sa.DateTime),
-                sa.bindparam("b_lease", type_=sa.DateTime),
-            ),
+        _insert_from(
+            _turns,
+            team_id=old.c.team_id,
+            agent_id=old.c.id,
+            epoch=old.c.epoch,
+            trigger=old.c.trigger,
+            status=constant(TurnStatus.RUNNING, TurnStatusType),
+            started_at=sa.bindparam("b_now", type_=sa.DateTime),
+            lease_expires_at=sa.bindparam("b_lease", type_=sa.DateTime),
         )
         .returning(*[_turns.c[name] for name in values.TURN_FIELDS])
         .cte("turn")
     )
-    event = (
-        sa.insert(_ledger)
-        .from_select(
-            ["team_id", "agent_id", "action", "turn_id", "epoch", "detail", "created_at"],
-            sa.select(
-                old.c.team_id,
-                old.c.id,
-                constant(LedgerAction.TURN_CLAIMED, LedgerActionType),
-                turn.c.id,
-                turn.c.epoch,
-                sa.func.jsonb_build_object(constant("trigger"), turn.c.trigger),
-                sa.bindparam("b_now", type_=sa.DateTime),
-            ).select_from(old.join(turn, sa.true())),
-        )
-        .cte("event")
-    )
+    event = _insert_from(
+        _ledger,
+        old.join(turn, sa.true()),
+        team_id=old.c.team_id,
+        agent_id=old.c.id,
+        action=constant(LedgerAction.TURN_CLAIMED, LedgerActionType),
+        turn_id=turn.c.id,
+        epoch=turn.c.epoch,
+        detail=sa.func.jsonb_build_object(constant("trigger"), turn.c.trigger),
+        created_at=sa.bindparam("b_now", type_=sa.DateTime),
+    ).cte("event")
     return (
         sa.select(turn, old.c.team_id, old.c.display_name)
         .select_from(turn.join(old, sa.true()))
         .add_cte(moved, event)
+    )
+
+
+def _insert_from(table: sa.Table, from_: Any = None, **columns: sa.ColumnElement[Any]) -> sa.Insert:
+    """``INSERT INTO table (columns) SELECT their values [FROM from_]``."""
+    select = sa.select(*columns.values())
+    return sa.insert(table).from_select(
+        list(columns), select if from_ is None else select.select_from(from_)
     )
 
 
