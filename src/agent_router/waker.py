@@ -108,7 +108,10 @@ class RedisWaker:
             time.sleep(max(0.0, timeout - (time.monotonic() - started)))
             return False
         with self._popped_lock:
-            (self._popped.add if found is not None else self._popped.discard)(question_id)
+            if found is not None:
+                self._popped.add(question_id)
+            else:
+                self._popped.discard(question_id)
         return found is not None
 
     def forget(self, question_id: int) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from sqlalchemy import event
 
 from agent_router import Router, Turn
 
@@ -35,3 +39,19 @@ def start_waiting(
     turn.append_assistant(assistant(None, tool_call(call_id, "ask_master")))
     turn.ask(target, "which auth module?", tool_call_id=call_id)
     return turn
+
+
+@contextmanager
+def statements_sent(router: Router) -> Iterator[list[str]]:
+    """The SQL statements the router's store sends to the database meanwhile, in order (BEGIN
+    and COMMIT are not among them)."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(router.store.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(router.store.engine, "before_cursor_execute", record)

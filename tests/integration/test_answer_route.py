@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 
 from agent_router import AgentState, MessageType, RefusedError, Router, Settings
 from agent_router.domain import LedgerAction, OutboxKind, QuestionStatus, RouteOutcome
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import answer_route
 
-from .helpers import assistant, start_running, tool_call
+from .helpers import assistant, start_running, statements_sent, tool_call
 
 
 @pytest.fixture
@@ -244,16 +243,8 @@ def test_the_answer_is_the_tool_result_and_wakes_the_asker(pg_router: Router) ->
 
 def test_an_answer_is_two_statements(pg_router: Router) -> None:
     team, question = _team(pg_router, "waiting")
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(pg_router.store.engine, "before_cursor_execute", record)
-    try:
+    with statements_sent(pg_router) as seen:
         pg_router.send(team, **_answer(question))
-    finally:
-        event.remove(pg_router.store.engine, "before_cursor_execute", record)
     # The read and the write in the transaction; the wake row is marked published after it.
     read, write, mark = seen
     assert read.lstrip().startswith("WITH target AS MATERIALIZED")

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from agent_router import Router, Settings
 from agent_router.domain import BudgetName, LedgerAction
@@ -19,7 +18,7 @@ from agent_router.errors import HostOwnedTurnError
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import claim_statement
 
-from .helpers import assistant, start_running, tool_call
+from .helpers import assistant, start_running, statements_sent, tool_call
 
 
 @pytest.fixture
@@ -113,17 +112,8 @@ def test_the_one_statement_claims_as_the_general_way_claims(
 
 def test_a_claim_is_one_statement_and_the_budget(pg_router: Router) -> None:
     _, agent = _team(pg_router, "scheduled")
-
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(pg_router.store.engine, "before_cursor_execute", record)
-    try:
+    with statements_sent(pg_router) as seen:
         assert pg_router.claim(agent) is not None
-    finally:
-        event.remove(pg_router.store.engine, "before_cursor_execute", record)
     claim, *budget = seen
     assert claim.lstrip().startswith('WITH "old" AS MATERIALIZED')
     # The budget row read locked and its count written, in the same transaction.

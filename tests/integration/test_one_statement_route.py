@@ -10,18 +10,16 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from agent_router import AgentState, MessageType, RefusedError, Router, Settings
 from agent_router.domain import LedgerAction, MessageSubtype
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import one_statement
 
-from .helpers import start_running, start_waiting
+from .helpers import start_running, start_waiting, statements_sent
 
 
 @pytest.fixture
@@ -128,20 +126,6 @@ def _general_way(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(one_statement, "eligible", lambda tx, req: False)
 
 
-@contextmanager
-def _statements(router: Router) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(router.store.engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(router.store.engine, "before_cursor_execute", record)
-
-
 SENDS: list[dict[str, Any]] = [
     {"content": "hello", "sender": "user"},
     {"content": "quiet note", "sender": "user", "wake": False},
@@ -196,7 +180,7 @@ def test_a_send_that_needs_no_question_is_one_statement(
     pg_router: Router, state: AgentState
 ) -> None:
     team = _team(pg_router, state, None)
-    with _statements(pg_router) as seen:
+    with statements_sent(pg_router) as seen:
         pg_router.send(team, to="Engineer_1", content="hello", sender="Team Leader")
     # One statement in the transaction: the route itself (BEGIN and COMMIT are not statements
     # of the cursor). A turn task published after the commit is then marked published.

@@ -34,7 +34,7 @@ from agent_router.domain import (
     QuestionStatus,
     RouteOutcome,
 )
-from agent_router.store import decisions, values
+from agent_router.store import decisions, queries, values
 from agent_router.store.models import (
     AgentRow,
     LedgerRow,
@@ -45,7 +45,7 @@ from agent_router.store.models import (
     TurnRow,
     utcnow,
 )
-from agent_router.store.one_statement import route_detail
+from agent_router.store.one_statement import constant, route_detail
 from agent_router.store.tx import Tx, has_buffered_ledger, ledger_row, log_event
 from agent_router.store.values import SendRequest
 
@@ -57,20 +57,9 @@ _entries = cast("sa.Table", TranscriptEntryRow.__table__)
 _outbox = cast("sa.Table", OutboxRow.__table__)
 _ledger = cast("sa.Table", LedgerRow.__table__)
 
-#: The columns of the question the first statement reads (those of a :class:`Question`).
-_QUESTION_COLUMNS = (
-    "id",
-    "team_id",
-    "asker_agent_id",
-    "target_agent_id",
-    "tool_call_id",
-    "status",
-    "waiting",
-    "deadline",
-    "answer_message_id",
-    "kind",
-    "asker_epoch",
-)
+#: The columns of the question the first statement reads: those of a :class:`Question`, and
+#: the asker's epoch (which finds the waiting turn).
+_QUESTION_COLUMNS = (*values.QUESTION_FIELDS, "asker_epoch")
 
 
 def eligible(tx: Tx, req: SendRequest) -> bool:
@@ -222,7 +211,7 @@ def _read_statement() -> sa.Select[Any]:
             .where(
                 sender.c.team_id == sa.bindparam("b_team"),
                 sender.c.display_name == sa.bindparam("b_sender"),
-                sender.c.state != sa.literal_column(f"'{AgentState.TERMINATED.value}'"),
+                sender.c.state != constant(AgentState.TERMINATED),
             )
             .scalar_subquery()
             .label("source_id"),
@@ -230,7 +219,7 @@ def _read_statement() -> sa.Select[Any]:
         .where(
             agent.team_id == sa.bindparam("b_team"),
             agent.display_name == sa.bindparam("b_to"),
-            agent.state == sa.literal_column(f"'{AgentState.WAITING.value}'"),
+            agent.state == constant(AgentState.WAITING),
             agent.suspended.is_(False),
         )
         .with_for_update(key_share=True)
@@ -296,10 +285,8 @@ def _tool_result() -> sa.CTE:
         sa.insert(_entries)
         .values(
             agent_id=sa.bindparam("b_agent"),
-            position=sa.select(sa.func.coalesce(sa.func.max(_entries.c.position) + 1, 0))
-            .where(_entries.c.agent_id == sa.bindparam("b_agent"))
-            .scalar_subquery(),
-            role=sa.literal_column("'tool'"),
+            position=queries.next_position(sa.bindparam("b_agent")),
+            role=constant("tool"),
             payload=sa.bindparam("e_payload"),
             meta=sa.bindparam("e_meta"),
             message_id=sa.bindparam("m_id"),
@@ -340,7 +327,7 @@ def _write_statement() -> sa.Insert:
         .where(agent.id == sa.bindparam("b_agent"))
         .values(
             next_seq=agent.next_seq + 1,
-            state=sa.literal_column(f"'{AgentState.RUNNING.value}'"),
+            state=constant(AgentState.RUNNING),
         )
         .cte("moved")
     )
@@ -356,7 +343,7 @@ def _write_statement() -> sa.Insert:
         sa.update(_questions)
         .where(question.id == sa.bindparam("b_question"))
         .values(
-            status=sa.literal_column(f"'{QuestionStatus.ANSWERED.value}'"),
+            status=constant(QuestionStatus.ANSWERED),
             waiting=sa.false(),
             answer_message_id=sa.bindparam("m_id"),
             closed_at=sa.bindparam("b_now"),
@@ -370,7 +357,7 @@ def _write_statement() -> sa.Insert:
         .values(
             team_id=sa.bindparam("m_team_id"),
             agent_id=sa.bindparam("b_agent"),
-            kind=sa.literal_column(f"'{OutboxKind.WAKE_WAITER.value}'"),
+            kind=constant(OutboxKind.WAKE_WAITER),
             epoch=sa.bindparam("o_epoch"),
             payload=sa.bindparam("o_payload"),
             created_at=sa.bindparam("b_now"),

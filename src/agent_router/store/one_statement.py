@@ -134,7 +134,7 @@ def route_detail(
     }
 
 
-def param(name: str, type_: Any) -> sa.ColumnElement[Any]:
+def _param(name: str, type_: Any) -> sa.ColumnElement[Any]:
     """A parameter cast to its column's type (PostgreSQL cannot infer it in a SELECT list,
     inside CASE, or as an argument of jsonb_build_object)."""
     return sa.cast(sa.bindparam(name), type_)
@@ -175,13 +175,13 @@ def _locked(*, external: bool) -> sa.CTE:
             agent.state,
             source_id.label("source_id"),
             # The parameters that more than one row takes, named once.
-            param("b_now", sa.DateTime).label("now"),
-            param("b_sender", sa.Text).label("sender"),
-            param("b_wake", sa.Boolean).label("wake"),
-            sa.case(*[(c, param(f"o_{s.value}", RouteOutcomeType)) for c, s in in_state]).label(
+            _param("b_now", sa.DateTime).label("now"),
+            _param("b_sender", sa.Text).label("sender"),
+            _param("b_wake", sa.Boolean).label("wake"),
+            sa.case(*[(c, _param(f"o_{s.value}", RouteOutcomeType)) for c, s in in_state]).label(
                 "outcome"
             ),
-            sa.case(*[(c, param(f"t_{s.value}", sa.Boolean)) for c, s in in_state]).label(
+            sa.case(*[(c, _param(f"t_{s.value}", sa.Boolean)) for c, s in in_state]).label(
                 "new_turn"
             ),
         )
@@ -261,9 +261,9 @@ def _message(target: sa.CTE) -> sa.CTE:
                 target.c.sender,
                 target.c.source_id,
                 target.c.id,
-                param("b_type", _messages.c.type.type),
-                param("b_subtype", _messages.c.subtype.type),
-                param("b_content", sa.Text),
+                _param("b_type", _messages.c.type.type),
+                _param("b_subtype", _messages.c.subtype.type),
+                _param("b_content", sa.Text),
                 target.c.wake,
                 target.c.outcome,
                 constant(MessageStatus.PENDING, MessageStatusType),
@@ -281,7 +281,7 @@ def _turn_task(target: sa.CTE) -> sa.CTE:
     # the trigger, and the host's task when a host owns the agent's turns.
     payload = sa.func.jsonb_build_object(
         constant("agent"),
-        param("b_to", sa.Text),
+        _param("b_to", sa.Text),
         constant("team_id"),
         target.c.team_id,
         constant("trigger"),
@@ -318,7 +318,7 @@ def _route_event(target: sa.CTE, message: sa.CTE) -> sa.CTE:
     """The route's ledger event, with the detail the general way writes."""
     detail = {
         "seq": target.c.seq,
-        "type": param("b_type_name", sa.Text),
+        "type": _param("b_type_name", sa.Text),
         "sender": target.c.sender,
         "wake": target.c.wake,
         "state_before": sa.cast(target.c.state_before, sa.Text),

@@ -105,13 +105,19 @@ def open_tool_calls(session: Session, agent_id: int) -> list[str]:
     return [c for c in calls if c not in answered]
 
 
-# Built once (appends and waiter lookups run on the hot path of every resolved wait): the
-# position is the next after the agent's last entry (the writer holds the agent's row lock, so
-# no other append to this transcript runs meanwhile).
+def next_position(agent_id: Any) -> sa.ScalarSelect[Any]:
+    """The position after the last entry of ``agent_id``'s transcript (0 for an empty one): the
+    writer holds the agent's row lock, so no other append to this transcript runs meanwhile."""
+    return (
+        sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
+        .where(TranscriptEntryRow.agent_id == agent_id)
+        .scalar_subquery()
+    )
+
+
+# Built once (appends and waiter lookups run on the hot path of every resolved wait).
 _APPEND = sa.insert(cast("sa.Table", TranscriptEntryRow.__table__)).values(
-    position=sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
-    .where(TranscriptEntryRow.agent_id == sa.bindparam("b_agent"))
-    .scalar_subquery()
+    position=next_position(sa.bindparam("b_agent"))
 )
 
 _WAITER_TURN = sa.select(TurnRow.id).where(

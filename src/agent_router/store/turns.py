@@ -172,12 +172,7 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
     # Core rows and two set-based statements: a drain of a thousand messages is one
     # SELECT, one multi-row INSERT and one UPDATE, not a unit of work per message.
     # The transcript's next position comes with the rows (evaluated once: it names no row).
-    next_position = (
-        sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
-        .where(TranscriptEntryRow.agent_id == agent.id)
-        .scalar_subquery()
-        .label("next_position")
-    )
+    next_position = queries.next_position(agent.id).label("next_position")
     rows = session.execute(
         sa.select(MessageRow.__table__, next_position)
         .where(

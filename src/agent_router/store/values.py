@@ -105,7 +105,7 @@ _OUTBOX_FIELDS = _columns(OutboxEntry)
 #: The columns a :class:`TurnRecord` is made of.
 TURN_FIELDS = _columns(TurnRecord)
 #: A question's asker and target names are not columns: the Router's reads fill them.
-_QUESTION_FIELDS = _columns(Question, but=("asker", "target"))
+QUESTION_FIELDS = _columns(Question, but=("asker", "target"))
 _JOB_FIELDS = _columns(BackgroundJob)
 
 
@@ -145,8 +145,8 @@ def turn(row: TurnRow | sa.RowMapping) -> TurnRecord:
 def question(row: QuestionRow | sa.RowMapping) -> Question:
     """A :class:`Question` from an ORM row or a Core row mapping with the same column names."""
     if isinstance(row, QuestionRow):
-        return Question(**_read(row, _QUESTION_FIELDS))
-    return Question(**{name: row[name] for name in _QUESTION_FIELDS})
+        return Question(**_read(row, QUESTION_FIELDS))
+    return Question(**{name: row[name] for name in QUESTION_FIELDS})
 
 
 def job(row: BackgroundJobRow) -> BackgroundJob:
