@@ -45,7 +45,7 @@ from agent_router.store.models import (
     TurnRow,
     utcnow,
 )
-from agent_router.store.one_statement import constant, route_detail
+from agent_router.store.one_statement import constant, live_sender_id, route_detail
 from agent_router.store.tx import Tx, has_buffered_ledger, ledger_row, log_event
 from agent_router.store.values import SendRequest
 
@@ -201,20 +201,12 @@ def _read_statement() -> sa.Select[Any]:
     """Lock the receiver (waiting, not suspended), then the question it asked, and read the
     sender's id, the waiting turn and the next message id."""
     agent = _agents.c
-    sender = _agents.alias("sender")
     target = (
         sa.select(
             agent.id.label("agent_id"),
             agent.epoch,
             agent.next_seq,
-            sa.select(sender.c.id)
-            .where(
-                sender.c.team_id == sa.bindparam("b_team"),
-                sender.c.display_name == sa.bindparam("b_sender"),
-                sender.c.state != constant(AgentState.TERMINATED),
-            )
-            .scalar_subquery()
-            .label("source_id"),
+            live_sender_id().label("source_id"),
         )
         .where(
             agent.team_id == sa.bindparam("b_team"),

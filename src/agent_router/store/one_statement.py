@@ -149,24 +149,27 @@ def constant(value: Any, type_: sa.Enum | None = None) -> sa.ColumnElement[Any]:
     return sa.literal_column(f"{text}::{type_.name}", type_)
 
 
+def live_sender_id() -> sa.ScalarSelect[Any]:
+    """The id of the agent named ``b_sender`` in team ``b_team``, unless it is terminated
+    (``NULL``: no such live agent)."""
+    sender = _agents.alias("sender")
+    return (
+        sa.select(sender.c.id)
+        .where(
+            sender.c.team_id == sa.bindparam("b_team"),
+            sender.c.display_name == sa.bindparam("b_sender"),
+            sender.c.state != constant(AgentState.TERMINATED),
+        )
+        .scalar_subquery()
+    )
+
+
 def _locked(*, external: bool) -> sa.CTE:
     """The target, locked as the general way locks it (FOR NO KEY UPDATE), in one of STATES,
     with the sender's id, the outcome decided for its state and whether that outcome starts a
     turn."""
     agent = _agents.c
-    if external:
-        source_id: sa.ColumnElement[Any] = sa.cast(sa.null(), sa.BigInteger)
-    else:
-        sender = _agents.alias("sender")
-        source_id = (
-            sa.select(sender.c.id)
-            .where(
-                sender.c.team_id == sa.bindparam("b_team"),
-                sender.c.display_name == sa.bindparam("b_sender"),
-                sender.c.state != constant(AgentState.TERMINATED),
-            )
-            .scalar_subquery()
-        )
+    source_id = sa.cast(sa.null(), sa.BigInteger) if external else live_sender_id()
     in_state = [(agent.state == constant(s), s) for s in STATES]
     return (
         sa.select(
