@@ -11,12 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from agent_router import Router, Settings
 from agent_router.domain import BudgetName, LedgerAction
 from agent_router.errors import HostOwnedTurnError
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import claim_statement
+from agent_router.store.models import BudgetRow
 
 from .helpers import assistant, start_running, statements_sent, tool_call
 
@@ -29,15 +31,44 @@ def pg_router(pg_schema_url: str) -> Iterator[Router]:
 
 
 #: How ``Engineer_1`` is left before the claim.
-SETUPS = ["scheduled", "continuation", "idle", "running", "terminated", "turns_spent"]
+SETUPS = ["scheduled", "continuation", "idle", "running", "terminated"]
+
+#: Scheduled, with the team's budgets as each says: its limits, and the lead's turns before the
+#: claim. The claim then counts the turn and nothing more, crosses the warning threshold, finds
+#: a budget spent, or finds no budget row (a team made before budgets existed).
+BUDGETS: dict[str, tuple[dict[BudgetName, float], int]] = {
+    "turns_spent": ({BudgetName.TURNS: 1.0}, 1),
+    "turns_warned_now": ({BudgetName.TURNS: 5.0}, 3),
+    "turns_warned_before": ({BudgetName.TURNS: 5.0}, 4),
+    "all_far": (
+        {
+            BudgetName.TURNS: 100.0,
+            BudgetName.MODEL_CALLS: 100.0,
+            BudgetName.TOKENS: 1e6,
+            BudgetName.COST: 5.0,
+            BudgetName.WALL_SECONDS: 3600.0,
+        },
+        1,
+    ),
+    "wall_spent": ({BudgetName.WALL_SECONDS: 0.0}, 0),
+    "no_budget_row": ({}, 0),
+}
 
 
 def _team(router: Router, setup: str) -> tuple[int, int]:
     """A team whose ``Engineer_1`` is as ``setup`` says; its id and the agent's id."""
-    budget = {BudgetName.TURNS: 1.0} if setup == "turns_spent" else None
-    team = router.create_team(budget=budget).id
+    limits, lead_turns = BUDGETS.get(setup, ({}, 0))
+    team = router.create_team(budget=limits or None).id
     agent = router.create_agent(team, role="Engineer").id
-    if setup in ("scheduled", "turns_spent"):
+    for _ in range(lead_turns):
+        router.send(team, to="Team Leader", content="go", sender="user")
+        lead = router.claim_turn(team, "Team Leader")
+        if lead is not None:
+            lead.end()
+    if setup == "no_budget_row":
+        with router.store.engine.begin() as conn:
+            conn.execute(sa.delete(BudgetRow).where(BudgetRow.team_id == team))
+    if setup == "scheduled" or setup in BUDGETS:
         router.send(team, to="Engineer_1", content="go", sender="user")
     elif setup == "continuation":
         # A suspended ask answered: its continuation turn is scheduled.
@@ -50,10 +81,6 @@ def _team(router: Router, setup: str) -> tuple[int, int]:
         start_running(router, team, "Engineer_1")
     elif setup == "terminated":
         router.terminate(team, "Engineer_1", reason="gone")
-    if setup == "turns_spent":
-        # The lead's turn used the one turn the team may start.
-        router.send(team, to="Team Leader", content="go", sender="user")
-        router.claim_turn(team, "Team Leader")
     return team, agent
 
 
@@ -82,14 +109,21 @@ def _claimed(router: Router, team: int, agent: int, epoch: int | None) -> dict[s
             for t in router.store.reads.turns(agent)
         ],
         "ledger": [
-            (e.action, e.agent_name, e.epoch, e.turn_id is not None, e.detail)
+            (e.action, e.agent_name, e.epoch, e.turn_id is not None, _timeless(e.detail))
             for e in router.ledger(team)[ledger_before:]
         ],
-        "budget": (budget.used[BudgetName.TURNS], budget.exhausted),
+        "budget": (budget.used[BudgetName.TURNS], budget.warned, budget.exhausted),
     }
 
 
-@pytest.mark.parametrize("setup", SETUPS)
+def _timeless(detail: dict[str, Any]) -> dict[str, Any]:
+    """A ledger event's detail without the seconds a wall-time budget used (the clock's)."""
+    if detail.get("budget") == BudgetName.WALL_SECONDS.value:
+        return {k: v for k, v in detail.items() if k != "used"}
+    return detail
+
+
+@pytest.mark.parametrize("setup", SETUPS + list(BUDGETS))
 def test_the_one_statement_claims_as_the_general_way_claims(
     pg_router: Router, monkeypatch: pytest.MonkeyPatch, setup: str
 ) -> None:
@@ -105,19 +139,40 @@ def test_the_one_statement_claims_as_the_general_way_claims(
                 written.append(_claimed(pg_router, team, agent, asked))
         fast, general_way = written
         assert fast == general_way, (setup, epoch)
-        claimed = setup in ("scheduled", "continuation", "turns_spent") and epoch != "next"
-        assert bool(fast["returned"]) is (claimed and setup != "turns_spent")
+        claimed = setup in ("scheduled", "continuation", *BUDGETS) and epoch != "next"
+        spent = setup in ("turns_spent", "wall_spent")
+        assert bool(fast["returned"]) is (claimed and not spent)
         assert (LedgerAction.TURN_CLAIMED in [e[0] for e in fast["ledger"]]) is claimed
 
 
-def test_a_claim_is_one_statement_and_the_budget(pg_router: Router) -> None:
-    _, agent = _team(pg_router, "scheduled")
+@pytest.mark.parametrize(
+    ("setup", "quiet"),
+    [
+        ("scheduled", True),
+        ("all_far", True),
+        ("turns_warned_before", True),
+        ("turns_warned_now", False),
+        ("no_budget_row", False),
+    ],
+)
+def test_a_claim_that_only_counts_the_turn_is_one_statement(
+    pg_router: Router, setup: str, quiet: bool
+) -> None:
+    """Counting the turn on the budget row is part of the statement; a claim whose budget check
+    does more (a warning due, no budget row yet) goes on with the general check, in the same
+    transaction."""
+    _, agent = _team(pg_router, setup)
     with statements_sent(pg_router) as seen:
         assert pg_router.claim(agent) is not None
     claim, *budget = seen
     assert claim.lstrip().startswith('WITH "old" AS MATERIALIZED')
-    # The budget row read locked and its count written, in the same transaction.
-    assert [s.split()[0] for s in budget] == ["SELECT", "UPDATE"]
+    assert "UPDATE ar_budgets" in claim
+    if quiet:
+        assert budget == []
+    else:
+        # The budget row read locked (made first when missing), then written.
+        assert budget[0].split()[0] in ("SELECT", "INSERT")
+        assert any(s.lstrip().startswith("UPDATE ar_budgets") for s in budget)
 
 
 def test_the_statement_fits_the_drivers_statement_cache() -> None:

@@ -5,9 +5,12 @@ through the unit of work, moves the agent and writes the ledger event: four stat
 one data-modifying statement does the same for an agent that is ``scheduled`` in the epoch
 claimed (and, for the built-in loop, whose turns no host's task runs): it locks the agent
 (``FOR NO KEY UPDATE``, as the general way does), moves it to ``running`` with no pending
-trigger, inserts the turn with its lease and the ``turn_claimed`` event, and returns the turn
-with the agent's team and name. Any other agent, or an unknown one: nothing matches and nothing
-is written, and the general way decides (a refused claim is ledgered there).
+trigger, inserts the turn with its lease and the ``turn_claimed`` event, counts the turn on
+the team's budget row when that is all the budget check would do
+(:func:`~agent_router.store.budgets.quiet_turn_charge`; the agent's lock is taken first, as in
+the general way), and returns the turn with the agent's team and name and whether the turn was
+counted. Any other agent, or an unknown one: nothing matches and nothing is written, and the
+general way decides (a refused claim is ledgered there).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from agent_router.domain import AgentState, LedgerAction, TurnRecord, TurnStatus, TurnTrigger
-from agent_router.store import values
+from agent_router.store import budgets, values
 from agent_router.store.models import (
     AgentRow,
     LedgerActionType,
@@ -40,10 +43,11 @@ def eligible(tx: Tx) -> bool:
 
 def claim(
     tx: Tx, agent_id: int, epoch: int | None, *, builtin: bool
-) -> tuple[TurnRecord, int, str] | None:
-    """The claimed turn, the agent's team and name; ``None`` when nothing was claimed (nor
-    written) and the general way must decide. ``builtin``: an agent whose turns a host's task
-    runs matches nothing."""
+) -> tuple[TurnRecord, int, str, bool] | None:
+    """The claimed turn, the agent's team and name, and whether the turn was counted on the
+    team's budget (if not, :func:`~agent_router.store.budgets.charge_turn` must decide);
+    ``None`` when nothing was claimed (nor written) and the general way must decide.
+    ``builtin``: an agent whose turns a host's task runs matches nothing."""
     now = utcnow()
     params = {
         "b_agent": agent_id,
@@ -51,6 +55,7 @@ def claim(
         "b_builtin": builtin,
         "b_now": now,
         "b_lease": now + timedelta(seconds=tx.settings.lease_seconds),
+        "b_ratio": tx.settings.budget_warning_ratio,
     }
     found = tx.session.connection().execute(_STATEMENT, params).mappings().one_or_none()
     if found is None:
@@ -66,7 +71,7 @@ def claim(
             trigger=record.trigger.value,
         )
     )
-    return record, found["team_id"], found["display_name"]
+    return record, found["team_id"], found["display_name"], bool(found["charged"])
 
 
 def _locked() -> sa.CTE:
@@ -131,8 +136,15 @@ def _statement() -> sa.Select[Any]:
         detail=sa.func.jsonb_build_object(constant("trigger"), turn.c.trigger),
         created_at=sa.bindparam("b_now", type_=sa.DateTime),
     ).cte("event")
+    # The team's id comes from the locked agent: the agent is locked before the budget row.
+    charged = (
+        budgets.quiet_turn_charge(sa.select(old.c.team_id).scalar_subquery())
+        .returning(sa.literal(1).label("one"))
+        .cte("charged")
+    )
+    counted = sa.exists(sa.select(charged.c.one)).label("charged")
     return (
-        sa.select(turn, old.c.team_id, old.c.display_name)
+        sa.select(turn, old.c.team_id, old.c.display_name, counted)
         .select_from(turn.join(old, sa.true()))
         .add_cte(moved, event)
     )

@@ -59,7 +59,9 @@ def claim_turn(
     if claim_statement.eligible(tx):
         claimed = claim_statement.claim(tx, agent_id, epoch, builtin=builtin)
         if claimed is not None:
-            record, team_id, name = claimed
+            record, team_id, name, counted = claimed
+            if counted:
+                return Claim(record, team_id, name, budgets.COUNTED)
             check = budgets.charge_turn(tx, team_id, agent_id, record.id)
             return Claim(record, team_id, name, check)
     agent = queries.lock_agent(tx.session, agent_id)
