@@ -252,6 +252,30 @@ def test_an_answer_is_two_statements(pg_router: Router) -> None:
     assert mark.lstrip().startswith("UPDATE ar_outbox SET published_at")
 
 
+def test_a_woken_call_rereads_its_question_in_one_round_trip(pg_router: Router) -> None:
+    """What a blocked call re-reads after a wake signal is one statement on a connection in
+    autocommit: the driver sends no BEGIN before it and no ROLLBACK after it."""
+    team, question = _team(pg_router, "waiting")
+    autocommit: list[tuple[str, bool]] = []
+
+    def record(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        autocommit.append(
+            (statement.split(maxsplit=1)[0], conn.connection.dbapi_connection.autocommit)
+        )
+
+    sa.event.listen(pg_router.store.engine, "before_cursor_execute", record)
+    try:
+        assert pg_router.store.reads.wait_state(question)[0] is True
+        pg_router.send(team, **_answer(question))
+        assert pg_router.store.reads.wait_state(question)[0] is False
+    finally:
+        sa.event.remove(pg_router.store.engine, "before_cursor_execute", record)
+    reads = [autocommit[0], autocommit[-1]]
+    assert reads == [("SELECT", True), ("SELECT", True)]
+    # The answer itself is a transaction, on the same pool.
+    assert ("WITH", False) in autocommit[1:-1]
+
+
 def test_both_statements_fit_the_drivers_statement_cache() -> None:
     """psycopg converts a query's parameters once and caches it only up to this length."""
     from psycopg import _queries

@@ -144,8 +144,13 @@ class Reads:
     @faults.wrapped_read
     def wait_state(self, question_id: int) -> tuple[bool, datetime]:
         """Whether the asker still waits on the question, and its deadline: what a blocked
-        call re-reads after every wake signal (one statement built once, no ORM)."""
-        with self._engine.connect() as conn:
+        call re-reads after every wake signal (one statement built once, no ORM). On PostgreSQL
+        the statement is its own transaction (autocommit): one round trip, no ``BEGIN`` and no
+        ``ROLLBACK``; one statement reads one snapshot either way."""
+        conn = self._engine.connect()
+        if self._engine.dialect.name != "sqlite":
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        with conn:
             found = conn.execute(_WAIT_STATE, {"b_question": question_id}).one_or_none()
         if found is None:
             raise errors.UnknownQuestionError(f"no question {question_id}")
