@@ -494,22 +494,30 @@ class Router:
     # ------------------------------------------------------------------ outbox
 
     def _publish_committed(self, entries: list[OutboxEntry]) -> None:
-        """The store's after-commit path: what a transition committed, published at once."""
-        self._publish_entries(self.publisher, entries)
+        """The store's after-commit path: what a transition committed, published at once. Its
+        wake rows were written marked published (``store.tx.written_published``): only their
+        signals are sent."""
+        self._publish_entries(self.publisher, entries, wakes_marked=True)
 
     def sweep(self) -> SweepReport:
         """One sweeper pass (see :mod:`agent_router.sweeper`)."""
         return sweep(self)
 
-    def _publish_entries(self, publisher: Publisher | None, entries: list[OutboxEntry]) -> int:
+    def _publish_entries(
+        self, publisher: Publisher | None, entries: list[OutboxEntry], *, wakes_marked: bool = False
+    ) -> int:
         """Wake signals go to the waker, turn tasks to the publisher; what was sent is marked
-        published. Without a publisher, turn rows stay unpublished for a later
-        :meth:`publish_outbox`."""
+        published (wake rows not, when ``wakes_marked``: they were written so). Without a
+        publisher, turn rows stay unpublished for a later :meth:`publish_outbox`."""
         published: list[int] = []
+        signalled = 0
         try:
             for entry in entries:
                 if entry.kind is OutboxKind.WAKE_WAITER:
                     self.waker.notify(int(entry.payload["question_id"]))
+                    if wakes_marked:
+                        signalled += 1
+                        continue
                 elif publisher is not None:
                     publisher.publish(entry)
                 else:
@@ -525,7 +533,7 @@ class Router:
                 # What was sent committed: the caller's transition stands. The rows stay
                 # unpublished and the sweeper sends them again (every turn task is fenced).
                 logger.exception("outbox mark failed", extra={"action": "publish"})
-        return len(published)
+        return len(published) + signalled
 
     def publish_outbox(
         self, publisher: Publisher | None = None, *, older_than_seconds: float = 0.0

@@ -22,6 +22,8 @@ from agent_router import AgentState, MessageType, RefusedError, Router, Settings
 from agent_router.domain import LedgerAction, OutboxKind, QuestionStatus, RouteOutcome
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import answer_route
+from agent_router.store.models import OutboxRow
+from agent_router.waker import InProcessWaker
 
 from .helpers import assistant, start_running, statements_sent, tool_call
 
@@ -245,11 +247,59 @@ def test_an_answer_is_two_statements(pg_router: Router) -> None:
     team, question = _team(pg_router, "waiting")
     with statements_sent(pg_router) as seen:
         pg_router.send(team, **_answer(question))
-    # The read and the write in the transaction; the wake row is marked published after it.
-    read, write, mark = seen
+    # The read and the write in the transaction; the wake row is written marked published, so
+    # nothing marks it after the commit.
+    read, write = seen
     assert read.lstrip().startswith("WITH target AS MATERIALIZED")
     assert write.lstrip().startswith("WITH moved AS")
-    assert mark.lstrip().startswith("UPDATE ar_outbox SET published_at")
+
+
+class _CountingWaker(InProcessWaker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.signals: list[int] = []
+
+    def notify(self, question_id: int) -> None:
+        self.signals.append(question_id)
+        super().notify(question_id)
+
+
+@pytest.mark.parametrize("general", [False, True], ids=["two statements", "general way"])
+def test_a_wake_row_is_written_published_and_signalled_once(
+    pg_schema_url: str, monkeypatch: pytest.MonkeyPatch, general: bool
+) -> None:
+    """Both ways the wake row commits marked published (one attempt) and its signal is sent
+    once after the commit; the sweeper's pass sends nothing more. A wake row left unpublished
+    (written before wake rows were written published) is still signalled and marked by it."""
+    if general:
+        monkeypatch.setattr(answer_route, "eligible", lambda tx, req: False)
+    waker = _CountingWaker()
+    router = Router(
+        Settings(database_url=pg_schema_url), publisher=RecordingPublisher(), waker=waker
+    )
+    try:
+        team, question = _team(router, "waiting")
+        router.send(team, **_answer(question))
+        with router.store.engine.connect() as conn:
+            wakes = conn.execute(
+                sa.select(OutboxRow.id, OutboxRow.published_at, OutboxRow.attempts).where(
+                    OutboxRow.team_id == team, OutboxRow.kind == OutboxKind.WAKE_WAITER
+                )
+            ).all()
+        assert [(w.published_at is not None, w.attempts) for w in wakes] == [(True, 1)]
+        assert waker.signals == [question]
+        assert router.publish_outbox() == 0 and waker.signals == [question]
+        with router.store.engine.begin() as conn:
+            conn.execute(
+                sa.update(OutboxRow)
+                .where(OutboxRow.id == wakes[0].id)
+                .values(published_at=None, attempts=0)
+            )
+        assert router.publish_outbox() == 1
+        assert waker.signals == [question, question]
+        assert wakes[0].id not in {e.id for e in router.store.reads.unpublished()}
+    finally:
+        router.close()
 
 
 def test_a_woken_call_rereads_its_question_in_one_round_trip(pg_router: Router) -> None:

@@ -46,7 +46,13 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.one_statement import constant, live_sender_id, route_detail
-from agent_router.store.tx import Tx, has_buffered_ledger, ledger_row, log_event
+from agent_router.store.tx import (
+    Tx,
+    has_buffered_ledger,
+    ledger_row,
+    log_event,
+    written_published,
+)
 from agent_router.store.values import SendRequest
 
 _agents = cast("sa.Table", AgentRow.__table__)
@@ -353,7 +359,7 @@ def _write_statement() -> sa.Insert:
             epoch=sa.bindparam("o_epoch"),
             payload=sa.bindparam("o_payload"),
             created_at=sa.bindparam("b_now"),
-            attempts=0,
+            **written_published(OutboxKind.WAKE_WAITER, sa.bindparam("b_now")),
         )
         .returning(_outbox.c.id)
         .add_cte(moved, message, answered, entry, resolved, routed)

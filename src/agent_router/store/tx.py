@@ -30,6 +30,17 @@ _INSERT_OUTBOX = sa.insert(OutboxRow).returning(OutboxRow.id)
 _INSERT_LEDGER = sa.insert(LedgerRow)
 
 
+def written_published(kind: OutboxKind, now: Any) -> dict[str, Any]:
+    """The publication columns of a new outbox row of ``kind``. A wake row is written marked
+    published, as sent once: its signal only cuts a blocked call's sleep short, and a lost one
+    is found by the call's periodic re-read of the database (``wake_recheck_seconds``) as soon
+    as the sweeper would have sent it again. So nothing re-sends it, and no round trip after
+    the commit marks it."""
+    if kind is OutboxKind.WAKE_WAITER:
+        return {"published_at": now, "attempts": 1}
+    return {"published_at": None, "attempts": 0}
+
+
 class Refused(Exception):  # noqa: N818 - control flow, never escapes the store
     """Abort the transaction, then record a ledger event and raise ``error``."""
 
@@ -72,7 +83,8 @@ class Tx:
         self.ledger(action, team_id=agent.team_id, agent_id=agent.id, **fields)
 
     def outbox(self, agent: AgentRow, kind: OutboxKind, **payload: Any) -> OutboxEntry:
-        """Write an outbox row for ``agent``'s current epoch; published after commit."""
+        """Write an outbox row for ``agent``'s current epoch; published after commit. A wake row
+        is written marked published (see :func:`written_published`)."""
         if kind is OutboxKind.ENQUEUE_TURN:
             # Names for monitors (Flower shows the task as "UI Operator_1 (team 3) epoch 2"):
             # carried here so that publishing needs no extra read.
@@ -91,6 +103,7 @@ class Tx:
                     "kind": kind,
                     "epoch": agent.epoch,
                     "payload": payload,
+                    **written_published(kind, utcnow()),
                 },
             )
             .scalar_one()
