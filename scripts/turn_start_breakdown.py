@@ -39,7 +39,6 @@ from agent_router.settings import Settings
 from agent_router.turn import Turn
 from agent_router.worker import runtime
 
-NOOP = "agent_router.breakdown_noop"
 SENDER_STEPS = ["sent", "begin", "statement", "executed", "commit", "publish", "published"]
 WORKER_STEPS = ["received", "started", "claim", "w_begin", "w_statement", "w_executed"]
 WORKER_STEPS += ["w_commit", "w_committed", "claimed"]
@@ -75,17 +74,13 @@ def worker() -> None:
 
     rt.router.store.claim_turn = marked_claim  # type: ignore[method-assign]
     _mark_transactions(rt.router.store.engine, mark, "w_")
-    rt.app.task(name=NOOP, shared=False)(_noop)
+    bench._NoopTask(rt.app, settings.queue)  # the floor's task, as the bench registers it
     rt.app.worker_main(
         [
             *("worker", "--pool=threads", "--concurrency=4", "-Q", settings.queue),
             *("--loglevel=WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat"),
         ]
     )
-
-
-def _noop() -> None:
-    """The floor's task: one Celery round trip of it is sent, run and its result back."""
 
 
 def main() -> None:
@@ -126,11 +121,12 @@ def _measure(rt: runtime.Runtime, redis_url: str, n: int) -> None:
     _mark_transactions(rt.router.store.engine, mark)
     signals.before_task_publish.connect(partial(mark, "publish"), weak=False)
     signals.after_task_publish.connect(partial(mark, "published"), weak=False)
-    _until_worker(rt)
+    bench._until(lambda: rt.app.control.ping(timeout=0.5), timeout=60)  # the worker is up
     pause = rt.router.settings.scripted_write_seconds
+    noop = bench._NoopTask(rt.app, rt.router.settings.queue)
     trips = {
-        "back to back": _round_trips(rt, n, 0.0),
-        f"after {pause} s": _round_trips(rt, n, pause),
+        "back to back": _round_trips(noop, n, 0.0),
+        f"after {pause} s": _round_trips(noop, n, pause),
     }
     team = rt.router.create_team()
     samples: list[dict[str, float]] = []
@@ -168,21 +164,13 @@ def _mark_transactions(engine: sa.Engine, mark: Callable[..., None], prefix: str
     sa.event.listen(engine, "checkin", partial(mark, prefix + "committed"))
 
 
-def _round_trips(rt: runtime.Runtime, n: int, pause: float) -> list[float]:
+def _round_trips(noop: bench._NoopTask, n: int, pause: float) -> list[float]:
+    """``n`` Celery round trips of the bench's no-op task, each after ``pause`` seconds, ms."""
     trips = []
     for _ in range(n):
         time.sleep(pause)
-        sent = time.perf_counter()
-        rt.app.send_task(NOOP, queue=rt.router.settings.queue).get(timeout=30)
-        trips.append((time.perf_counter() - sent) * 1000)
+        trips.append(noop.round_trip())
     return trips
-
-
-def _until_worker(rt: runtime.Runtime) -> None:
-    deadline = time.monotonic() + 60
-    while not rt.app.control.ping(timeout=0.5):
-        if time.monotonic() > deadline:
-            raise TimeoutError("the worker did not answer a ping")
 
 
 if __name__ == "__main__":
