@@ -63,6 +63,18 @@ def pg_schema_url(pg_url: str) -> str:
 
 
 @pytest.fixture
+def own_pg_schema_url(fresh_pg_url: str) -> str:
+    """A database of the test's own, with the schema: for a test that sweeps. A sweep takes
+    over, re-enqueues and republishes whatever is stale in its whole database; in the session
+    database that is what every earlier test left behind, which would then run on (and hold
+    the threads of) this test's worker."""
+    router = Router(Settings(database_url=fresh_pg_url))
+    router.create_schema()
+    router.close()
+    return fresh_pg_url
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'router.db'}"
 

@@ -40,9 +40,11 @@ def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
 
 
 @pytest.fixture
-def celery_settings(pg_schema_url: str, broker_url: str, redis_url: str) -> Settings:
+def celery_settings(request: pytest.FixtureRequest, broker_url: str, redis_url: str) -> Settings:
+    """The session database, or one of the test's own for a test marked ``own_database``."""
+    own = request.node.get_closest_marker("own_database") is not None
     return Settings(
-        database_url=pg_schema_url,
+        database_url=request.getfixturevalue("own_pg_schema_url" if own else "pg_schema_url"),
         broker_url=broker_url,
         redis_url=redis_url,  # wake keys of blocked asks in Redis, as in production
         queue=f"agent_router.test.{uuid.uuid4().hex[:10]}",

@@ -115,6 +115,7 @@ def test_worker_sweeper_connections_are_not_shared_with_forked_children(
         sweeper.router.close()
 
 
+@pytest.mark.own_database
 def test_worker_timer_takes_over_an_expired_lease_without_beat(
     celery_settings: Settings, celery_app: Celery, tmp_path: Path
 ) -> None:

@@ -31,10 +31,10 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 
 
 def test_sends_survive_a_stopped_broker_and_turns_run_once_it_is_back(
-    pg_schema_url: str, private_redis: PrivateRedis
+    own_pg_schema_url: str, private_redis: PrivateRedis
 ) -> None:
     settings = Settings(
-        database_url=pg_schema_url,
+        database_url=own_pg_schema_url,
         broker_url=private_redis.url,
         queue=f"agent_router.test.{uuid.uuid4().hex[:10]}",
         sweep_seconds=0.5,
