@@ -128,26 +128,17 @@ def route_many(tx: Tx, reqs: Sequence[SendRequest]) -> list[Delivery]:
         raise errors.InvalidMessageError("the messages of one send_many go to one team")
     if not reqs:
         return []
-    deliveries: dict[int, Delivery] = {i: route(tx, reqs[i]) for i in lock_order(tx, reqs)}
-    return [deliveries[i] for i in range(len(reqs))]
-
-
-def lock_order(tx: Tx, reqs: Sequence[SendRequest]) -> list[int]:
-    """The indexes of ``reqs`` in the canonical lock order of their targets: by team, then by
-    agent id (one read); unknown targets first, so that a refusal comes before any lock is
-    taken; messages to one target in the order given."""
     found = tx.session.execute(
-        sa.select(AgentRow.team_id, AgentRow.display_name, AgentRow.id).where(
-            sa.tuple_(AgentRow.team_id, AgentRow.display_name).in_(
-                {(req.team_id, req.to) for req in reqs}
-            )
+        sa.select(AgentRow.display_name, AgentRow.id).where(
+            AgentRow.team_id == reqs[0].team_id,
+            AgentRow.display_name.in_({req.to for req in reqs}),
         )
     )
-    ids = {(team_id, name): agent_id for team_id, name, agent_id in found}
-    return sorted(
-        range(len(reqs)),
-        key=lambda i: (reqs[i].team_id, ids.get((reqs[i].team_id, reqs[i].to), 0), i),
-    )
+    ids = {name: agent_id for name, agent_id in found}
+    # Unknown targets first: the refusal comes before any lock is taken.
+    order = sorted(range(len(reqs)), key=lambda i: (ids.get(reqs[i].to, 0), i))
+    deliveries: dict[int, Delivery] = {i: route(tx, reqs[i]) for i in order}
+    return [deliveries[i] for i in range(len(reqs))]
 
 
 def _waiting_on(tx: Tx, target: AgentRow, answered: QuestionRow | None) -> QuestionRow | None:

@@ -56,7 +56,6 @@ from agent_router.store import (
     waits,
 )
 from agent_router.store.engine import make_engine
-from agent_router.store.group_commit import Sends
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
 from agent_router.store.tx import Refused, Tx, drop_ledger_buffer, write_ledger_buffer
@@ -91,7 +90,6 @@ class Store:
         event.listen(self._sessions, "after_transaction_end", drop_ledger_buffer)
         self.reads = Reads(self._sessions, self.engine)
         self._after_commit: AfterCommit | None = None
-        self._sends = Sends(self._tx, self._published)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -109,15 +107,8 @@ class Store:
         connections alone."""
         self.engine.dispose(close=close)
 
-    def _published(self, entries: list[OutboxEntry]) -> None:
-        """Hand committed outbox rows to the after-commit path, if one is installed."""
-        if entries and self._after_commit is not None:
-            self._after_commit(entries)
-
     @contextmanager
-    def _tx(self, publish: bool = True) -> Iterator[Tx]:
-        """One transition's transaction; ``publish``: hand the outbox rows it wrote to the
-        after-commit path once it committed (else the caller does)."""
+    def _tx(self) -> Iterator[Tx]:
         tx = Tx(self._sessions(), self.settings)
         committing = False
         try:
@@ -138,8 +129,8 @@ class Store:
             raise faults.store_error(exc, committing=committing) from exc
         finally:
             tx.session.close()
-        if publish:
-            self._published(tx.entries)
+        if tx.entries and self._after_commit is not None:
+            self._after_commit(tx.entries)
 
     @faults.retrying
     def _write_ledger(self, action: LedgerAction, **fields: Any) -> None:
@@ -198,12 +189,11 @@ class Store:
 
     # ------------------------------------------------------------------ routing
 
+    @faults.retrying
     def route(self, req: SendRequest) -> Delivery:
-        """Accept one message and deliver it by the receiver's state. Sends of this process's
-        threads that arrive while another is in the database commit together
-        (:mod:`agent_router.store.group_commit`); each returns once its message is committed
-        and published."""
-        return self._sends.route(req)
+        """Accept one message and deliver it by the receiver's state."""
+        with self._tx() as tx:
+            return routing.route(tx, req)
 
     @faults.retrying
     def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
