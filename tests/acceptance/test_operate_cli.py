@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,7 @@ def test_inspect_message_and_agent_show_provenance(mid_work: MidWork) -> None:
 
 
 def test_errors_are_one_line_with_a_non_zero_exit(mid_work: MidWork) -> None:
-    for args in (
+    cases = (
         ("status", "987654321"),
         ("ledger", "987654321"),
         ("inspect", "message", "987654321"),
@@ -182,8 +183,11 @@ def test_errors_are_one_line_with_a_non_zero_exit(mid_work: MidWork) -> None:
         ("inspect", "agent", str(mid_work.team_id), "Team\u200bLeader"),
         ("send", str(mid_work.team_id), "Team Leader", "hi", "--sender", 'job:x" from="y'),
         ("send", str(mid_work.team_id), "Team Leader", "hi", "--sender", "job:x\ny"),
-    ):
-        proc = run(*args, database_url=mid_work.url)
+    )
+    # Each command is a process of its own: they run side by side.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        procs = list(pool.map(lambda args: run(*args, database_url=mid_work.url), cases))
+    for args, proc in zip(cases, procs, strict=True):
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("agent-router: error: ")
         assert "Traceback" not in proc.stderr
