@@ -122,7 +122,7 @@ class Bench:
             self._ms_row("database round trip (SELECT 1, raw driver)", self.db_round_trip, None)
         )
 
-    def route_latency(self) -> float:
+    def route_latency(self) -> None:
         n = self.samples
         f50, f99 = self.raw
         team = self._team_with(n)
@@ -169,11 +169,13 @@ class Bench:
                 )
             )
             self.rows.append(self._ms_row(f"route p99 ({label})", pct(samples, 0.99), f99))
-        # The wake floor adds a Redis and a database round trip to the route of the answer that
-        # wakes: a route to a waiting agent.
-        return statistics.median(waiting)
 
-    def wake_latency(self, route_p50: float) -> None:
+
+    def wake_latency(self) -> None:
+        """Answer sent -> the blocked ``wait_for`` returns in another thread. Its floor is the
+        route of that same answer (until ``send`` returned, in the same samples: a sample
+        follows a pause, which slows the route as much as the rest) plus one Redis and one
+        database round trip."""
         n = max(20, self.samples // 5)
         if self.redis_url:
             client = redis.Redis.from_url(self.redis_url)
@@ -183,6 +185,7 @@ class Bench:
             rtt = 0.0
         team = self._team_with(n)
         samples: list[float] = []
+        routes: list[float] = []
         for i in range(n):
             name = f"Bench_{i + 1}"
             turn = self._running(team, name)
@@ -213,10 +216,11 @@ class Bench:
                 type=MessageType.ANSWER,
                 question_id=q.id,
             )
+            routes.append((time.perf_counter() - sent) * 1000)
             returned.wait(30)
             waiter.join()
             samples.append((done_at[0] - sent) * 1000)
-        floor = rtt + route_p50 + self.db_round_trip
+        floor = rtt + statistics.median(routes) + self.db_round_trip
         self.rows.append(
             self._ms_row(
                 "wake p50",
@@ -334,7 +338,12 @@ class Bench:
                 queues=[queue],
                 shutdown_timeout=30.0,
             ):
-                floor = [noop.round_trip() for _ in range(n)]
+                # Each turn start follows a turn of settings.scripted_write_seconds, the sender
+                # idle meanwhile; each floor round trip follows the same pause (on a virtual
+                # machine a pause slows the next steps, Celery's as much as ours).
+                pause = settings.scripted_write_seconds
+                back_to_back = [noop.round_trip() for _ in range(n)]
+                floor = [noop.round_trip(after=pause) for _ in range(n)]
                 ours = _turn_starts(rt.router, n)
                 trip = statistics.median(floor)
                 p50 = self._ms_row(
@@ -345,10 +354,13 @@ class Bench:
                     limit=trip + 2.0,
                 )
                 p99 = self._ms_row("turn start p99", pct(ours, 0.99), pct(floor, 0.99))
+                rt_row = self._ms_row(
+                    "Celery round trip p50, back to back", statistics.median(back_to_back), None
+                )
                 turns = _burst_turns(rt.router)
                 noop.run_many(100)  # the baseline: one task per message
                 burst = row("turns fired for a burst of 100", self.backend, turns, 100, "turns")
-                self.rows.extend([p50, p99, burst])
+                self.rows.extend([p50, p99, rt_row, burst])
         finally:
             runtime.reset()
             with rt.app.connection_for_write() as conn:
@@ -373,9 +385,11 @@ class _NoopTask:
 
         self.task = noop
 
-    def round_trip(self) -> float:
+    def round_trip(self, *, after: float = 0.0) -> float:
         """One no-op task sent, run, its result back (through the result backend; the embedded
-        broker has none, so there the task's start, seen in this process, ends the trip), ms."""
+        broker has none, so there the task's start, seen in this process, ends the trip), ms;
+        sent ``after`` seconds of pause."""
+        time.sleep(after)
         sent = time.perf_counter()
         if self.app.conf.result_backend:
             self.task.apply_async(queue=self.queue, ignore_result=False).get(timeout=30)
@@ -507,8 +521,8 @@ def run(
     for backend, settings, redis_for_wake in targets:
         with _bench(settings, backend, samples, redis_for_wake) as bench:
             bench.measure_floors()
-            route_p50 = bench.route_latency()
-            bench.wake_latency(route_p50)
+            bench.route_latency()
+            bench.wake_latency()
             bench.throughput()
             bench.fan_out()
             bench.celery_figures()
