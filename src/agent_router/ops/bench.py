@@ -170,7 +170,6 @@ class Bench:
             )
             self.rows.append(self._ms_row(f"route p99 ({label})", pct(samples, 0.99), f99))
 
-
     def wake_latency(self) -> None:
         """Answer sent -> the blocked ``wait_for`` returns in another thread. Its floor is the
         route of that same answer (until ``send`` returned, in the same samples: a sample
