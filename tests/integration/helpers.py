@@ -42,16 +42,27 @@ def start_waiting(
 
 
 @contextmanager
-def statements_sent(router: Router) -> Iterator[list[str]]:
-    """The SQL statements the router's store sends to the database meanwhile, in order (BEGIN
-    and COMMIT are not among them)."""
-    seen: list[str] = []
+def statements_in_autocommit(router: Router) -> Iterator[list[tuple[str, bool]]]:
+    """The SQL statements the router's store sends to the database meanwhile, in order, each
+    with whether its connection was in autocommit (the statement its own transaction: no BEGIN
+    before it, no COMMIT after it; BEGIN and COMMIT are not among the statements)."""
+    seen: list[tuple[str, bool]] = []
 
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
+    def record(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append((statement, bool(conn.connection.dbapi_connection.autocommit)))
 
     event.listen(router.store.engine, "before_cursor_execute", record)
     try:
         yield seen
     finally:
         event.remove(router.store.engine, "before_cursor_execute", record)
+
+
+@contextmanager
+def statements_sent(router: Router) -> Iterator[list[str]]:
+    """The SQL statements the router's store sends to the database meanwhile, in order (BEGIN
+    and COMMIT are not among them); the list is filled when the block ends."""
+    seen: list[str] = []
+    with statements_in_autocommit(router) as both:
+        yield seen
+    seen.extend(statement for statement, _ in both)

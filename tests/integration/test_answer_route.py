@@ -25,7 +25,7 @@ from agent_router.store import answer_route
 from agent_router.store.models import OutboxRow
 from agent_router.waker import InProcessWaker
 
-from .helpers import assistant, start_running, statements_sent, tool_call
+from .helpers import assistant, start_running, statements_in_autocommit, statements_sent, tool_call
 
 
 @pytest.fixture
@@ -266,16 +266,17 @@ class _CountingWaker(InProcessWaker):
 
 @pytest.mark.parametrize("general", [False, True], ids=["two statements", "general way"])
 def test_a_wake_row_is_written_published_and_signalled_once(
-    pg_schema_url: str, monkeypatch: pytest.MonkeyPatch, general: bool
+    own_pg_schema_url: str, monkeypatch: pytest.MonkeyPatch, general: bool
 ) -> None:
     """Both ways the wake row commits marked published (one attempt) and its signal is sent
     once after the commit; the sweeper's pass sends nothing more. A wake row left unpublished
-    (written before wake rows were written published) is still signalled and marked by it."""
+    (written before wake rows were written published) is still signalled and marked by it.
+    (A database of its own: the pass publishes whatever is unpublished in its database.)"""
     if general:
         monkeypatch.setattr(answer_route, "eligible", lambda tx, req: False)
     waker = _CountingWaker()
     router = Router(
-        Settings(database_url=pg_schema_url), publisher=RecordingPublisher(), waker=waker
+        Settings(database_url=own_pg_schema_url), publisher=RecordingPublisher(), waker=waker
     )
     try:
         team, question = _team(router, "waiting")
@@ -306,20 +307,11 @@ def test_a_woken_call_rereads_its_question_in_one_round_trip(pg_router: Router) 
     """What a blocked call re-reads after a wake signal is one statement on a connection in
     autocommit: the driver sends no BEGIN before it and no ROLLBACK after it."""
     team, question = _team(pg_router, "waiting")
-    autocommit: list[tuple[str, bool]] = []
-
-    def record(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        autocommit.append(
-            (statement.split(maxsplit=1)[0], conn.connection.dbapi_connection.autocommit)
-        )
-
-    sa.event.listen(pg_router.store.engine, "before_cursor_execute", record)
-    try:
+    with statements_in_autocommit(pg_router) as seen:
         assert pg_router.store.reads.wait_state(question)[0] is True
         pg_router.send(team, **_answer(question))
         assert pg_router.store.reads.wait_state(question)[0] is False
-    finally:
-        sa.event.remove(pg_router.store.engine, "before_cursor_execute", record)
+    autocommit = [(statement.split(maxsplit=1)[0], alone) for statement, alone in seen]
     reads = [autocommit[0], autocommit[-1]]
     assert reads == [("SELECT", True), ("SELECT", True)]
     # The answer itself is a transaction, on the same pool.

@@ -19,6 +19,11 @@ TIMEOUT = 90.0
 WRITE_SECONDS = 3.0
 
 
+#: The tests publish whatever is unpublished in their database (as the sweeper does): a
+#: database of their own, so that no earlier test's leftover turns run on their worker.
+pytestmark = pytest.mark.own_database
+
+
 @pytest.fixture
 def broker_url(own_redis: PrivateRedis) -> str:
     return own_redis.url

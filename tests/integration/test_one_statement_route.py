@@ -19,7 +19,7 @@ from agent_router.domain import LedgerAction, MessageSubtype
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import one_statement
 
-from .helpers import start_running, start_waiting, statements_sent
+from .helpers import start_running, start_waiting, statements_in_autocommit
 
 
 @pytest.fixture
@@ -180,14 +180,33 @@ def test_a_send_that_needs_no_question_is_one_statement(
     pg_router: Router, state: AgentState
 ) -> None:
     team = _team(pg_router, state, None)
-    with statements_sent(pg_router) as seen:
+    with statements_in_autocommit(pg_router) as seen:
         pg_router.send(team, to="Engineer_1", content="hello", sender="Team Leader")
-    # One statement in the transaction: the route itself (BEGIN and COMMIT are not statements
-    # of the cursor). A turn task published after the commit is then marked published.
-    route, *after_commit = seen
-    assert route.lstrip().startswith("WITH")
-    assert all(s.lstrip().startswith("UPDATE ar_outbox SET published_at") for s in after_commit)
+    # One statement, its own transaction (autocommit: the driver sends no BEGIN and no COMMIT):
+    # one round trip. A turn task published after it is then marked published, also in one.
+    (route, alone), *after_commit = seen
+    assert route.lstrip().startswith("WITH") and alone
+    assert all(
+        s.lstrip().startswith("UPDATE ar_outbox SET published_at") and alone
+        for s, alone in after_commit
+    )
     assert len(after_commit) == (1 if state in (AgentState.IDLE, AgentState.COMPLETED) else 0)
+
+
+def test_a_send_the_statement_does_not_route_goes_the_general_way_without_repeating_it(
+    pg_router: Router,
+) -> None:
+    """To a waiting agent the statement matches nothing and writes nothing; the general way
+    then routes the message in a transaction, without running the statement again."""
+    team = _team(pg_router, AgentState.WAITING, None)
+    with statements_in_autocommit(pg_router) as seen:
+        delivery = pg_router.send(team, to="Engineer_1", content="FYI", sender="user")
+    assert delivery.message_id in {m.id for m in pg_router.messages(team)}
+    (first, alone), *general = seen
+    assert first.lstrip().startswith("WITH") and alone
+    # The general way: statements inside one transaction, and not the one statement again.
+    assert general and not any(alone for _, alone in general)
+    assert first not in [s for s, _ in general]
 
 
 def test_the_statement_fits_the_drivers_statement_cache() -> None:

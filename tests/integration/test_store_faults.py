@@ -91,8 +91,9 @@ def test_a_connection_lost_during_commit_is_commit_unknown_and_a_retry_is_safe(
 def test_a_connection_lost_before_commit_is_retried_and_commits_once(pg_router: Router) -> None:
     team = pg_router.create_team()
     pg_router.create_agent(team.id, role="Engineer")
+    # With a dedup key the send is a transaction of several statements (the general way).
     with FaultAt(pg_router, "after_begin") as fault:
-        delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
+        delivery = pg_router.send(team.id, to="Engineer_1", content="deploy", dedup_key="d-1")
     assert fault.fired  # the first run lost its connection; the second committed
     assert [m.id for m in pg_router.messages(team.id)] == [delivery.message_id]
 
@@ -101,7 +102,7 @@ def test_every_run_losing_its_connection_is_a_retryable_store_error(pg_router: R
     team = pg_router.create_team()
     pg_router.create_agent(team.id, role="Engineer")
     with FaultAt(pg_router, "after_begin", times=10), pytest.raises(StoreError) as caught:
-        pg_router.send(team.id, to="Engineer_1", content="deploy")
+        pg_router.send(team.id, to="Engineer_1", content="deploy", dedup_key="d-1")
     assert caught.value.retryable and not isinstance(caught.value, CommitUnknownError)
     assert pg_router.messages(team.id) == []  # nothing was written
 
@@ -140,3 +141,35 @@ def test_a_publish_mark_lost_after_a_committed_send_is_not_the_senders_error(
         assert [e.id for e in publisher.entries].count(ours) == 2
     finally:
         router.close()
+
+
+def test_a_connection_lost_during_a_one_statement_send_is_commit_unknown(
+    pg_router: Router,
+) -> None:
+    """A send that needs no question is one statement in autocommit: its commit is the
+    statement's own, so a connection lost during it leaves the outcome unknown (never a silent
+    repeat that could deliver twice). Here the backend is cut before the statement ran: nothing
+    was written, and the sender's retry delivers once."""
+    team = pg_router.create_team()
+    pg_router.create_agent(team.id, role="Engineer")
+    cut: list[int] = []
+
+    def cut_the_statement(conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        if statement.lstrip().startswith("WITH") and dbapi.autocommit and not cut:
+            cut.append(dbapi.info.backend_pid)
+            admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+            with admin.connect() as other:
+                other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": cut[0]})
+            admin.dispose()
+
+    event.listen(pg_router.store.engine, "before_cursor_execute", cut_the_statement)
+    try:
+        with pytest.raises(CommitUnknownError):
+            pg_router.send(team.id, to="Engineer_1", content="deploy")
+    finally:
+        event.remove(pg_router.store.engine, "before_cursor_execute", cut_the_statement)
+    assert cut and pg_router.messages(team.id) == []
+    delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
+    assert [m.id for m in pg_router.messages(team.id)] == [delivery.message_id]

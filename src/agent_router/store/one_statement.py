@@ -2,7 +2,9 @@
 is not an answer, carries no dedup key and names no question, to an agent that is idle,
 completed, running or scheduled. One data-modifying statement locks the target, takes its
 sequence number, moves it (a new turn: next epoch, ``scheduled``), inserts the message, the
-turn task's outbox row and the route's ledger event, and returns what the send returns.
+turn task's outbox row and the route's ledger event, and returns what the send returns. A send
+of its own runs it as its own transaction (:func:`route_alone`, autocommit: one round trip);
+inside a larger transaction it is one of that transaction's statements (:func:`route`).
 
 The outcome is not decided here: :func:`decisions.decide` gives it for each of these states
 before the statement runs, and the statement only picks the one of the state it locked. A
@@ -18,6 +20,9 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from agent_router.domain import (
     AgentState,
@@ -30,7 +35,8 @@ from agent_router.domain import (
     RouteOutcome,
     TurnTrigger,
 )
-from agent_router.store import decisions
+from agent_router.settings import Settings
+from agent_router.store import decisions, faults
 from agent_router.store.models import (
     AgentRow,
     LedgerActionType,
@@ -45,6 +51,9 @@ from agent_router.store.models import (
 from agent_router.store.tx import Tx, has_buffered_ledger, log_event
 from agent_router.store.values import SendRequest
 
+#: A route's delivery and the outbox rows it wrote (published after its commit).
+Routed = tuple[Delivery, list[OutboxEntry]]
+
 #: The states whose delivery depends on nothing but the state and the message.
 STATES = (AgentState.IDLE, AgentState.COMPLETED, AgentState.RUNNING, AgentState.SCHEDULED)
 
@@ -54,22 +63,49 @@ _outbox = cast("sa.Table", OutboxRow.__table__)
 _ledger = cast("sa.Table", LedgerRow.__table__)
 
 
-def eligible(tx: Tx, req: SendRequest) -> bool:
-    """Whether ``req`` may take the one statement: on PostgreSQL, not an answer, no dedup key,
-    no question, and no ledger event of this transaction still buffered (its events keep their
-    order)."""
+def eligible_alone(settings: Settings, req: SendRequest) -> bool:
+    """Whether ``req`` may take the one statement as a transaction of its own
+    (:func:`route_alone`): on PostgreSQL, not an answer, no dedup key, no question."""
     return (
-        not tx.settings.is_sqlite
+        not settings.is_sqlite
         and req.type is not MessageType.ANSWER
         and req.dedup_key is None
         and req.question_id is None
-        and not has_buffered_ledger(tx.session)
     )
 
 
+def eligible(tx: Tx, req: SendRequest) -> bool:
+    """Whether ``req`` may take the one statement inside the transaction ``tx``: as
+    :func:`eligible_alone`, and no ledger event of this transaction still buffered (its events
+    keep their order)."""
+    return eligible_alone(tx.settings, req) and not has_buffered_ledger(tx.session)
+
+
+def route_alone(engine: Engine, req: SendRequest, *, external: bool) -> Routed | None:
+    """Route ``req`` in one statement that is its own transaction (autocommit): one round trip,
+    no ``BEGIN`` and no ``COMMIT``. ``None`` when it wrote nothing (the general way must route
+    it). A connection lost during the statement leaves it unknown whether it committed:
+    :class:`~agent_router.errors.CommitUnknownError`, never a retry."""
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            return _route(conn, req, external=external)
+    except SQLAlchemyError as exc:
+        raise faults.store_error(exc, committing=True) from exc
+
+
 def route(tx: Tx, req: SendRequest, *, external: bool) -> Delivery | None:
-    """Route ``req`` in one statement; ``None`` when it wrote nothing and the general way must
-    route it. ``external``: the sender is not an agent of the team."""
+    """Route ``req`` in one statement of the transaction ``tx``; ``None`` when it wrote nothing
+    and the general way must route it. ``external``: the sender is not an agent of the team."""
+    routed = _route(tx.session, req, external=external)
+    if routed is None:
+        return None
+    delivery, entries = routed
+    tx.entries.extend(entries)
+    return delivery
+
+
+def _route(conn: Connection | Session, req: SendRequest, *, external: bool) -> Routed | None:
+    """The statement run on ``conn``: the delivery and the outbox rows it wrote, or ``None``."""
     params: dict[str, Any] = {
         "b_team": req.team_id,
         "b_to": req.to,
@@ -90,7 +126,7 @@ def route(tx: Tx, req: SendRequest, *, external: bool) -> Delivery | None:
         )
         params[f"o_{state.value}"] = outcome
         params[f"t_{state.value}"] = outcome is RouteOutcome.TRIGGERED_NEW_TURN
-    found = tx.session.execute(_STATEMENTS[external], params).one_or_none()
+    found = conn.execute(_STATEMENTS[external], params).one_or_none()
     if found is None:
         return None
     log_event(
@@ -104,8 +140,10 @@ def route(tx: Tx, req: SendRequest, *, external: bool) -> Delivery | None:
             "detail": route_detail(req, found.seq, found.state_before, found.state),
         }
     )
-    if found.outbox_id is not None:
-        tx.entries.append(
+    entries = (
+        []
+        if found.outbox_id is None
+        else [
             OutboxEntry(
                 id=found.outbox_id,
                 kind=OutboxKind.ENQUEUE_TURN,
@@ -113,10 +151,11 @@ def route(tx: Tx, req: SendRequest, *, external: bool) -> Delivery | None:
                 epoch=found.epoch,
                 payload=found.payload,
             )
-        )
+        ]
+    )
     # The statement returns the delivery's fields by their names.
     delivered = {name: found._mapping[name] for name in ("message_id", "outcome", "seq", "epoch")}
-    return Delivery(target=req.to, **delivered)
+    return Delivery(target=req.to, **delivered), entries
 
 
 def route_detail(

@@ -64,9 +64,10 @@ _LOCK_TARGET = (
 _INSERT_MESSAGE = sa.insert(MessageRow).returning(MessageRow.id)
 
 
-def route(tx: Tx, req: SendRequest) -> Delivery:
-    """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`)."""
-    if one_statement.eligible(tx, req):
+def route(tx: Tx, req: SendRequest, *, statement_tried: bool = False) -> Delivery:
+    """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`).
+    ``statement_tried``: the one statement already ran on its own and wrote nothing."""
+    if one_statement.eligible(tx, req) and not statement_tried:
         delivered = one_statement.route(tx, req, external=is_external(req.sender))
         if delivered is not None:
             return delivered

@@ -50,6 +50,7 @@ from agent_router.store import (
     faults,
     jobs,
     lifecycle,
+    one_statement,
     recovery,
     routing,
     turns,
@@ -129,8 +130,12 @@ class Store:
             raise faults.store_error(exc, committing=committing) from exc
         finally:
             tx.session.close()
-        if tx.entries and self._after_commit is not None:
-            self._after_commit(tx.entries)
+        self._published(tx.entries)
+
+    def _published(self, entries: list[OutboxEntry]) -> None:
+        """Hand the outbox rows a committed transaction wrote to the after-commit path."""
+        if entries and self._after_commit is not None:
+            self._after_commit(entries)
 
     @faults.retrying
     def _write_ledger(self, action: LedgerAction, **fields: Any) -> None:
@@ -191,9 +196,20 @@ class Store:
 
     @faults.retrying
     def route(self, req: SendRequest) -> Delivery:
-        """Accept one message and deliver it by the receiver's state."""
+        """Accept one message and deliver it by the receiver's state. On PostgreSQL a send that
+        needs no question is first tried as one statement that is its own transaction (one
+        round trip); the general way routes what it did not."""
+        tried = one_statement.eligible_alone(self.settings, req)
+        if tried:
+            routed = one_statement.route_alone(
+                self.engine, req, external=routing.is_external(req.sender)
+            )
+            if routed is not None:
+                delivery, entries = routed
+                self._published(entries)
+                return delivery
         with self._tx() as tx:
-            return routing.route(tx, req)
+            return routing.route(tx, req, statement_tried=tried)
 
     @faults.retrying
     def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
