@@ -5,7 +5,7 @@ terminated, from a second connection, at the moment named."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,11 +36,29 @@ def pg_router(pg_schema_url: str) -> Iterator[Router]:
 
 
 def _terminate_own_backend(connection: Connection) -> None:
-    pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    _terminate(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+
+def _terminate(pid: int) -> None:
+    """Terminate the backend ``pid`` from a connection of its own."""
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
     admin.dispose()
+
+
+def _cut_once(cut: list[int], wanted: Callable[[str, Any], bool]) -> Callable[..., None]:
+    """A ``before_cursor_execute`` listener that terminates the connection's backend before the
+    first statement ``wanted(statement, dbapi_connection)`` picks, and notes its pid in ``cut``."""
+
+    def listener(conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        if not cut and wanted(statement, dbapi):
+            cut.append(dbapi.info.backend_pid)
+            _terminate(cut[0])
+
+    return listener
 
 
 class FaultAt:
@@ -117,16 +135,7 @@ def test_a_publish_mark_lost_after_a_committed_send_is_not_the_senders_error(
     router = Router(Settings(database_url=pg_schema_url), publisher=publisher)
     team = router.create_team()
     cut: list[int] = []
-
-    def cut_the_mark(conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.startswith("UPDATE ar_outbox") and not cut:
-            dbapi = conn.connection.dbapi_connection
-            assert dbapi is not None
-            cut.append(dbapi.info.backend_pid)
-            admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-            with admin.connect() as other:
-                other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": cut[0]})
-            admin.dispose()
+    cut_the_mark = _cut_once(cut, lambda statement, _: statement.startswith("UPDATE ar_outbox"))
 
     event.listen(router.store.engine, "before_cursor_execute", cut_the_mark)
     try:
@@ -153,16 +162,9 @@ def test_a_connection_lost_during_a_one_statement_send_is_commit_unknown(
     team = pg_router.create_team()
     pg_router.create_agent(team.id, role="Engineer")
     cut: list[int] = []
-
-    def cut_the_statement(conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
-        dbapi = conn.connection.dbapi_connection
-        assert dbapi is not None
-        if statement.lstrip().startswith("WITH") and dbapi.autocommit and not cut:
-            cut.append(dbapi.info.backend_pid)
-            admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-            with admin.connect() as other:
-                other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": cut[0]})
-            admin.dispose()
+    cut_the_statement = _cut_once(
+        cut, lambda statement, dbapi: statement.lstrip().startswith("WITH") and dbapi.autocommit
+    )
 
     event.listen(pg_router.store.engine, "before_cursor_execute", cut_the_statement)
     try:

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from agent_router import errors
 from agent_router.domain import (
     AgentState,
     Delivery,
@@ -37,6 +38,7 @@ from agent_router.domain import (
 )
 from agent_router.settings import Settings
 from agent_router.store import decisions, faults
+from agent_router.store.engine import closed_by_server
 from agent_router.store.models import (
     AgentRow,
     LedgerActionType,
@@ -86,11 +88,21 @@ def route_alone(engine: Engine, req: SendRequest, *, external: bool) -> Routed |
     no ``BEGIN`` and no ``COMMIT``. ``None`` when it wrote nothing (the general way must route
     it). A connection lost during the statement leaves it unknown whether it committed:
     :class:`~agent_router.errors.CommitUnknownError`, never a retry."""
-    try:
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            return _route(conn, req, external=external)
-    except SQLAlchemyError as exc:
-        raise faults.store_error(exc, committing=True) from exc
+    with engine.connect() as conn:
+        # A last look, without a round trip, just before the write: a connection that died
+        # after the pool's check at checkout is found here, before anything was sent, and the
+        # send runs again on another (store.faults.retrying). Only one that dies from here on
+        # leaves the outcome unknown.
+        if closed_by_server(conn.connection.dbapi_connection):
+            conn.invalidate()
+            raise errors.StoreError(
+                "the server closed the connection before the send's statement", retryable=True
+            )
+        try:
+            alone = conn.execution_options(isolation_level="AUTOCOMMIT")
+            return _route(alone, req, external=external)
+        except SQLAlchemyError as exc:
+            raise faults.store_error(exc, committing=True) from exc
 
 
 def route(tx: Tx, req: SendRequest, *, external: bool) -> Delivery | None:
