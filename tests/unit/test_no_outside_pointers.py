@@ -62,13 +62,13 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
 
 def test_the_patterns_catch_each_kind_of_pointer() -> None:
     for line in [
-        "the figures of " + "DESIGN section 7",
-        "see shared" + "/DESIGN.md",
-        "added for operations (" + "issue 7)",
+        "the figures of DESIGN" + " section 7",
+        "see shared" + "/DESIGN" + ".md",
+        "added for operations (" + "issue" + " 7)",
         "Issue" + " 6's volume",
         "seed" + " 3.4: messages land while",
         "the seed" + "'s team",
-        "a five-minute run in " + "session 3",
+        "a five-minute run in session" + " 3",
     ]:
         assert pointers_in(line), line
     for line in [
