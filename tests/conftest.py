@@ -64,10 +64,10 @@ def pg_schema_url(pg_url: str) -> str:
 
 @pytest.fixture
 def own_pg_schema_url(fresh_pg_url: str) -> str:
-    """A database of the test's own, with the schema: for a test that sweeps. A sweep takes
-    over, re-enqueues and republishes whatever is stale in its whole database; in the session
-    database that is what every earlier test left behind, which would then run on (and hold
-    the threads of) this test's worker."""
+    """A database of the test's own, with the schema: for a test that sweeps or publishes the
+    outbox. Both take over, re-enqueue or republish whatever is stale in their whole database;
+    in the session database that is what every earlier test left behind, which would then be
+    counted by, or run on (and hold the threads of), this test's worker."""
     router = Router(Settings(database_url=fresh_pg_url))
     router.create_schema()
     router.close()

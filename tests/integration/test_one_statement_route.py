@@ -187,8 +187,8 @@ def test_a_send_that_needs_no_question_is_one_statement(
     (route, alone), *after_commit = seen
     assert route.lstrip().startswith("WITH") and alone
     assert all(
-        s.lstrip().startswith("UPDATE ar_outbox SET published_at") and alone
-        for s, alone in after_commit
+        statement.lstrip().startswith("UPDATE ar_outbox SET published_at") and autocommit
+        for statement, autocommit in after_commit
     )
     assert len(after_commit) == (1 if state in (AgentState.IDLE, AgentState.COMPLETED) else 0)
 

@@ -67,7 +67,7 @@ _INSERT_MESSAGE = sa.insert(MessageRow).returning(MessageRow.id)
 def route(tx: Tx, req: SendRequest, *, statement_tried: bool = False) -> Delivery:
     """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`).
     ``statement_tried``: the one statement already ran on its own and wrote nothing."""
-    if one_statement.eligible(tx, req) and not statement_tried:
+    if not statement_tried and one_statement.eligible(tx, req):
         delivered = one_statement.route(tx, req, external=is_external(req.sender))
         if delivered is not None:
             return delivered
