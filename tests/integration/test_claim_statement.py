@@ -20,7 +20,7 @@ from agent_router.outbox import RecordingPublisher
 from agent_router.store import claim_statement
 from agent_router.store.models import BudgetRow
 
-from .helpers import assistant, start_running, statements_sent, tool_call
+from .helpers import assistant, start_running, statements_in_autocommit, tool_call
 
 
 @pytest.fixture
@@ -158,21 +158,26 @@ def test_the_one_statement_claims_as_the_general_way_claims(
 def test_a_claim_that_only_counts_the_turn_is_one_statement(
     pg_router: Router, setup: str, quiet: bool
 ) -> None:
-    """Counting the turn on the budget row is part of the statement; a claim whose budget check
-    does more (a warning due, no budget row yet) goes on with the general check, in the same
-    transaction."""
-    _, agent = _team(pg_router, setup)
-    with statements_sent(pg_router) as seen:
+    """Counting the turn on the budget row is part of the statement, which is its own
+    transaction (autocommit: no BEGIN, no COMMIT). A claim whose budget check does more (a
+    warning due, no budget row yet) is not taken by it: it wrote nothing, and the general way
+    claims in a transaction, the budget row read locked (made first when missing) and written."""
+    team, agent = _team(pg_router, setup)
+    with statements_in_autocommit(pg_router) as seen:
         assert pg_router.claim(agent) is not None
-    claim, *budget = seen
+    (claim, autocommit), *general = seen
     assert claim.lstrip().startswith('WITH "old" AS MATERIALIZED')
     assert "UPDATE ar_budgets" in claim
+    assert autocommit
     if quiet:
-        assert budget == []
+        assert general == []
     else:
-        # The budget row read locked (made first when missing), then written.
-        assert budget[0].split()[0] in ("SELECT", "INSERT")
-        assert any(s.lstrip().startswith("UPDATE ar_budgets") for s in budget)
+        # In a transaction (a warning due is then sent to the lead, a send of its own).
+        for written in ("INSERT INTO ar_turns", "UPDATE ar_budgets"):
+            assert any(s.lstrip().startswith(written) and not a for s, a in general), written
+    lead_turns = BUDGETS.get(setup, ({}, 0))[1]
+    assert pg_router.store.budget(team).used[BudgetName.TURNS] == lead_turns + 1
+    assert [t.status.value for t in pg_router.store.reads.turns(agent)] == ["running"]
 
 
 def test_the_statement_fits_the_drivers_statement_cache() -> None:

@@ -22,7 +22,7 @@ from agent_router import (
     Settings,
     StoreError,
 )
-from agent_router.domain import OutboxKind
+from agent_router.domain import BudgetName, OutboxKind
 from agent_router.outbox import RecordingPublisher
 
 from ..conftest import PG_ADMIN_URL
@@ -175,3 +175,32 @@ def test_a_connection_lost_during_a_one_statement_send_is_commit_unknown(
     assert cut and pg_router.messages(team.id) == []
     delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
     assert [m.id for m in pg_router.messages(team.id)] == [delivery.message_id]
+
+
+def test_a_connection_lost_during_the_claim_statement_is_commit_unknown(
+    pg_router: Router,
+) -> None:
+    """A claim that only counts its turn is one statement in autocommit: a connection lost
+    during it leaves unknown whether the turn was claimed (a claimed turn the worker never
+    learnt of is taken over when its lease lapses). Here the backend is cut before the
+    statement ran: nothing was written, and the worker's retry claims the turn once."""
+    team = pg_router.create_team()
+    agent = pg_router.create_agent(team.id, role="Engineer")
+    pg_router.send(team.id, to="Engineer_1", content="deploy", sender="user")
+    cut: list[int] = []
+    cut_the_claim = _cut_once(
+        cut, lambda statement, dbapi: 'WITH "old"' in statement and dbapi.autocommit
+    )
+
+    event.listen(pg_router.store.engine, "before_cursor_execute", cut_the_claim)
+    try:
+        with pytest.raises(CommitUnknownError):
+            pg_router.claim(agent.id)
+    finally:
+        event.remove(pg_router.store.engine, "before_cursor_execute", cut_the_claim)
+    assert cut and pg_router.agent(team.id, "Engineer_1").state.value == "scheduled"
+    assert pg_router.store.reads.turns(agent.id) == []
+    turn = pg_router.claim(agent.id)
+    assert turn is not None
+    assert [t.id for t in pg_router.store.reads.turns(agent.id)] == [turn.record.id]
+    assert pg_router.store.budget(team.id).used[BudgetName.TURNS] == 1

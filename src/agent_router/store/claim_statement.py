@@ -1,16 +1,23 @@
-"""A turn's claim as one statement on PostgreSQL.
+"""A turn's claim as one statement on PostgreSQL, its own transaction (autocommit): one round
+trip.
 
 The general way (:func:`agent_router.store.turns.claim_turn`) locks the agent, inserts the turn
-through the unit of work, moves the agent and writes the ledger event: four statements. Here
-one data-modifying statement does the same for an agent that is ``scheduled`` in the epoch
-claimed (and, for the built-in loop, whose turns no host's task runs): it locks the agent
-(``FOR NO KEY UPDATE``, as the general way does), moves it to ``running`` with no pending
-trigger, inserts the turn with its lease and the ``turn_claimed`` event, counts the turn on
-the team's budget row when that is all the budget check would do
-(:func:`~agent_router.store.budgets.quiet_turn_charge`; the agent's lock is taken first, as in
-the general way), and returns the turn with the agent's team and name and whether the turn was
-counted. Any other agent, or an unknown one: nothing matches and nothing is written, and the
-general way decides (a refused claim is ledgered there).
+through the unit of work, moves the agent, writes the ledger event and charges the team's
+budget row: six statements between ``BEGIN`` and ``COMMIT``. Here one data-modifying statement
+does the same for an agent that is ``scheduled`` in the epoch claimed (and, for the built-in
+loop, whose turns no host's task runs) when counting the turn is all the budget check would do
+(:func:`~agent_router.store.budgets.quiet_turn_charge`): it locks the agent (``FOR NO KEY
+UPDATE``, as the general way does), counts the turn on the team's budget row (the agent's lock
+is taken first, as in the general way), and only if it counted it, moves the agent to
+``running`` with no pending trigger and inserts the turn with its lease and the
+``turn_claimed`` event; it returns the turn with the agent's team and name. Any other claim (an
+agent in another state or epoch, an unknown one, a budget spent, a warning due, a team without
+a budget row): nothing is written, and the general way decides (a refused claim is ledgered
+there).
+
+A connection lost during the statement leaves it unknown whether the turn was claimed
+(:class:`~agent_router.errors.CommitUnknownError`, as a lost ``COMMIT`` does): the turn is left
+to recovery (a claimed turn's lease lapses and the sweeper takes it over).
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from datetime import timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
-from agent_router.domain import AgentState, LedgerAction, TurnRecord, TurnStatus, TurnTrigger
+from agent_router.domain import AgentState, LedgerAction, TurnStatus, TurnTrigger
+from agent_router.settings import Settings
 from agent_router.store import budgets, values
 from agent_router.store.models import (
     AgentRow,
@@ -30,34 +39,35 @@ from agent_router.store.models import (
     TurnStatusType,
     utcnow,
 )
-from agent_router.store.one_statement import constant
-from agent_router.store.tx import Tx, has_buffered_ledger, ledger_row, log_event
+from agent_router.store.one_statement import alone, constant
+from agent_router.store.tx import ledger_row, log_event
+from agent_router.store.values import Claim
 
 _agents, _turns, _ledger = (cast("sa.Table", r.__table__) for r in (AgentRow, TurnRow, LedgerRow))
 
 
-def eligible(tx: Tx) -> bool:
-    """On PostgreSQL, with no ledger event of this transaction still buffered."""
-    return not tx.settings.is_sqlite and not has_buffered_ledger(tx.session)
+def eligible(settings: Settings) -> bool:
+    """On PostgreSQL."""
+    return not settings.is_sqlite
 
 
-def claim(
-    tx: Tx, agent_id: int, epoch: int | None, *, builtin: bool
-) -> tuple[TurnRecord, int, str, bool] | None:
-    """The claimed turn, the agent's team and name, and whether the turn was counted on the
-    team's budget (if not, :func:`~agent_router.store.budgets.charge_turn` must decide);
-    ``None`` when nothing was claimed (nor written) and the general way must decide.
-    ``builtin``: an agent whose turns a host's task runs matches nothing."""
+def claim_alone(
+    engine: Engine, settings: Settings, agent_id: int, epoch: int | None, *, builtin: bool
+) -> Claim | None:
+    """The claimed turn, counted on the team's budget; ``None`` when nothing was claimed (nor
+    written) and the general way must decide. ``builtin``: an agent whose turns a host's task
+    runs matches nothing."""
     now = utcnow()
     params = {
         "b_agent": agent_id,
         "b_epoch": epoch,
         "b_builtin": builtin,
         "b_now": now,
-        "b_lease": now + timedelta(seconds=tx.settings.lease_seconds),
-        "b_ratio": tx.settings.budget_warning_ratio,
+        "b_lease": now + timedelta(seconds=settings.lease_seconds),
+        "b_ratio": settings.budget_warning_ratio,
     }
-    found = tx.session.connection().execute(_STATEMENT, params).mappings().one_or_none()
+    with alone(engine) as conn:
+        found = conn.execute(_STATEMENT, params).mappings().one_or_none()
     if found is None:
         return None
     record = values.turn(found)
@@ -71,7 +81,7 @@ def claim(
             trigger=record.trigger.value,
         )
     )
-    return record, found["team_id"], found["display_name"], bool(found["charged"])
+    return Claim(record, found["team_id"], found["display_name"], budgets.COUNTED)
 
 
 def _locked() -> sa.CTE:
@@ -105,15 +115,23 @@ def _locked() -> sa.CTE:
 def _statement() -> sa.Select[Any]:
     agent = _agents.c
     old = _locked()
+    # The team's id comes from the locked agent: the agent is locked before the budget row.
+    charged = (
+        budgets.quiet_turn_charge(sa.select(old.c.team_id).scalar_subquery())
+        .returning(sa.literal(1).label("one"))
+        .cte("charged")
+    )
+    counted = sa.exists(sa.select(charged.c.one))
     moved = (
         sa.update(_agents)
-        .where(agent.id == sa.select(old.c.id).scalar_subquery())
+        .where(agent.id == sa.select(old.c.id).scalar_subquery(), counted)
         .values(state=constant(AgentState.RUNNING), pending_trigger=sa.null())
         .cte("moved")
     )
     turn = (
         _insert_from(
             _turns,
+            where=counted,
             team_id=old.c.team_id,
             agent_id=old.c.id,
             epoch=old.c.epoch,
@@ -136,26 +154,27 @@ def _statement() -> sa.Select[Any]:
         detail=sa.func.jsonb_build_object(constant("trigger"), turn.c.trigger),
         created_at=sa.bindparam("b_now", type_=sa.DateTime),
     ).cte("event")
-    # The team's id comes from the locked agent: the agent is locked before the budget row.
-    charged = (
-        budgets.quiet_turn_charge(sa.select(old.c.team_id).scalar_subquery())
-        .returning(sa.literal(1).label("one"))
-        .cte("charged")
-    )
-    counted = sa.exists(sa.select(charged.c.one)).label("charged")
     return (
-        sa.select(turn, old.c.team_id, old.c.display_name, counted)
+        sa.select(turn, old.c.team_id, old.c.display_name)
         .select_from(turn.join(old, sa.true()))
         .add_cte(moved, event)
     )
 
 
-def _insert_from(table: sa.Table, from_: Any = None, **columns: sa.ColumnElement[Any]) -> sa.Insert:
-    """``INSERT INTO table (columns) SELECT their values [FROM from_]``."""
+def _insert_from(
+    table: sa.Table,
+    from_: Any = None,
+    *,
+    where: sa.ColumnElement[bool] | None = None,
+    **columns: sa.ColumnElement[Any],
+) -> sa.Insert:
+    """``INSERT INTO table (columns) SELECT their values [FROM from_] [WHERE where]``."""
     select = sa.select(*columns.values())
-    return sa.insert(table).from_select(
-        list(columns), select if from_ is None else select.select_from(from_)
-    )
+    if from_ is not None:
+        select = select.select_from(from_)
+    if where is not None:
+        select = select.where(where)
+    return sa.insert(table).from_select(list(columns), select)
 
 
 #: Built once: every turn starts with it.

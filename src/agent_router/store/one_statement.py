@@ -16,6 +16,8 @@ the general way (:func:`agent_router.store.routing.route`), which decides and re
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -88,19 +90,27 @@ def route_alone(engine: Engine, req: SendRequest, *, external: bool) -> Routed |
     no ``BEGIN`` and no ``COMMIT``. ``None`` when it wrote nothing (the general way must route
     it). A connection lost during the statement leaves it unknown whether it committed:
     :class:`~agent_router.errors.CommitUnknownError`, never a retry."""
+    with alone(engine) as conn:
+        return _route(conn, req, external=external)
+
+
+@contextmanager
+def alone(engine: Engine) -> Iterator[Connection]:
+    """A connection in autocommit, for one statement that is its own transaction. Driver
+    errors leave as :class:`~agent_router.errors.StoreError`; one raised while the statement
+    ran is :class:`~agent_router.errors.CommitUnknownError` when the connection was lost."""
     with engine.connect() as conn:
         # A last look, without a round trip, just before the write: a connection that died
         # after the pool's check at checkout is found here, before anything was sent, and the
-        # send runs again on another (store.faults.retrying). Only one that dies from here on
-        # leaves the outcome unknown.
+        # caller runs again on another (store.faults.retrying). Only one that dies from here
+        # on leaves the outcome unknown.
         if closed_by_server(conn.connection.dbapi_connection):
             conn.invalidate()
             raise errors.StoreError(
-                "the server closed the connection before the send's statement", retryable=True
+                "the server closed the connection before the statement", retryable=True
             )
         try:
-            alone = conn.execution_options(isolation_level="AUTOCOMMIT")
-            return _route(alone, req, external=external)
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
         except SQLAlchemyError as exc:
             raise faults.store_error(exc, committing=True) from exc
 

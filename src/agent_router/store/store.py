@@ -47,6 +47,7 @@ from agent_router.settings import Settings
 from agent_router.store import (
     agents,
     budgets,
+    claim_statement,
     faults,
     jobs,
     lifecycle,
@@ -236,7 +237,15 @@ class Store:
         self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
     ) -> Claim | None:
         """Claim a turn (:func:`turns.claim_turn`); ``builtin``: for the built-in loop, which
-        claims no turn of an agent a host's task runs (``HostOwnedTurnError``)."""
+        claims no turn of an agent a host's task runs (``HostOwnedTurnError``). On PostgreSQL
+        a claim that only counts the turn on the team's budget is first tried as one statement
+        that is its own transaction (one round trip); the general way decides the rest."""
+        if claim_statement.eligible(self.settings):
+            claimed = claim_statement.claim_alone(
+                self.engine, self.settings, agent_id, epoch, builtin=builtin
+            )
+            if claimed is not None:
+                return claimed
         with self._tx() as tx:
             return turns.claim_turn(tx, agent_id, epoch, builtin=builtin)
 

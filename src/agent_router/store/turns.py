@@ -22,7 +22,7 @@ from agent_router.domain import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.store import budgets, claim_statement, queries, routing, values
+from agent_router.store import budgets, queries, routing, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -56,14 +56,6 @@ def claim_turn(
     turn needs no second read. ``builtin``: the claim is the built-in loop's, which runs no turn
     of an agent whose turns a host's task runs (refused with ``HostOwnedTurnError``, nothing
     written, whatever the agent's state: the host's task claims or refuses it)."""
-    if claim_statement.eligible(tx):
-        claimed = claim_statement.claim(tx, agent_id, epoch, builtin=builtin)
-        if claimed is not None:
-            record, team_id, name, counted = claimed
-            if counted:
-                return Claim(record, team_id, name, budgets.COUNTED)
-            check = budgets.charge_turn(tx, team_id, agent_id, record.id)
-            return Claim(record, team_id, name, check)
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
         raise errors.UnknownAgentError(f"no agent with id {agent_id}")
