@@ -6,6 +6,8 @@ session can find them, and so that renaming one is a single, visible change.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 #: Every task of ours is named under this prefix, so a host app can route ``agent_router.*``.
 TASK_PREFIX = "agent_router."
 
@@ -19,6 +21,13 @@ REDIS_PREFIX = "agent_router:"
 def wake_key(question_id: int) -> str:
     """The list a blocked asker ``BLPOP``s on until its question is answered."""
     return f"{REDIS_PREFIX}wake:{question_id}"
+
+
+def wake_token(deadline: datetime) -> str:
+    """What a wake signal carries: its question's deadline, set once when the question opens,
+    to the microsecond. A signal left by another database sharing the Redis database (whose
+    question ids start at 1 as well) carries another, and the waiter re-reads instead."""
+    return deadline.isoformat(timespec="microseconds")
 
 
 #: One sweeper pass (beat-scheduled every ``Settings.sweep_seconds``).

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent_router import budgeting, errors
 from agent_router import validation as check
-from agent_router.constants import BACKGROUND_DONE
+from agent_router.constants import BACKGROUND_DONE, wake_token
 from agent_router.domain import (
     LEAD_DISPLAY_NAME,
     LEAD_ROLE,
@@ -363,8 +363,11 @@ class Router:
     ) -> WaitOutcome:
         """Block the turn's worker until ``question`` stops blocking it (answered, released,
         expired), for at most ``block_seconds`` (default ``Settings.ask_block_seconds``); then
-        suspend. The database decides: a wake signal only cuts a sleep short, and whether the
-        answer or the suspension came first is settled under the agent lock."""
+        suspend. The database decides: the question is read first and again every
+        ``wake_recheck_seconds``; a wake signal is sent only after the transaction that ended
+        the wait committed (its row is written there), so a signal popped ends the wait without
+        a read; and whether the answer or the suspension came first is settled under the agent
+        lock."""
         block = self.settings.ask_block_seconds if block_seconds is None else block_seconds
         started = time.monotonic()
         outcome = self._wait(turn, question, give_up_at=started + block)
@@ -386,10 +389,12 @@ class Router:
                     if self.store.suspend(turn.record):
                         return WaitOutcome.SUSPENDED
                     continue  # the answer won the race: it is in the transcript
-                self.waker.wait(
+                if self.waker.wait(
                     question.id,
                     min(remaining, until_deadline, self.settings.wake_recheck_seconds),
-                )
+                    wake_token(question.deadline),
+                ):
+                    return WaitOutcome.RESOLVED  # committed before it was sent
         finally:
             self.waker.forget(question.id)
 
@@ -514,7 +519,10 @@ class Router:
         try:
             for entry in entries:
                 if entry.kind is OutboxKind.WAKE_WAITER:
-                    self.waker.notify(int(entry.payload["question_id"]))
+                    # A row written before signals carried a token: its waiter re-reads.
+                    self.waker.notify(
+                        int(entry.payload["question_id"]), entry.payload.get("token", "")
+                    )
                     if wakes_marked:
                         signalled += 1
                         continue

@@ -1,6 +1,8 @@
 """Wake signals for blocked asks: a per-question Redis list in production, an in-process event in
-the embedded mode. A signal only shortens a wait: the waiter always re-reads the database, so a
-lost signal costs a timeout, never an answer."""
+the embedded mode. A signal is sent only after the transaction that ended the wait committed,
+and carries its question's token (:func:`~agent_router.constants.wake_token`): a waiter that
+pops its own token is done without reading the database; one that pops another (left by another
+database sharing Redis) re-reads it. A lost signal costs a periodic re-read, never an answer."""
 
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ logger = logging.getLogger(__name__)
 
 
 class Waker(Protocol):
-    def notify(self, question_id: int) -> None:
-        """Tell the asker blocked on ``question_id`` that its wait may be over."""
+    def notify(self, question_id: int, token: str) -> None:
+        """Tell the asker blocked on ``question_id`` that its wait is over (sent after the
+        commit that ended it); ``token``: the question's wake token."""
 
-    def wait(self, question_id: int, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds for a notification; ``True`` if one came."""
+    def wait(self, question_id: int, timeout: float, token: str) -> bool:
+        """Block up to ``timeout`` seconds for a notification; ``True`` only if one carrying
+        ``token`` came."""
 
     def forget(self, question_id: int) -> None:
         """Drop any notification left for ``question_id`` (the wait is over)."""
@@ -38,6 +42,7 @@ class InProcessWaker:
     def __init__(self, capacity: int = 10_000) -> None:
         self._lock = threading.Lock()
         self._events: OrderedDict[int, threading.Event] = OrderedDict()
+        self._tokens: dict[int, str] = {}
         self._capacity = capacity
 
     def _event(self, question_id: int) -> threading.Event:
@@ -46,18 +51,32 @@ class InProcessWaker:
             if event is None:
                 event = self._events[question_id] = threading.Event()
                 while len(self._events) > self._capacity:
-                    self._events.popitem(last=False)
+                    dropped, _ = self._events.popitem(last=False)
+                    self._tokens.pop(dropped, None)
             return event
 
-    def notify(self, question_id: int) -> None:
-        self._event(question_id).set()
+    def notify(self, question_id: int, token: str) -> None:
+        event = self._event(question_id)
+        with self._lock:
+            self._tokens[question_id] = token
+        event.set()
 
-    def wait(self, question_id: int, timeout: float) -> bool:
-        return self._event(question_id).wait(timeout)
+    def wait(self, question_id: int, timeout: float, token: str) -> bool:
+        event = self._event(question_id)
+        if not event.wait(timeout):
+            return False
+        with self._lock:
+            if self._tokens.get(question_id) == token:
+                return True
+            # Another's signal: consumed, so that the next wait blocks again.
+            event.clear()
+            self._tokens.pop(question_id, None)
+            return False
 
     def forget(self, question_id: int) -> None:
         with self._lock:
             self._events.pop(question_id, None)
+            self._tokens.pop(question_id, None)
 
 
 class RedisWaker:
@@ -82,11 +101,11 @@ class RedisWaker:
         self._popped: set[int] = set()
         self._popped_lock = threading.Lock()
 
-    def notify(self, question_id: int) -> None:
+    def notify(self, question_id: int, token: str) -> None:
         key = wake_key(question_id)
         try:
             with self._client.pipeline(transaction=True) as pipe:
-                pipe.rpush(key, 1)
+                pipe.rpush(key, token)
                 pipe.expire(key, self._ttl)
                 pipe.execute()
         except self._redis_error as exc:
@@ -95,7 +114,7 @@ class RedisWaker:
                 extra={"action": "wake_failed", "question_id": question_id, "error": repr(exc)},
             )
 
-    def wait(self, question_id: int, timeout: float) -> bool:
+    def wait(self, question_id: int, timeout: float, token: str) -> bool:
         started = time.monotonic()
         try:
             # BLPOP takes whole or fractional seconds; 0 would mean forever.
@@ -112,7 +131,10 @@ class RedisWaker:
                 self._popped.add(question_id)
             else:
                 self._popped.discard(question_id)
-        return found is not None
+        if found is None:
+            return False
+        value = found[1]
+        return (value.decode() if isinstance(value, bytes) else value) == token
 
     def forget(self, question_id: int) -> None:
         with self._popped_lock:

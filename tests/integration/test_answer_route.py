@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from agent_router import AgentState, MessageType, RefusedError, Router, Settings
+from agent_router.constants import wake_token
 from agent_router.domain import LedgerAction, OutboxKind, QuestionStatus, RouteOutcome
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import answer_route
@@ -112,7 +113,7 @@ def _no_ids(value: Any, team: int, question: int) -> Any:
     """``value`` without what differs between two teams built alike: their ids."""
     if isinstance(value, dict):
         return {
-            k: (v is not None) if k.endswith("_id") else _no_ids(v, team, question)
+            k: (v is not None) if k.endswith(("_id", "token")) else _no_ids(v, team, question)
             for k, v in value.items()
         }
     if isinstance(value, list):
@@ -168,8 +169,15 @@ def _written(router: Router, team: int, question: int, send: dict[str, Any]) -> 
         (e.action, e.agent_name, e.outcome, e.epoch, _no_ids(e.detail, team, question))
         for e in router.ledger(team)[before[0] :]
     ]
+    token = wake_token(router.question(question).deadline)
     outbox = [
-        (o.kind, names[o.agent_id], o.epoch, _no_ids(o.payload, team, question))
+        (
+            o.kind,
+            names[o.agent_id],
+            o.epoch,
+            _no_ids(o.payload, team, question),
+            o.payload.get("token") == token,  # the wake row's: its question's token
+        )
         for o in router.outbox(team)[before[1] :]
     ]
     entries = [
@@ -238,7 +246,9 @@ def test_the_answer_is_the_tool_result_and_wakes_the_asker(pg_router: Router) ->
     q = pg_router.question(question)
     assert q.status is QuestionStatus.ANSWERED and q.answer_message_id == delivery.message_id
     wakes = [o for o in pg_router.outbox(team) if o.kind is OutboxKind.WAKE_WAITER]
-    assert [o.payload for o in wakes] == [{"question_id": question}]
+    assert [o.payload for o in wakes] == [
+        {"question_id": question, "token": wake_token(q.deadline)}
+    ]
     actions = [e.action for e in pg_router.ledger(team)][-2:]
     assert actions == [LedgerAction.QUESTION_RESOLVED, LedgerAction.ROUTE]
 
@@ -259,9 +269,9 @@ class _CountingWaker(InProcessWaker):
         super().__init__()
         self.signals: list[int] = []
 
-    def notify(self, question_id: int) -> None:
+    def notify(self, question_id: int, token: str) -> None:
         self.signals.append(question_id)
-        super().notify(question_id)
+        super().notify(question_id, token)
 
 
 @pytest.mark.parametrize("general", [False, True], ids=["two statements", "general way"])

@@ -237,6 +237,76 @@ def test_three_agent_cycle_is_refused_and_names_the_cycle(router: Router) -> Non
     assert router.agent(team.id, "C_1").state is AgentState.WAITING
 
 
+def test_a_wake_signal_ends_the_wait_without_another_read(
+    asks_router: Router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signal is sent only after the answer's transaction committed: the blocked call
+    returns on it, having read its question once (before it blocked), not again."""
+    router = asks_router
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn, q = _asking(router, team.id, "Engineer_1", "Team Leader")
+    reads: list[bool] = []
+    wait_state = router.store.reads.wait_state
+
+    def counted(question_id: int) -> Any:
+        found = wait_state(question_id)
+        reads.append(found[0])
+        return found
+
+    monkeypatch.setattr(router.store.reads, "wait_state", counted)
+    # Signals other tests' databases left for the same question id would each cost a read.
+    router.waker.forget(q.id)
+    result: list[WaitOutcome] = []
+    waiter = threading.Thread(target=lambda: result.append(turn.wait_for(q, block_seconds=60)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not reads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reads == [True]  # read once, still waiting: now it blocks on the signal
+    _answer(router, team.id, "Engineer_1", q.id)
+    waiter.join(timeout=30)
+    assert result == [WaitOutcome.RESOLVED]
+    assert reads == [True]
+    assert router.agent(team.id, "Engineer_1").state is AgentState.RUNNING
+
+
+def test_a_signal_with_another_token_is_only_a_reason_to_read_again(
+    asks_router: Router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal for the same question id from another database sharing Redis (another token)
+    does not end the wait: the call reads its question again, finds it still open, and blocks
+    until its own answer's signal."""
+    router = asks_router
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn, q = _asking(router, team.id, "Engineer_1", "Team Leader")
+    reads: list[bool] = []
+    wait_state = router.store.reads.wait_state
+
+    def counted(question_id: int) -> Any:
+        found = wait_state(question_id)
+        reads.append(found[0])
+        return found
+
+    monkeypatch.setattr(router.store.reads, "wait_state", counted)
+    # Signals other tests' databases left for the same question id would each cost a read.
+    router.waker.forget(q.id)
+    result: list[WaitOutcome] = []
+    waiter = threading.Thread(target=lambda: result.append(turn.wait_for(q, block_seconds=60)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not reads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    router.waker.notify(q.id, "2001-01-01T00:00:00.000000")
+    while len(reads) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reads == [True, True] and waiter.is_alive()
+    _answer(router, team.id, "Engineer_1", q.id)
+    waiter.join(timeout=30)
+    assert result == [WaitOutcome.RESOLVED] and reads == [True, True]
+
+
 def test_lost_wake_signal_costs_only_a_recheck(database_url: str, redis_url: str) -> None:
     settings = Settings(database_url=database_url, wake_recheck_seconds=0.3)
     waiter_side = Router(settings, publisher=RecordingPublisher(), waker=RedisWaker(redis_url))
@@ -315,21 +385,27 @@ def test_a_redis_wake_signal_is_consumed_once_and_leaves_nothing_behind(redis_ur
     try:
         qid = 10**12 + threading.get_ident() % 10**6
         client.delete(wake_key(qid), wake_key(qid + 1))
-        waker.notify(qid)
-        assert waker.wait(qid, 1.0) is True
+        waker.notify(qid, "t")
+        assert waker.wait(qid, 1.0, "t") is True
         commands.clear()
         waker.forget(qid)
         assert commands == [] and client.exists(wake_key(qid)) == 0
         # Not popped: a leftover signal is deleted.
-        waker.notify(qid + 1)
+        waker.notify(qid + 1, "t")
         waker.forget(qid + 1)
         assert commands == ["DEL"] and client.exists(wake_key(qid + 1)) == 0
         # A duplicate notify after the pop: it expires on its own.
-        waker.notify(qid)
-        waker.notify(qid)
-        assert waker.wait(qid, 1.0) is True
+        waker.notify(qid, "t")
+        waker.notify(qid, "t")
+        assert waker.wait(qid, 1.0, "t") is True
         waker.forget(qid)
         assert 0 < client.ttl(wake_key(qid)) <= 60
+        # Another database's signal for the same question id (another token): popped, and the
+        # waiter is told nothing came (it re-reads its own database).
+        client.delete(wake_key(qid))
+        waker.notify(qid, "another")
+        assert waker.wait(qid, 1.0, "t") is False
+        assert client.exists(wake_key(qid)) == 0
     finally:
         client.delete(wake_key(qid))
         client.close()

@@ -67,7 +67,7 @@ def _busy_team(router: Router) -> tuple[int, int, Any]:
     start_waiting(router, team.id, "Engineer_1", "Team Leader")
     (question,) = [m.question_id for m in router.messages(team.id) if m.question_id]
     assert question is not None
-    router.waker.notify(question)  # a wake key left in Redis
+    router.waker.notify(question, "left")  # a wake key left in Redis
     running = start_running(router, team.id, "Designer_1")
     router.send(team.id, to="Writer_1", content="draft it", type=MessageType.TASK)
     return team.id, router.agent(team.id, "Writer_1").id, running

@@ -23,6 +23,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from agent_router import domain, formats
+from agent_router.constants import wake_token
 from agent_router.domain import (
     AgentState,
     Delivery,
@@ -107,7 +108,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery | None:
         created_at=utcnow(),
     )
     events = _events(req, found, message)
-    wake = {"question_id": req.question_id}
+    wake = {"question_id": req.question_id, "token": wake_token(found["deadline"])}
     outbox_id = (
         tx.session.connection()
         .execute(_WRITE, _write_params(found, message, events, wake))

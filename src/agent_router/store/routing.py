@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import aliased
 
 from agent_router import errors, formats
+from agent_router.constants import wake_token
 from agent_router.domain import (
     AgentState,
     Delivery,
@@ -420,7 +421,12 @@ def continue_waiter(tx: Tx, asker: AgentRow, question: QuestionRow) -> None:
         schedule(tx, asker, TurnTrigger.CONTINUATION)
     else:
         move(asker, AgentState.RUNNING)
-        tx.outbox(asker, OutboxKind.WAKE_WAITER, question_id=question.id)
+        tx.outbox(
+            asker,
+            OutboxKind.WAKE_WAITER,
+            question_id=question.id,
+            token=wake_token(question.deadline),
+        )
 
 
 def sender_of(tx: Tx, req: SendRequest) -> tuple[int | None, AgentState | None]:
