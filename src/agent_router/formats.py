@@ -65,12 +65,21 @@ def envelope_of(message: Message) -> Envelope:
 
 
 def render(env: Envelope) -> str:
-    attrs = [f'type="{env.type.value}"', f'from="{env.sender}"', f'message_id="{env.message_id}"']
+    before, after = render_around_id(env)
+    return f"{before}{env.message_id}{after}"
+
+
+def render_around_id(env: Envelope) -> tuple[str, str]:
+    """:func:`render` cut where the message id goes (``env.message_id`` is not read): the
+    envelope of the message ``n`` is ``before + str(n) + after``. For a statement that learns
+    the id as it inserts the message."""
+    attrs = ""
     if env.subtype is not None:
-        attrs.append(f'subtype="{env.subtype.value}"')
+        attrs += f' subtype="{env.subtype.value}"'
     if env.question_id is not None:
-        attrs.append(f'question_id="{env.question_id}"')
-    return f"<agent-message {' '.join(attrs)}>\n{escape(env.content)}\n{_CLOSE}"
+        attrs += f' question_id="{env.question_id}"'
+    before = f'<agent-message type="{env.type.value}" from="{env.sender}" message_id="'
+    return before, f'"{attrs}>\n{escape(env.content)}\n{_CLOSE}'
 
 
 def escape(content: str) -> str:

@@ -1,10 +1,9 @@
-"""On PostgreSQL an answer to the question its receiver waits on is delivered in two statements.
+"""On PostgreSQL an answer to the question its receiver waits on is delivered in one statement.
 It must write exactly what the general way writes: the same delivery, message row, tool result
 in the asker's transcript (with its provenance), question, agent state, ledger events and wake
 row; and every answer it does not take (a wrong, unknown or closed question, another sender, a
 suspended asker, a refused sender) must come out of the general way unchanged. Each case is
-sent twice, to two teams built alike: once as it is, once with the two statements switched
-off."""
+sent twice, to two teams built alike: once as it is, once with the statement switched off."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from agent_router.store import answer_route
 from agent_router.store.models import OutboxRow
 from agent_router.waker import InProcessWaker
 
-from .helpers import assistant, start_running, statements_in_autocommit, statements_sent, tool_call
+from .helpers import assistant, start_running, statements_in_autocommit, tool_call
 
 
 @pytest.fixture
@@ -197,7 +196,7 @@ def _written(router: Router, team: int, question: int, send: dict[str, Any]) -> 
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_the_two_statements_write_what_the_general_way_writes(
+def test_the_statement_writes_what_the_general_way_writes(
     pg_router: Router, monkeypatch: pytest.MonkeyPatch, setup: str
 ) -> None:
     taken = 0
@@ -208,7 +207,7 @@ def test_the_two_statements_write_what_the_general_way_writes(
             fast = _written(pg_router, fast_team, fast_q, make(fast_q))
         taken += took[0]
         with monkeypatch.context() as patch:
-            patch.setattr(answer_route, "eligible", lambda tx, req: False)
+            patch.setattr(answer_route, "eligible_alone", lambda settings, req: False)
             general = _written(pg_router, general_team, general_q, make(general_q))
         assert fast == general, make(0)
         if not isinstance(general["returned"][0], type):
@@ -220,17 +219,17 @@ def test_the_two_statements_write_what_the_general_way_writes(
 
 @contextmanager
 def _counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """How many sends the two statements delivered (not handed to the general way)."""
+    """How many sends the statement delivered (not handed to the general way)."""
     took = [0]
-    real = answer_route.route
+    real = answer_route._route
 
-    def counted(tx: Any, req: Any) -> Any:
-        delivered = real(tx, req)
+    def counted(conn: Any, req: Any) -> Any:
+        delivered = real(conn, req)
         took[0] += delivered is not None
         return delivered
 
     with monkeypatch.context() as patch:
-        patch.setattr(answer_route, "route", counted)
+        patch.setattr(answer_route, "_route", counted)
         yield took
 
 
@@ -253,15 +252,37 @@ def test_the_answer_is_the_tool_result_and_wakes_the_asker(pg_router: Router) ->
     assert actions == [LedgerAction.QUESTION_RESOLVED, LedgerAction.ROUTE]
 
 
-def test_an_answer_is_two_statements(pg_router: Router) -> None:
+def _is_the_answer_statement(statement: str) -> bool:
+    """The statement locks the receiver, then the question, and writes the tool result."""
+    return statement.lstrip().startswith("WITH t AS MATERIALIZED") and all(
+        part in statement
+        for part in ("FROM ar_questions AS q", "INSERT INTO ar_transcript_entries")
+    )
+
+
+def test_an_answer_is_one_statement_in_autocommit(pg_router: Router) -> None:
+    """The statement is its own transaction: no BEGIN before it, no COMMIT after it; the wake
+    row is written marked published, so nothing marks it after the commit."""
     team, question = _team(pg_router, "waiting")
-    with statements_sent(pg_router) as seen:
+    with statements_in_autocommit(pg_router) as seen:
         pg_router.send(team, **_answer(question))
-    # The read and the write in the transaction; the wake row is written marked published, so
-    # nothing marks it after the commit.
-    read, write = seen
-    assert read.lstrip().startswith("WITH target AS MATERIALIZED")
-    assert write.lstrip().startswith("WITH moved AS")
+    ((statement, autocommit),) = seen
+    assert _is_the_answer_statement(statement)
+    assert autocommit
+
+
+def test_an_answer_routed_with_others_in_one_transaction_is_the_same_statement(
+    pg_router: Router,
+) -> None:
+    """Inside a transaction of several sends (``send_many``), the answer is one of its
+    statements."""
+    team, question = _team(pg_router, "waiting")
+    with statements_in_autocommit(pg_router) as seen:
+        answer = _answer(question)
+        pg_router.send_many(team, [answer], sender=answer.pop("sender"))
+    answers = [s for s, _ in seen if _is_the_answer_statement(s)]
+    assert len(answers) == 1 and not any(autocommit for _, autocommit in seen)
+    assert pg_router.question(question).status is QuestionStatus.ANSWERED
 
 
 class _CountingWaker(InProcessWaker):
@@ -274,7 +295,7 @@ class _CountingWaker(InProcessWaker):
         super().notify(question_id, token)
 
 
-@pytest.mark.parametrize("general", [False, True], ids=["two statements", "general way"])
+@pytest.mark.parametrize("general", [False, True], ids=["one statement", "general way"])
 def test_a_wake_row_is_written_published_and_signalled_once(
     own_pg_schema_url: str, monkeypatch: pytest.MonkeyPatch, general: bool
 ) -> None:
@@ -283,7 +304,7 @@ def test_a_wake_row_is_written_published_and_signalled_once(
     (written before wake rows were written published) is still signalled and marked by it.
     (A database of its own: the pass publishes whatever is unpublished in its database.)"""
     if general:
-        monkeypatch.setattr(answer_route, "eligible", lambda tx, req: False)
+        monkeypatch.setattr(answer_route, "eligible_alone", lambda settings, req: False)
     waker = _CountingWaker()
     router = Router(
         Settings(database_url=own_pg_schema_url), publisher=RecordingPublisher(), waker=waker
@@ -324,19 +345,19 @@ def test_a_woken_call_rereads_its_question_in_one_round_trip(pg_router: Router) 
     autocommit = [(statement.split(maxsplit=1)[0], alone) for statement, alone in seen]
     reads = [autocommit[0], autocommit[-1]]
     assert reads == [("SELECT", True), ("SELECT", True)]
-    # The answer itself is a transaction, on the same pool.
-    assert ("WITH", False) in autocommit[1:-1]
+    # The answer itself is one statement, on the same pool.
+    assert autocommit[1:-1] == [("WITH", True)]
 
 
-def test_both_statements_fit_the_drivers_statement_cache() -> None:
+def test_the_statement_fits_the_drivers_statement_cache() -> None:
     """psycopg converts a query's parameters once and caches it only up to this length."""
     from psycopg import _queries
     from sqlalchemy.dialects import postgresql
 
-    for statement in (answer_route._READ, answer_route._WRITE):
-        assert statement._generate_cache_key() is not None  # SQLAlchemy compiles it once
-        text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
-        assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+    statement = answer_route._STATEMENT
+    assert statement._generate_cache_key() is not None  # SQLAlchemy compiles it once
+    text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
+    assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
 
 
 def test_an_answer_racing_the_deadline_and_other_senders(pg_router: Router) -> None:

@@ -111,10 +111,11 @@ def _outcome_of(router: Router, team: int, send: dict[str, Any]) -> dict[str, An
 
 
 def _no_team(detail: dict[str, Any], team: int) -> dict[str, Any]:
-    """``detail`` without what differs between two teams built alike: their ids."""
+    """``detail`` without what differs between two teams built alike: their ids, and a wake
+    row's token (its question's deadline)."""
     return {
         k: (v is not None)
-        if k.endswith("_id")
+        if k.endswith(("_id", "token"))
         else v.replace(f"team {team}", "team T")
         if isinstance(v, str)
         else v

@@ -16,6 +16,8 @@ from sqlalchemy.orm import Session
 
 from agent_router import (
     CommitUnknownError,
+    MessageType,
+    QuestionClosedError,
     RefusedError,
     RouteOutcome,
     Router,
@@ -26,6 +28,7 @@ from agent_router.domain import BudgetName, OutboxKind
 from agent_router.outbox import RecordingPublisher
 
 from ..conftest import PG_ADMIN_URL
+from .helpers import assistant, start_running, tool_call
 
 
 @pytest.fixture
@@ -204,3 +207,42 @@ def test_a_connection_lost_during_the_claim_statement_is_commit_unknown(
     assert turn is not None
     assert [t.id for t in pg_router.store.reads.turns(agent.id)] == [turn.record.id]
     assert pg_router.store.budget(team.id).used[BudgetName.TURNS] == 1
+
+
+def test_a_connection_lost_during_the_answer_statement_is_commit_unknown(
+    pg_router: Router,
+) -> None:
+    """An answer to the agent blocked on its question is one statement in autocommit: a
+    connection lost during it is CommitUnknownError. Here the backend is cut before the
+    statement ran: nothing was written, the asker still waits, and the answer sent again
+    resolves the wait once; sent a third time it finds the question closed."""
+    team = pg_router.create_team()
+    pg_router.create_agent(team.id, role="Engineer")
+    turn = start_running(pg_router, team.id, "Engineer_1")
+    turn.append_assistant(assistant(None, tool_call("ask-1", "ask_master")))
+    question = turn.ask("Team Leader", "which auth module?", tool_call_id="ask-1").id
+    answer: dict[str, Any] = {
+        "to": "Engineer_1",
+        "content": "the OAuth one",
+        "sender": "Team Leader",
+        "type": MessageType.ANSWER,
+        "question_id": question,
+    }
+    cut: list[int] = []
+    cut_the_answer = _cut_once(
+        cut, lambda statement, dbapi: "FROM ar_questions AS q" in statement and dbapi.autocommit
+    )
+
+    event.listen(pg_router.store.engine, "before_cursor_execute", cut_the_answer)
+    try:
+        with pytest.raises(CommitUnknownError):
+            pg_router.send(team.id, **answer)
+    finally:
+        event.remove(pg_router.store.engine, "before_cursor_execute", cut_the_answer)
+    assert cut and pg_router.agent(team.id, "Engineer_1").state.value == "waiting"
+    delivery = pg_router.send(team.id, **answer)
+    assert delivery.outcome.value == "resolved"
+    with pytest.raises(QuestionClosedError):
+        pg_router.send(team.id, **answer)
+    answers = [m.id for m in pg_router.messages(team.id) if m.type is MessageType.ANSWER]
+    assert answers == [delivery.message_id]

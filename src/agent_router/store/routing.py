@@ -67,13 +67,13 @@ _INSERT_MESSAGE = sa.insert(MessageRow).returning(MessageRow.id)
 
 def route(tx: Tx, req: SendRequest, *, statement_tried: bool = False) -> Delivery:
     """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`).
-    ``statement_tried``: the one statement already ran on its own and wrote nothing."""
-    if not statement_tried and one_statement.eligible(tx, req):
-        delivered = one_statement.route(tx, req, external=is_external(req.sender))
-        if delivered is not None:
-            return delivered
-    elif answer_route.eligible(tx, req) and not is_external(req.sender):
-        delivered = answer_route.route(tx, req)
+    ``statement_tried``: the send's one statement already ran on its own and wrote nothing."""
+    if not statement_tried:
+        delivered = None
+        if one_statement.eligible(tx, req):
+            delivered = one_statement.route(tx, req, external=is_external(req.sender))
+        elif answer_route.eligible(tx, req) and not is_external(req.sender):
+            delivered = answer_route.route(tx, req)
         if delivered is not None:
             return delivered
     target, source_id = _lock_target(tx, req)

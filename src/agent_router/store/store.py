@@ -46,6 +46,7 @@ from agent_router.domain import (
 from agent_router.settings import Settings
 from agent_router.store import (
     agents,
+    answer_route,
     budgets,
     claim_statement,
     faults,
@@ -198,17 +199,21 @@ class Store:
     @faults.retrying
     def route(self, req: SendRequest) -> Delivery:
         """Accept one message and deliver it by the receiver's state. On PostgreSQL a send that
-        needs no question is first tried as one statement that is its own transaction (one
-        round trip); the general way routes what it did not."""
-        tried = one_statement.eligible_alone(self.settings, req)
-        if tried:
-            routed = one_statement.route_alone(
-                self.engine, req, external=routing.is_external(req.sender)
-            )
-            if routed is not None:
-                delivery, entries = routed
-                self._published(entries)
-                return delivery
+        needs no question, and an answer to the agent waiting on it, are first tried as one
+        statement that is its own transaction (one round trip); the general way routes what it
+        did not."""
+        routed: one_statement.Routed | None = None
+        external = routing.is_external(req.sender)
+        if one_statement.eligible_alone(self.settings, req):
+            tried, routed = True, one_statement.route_alone(self.engine, req, external=external)
+        elif answer_route.eligible_alone(self.settings, req) and not external:
+            tried, routed = True, answer_route.route_alone(self.engine, req)
+        else:
+            tried = False
+        if routed is not None:
+            delivery, entries = routed
+            self._published(entries)
+            return delivery
         with self._tx() as tx:
             return routing.route(tx, req, statement_tried=tried)
 
