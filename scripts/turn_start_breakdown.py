@@ -5,9 +5,10 @@ its own (as in production: the web process sends, a worker process claims).
         --postgres-url postgresql+psycopg://root@127.0.0.1:5432/bench --samples 60
 
 Each sample sends a message to an idle agent and waits until the worker has claimed its turn and
-the agent rests again (as ``agent-router bench`` does). The sender marks when its transaction
-began, its statement ran, it committed, the turn task was published and marked published; the
-worker marks when Celery received the task, started it, and began and ended the claim, and
+the agent rests again (as ``agent-router bench`` does). The sender marks when it took a pooled
+connection, its first statement ran, it gave the connection back (after the commit: the route's
+statement is its own transaction on PostgreSQL), and the turn task was published; the worker
+marks when Celery received the task, started it, and the same steps of the claim, and
 reports its marks through a Redis list after the claim. Both processes read the same clock
 (``time.perf_counter`` is the system's monotonic clock on Linux), so the marks compare across
 them. Printed: the median of each step, and one Celery round trip of a no-op task for scale
@@ -39,9 +40,9 @@ from agent_router.settings import Settings
 from agent_router.turn import Turn
 from agent_router.worker import runtime
 
-SENDER_STEPS = ["sent", "begin", "statement", "executed", "commit", "publish", "published"]
-WORKER_STEPS = ["received", "started", "claim", "w_begin", "w_statement", "w_executed"]
-WORKER_STEPS += ["w_commit", "w_committed", "claimed"]
+SENDER_STEPS = ["sent", "checkout", "statement", "executed", "checkin", "publish", "published"]
+WORKER_STEPS = ["received", "started", "claim", "w_checkout", "w_statement", "w_executed"]
+WORKER_STEPS += ["w_checkin", "claimed"]
 
 
 def worker() -> None:
@@ -153,15 +154,16 @@ def _measure(rt: runtime.Runtime, redis_url: str, n: int) -> None:
 
 
 def _mark_transactions(engine: sa.Engine, mark: Callable[..., None], prefix: str = "") -> None:
-    """Mark the first transaction's begin, statement, its end, commit and commit's end."""
+    """Mark the first connection's checkout, its first statement and that statement's end, and
+    the connection's checkin (after its commit, whether the statement was its own transaction
+    or one of a transaction's)."""
     for event, name in [
-        ("begin", "begin"),
+        ("checkout", "checkout"),
         ("before_cursor_execute", "statement"),
         ("after_cursor_execute", "executed"),
-        ("commit", "commit"),
+        ("checkin", "checkin"),
     ]:
         sa.event.listen(engine, event, partial(mark, prefix + name))
-    sa.event.listen(engine, "checkin", partial(mark, prefix + "committed"))
 
 
 def _round_trips(noop: bench._NoopTask, n: int, pause: float) -> list[float]:
