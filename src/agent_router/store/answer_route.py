@@ -162,8 +162,8 @@ def _route(conn: Connection | Session, req: SendRequest) -> Routed | None:
     found = conn.execute(_STATEMENT, params).mappings().one_or_none()
     if found is None:
         return None
+    learnt = {name: found[name] for name in ("agent_id", "message_id", "epoch")}
     for event in _events(req, seq=found["seq"]):
-        learnt = {name: found[name] for name in ("agent_id", "message_id", "epoch")}
         log_event(event | learnt)
     entry = OutboxEntry(
         id=found["outbox_id"],
