@@ -237,38 +237,52 @@ def test_three_agent_cycle_is_refused_and_names_the_cycle(router: Router) -> Non
     assert router.agent(team.id, "C_1").state is AgentState.WAITING
 
 
+class _CountedWait:
+    """``Engineer_1`` blocked in an ask in a thread of its own, every read of its question's
+    wait state noted (``True``: still waiting); started once its first read is done."""
+
+    def __init__(self, router: Router, monkeypatch: pytest.MonkeyPatch) -> None:
+        team = router.create_team()
+        router.create_agent(team.id, role="Engineer")
+        self.team = team.id
+        turn, self.question = _asking(router, team.id, "Engineer_1", "Team Leader")
+        self.reads: list[bool] = []
+        self.result: list[WaitOutcome] = []
+        wait_state = router.store.reads.wait_state
+
+        def counted(question_id: int) -> Any:
+            found = wait_state(question_id)
+            self.reads.append(found[0])
+            return found
+
+        monkeypatch.setattr(router.store.reads, "wait_state", counted)
+        # Signals other tests' databases left for the same question id would each cost a read.
+        router.waker.forget(self.question.id)
+        self.waiter = threading.Thread(
+            target=lambda: self.result.append(turn.wait_for(self.question, block_seconds=60))
+        )
+        self.waiter.start()
+        self.until_read(1)
+
+    def until_read(self, times: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(self.reads) < times and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
 def test_a_wake_signal_ends_the_wait_without_another_read(
     asks_router: Router, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The signal is sent only after the answer's transaction committed: the blocked call
     returns on it, having read its question once (before it blocked), not again."""
     router = asks_router
-    team = router.create_team()
-    router.create_agent(team.id, role="Engineer")
-    turn, q = _asking(router, team.id, "Engineer_1", "Team Leader")
-    reads: list[bool] = []
-    wait_state = router.store.reads.wait_state
-
-    def counted(question_id: int) -> Any:
-        found = wait_state(question_id)
-        reads.append(found[0])
-        return found
-
-    monkeypatch.setattr(router.store.reads, "wait_state", counted)
-    # Signals other tests' databases left for the same question id would each cost a read.
-    router.waker.forget(q.id)
-    result: list[WaitOutcome] = []
-    waiter = threading.Thread(target=lambda: result.append(turn.wait_for(q, block_seconds=60)))
-    waiter.start()
-    deadline = time.monotonic() + 10
-    while not reads and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert reads == [True]  # read once, still waiting: now it blocks on the signal
-    _answer(router, team.id, "Engineer_1", q.id)
-    waiter.join(timeout=30)
-    assert result == [WaitOutcome.RESOLVED]
-    assert reads == [True]
-    assert router.agent(team.id, "Engineer_1").state is AgentState.RUNNING
+    wait = _CountedWait(router, monkeypatch)
+    assert wait.reads == [True]  # read once, still waiting: now it blocks on the signal
+    _answer(router, wait.team, "Engineer_1", wait.question.id)
+    wait.waiter.join(timeout=30)
+    assert wait.result == [WaitOutcome.RESOLVED]
+    assert wait.reads == [True]
+    assert router.agent(wait.team, "Engineer_1").state is AgentState.RUNNING
 
 
 def test_a_signal_with_another_token_is_only_a_reason_to_read_again(
@@ -278,33 +292,13 @@ def test_a_signal_with_another_token_is_only_a_reason_to_read_again(
     does not end the wait: the call reads its question again, finds it still open, and blocks
     until its own answer's signal."""
     router = asks_router
-    team = router.create_team()
-    router.create_agent(team.id, role="Engineer")
-    turn, q = _asking(router, team.id, "Engineer_1", "Team Leader")
-    reads: list[bool] = []
-    wait_state = router.store.reads.wait_state
-
-    def counted(question_id: int) -> Any:
-        found = wait_state(question_id)
-        reads.append(found[0])
-        return found
-
-    monkeypatch.setattr(router.store.reads, "wait_state", counted)
-    # Signals other tests' databases left for the same question id would each cost a read.
-    router.waker.forget(q.id)
-    result: list[WaitOutcome] = []
-    waiter = threading.Thread(target=lambda: result.append(turn.wait_for(q, block_seconds=60)))
-    waiter.start()
-    deadline = time.monotonic() + 10
-    while not reads and time.monotonic() < deadline:
-        time.sleep(0.01)
-    router.waker.notify(q.id, "2001-01-01T00:00:00.000000")
-    while len(reads) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert reads == [True, True] and waiter.is_alive()
-    _answer(router, team.id, "Engineer_1", q.id)
-    waiter.join(timeout=30)
-    assert result == [WaitOutcome.RESOLVED] and reads == [True, True]
+    wait = _CountedWait(router, monkeypatch)
+    router.waker.notify(wait.question.id, "2001-01-01T00:00:00.000000")
+    wait.until_read(2)
+    assert wait.reads == [True, True] and wait.waiter.is_alive()
+    _answer(router, wait.team, "Engineer_1", wait.question.id)
+    wait.waiter.join(timeout=30)
+    assert wait.result == [WaitOutcome.RESOLVED] and wait.reads == [True, True]
 
 
 def test_lost_wake_signal_costs_only_a_recheck(database_url: str, redis_url: str) -> None:

@@ -6,6 +6,7 @@ terminated, from a second connection, at the moment named."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -50,9 +51,16 @@ def _terminate(pid: int) -> None:
     admin.dispose()
 
 
-def _cut_once(cut: list[int], wanted: Callable[[str, Any], bool]) -> Callable[..., None]:
-    """A ``before_cursor_execute`` listener that terminates the connection's backend before the
-    first statement ``wanted(statement, dbapi_connection)`` picks, and notes its pid in ``cut``."""
+def _alone(picks: Callable[[str], bool]) -> Callable[[str, Any], bool]:
+    """A statement ``picks`` picks, sent on a connection in autocommit (its own transaction)."""
+    return lambda statement, dbapi: picks(statement) and bool(dbapi.autocommit)
+
+
+@contextmanager
+def _cutting(router: Router, wanted: Callable[[str, Any], bool]) -> Iterator[list[int]]:
+    """Meanwhile, the connection's backend is terminated before the first statement the router
+    sends that ``wanted(statement, dbapi_connection)`` picks; the list yielded gets its pid."""
+    cut: list[int] = []
 
     def listener(conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
         dbapi = conn.connection.dbapi_connection
@@ -61,7 +69,11 @@ def _cut_once(cut: list[int], wanted: Callable[[str, Any], bool]) -> Callable[..
             cut.append(dbapi.info.backend_pid)
             _terminate(cut[0])
 
-    return listener
+    event.listen(router.store.engine, "before_cursor_execute", listener)
+    try:
+        yield cut
+    finally:
+        event.remove(router.store.engine, "before_cursor_execute", listener)
 
 
 class FaultAt:
@@ -137,14 +149,8 @@ def test_a_publish_mark_lost_after_a_committed_send_is_not_the_senders_error(
     publisher = RecordingPublisher()
     router = Router(Settings(database_url=pg_schema_url), publisher=publisher)
     team = router.create_team()
-    cut: list[int] = []
-    cut_the_mark = _cut_once(cut, lambda statement, _: statement.startswith("UPDATE ar_outbox"))
-
-    event.listen(router.store.engine, "before_cursor_execute", cut_the_mark)
-    try:
+    with _cutting(router, lambda statement, _: statement.startswith("UPDATE ar_outbox")) as cut:
         delivery = router.send(team.id, to="Team Leader", content="go")
-    finally:
-        event.remove(router.store.engine, "before_cursor_execute", cut_the_mark)
     try:
         assert cut and delivery.outcome is RouteOutcome.TRIGGERED_NEW_TURN
         assert [e.kind for e in publisher.entries] == [OutboxKind.ENQUEUE_TURN]
@@ -164,17 +170,9 @@ def test_a_connection_lost_during_a_one_statement_send_is_commit_unknown(
     was written, and the sender's retry delivers once."""
     team = pg_router.create_team()
     pg_router.create_agent(team.id, role="Engineer")
-    cut: list[int] = []
-    cut_the_statement = _cut_once(
-        cut, lambda statement, dbapi: statement.lstrip().startswith("WITH") and dbapi.autocommit
-    )
-
-    event.listen(pg_router.store.engine, "before_cursor_execute", cut_the_statement)
-    try:
-        with pytest.raises(CommitUnknownError):
-            pg_router.send(team.id, to="Engineer_1", content="deploy")
-    finally:
-        event.remove(pg_router.store.engine, "before_cursor_execute", cut_the_statement)
+    statement_alone = _alone(lambda statement: statement.lstrip().startswith("WITH"))
+    with _cutting(pg_router, statement_alone) as cut, pytest.raises(CommitUnknownError):
+        pg_router.send(team.id, to="Engineer_1", content="deploy")
     assert cut and pg_router.messages(team.id) == []
     delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
     assert [m.id for m in pg_router.messages(team.id)] == [delivery.message_id]
@@ -190,17 +188,9 @@ def test_a_connection_lost_during_the_claim_statement_is_commit_unknown(
     team = pg_router.create_team()
     agent = pg_router.create_agent(team.id, role="Engineer")
     pg_router.send(team.id, to="Engineer_1", content="deploy", sender="user")
-    cut: list[int] = []
-    cut_the_claim = _cut_once(
-        cut, lambda statement, dbapi: 'WITH "old"' in statement and dbapi.autocommit
-    )
-
-    event.listen(pg_router.store.engine, "before_cursor_execute", cut_the_claim)
-    try:
-        with pytest.raises(CommitUnknownError):
-            pg_router.claim(agent.id)
-    finally:
-        event.remove(pg_router.store.engine, "before_cursor_execute", cut_the_claim)
+    claim_alone = _alone(lambda statement: 'WITH "old"' in statement)
+    with _cutting(pg_router, claim_alone) as cut, pytest.raises(CommitUnknownError):
+        pg_router.claim(agent.id)
     assert cut and pg_router.agent(team.id, "Engineer_1").state.value == "scheduled"
     assert pg_router.store.reads.turns(agent.id) == []
     turn = pg_router.claim(agent.id)
@@ -228,17 +218,9 @@ def test_a_connection_lost_during_the_answer_statement_is_commit_unknown(
         "type": MessageType.ANSWER,
         "question_id": question,
     }
-    cut: list[int] = []
-    cut_the_answer = _cut_once(
-        cut, lambda statement, dbapi: "FROM ar_questions AS q" in statement and dbapi.autocommit
-    )
-
-    event.listen(pg_router.store.engine, "before_cursor_execute", cut_the_answer)
-    try:
-        with pytest.raises(CommitUnknownError):
-            pg_router.send(team.id, **answer)
-    finally:
-        event.remove(pg_router.store.engine, "before_cursor_execute", cut_the_answer)
+    answer_alone = _alone(lambda statement: "FROM ar_questions AS q" in statement)
+    with _cutting(pg_router, answer_alone) as cut, pytest.raises(CommitUnknownError):
+        pg_router.send(team.id, **answer)
     assert cut and pg_router.agent(team.id, "Engineer_1").state.value == "waiting"
     delivery = pg_router.send(team.id, **answer)
     assert delivery.outcome.value == "resolved"

@@ -66,6 +66,7 @@ from agent_router.store.one_statement import (
     Routed,
     alone,
     constant,
+    insert_from,
     live_sender_id,
     route_detail,
 )
@@ -145,7 +146,9 @@ def _route(conn: Connection | Session, req: SendRequest) -> Routed | None:
     )
     before, after = formats.render_around_id(formats.envelope_of(message))
     meta = {k: v for k, v in formats.metadata(message).items() if k not in _LEARNT}
-    resolved, routed = _events(req, seq=0)
+    # The events as logged; the statement writes them with the receiver, the message and the
+    # seq it learns (filled in here below).
+    resolved, routed = _events(req)
     params = {
         **{f"m_{name}": getattr(message, name) for name in _SENT_PARAMS},
         "b_team": req.team_id,
@@ -162,8 +165,9 @@ def _route(conn: Connection | Session, req: SendRequest) -> Routed | None:
     found = conn.execute(_STATEMENT, params).mappings().one_or_none()
     if found is None:
         return None
+    routed["detail"]["seq"] = found["seq"]
     learnt = {name: found[name] for name in ("agent_id", "message_id", "epoch")}
-    for event in _events(req, seq=found["seq"]):
+    for event in (resolved, routed):
         log_event(event | learnt)
     entry = OutboxEntry(
         id=found["outbox_id"],
@@ -207,11 +211,11 @@ def _resolves_when_asked(req: SendRequest) -> bool:
     return decisions.decide(AgentState.WAITING, question, incoming) is RouteOutcome.RESOLVED
 
 
-def _events(req: SendRequest, *, seq: int) -> list[dict[str, Any]]:
-    """The two ledger events, in the order the general way writes them (the receiver, the
-    message and the epoch are the statement's)."""
+def _events(req: SendRequest) -> list[dict[str, Any]]:
+    """The two ledger events, in the order the general way writes them; the receiver, the
+    message, the epoch and the route's ``seq`` are the statement's (the ``seq`` here is 0)."""
     about: dict[str, Any] = {"team_id": req.team_id}
-    detail = route_detail(req, seq, AgentState.WAITING, AgentState.RUNNING)
+    detail = route_detail(req, 0, AgentState.WAITING, AgentState.RUNNING)
     return [
         ledger_row(
             LedgerAction.QUESTION_RESOLVED, **about, question_id=req.question_id, suspended=False
@@ -303,17 +307,18 @@ def _asked(target: sa.CTE) -> LateralFromClause:
 
 
 def _insert(table: sa.Table, go: sa.FromClause, **columns: Any) -> sa.Insert:
-    """``INSERT INTO table (columns) SELECT their values FROM go``. A column of a CTE is
-    written as its bare name (``go.epoch``): SQLAlchemy would label it (``go.epoch AS epoch``),
-    which an INSERT's SELECT does not need, and the statement's text must stay within the
-    driver's statement cache."""
-    values = [
-        sa.literal_column(f"{v.table.name}.{v.name}")
+    """``INSERT INTO table (columns) SELECT their values FROM go``
+    (:func:`~agent_router.store.one_statement.insert_from`). A column of a CTE is written as
+    its bare name (``go.epoch``): SQLAlchemy would label it (``go.epoch AS epoch``), which an
+    INSERT's SELECT does not need, and the statement's text must stay within the driver's
+    statement cache."""
+    bare = {
+        name: sa.literal_column(f"{v.table.name}.{v.name}")
         if isinstance(v, sa.ColumnClause) and isinstance(v.table, sa.CTE)
         else v
-        for v in columns.values()
-    ]
-    return sa.insert(table).from_select(list(columns), sa.select(*values).select_from(go))
+        for name, v in columns.items()
+    }
+    return insert_from(table, go, **bare)
 
 
 def _writes(go: sa.CTE) -> list[sa.CTE]:

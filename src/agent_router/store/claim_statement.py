@@ -39,7 +39,7 @@ from agent_router.store.models import (
     TurnStatusType,
     utcnow,
 )
-from agent_router.store.one_statement import alone, constant
+from agent_router.store.one_statement import alone, constant, insert_from
 from agent_router.store.tx import ledger_row, log_event
 from agent_router.store.values import Claim
 
@@ -129,7 +129,7 @@ def _statement() -> sa.Select[Any]:
         .cte("moved")
     )
     turn = (
-        _insert_from(
+        insert_from(
             _turns,
             where=counted,
             team_id=old.c.team_id,
@@ -143,7 +143,7 @@ def _statement() -> sa.Select[Any]:
         .returning(*[_turns.c[name] for name in values.TURN_FIELDS])
         .cte("turn")
     )
-    event = _insert_from(
+    event = insert_from(
         _ledger,
         old.join(turn, sa.true()),
         team_id=old.c.team_id,
@@ -159,22 +159,6 @@ def _statement() -> sa.Select[Any]:
         .select_from(turn.join(old, sa.true()))
         .add_cte(moved, event)
     )
-
-
-def _insert_from(
-    table: sa.Table,
-    from_: Any = None,
-    *,
-    where: sa.ColumnElement[bool] | None = None,
-    **columns: sa.ColumnElement[Any],
-) -> sa.Insert:
-    """``INSERT INTO table (columns) SELECT their values [FROM from_] [WHERE where]``."""
-    select = sa.select(*columns.values())
-    if from_ is not None:
-        select = select.select_from(from_)
-    if where is not None:
-        select = select.where(where)
-    return sa.insert(table).from_select(list(columns), select)
 
 
 #: Built once: every turn starts with it.

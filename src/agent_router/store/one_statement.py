@@ -210,6 +210,22 @@ def constant(value: Any, type_: sa.Enum | None = None) -> sa.ColumnElement[Any]:
     return sa.literal_column(f"{text}::{type_.name}", type_)
 
 
+def insert_from(
+    table: sa.Table,
+    from_: Any = None,
+    *,
+    where: sa.ColumnElement[bool] | None = None,
+    **columns: sa.ColumnElement[Any],
+) -> sa.Insert:
+    """``INSERT INTO table (columns) SELECT their values [FROM from_] [WHERE where]``."""
+    select = sa.select(*columns.values())
+    if from_ is not None:
+        select = select.select_from(from_)
+    if where is not None:
+        select = select.where(where)
+    return sa.insert(table).from_select(list(columns), select)
+
+
 def live_sender_id() -> sa.ScalarSelect[Any]:
     """The id of the agent named ``b_sender`` in team ``b_team``, unless it is terminated
     (``NULL``: no such live agent)."""
