@@ -6,8 +6,9 @@ its own (as in production: the web process sends, a worker process claims).
 
 Each sample sends a message to an idle agent and waits until the worker has claimed its turn and
 the agent rests again (as ``agent-router bench`` does). The sender marks when it took a pooled
-connection, its first statement ran, it gave the connection back (after the commit: the route's
-statement is its own transaction on PostgreSQL), and the turn task was published; the worker
+connection, gave it back (after the route's statement, its own transaction on PostgreSQL) and
+published the turn task; the statement itself is not marked, as a listener of the engine's
+cursor events would send it through SQLAlchemy instead of the driver. The worker
 marks when Celery received the task, started it, and the same steps of the claim, and
 reports its marks through a Redis list after the claim. Both processes read the same clock
 (``time.perf_counter`` is the system's monotonic clock on Linux), so the marks compare across
@@ -40,9 +41,8 @@ from agent_router.settings import Settings
 from agent_router.turn import Turn
 from agent_router.worker import runtime
 
-SENDER_STEPS = ["sent", "checkout", "statement", "executed", "checkin", "publish", "published"]
-WORKER_STEPS = ["received", "started", "claim", "w_checkout", "w_statement", "w_executed"]
-WORKER_STEPS += ["w_checkin", "claimed"]
+SENDER_STEPS = ["sent", "checkout", "checkin", "publish", "published"]
+WORKER_STEPS = ["received", "started", "claim", "w_checkout", "w_checkin", "claimed"]
 
 
 def worker() -> None:
@@ -154,15 +154,9 @@ def _measure(rt: runtime.Runtime, redis_url: str, n: int) -> None:
 
 
 def _mark_transactions(engine: sa.Engine, mark: Callable[..., None], prefix: str = "") -> None:
-    """Mark the first connection's checkout, its first statement and that statement's end, and
-    the connection's checkin (after its commit, whether the statement was its own transaction
-    or one of a transaction's)."""
-    for event, name in [
-        ("checkout", "checkout"),
-        ("before_cursor_execute", "statement"),
-        ("after_cursor_execute", "executed"),
-        ("checkin", "checkin"),
-    ]:
+    """Mark the first connection's checkout and its checkin (after the statement that is its
+    own transaction, or after a transaction's commit)."""
+    for event, name in [("checkout", "checkout"), ("checkin", "checkin")]:
         sa.event.listen(engine, event, partial(mark, prefix + name))
 
 

@@ -10,6 +10,7 @@ envelope, hide characters or pass for another name.
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
@@ -105,7 +106,10 @@ def name(value: Any, what: str = "display name") -> str:
     return value
 
 
+@functools.lru_cache(maxsize=4096)
 def _name_problem(value: str) -> str | None:
+    """What is wrong with the name ``value``, or ``None``; names repeat (a team's agents, its
+    senders), so each is checked once."""
     if not value or len(value) > MAX_NAME_CHARS:
         return f"must be 1-{MAX_NAME_CHARS} characters"
     hidden = [c for c in value if unicodedata.category(c) in _HIDDEN_CATEGORIES]

@@ -5,6 +5,8 @@ terminated, from a second connection, at the moment named."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,11 +51,6 @@ def _terminate(pid: int) -> None:
     with admin.connect() as conn:
         conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
     admin.dispose()
-
-
-def _alone(picks: Callable[[str], bool]) -> Callable[[str, Any], bool]:
-    """A statement ``picks`` picks, sent on a connection in autocommit (its own transaction)."""
-    return lambda statement, dbapi: picks(statement) and bool(dbapi.autocommit)
 
 
 @contextmanager
@@ -161,53 +158,124 @@ def test_a_publish_mark_lost_after_a_committed_send_is_not_the_senders_error(
         router.close()
 
 
+@contextmanager
+def _watched(router: Router, watched: bool) -> Iterator[None]:
+    """Meanwhile, when ``watched``, a listener watches the engine's statements as a host's
+    tracing does (setting an attribute on SQLAlchemy's execution context): the statements that
+    are their own transaction then go through SQLAlchemy, not straight to the driver."""
+
+    def trace(
+        _conn: Any, _cursor: Any, _statement: str, _params: Any, context: Any, *_: Any
+    ) -> None:
+        context.traced = True
+
+    if watched:
+        event.listen(router.store.engine, "before_cursor_execute", trace)
+    try:
+        yield
+    finally:
+        if watched:
+            event.remove(router.store.engine, "before_cursor_execute", trace)
+
+
+def _cut_while_blocked(router: Router, agent_id: int, call: Callable[[], Any]) -> BaseException:
+    """Run ``call`` in a thread while another transaction holds the agent's row locked, so
+    that the statement that is its own transaction waits for that lock inside the database;
+    terminate the waiting backend, then release the lock. The error ``call`` raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # the test asserts which
+            raised.append(exc)
+
+    holder = sa.create_engine(router.settings.database_url)
+    try:
+        with holder.connect() as conn:
+            conn.execute(
+                sa.text("SELECT 1 FROM ar_agents WHERE id = :id FOR UPDATE"), {"id": agent_id}
+            )
+            thread = threading.Thread(target=run)
+            thread.start()
+            waiting: list[int] = []
+            for _ in range(500):
+                # pg_stat_activity is read once per transaction unless its snapshot is cleared.
+                conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+                waiting = list(
+                    conn.execute(
+                        sa.text(
+                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND wait_event_type = 'Lock' AND query LIKE 'WITH%'"
+                        )
+                    ).scalars()
+                )
+                if waiting:
+                    break
+                time.sleep(0.01)
+            assert len(waiting) == 1, "the statement never waited for the lock"
+            _terminate(waiting[0])
+            conn.rollback()
+            thread.join(30)
+    finally:
+        holder.dispose()
+    assert not thread.is_alive() and len(raised) == 1
+    return raised[0]
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["driver", "sqlalchemy"])
 def test_a_connection_lost_during_a_one_statement_send_is_commit_unknown(
-    pg_router: Router,
+    pg_router: Router, watched: bool
 ) -> None:
     """A send that needs no question is one statement in autocommit: its commit is the
     statement's own, so a connection lost during it leaves the outcome unknown (never a silent
-    repeat that could deliver twice). Here the backend is cut before the statement ran: nothing
-    was written, and the sender's retry delivers once."""
+    repeat that could deliver twice). Here the backend is cut while the statement waits for the
+    receiver's lock: nothing was written, and the sender's retry delivers once."""
     team = pg_router.create_team()
-    pg_router.create_agent(team.id, role="Engineer")
-    statement_alone = _alone(lambda statement: statement.lstrip().startswith("WITH"))
-    with _cutting(pg_router, statement_alone) as cut, pytest.raises(CommitUnknownError):
-        pg_router.send(team.id, to="Engineer_1", content="deploy")
-    assert cut and pg_router.messages(team.id) == []
-    delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
+    agent = pg_router.create_agent(team.id, role="Engineer")
+    with _watched(pg_router, watched):
+        error = _cut_while_blocked(
+            pg_router, agent.id, lambda: pg_router.send(team.id, to="Engineer_1", content="deploy")
+        )
+        assert isinstance(error, CommitUnknownError)
+        assert pg_router.messages(team.id) == []
+        delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
     assert [m.id for m in pg_router.messages(team.id)] == [delivery.message_id]
 
 
+@pytest.mark.parametrize("watched", [False, True], ids=["driver", "sqlalchemy"])
 def test_a_connection_lost_during_the_claim_statement_is_commit_unknown(
-    pg_router: Router,
+    pg_router: Router, watched: bool
 ) -> None:
     """A claim that only counts its turn is one statement in autocommit: a connection lost
     during it leaves unknown whether the turn was claimed (a claimed turn the worker never
-    learnt of is taken over when its lease lapses). Here the backend is cut before the
-    statement ran: nothing was written, and the worker's retry claims the turn once."""
+    learnt of is taken over when its lease lapses). Here the backend is cut while the statement
+    waits for the agent's lock: nothing was written, and the worker's retry claims the turn
+    once."""
     team = pg_router.create_team()
     agent = pg_router.create_agent(team.id, role="Engineer")
     pg_router.send(team.id, to="Engineer_1", content="deploy", sender="user")
-    claim_alone = _alone(lambda statement: 'WITH "old"' in statement)
-    with _cutting(pg_router, claim_alone) as cut, pytest.raises(CommitUnknownError):
-        pg_router.claim(agent.id)
-    assert cut and pg_router.agent(team.id, "Engineer_1").state.value == "scheduled"
-    assert pg_router.store.reads.turns(agent.id) == []
-    turn = pg_router.claim(agent.id)
+    with _watched(pg_router, watched):
+        error = _cut_while_blocked(pg_router, agent.id, lambda: pg_router.claim(agent.id))
+        assert isinstance(error, CommitUnknownError)
+        assert pg_router.agent(team.id, "Engineer_1").state.value == "scheduled"
+        assert pg_router.store.reads.turns(agent.id) == []
+        turn = pg_router.claim(agent.id)
     assert turn is not None
     assert [t.id for t in pg_router.store.reads.turns(agent.id)] == [turn.record.id]
     assert pg_router.store.budget(team.id).used[BudgetName.TURNS] == 1
 
 
+@pytest.mark.parametrize("watched", [False, True], ids=["driver", "sqlalchemy"])
 def test_a_connection_lost_during_the_answer_statement_is_commit_unknown(
-    pg_router: Router,
+    pg_router: Router, watched: bool
 ) -> None:
     """An answer to the agent blocked on its question is one statement in autocommit: a
-    connection lost during it is CommitUnknownError. Here the backend is cut before the
-    statement ran: nothing was written, the asker still waits, and the answer sent again
-    resolves the wait once; sent a third time it finds the question closed."""
+    connection lost during it is CommitUnknownError. Here the backend is cut while the
+    statement waits for the asker's lock: nothing was written, the asker still waits, and the
+    answer sent again resolves the wait once; sent a third time it finds the question closed."""
     team = pg_router.create_team()
-    pg_router.create_agent(team.id, role="Engineer")
+    agent = pg_router.create_agent(team.id, role="Engineer")
     turn = start_running(pg_router, team.id, "Engineer_1")
     turn.append_assistant(assistant(None, tool_call("ask-1", "ask_master")))
     question = turn.ask("Team Leader", "which auth module?", tool_call_id="ask-1").id
@@ -218,13 +286,13 @@ def test_a_connection_lost_during_the_answer_statement_is_commit_unknown(
         "type": MessageType.ANSWER,
         "question_id": question,
     }
-    answer_alone = _alone(lambda statement: "FROM ar_questions AS q" in statement)
-    with _cutting(pg_router, answer_alone) as cut, pytest.raises(CommitUnknownError):
-        pg_router.send(team.id, **answer)
-    assert cut and pg_router.agent(team.id, "Engineer_1").state.value == "waiting"
-    delivery = pg_router.send(team.id, **answer)
-    assert delivery.outcome.value == "resolved"
-    with pytest.raises(QuestionClosedError):
-        pg_router.send(team.id, **answer)
+    with _watched(pg_router, watched):
+        error = _cut_while_blocked(pg_router, agent.id, lambda: pg_router.send(team.id, **answer))
+        assert isinstance(error, CommitUnknownError)
+        assert pg_router.agent(team.id, "Engineer_1").state.value == "waiting"
+        delivery = pg_router.send(team.id, **answer)
+        assert delivery.outcome.value == "resolved"
+        with pytest.raises(QuestionClosedError):
+            pg_router.send(team.id, **answer)
     answers = [m.id for m in pg_router.messages(team.id) if m.type is MessageType.ANSWER]
     assert answers == [delivery.message_id]

@@ -26,12 +26,12 @@ writes nothing here and goes the general way, which decides and refuses.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Engine
 from sqlalchemy.sql.selectable import LateralFromClause
 
 from agent_router import domain, formats
@@ -47,7 +47,7 @@ from agent_router.domain import (
     RouteOutcome,
 )
 from agent_router.settings import Settings
-from agent_router.store import decisions, queries
+from agent_router.store import decisions, driver, queries
 from agent_router.store.models import (
     AgentRow,
     LedgerActionType,
@@ -64,7 +64,6 @@ from agent_router.store.models import (
 )
 from agent_router.store.one_statement import (
     Routed,
-    alone,
     constant,
     insert_from,
     live_sender_id,
@@ -113,14 +112,13 @@ def route_alone(engine: Engine, req: SendRequest) -> Routed | None:
     leaves it unknown whether it committed
     (:class:`~agent_router.errors.CommitUnknownError`): sent again, the answer finds its
     question closed if it did."""
-    with alone(engine) as conn:
-        return _route(conn, req)
+    return _route(req, partial(driver.one_row, engine))
 
 
 def route(tx: Tx, req: SendRequest) -> Delivery | None:
     """Deliver the answer ``req`` in one statement of the transaction ``tx``; ``None`` when it
     wrote nothing and the general way must route it."""
-    routed = _route(tx.session, req)
+    routed = _route(req, partial(driver.in_transaction, tx.session))
     if routed is None:
         return None
     delivery, entries = routed
@@ -128,7 +126,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery | None:
     return delivery
 
 
-def _route(conn: Connection | Session, req: SendRequest) -> Routed | None:
+def _route(req: SendRequest, run: driver.Run) -> Routed | None:
     if not _resolves_when_asked(req):
         return None
     now = utcnow()
@@ -162,7 +160,7 @@ def _route(conn: Connection | Session, req: SendRequest) -> Routed | None:
         "l0_detail": resolved["detail"],
         "l1_detail": {k: v for k, v in routed["detail"].items() if k != "seq"},
     }
-    found = conn.execute(_STATEMENT, params).mappings().one_or_none()
+    found = run(_STATEMENT, params)
     if found is None:
         return None
     routed["detail"]["seq"] = found["seq"]

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 
 from agent_router.domain import AgentState, LedgerAction, TurnStatus, TurnTrigger
 from agent_router.settings import Settings
-from agent_router.store import budgets, values
+from agent_router.store import budgets, driver, values
 from agent_router.store.models import (
     AgentRow,
     LedgerActionType,
@@ -39,7 +39,7 @@ from agent_router.store.models import (
     TurnStatusType,
     utcnow,
 )
-from agent_router.store.one_statement import alone, constant, insert_from
+from agent_router.store.one_statement import constant, insert_from
 from agent_router.store.tx import ledger_row, log_event
 from agent_router.store.values import Claim
 
@@ -66,8 +66,7 @@ def claim_alone(
         "b_lease": now + timedelta(seconds=settings.lease_seconds),
         "b_ratio": settings.budget_warning_ratio,
     }
-    with alone(engine) as conn:
-        found = conn.execute(_STATEMENT, params).mappings().one_or_none()
+    found = driver.one_row(engine, _STATEMENT, params)
     if found is None:
         return None
     record = values.turn(found)

@@ -16,22 +16,20 @@ the general way (:func:`agent_router.store.routing.route`), which decides and re
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from contextlib import contextmanager
+import functools
+from collections.abc import Mapping
 from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Engine
 
-from agent_router import errors
 from agent_router.domain import (
     AgentState,
     Delivery,
     LedgerAction,
     MessageStatus,
+    MessageSubtype,
     MessageType,
     OutboxEntry,
     OutboxKind,
@@ -39,8 +37,7 @@ from agent_router.domain import (
     TurnTrigger,
 )
 from agent_router.settings import Settings
-from agent_router.store import decisions, faults
-from agent_router.store.engine import closed_by_server
+from agent_router.store import decisions, driver
 from agent_router.store.models import (
     AgentRow,
     LedgerActionType,
@@ -86,48 +83,27 @@ def eligible(tx: Tx, req: SendRequest) -> bool:
 
 
 def route_alone(engine: Engine, req: SendRequest, *, external: bool) -> Routed | None:
-    """Route ``req`` in one statement that is its own transaction (autocommit): one round trip,
-    no ``BEGIN`` and no ``COMMIT``. ``None`` when it wrote nothing (the general way must route
-    it). A connection lost during the statement leaves it unknown whether it committed:
-    :class:`~agent_router.errors.CommitUnknownError`, never a retry."""
-    with alone(engine) as conn:
-        return _route(conn, req, external=external)
-
-
-@contextmanager
-def alone(engine: Engine) -> Iterator[Connection]:
-    """A connection in autocommit, for one statement that is its own transaction. Driver
-    errors leave as :class:`~agent_router.errors.StoreError`; one raised while the statement
-    ran is :class:`~agent_router.errors.CommitUnknownError` when the connection was lost."""
-    with engine.connect() as conn:
-        # A last look, without a round trip, just before the write: a connection that died
-        # after the pool's check at checkout is found here, before anything was sent, and the
-        # caller runs again on another (store.faults.retrying). Only one that dies from here
-        # on leaves the outcome unknown.
-        if closed_by_server(conn.connection.dbapi_connection):
-            conn.invalidate()
-            raise errors.StoreError(
-                "the server closed the connection before the statement", retryable=True
-            )
-        try:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT")
-        except SQLAlchemyError as exc:
-            raise faults.store_error(exc, committing=True) from exc
+    """Route ``req`` in one statement that is its own transaction (autocommit), sent on the
+    driver's connection: one round trip, no ``BEGIN`` and no ``COMMIT``. ``None`` when it
+    wrote nothing (the general way must route it). A connection lost during the statement
+    leaves it unknown whether it committed: :class:`~agent_router.errors.CommitUnknownError`,
+    never a retry."""
+    found = driver.one_row(engine, _STATEMENTS[external], _params(req))
+    return None if found is None else _routed(req, found)
 
 
 def route(tx: Tx, req: SendRequest, *, external: bool) -> Delivery | None:
     """Route ``req`` in one statement of the transaction ``tx``; ``None`` when it wrote nothing
     and the general way must route it. ``external``: the sender is not an agent of the team."""
-    routed = _route(tx.session, req, external=external)
-    if routed is None:
+    found = driver.in_transaction(tx.session, _STATEMENTS[external], _params(req))
+    if found is None:
         return None
-    delivery, entries = routed
+    delivery, entries = _routed(req, found)
     tx.entries.extend(entries)
     return delivery
 
 
-def _route(conn: Connection | Session, req: SendRequest, *, external: bool) -> Routed | None:
-    """The statement run on ``conn``: the delivery and the outbox rows it wrote, or ``None``."""
+def _params(req: SendRequest) -> dict[str, Any]:
     params: dict[str, Any] = {
         "b_team": req.team_id,
         "b_to": req.to,
@@ -139,44 +115,55 @@ def _route(conn: Connection | Session, req: SendRequest, *, external: bool) -> R
         "b_wake": req.wake,
         "b_now": utcnow(),
     }
+    params.update(_outcomes(req.type, req.wake, req.subtype))
+    return params
+
+
+@functools.cache
+def _outcomes(
+    type_: MessageType, wake: bool, subtype: MessageSubtype | None
+) -> dict[str, RouteOutcome | bool]:
+    """The outcome :func:`decisions.decide` gives such a message in each of STATES, and
+    whether it starts a turn, as the statement's parameters; the same for every such send."""
+    params: dict[str, RouteOutcome | bool] = {}
     for state in STATES:
         # The sender's id is read by the statement; for these states it decides nothing.
         outcome = decisions.decide(
-            state,
-            None,
-            decisions.Incoming(type=req.type, sender_id=None, wake=req.wake, subtype=req.subtype),
+            state, None, decisions.Incoming(type=type_, sender_id=None, wake=wake, subtype=subtype)
         )
         params[f"o_{state.value}"] = outcome
         params[f"t_{state.value}"] = outcome is RouteOutcome.TRIGGERED_NEW_TURN
-    found = conn.execute(_STATEMENTS[external], params).one_or_none()
-    if found is None:
-        return None
+    return params
+
+
+def _routed(req: SendRequest, found: Mapping[str, Any]) -> Routed:
+    """The delivery and the outbox rows of the statement's row ``found``."""
     log_event(
         {
             "action": LedgerAction.ROUTE,
             "team_id": req.team_id,
-            "agent_id": found.id,
-            "outcome": found.outcome,
-            "message_id": found.message_id,
-            "epoch": found.epoch,
-            "detail": route_detail(req, found.seq, found.state_before, found.state),
+            "agent_id": found["id"],
+            "outcome": found["outcome"],
+            "message_id": found["message_id"],
+            "epoch": found["epoch"],
+            "detail": route_detail(req, found["seq"], found["state_before"], found["state"]),
         }
     )
     entries = (
         []
-        if found.outbox_id is None
+        if found["outbox_id"] is None
         else [
             OutboxEntry(
-                id=found.outbox_id,
+                id=found["outbox_id"],
                 kind=OutboxKind.ENQUEUE_TURN,
-                agent_id=found.id,
-                epoch=found.epoch,
-                payload=found.payload,
+                agent_id=found["id"],
+                epoch=found["epoch"],
+                payload=found["payload"],
             )
         ]
     )
     # The statement returns the delivery's fields by their names.
-    delivered = {name: found._mapping[name] for name in ("message_id", "outcome", "seq", "epoch")}
+    delivered = {name: found[name] for name in ("message_id", "outcome", "seq", "epoch")}
     return Delivery(target=req.to, **delivered), entries
 
 

@@ -149,6 +149,8 @@ def ledger_row(
 def log_event(row: Mapping[str, Any]) -> None:
     """The log line of a ledger event, from its row (``action``, ``team_id``, ``agent_id`` and
     ``detail``; ``outcome``, ``message_id``, ``turn_id`` and ``epoch`` where it has them)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
     action: LedgerAction = row["action"]
     outcome: RouteOutcome | None = row.get("outcome")
     detail: Mapping[str, Any] = row["detail"]

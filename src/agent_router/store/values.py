@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
@@ -135,8 +136,8 @@ def outbox_entry(row: OutboxRow) -> OutboxEntry:
     return OutboxEntry(**_read(row, _OUTBOX_FIELDS))
 
 
-def turn(row: TurnRow | sa.RowMapping) -> TurnRecord:
-    """A :class:`TurnRecord` from an ORM row or a Core row mapping with its column names."""
+def turn(row: TurnRow | Mapping[str, Any]) -> TurnRecord:
+    """A :class:`TurnRecord` from an ORM row or a row by its column names."""
     if isinstance(row, TurnRow):
         return TurnRecord(**_read(row, TURN_FIELDS))
     return TurnRecord(**{name: row[name] for name in TURN_FIELDS})
