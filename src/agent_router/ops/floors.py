@@ -185,15 +185,6 @@ class Floors:
             "engine": (statistics.median(engine), pct(engine, 0.99)),
         }
 
-    def throughput(self, threads: int, per: int) -> dict[str, float]:
-        """Floor transactions per second with ``threads`` threads, each on its own row."""
-        for i in range(threads):
-            self.raw.run(i)  # connections opened outside the timing
-        return {
-            "raw": rate(threads, per, self.raw.run),
-            "engine": rate(threads, per, self.engine.run),
-        }
-
     def close(self) -> None:
         self.raw.close()
         self.engine.close()
