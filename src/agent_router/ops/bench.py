@@ -346,13 +346,19 @@ class Bench:
                 queues=[queue],
                 shutdown_timeout=30.0,
             ):
-                # Each turn start follows a turn of settings.scripted_write_seconds, the sender
-                # idle meanwhile; each floor round trip follows the same pause (on a virtual
-                # machine a pause slows the next steps, Celery's as much as ours).
+                # A turn start and a floor round trip alternate, so that both see the same
+                # machine, and each is sent after the same idle pause, as long as a turn of
+                # settings.scripted_write_seconds (on a virtual machine a pause slows the next
+                # steps, Celery's as much as ours).
                 pause = settings.scripted_write_seconds
                 back_to_back = [noop.round_trip() for _ in range(n)]
-                floor = [noop.round_trip(after=pause) for _ in range(n)]
-                ours = _turn_starts(rt.router, n)
+                floor: list[float] = []
+
+                def floor_then_pause() -> None:
+                    floor.append(noop.round_trip(after=pause))
+                    time.sleep(pause)
+
+                ours = _turn_starts(rt.router, n, before_each=floor_then_pause)
                 trip = statistics.median(floor)
                 p50 = self._ms_row(
                     "turn start p50",
@@ -414,8 +420,9 @@ class _NoopTask:
         _until(lambda: len(self.started) - before >= count, timeout=120)
 
 
-def _turn_starts(router: Router, n: int) -> list[float]:
-    """Message to an idle agent -> its turn claimed by the worker, ``n`` times, ms."""
+def _turn_starts(router: Router, n: int, *, before_each: Callable[[], None]) -> list[float]:
+    """Message to an idle agent -> its turn claimed by the worker, ``n`` times, ms; each sample
+    after ``before_each()`` returned."""
     team = router.create_team()
     agents = [router.create_agent(team.id, role="Bench") for _ in range(n)]
     # The worker in this process tells when it claimed (a hook, no polling: a probe
@@ -425,6 +432,7 @@ def _turn_starts(router: Router, n: int) -> list[float]:
     router.hooks.hooks.insert(0, clock)  # before the task events: only the claim
     ours: list[float] = []
     for agent in agents:
+        before_each()
         sent = time.perf_counter()
         router.send(team.id, to=agent.display_name, content="go", sender="user")
         ours.append((clock.wait(agent.id) - sent) * 1000)
