@@ -1,9 +1,9 @@
 """The statements that are their own transaction (a send that needs no question, an answer to
-the agent waiting on it, a claim that only counts its turn) go straight to the driver when
-nothing watches the engine's statements, and through SQLAlchemy when a listener does; either
-way the pooled connection goes back to the pool as it was taken, and a database error is the
-store's own. What they write is checked against the general way in the tests of each
-statement, which run on the driver."""
+the agent waiting on it, a claim that only counts its turn, the common end of a turn) go
+straight to the driver when nothing watches the engine's statements, and through SQLAlchemy when
+a listener does; either way the pooled connection goes back to the pool as it was taken, and a
+database error is the store's own. What they write is checked against the general way in the
+tests of each statement, which run on the driver."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from agent_router import CommitUnknownError, MessageType, Router, Settings, StoreError
-from agent_router.store import answer_route, claim_statement, driver, one_statement
+from agent_router.store import answer_route, claim_statement, driver, end_statement, one_statement
 from agent_router.store.values import SendRequest
 
 from .helpers import assistant, start_running, tool_call
@@ -27,6 +27,7 @@ ALONE = {
     id(one_statement._STATEMENTS[True]): "send from outside",
     id(answer_route._STATEMENT): "answer",
     id(claim_statement._STATEMENT): "claim",
+    id(end_statement._STATEMENT): "end",
 }
 
 
@@ -39,8 +40,8 @@ def pg_router(pg_schema_url: str) -> Iterator[Router]:
 
 
 def _each_statement(router: Router) -> None:
-    """A claim, a send from outside, a send from an agent and an answer to the agent waiting
-    on its question."""
+    """A claim, a send from outside, a send from an agent, an answer to the agent waiting on
+    its question and the end of its turn."""
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")
     turn = start_running(router, team.id, "Engineer_1")
@@ -57,6 +58,8 @@ def _each_statement(router: Router) -> None:
         question_id=question,
     )
     assert delivery.outcome.value == "resolved"
+    turn.append_assistant(assistant("done"))
+    assert turn.end().follow_up  # the two FYIs wait in the mailbox
 
 
 @pytest.mark.parametrize("watched", [False, True], ids=["unwatched", "watched"])
@@ -82,7 +85,7 @@ def test_the_statements_alone_skip_sqlalchemys_execution_unless_watched(
         event.remove(engine, "before_execute", execute)
         if watched:
             event.remove(engine, "before_cursor_execute", cursor)
-    expected = ["send from outside", "claim", "send from outside", "send", "answer"]
+    expected = ["send from outside", "claim", "send from outside", "send", "answer", "end"]
     assert executed == (expected if watched else [])
 
 

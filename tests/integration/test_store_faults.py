@@ -25,6 +25,7 @@ from agent_router import (
     RouteOutcome,
     Router,
     Settings,
+    StaleTurnError,
     StoreError,
 )
 from agent_router.domain import BudgetName, OutboxKind
@@ -296,3 +297,26 @@ def test_a_connection_lost_during_the_answer_statement_is_commit_unknown(
             pg_router.send(team.id, **answer)
     answers = [m.id for m in pg_router.messages(team.id) if m.type is MessageType.ANSWER]
     assert answers == [delivery.message_id]
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["driver", "sqlalchemy"])
+def test_a_connection_lost_during_the_end_statement_is_commit_unknown(
+    pg_router: Router, watched: bool
+) -> None:
+    """The common end of a turn is one statement in autocommit: a connection lost during it is
+    CommitUnknownError. Here the backend is cut while the statement waits for the agent's lock:
+    nothing was written, the turn still runs, and the end sent again ends it once; sent a
+    third time it is refused as stale."""
+    team = pg_router.create_team()
+    agent = pg_router.create_agent(team.id, role="Engineer")
+    turn = start_running(pg_router, team.id, "Engineer_1")
+    turn.append_assistant(assistant("done"))
+    with _watched(pg_router, watched):
+        error = _cut_while_blocked(pg_router, agent.id, turn.end)
+        assert isinstance(error, CommitUnknownError)
+        assert pg_router.agent(team.id, "Engineer_1").state.value == "running"
+        assert turn.end().state.value == "completed"
+        with pytest.raises(StaleTurnError):
+            turn.end()
+    ended = [e for e in pg_router.ledger(team.id) if e.action.value == "turn_ended"]
+    assert len(ended) == 1

@@ -182,7 +182,7 @@ def route_detail(
     }
 
 
-def _param(name: str, type_: Any) -> sa.ColumnElement[Any]:
+def param(name: str, type_: Any) -> sa.ColumnElement[Any]:
     """A parameter cast to its column's type (PostgreSQL cannot infer it in a SELECT list,
     inside CASE, or as an argument of jsonb_build_object)."""
     return sa.cast(sa.bindparam(name), type_)
@@ -242,13 +242,13 @@ def _locked(*, external: bool) -> sa.CTE:
             agent.state,
             source_id.label("source_id"),
             # The parameters that more than one row takes, named once.
-            _param("b_now", sa.DateTime).label("now"),
-            _param("b_sender", sa.Text).label("sender"),
-            _param("b_wake", sa.Boolean).label("wake"),
-            sa.case(*[(c, _param(f"o_{s.value}", RouteOutcomeType)) for c, s in in_state]).label(
+            param("b_now", sa.DateTime).label("now"),
+            param("b_sender", sa.Text).label("sender"),
+            param("b_wake", sa.Boolean).label("wake"),
+            sa.case(*[(c, param(f"o_{s.value}", RouteOutcomeType)) for c, s in in_state]).label(
                 "outcome"
             ),
-            sa.case(*[(c, _param(f"t_{s.value}", sa.Boolean)) for c, s in in_state]).label(
+            sa.case(*[(c, param(f"t_{s.value}", sa.Boolean)) for c, s in in_state]).label(
                 "new_turn"
             ),
         )
@@ -328,9 +328,9 @@ def _message(target: sa.CTE) -> sa.CTE:
                 target.c.sender,
                 target.c.source_id,
                 target.c.id,
-                _param("b_type", _messages.c.type.type),
-                _param("b_subtype", _messages.c.subtype.type),
-                _param("b_content", sa.Text),
+                param("b_type", _messages.c.type.type),
+                param("b_subtype", _messages.c.subtype.type),
+                param("b_content", sa.Text),
                 target.c.wake,
                 target.c.outcome,
                 constant(MessageStatus.PENDING, MessageStatusType),
@@ -342,17 +342,25 @@ def _message(target: sa.CTE) -> sa.CTE:
     )
 
 
-def _turn_task(target: sa.CTE) -> sa.CTE:
-    """The turn task's outbox row, when the outcome starts a turn."""
+def turn_task(
+    target: sa.CTE,
+    *,
+    name: sa.ColumnElement[Any],
+    trigger: TurnTrigger,
+    where: sa.ColumnElement[bool],
+) -> sa.CTE:
+    """The outbox row of the turn task of ``target`` (an agent moved to ``scheduled``: its
+    ``id``, ``team_id``, new ``epoch``, ``runner`` and ``now``) named ``name``, for a turn of
+    ``trigger``, when ``where`` holds."""
     # The turn task's payload, as Tx.outbox writes it: the agent's name and team for monitors,
     # the trigger, and the host's task when a host owns the agent's turns.
     payload = sa.func.jsonb_build_object(
         constant("agent"),
-        _param("b_to", sa.Text),
+        name,
         constant("team_id"),
         target.c.team_id,
         constant("trigger"),
-        constant(TurnTrigger.NEW),
+        constant(trigger),
     ).op("||")(
         sa.case(
             (
@@ -374,7 +382,7 @@ def _turn_task(target: sa.CTE) -> sa.CTE:
                 sa.type_coerce(payload, JSONB),
                 target.c.now,
                 sa.literal_column("0"),
-            ).where(target.c.new_turn),
+            ).where(where),
         )
         .returning(_outbox.c.id, _outbox.c.payload)
         .cte("outbox")
@@ -385,7 +393,7 @@ def _route_event(target: sa.CTE, message: sa.CTE) -> sa.CTE:
     """The route's ledger event, with the detail the general way writes."""
     detail = {
         "seq": target.c.seq,
-        "type": _param("b_type_name", sa.Text),
+        "type": param("b_type_name", sa.Text),
         "sender": target.c.sender,
         "wake": target.c.wake,
         "state_before": sa.cast(target.c.state_before, sa.Text),
@@ -424,7 +432,9 @@ def _route_event(target: sa.CTE, message: sa.CTE) -> sa.CTE:
 def _statement(*, external: bool) -> sa.Select[Any]:
     target = _moved(_locked(external=external), external=external)
     message = _message(target)
-    outbox = _turn_task(target)
+    outbox = turn_task(
+        target, name=param("b_to", sa.Text), trigger=TurnTrigger.NEW, where=target.c.new_turn
+    )
     return (
         sa.select(
             target.c.id,

@@ -49,6 +49,7 @@ from agent_router.store import (
     answer_route,
     budgets,
     claim_statement,
+    end_statement,
     faults,
     jobs,
     lifecycle,
@@ -276,6 +277,15 @@ class Store:
     def end_turn(
         self, turn: TurnRecord, *, failed: bool = False, error: str | None = None
     ) -> EndOfTurn:
+        """End the turn (:func:`turns.end_turn`). On PostgreSQL the common end (nothing left to
+        close, no question waiting, no stop requested) is first tried as one statement that is
+        its own transaction (one round trip); the general way decides the rest."""
+        if end_statement.eligible(self.settings):
+            ended = end_statement.end_alone(self.engine, turn, failed=failed, error=error)
+            if ended is not None:
+                result, entries = ended
+                self._published(entries)
+                return result
         with self._tx() as tx:
             return turns.end_turn(tx, turn, failed=failed, error=error)
 
