@@ -122,3 +122,44 @@ def test_each_revision_states_the_ledger_labels_it_starts_from(fresh_pg_url: str
         assert tuple(at_0001) == budgets.OLD_ACTIONS
     engine.dispose()
     assert [a.value for a in LedgerAction] == [*budgets.OLD_ACTIONS, *budgets.NEW_ACTIONS]
+
+
+def test_0005_counts_each_transcript_from_the_entries_it_already_holds(
+    tmp_path: Path, fresh_pg_url: str
+) -> None:
+    """An agent whose transcript was written before 0005 gets its next position from its last
+    entry: the next append after the upgrade goes after it, on both backends; 0005 goes back."""
+    from agent_router import Router, Settings
+
+    for url in (f"sqlite:///{tmp_path / 'p.db'}", fresh_pg_url):
+        upgrade(url)
+        router = Router(Settings(database_url=url))
+        team = router.create_team(lead_system_prompt="You lead.")
+        router.send(team.id, to="Team Leader", content="first")
+        turn = router.claim_turn(team.id, "Team Leader")
+        assert turn is not None
+        turn.drain()
+        turn.append_assistant({"role": "assistant", "content": "done"})
+        turn.end()
+        router.close()
+        downgrade(url, "0004")
+        upgrade(url)
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            counters = conn.execute(
+                sa.text("SELECT display_name, next_position FROM ar_agents ORDER BY id")
+            ).all()
+        engine.dispose()
+        # The system prompt, the message and the reply: positions 0 to 2.
+        assert counters == [("Team Leader", 3)]
+        router = Router(Settings(database_url=url))
+        router.send(team.id, to="Team Leader", content="second")
+        turn = router.claim_turn(team.id, "Team Leader")
+        assert turn is not None
+        turn.drain()
+        turn.append_assistant({"role": "assistant", "content": "again"})
+        entries = router.store.reads.transcript_entries(turn.agent_id)
+        router.close()
+        assert [e["position"] for e in entries] == [0, 1, 2, 3, 4]
+        assert [e["payload"]["role"] for e in entries][2:] == ["assistant", "user", "assistant"]
+        assert entries[-1]["payload"]["content"] == "again"

@@ -89,9 +89,11 @@ JOIN ar_turns t ON t.agent_id = a.id AND t.epoch = a.epoch + 1 + (g - 1) / %(per
 _ADD_TRANSCRIPT = """
 INSERT INTO ar_transcript_entries (agent_id, position, role, payload, message_id, turn_id,
                                    created_at)
-SELECT m.target_agent_id, m.seq - 1, 'user',
-       jsonb_build_object('role', 'user', 'content', m.content), m.id, m.consumed_turn_id, now()
-FROM ar_messages m WHERE m.id > %(after)s
+SELECT m.target_agent_id,
+       a.next_position - 1 + row_number() OVER (PARTITION BY m.target_agent_id ORDER BY m.seq),
+       'user', jsonb_build_object('role', 'user', 'content', m.content), m.id,
+       m.consumed_turn_id, now()
+FROM ar_messages m JOIN ar_agents a ON a.id = m.target_agent_id WHERE m.id > %(after)s
 """
 _ADD_LEDGER = """
 INSERT INTO ar_ledger (team_id, agent_id, action, outcome, message_id, turn_id, epoch, detail,
@@ -125,7 +127,8 @@ JOIN ar_agents lead ON lead.team_id = t.team_id AND lead.is_lead
 WHERE t.id > %(after_turn)s
 """
 _ADVANCE_AGENTS = """
-UPDATE ar_agents SET epoch = epoch + %(turns)s, next_seq = next_seq + %(turns)s * %(per)s
+UPDATE ar_agents SET epoch = epoch + %(turns)s, next_seq = next_seq + %(turns)s * %(per)s,
+                     next_position = next_position + %(turns)s * %(per)s
 """
 
 

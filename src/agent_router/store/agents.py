@@ -130,13 +130,14 @@ def insert_agent(
             role=role,
             is_lead=is_lead,
             state=AgentState.IDLE,
+            next_position=0,
             system_prompt=system_prompt,
             runner=runner,
         )
     )
     if system_prompt:
         queries.append(
-            tx.session, agent.id, {"role": "system", "content": system_prompt}, turn_id=None
+            tx.session, agent, {"role": "system", "content": system_prompt}, turn_id=None
         )
     return agent
 

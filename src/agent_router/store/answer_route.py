@@ -47,7 +47,7 @@ from agent_router.domain import (
     RouteOutcome,
 )
 from agent_router.settings import Settings
-from agent_router.store import decisions, driver, queries
+from agent_router.store import decisions, driver
 from agent_router.store.models import (
     AgentRow,
     LedgerActionType,
@@ -241,6 +241,7 @@ def _go() -> sa.CTE:
             agent.id.label("agent_id"),
             agent.epoch,
             agent.next_seq,
+            agent.next_position,
             live_sender_id().label("source_id"),
         )
         .where(
@@ -325,8 +326,12 @@ def _writes(go: sa.CTE) -> list[sa.CTE]:
     now = go.c.now
     moved = (
         sa.update(_agents)
-        .where(agent.id == sa.select(go.c.agent_id).scalar_subquery())
-        .values(next_seq=agent.next_seq + _ONE, state=constant(AgentState.RUNNING))
+        .where(agent.id == go.c.agent_id)
+        .values(
+            next_seq=agent.next_seq + _ONE,
+            next_position=agent.next_position + _ONE,
+            state=constant(AgentState.RUNNING),
+        )
         .cte("mv")
     )
     message = _insert(
@@ -348,36 +353,40 @@ def _writes(go: sa.CTE) -> list[sa.CTE]:
     ).cte("msg")
     answered = (
         sa.update(_questions)
-        .where(question.id == sa.select(go.c.question_id).scalar_subquery())
+        .where(question.id == go.c.question_id)
         .values(
             status=constant(QuestionStatus.ANSWERED),
             waiting=sa.false(),
-            answer_message_id=sa.select(go.c.message_id).scalar_subquery(),
-            closed_at=sa.select(go.c.now).scalar_subquery(),
+            answer_message_id=go.c.message_id,
+            closed_at=now,
         )
         .cte("ans")
     )
+    return [moved, message, answered, _tool_result(go)]
+
+
+def _tool_result(go: sa.CTE) -> sa.CTE:
+    """The tool result at the end of the asker's transcript, at the position its locked row
+    holds (the row as it is once the lock is had, so an append that committed while the
+    statement waited for the lock is counted); the row's counter is bumped with the move."""
     content = (
         _typed("e_before", sa.Text) + sa.cast(go.c.message_id, sa.Text) + _typed("e_after", sa.Text)
     )
     payload = {"role": constant("tool"), "tool_call_id": go.c.tool_call_id, "content": content}
     meta = {"message_id": go.c.message_id, "seq": go.c.next_seq}
-    # The tool result at the end of the asker's transcript (the asker's row is locked: no other
-    # append runs meanwhile).
-    entry = _insert(
+    return _insert(
         _entries,
         go,
         agent_id=go.c.agent_id,
-        position=queries.next_position(go.c.agent_id),
+        position=go.c.next_position,
         role=constant("tool"),
         payload=_object(payload),
         meta=_typed("e_meta", JSONB).op("||")(_object(meta)),
         message_id=go.c.message_id,
         tool_call_id=go.c.tool_call_id,
         turn_id=go.c.turn_id,
-        created_at=now,
+        created_at=go.c.now,
     ).cte("entry")
-    return [moved, message, answered, entry]
 
 
 def _object(fields: dict[str, Any]) -> sa.ColumnElement[Any]:

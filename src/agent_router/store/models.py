@@ -100,6 +100,9 @@ class AgentRow(Base):
     pending_trigger: Mapped[TurnTrigger | None] = mapped_column(TurnTriggerType)
     # Next per-target sequence number; bumped under the agent's row lock.
     next_seq: Mapped[int] = mapped_column(default=1)
+    # The position of the next entry of the agent's transcript; bumped under the agent's row
+    # lock by every append, so a writer that holds the lock reads the free position here.
+    next_position: Mapped[int] = mapped_column(default=0, server_default="0")
     system_prompt: Mapped[str | None] = mapped_column(sa.Text)
     # The lead asked a running turn to stop; the turn honours it at its next boundary.
     stop_requested: Mapped[bool] = mapped_column(default=False)

@@ -105,20 +105,8 @@ def open_tool_calls(session: Session, agent_id: int) -> list[str]:
     return [c for c in calls if c not in answered]
 
 
-def next_position(agent_id: Any) -> sa.ScalarSelect[Any]:
-    """The position after the last entry of ``agent_id``'s transcript (0 for an empty one): the
-    writer holds the agent's row lock, so no other append to this transcript runs meanwhile."""
-    return (
-        sa.select(sa.func.coalesce(sa.func.max(TranscriptEntryRow.position) + 1, 0))
-        .where(TranscriptEntryRow.agent_id == agent_id)
-        .scalar_subquery()
-    )
-
-
 # Built once (appends and waiter lookups run on the hot path of every resolved wait).
-_APPEND = sa.insert(cast("sa.Table", TranscriptEntryRow.__table__)).values(
-    position=next_position(sa.bindparam("b_agent"))
-)
+_APPEND = sa.insert(cast("sa.Table", TranscriptEntryRow.__table__))
 
 _WAITER_TURN = sa.select(TurnRow.id).where(
     TurnRow.agent_id == sa.bindparam("agent_id"), TurnRow.epoch == sa.bindparam("epoch")
@@ -127,19 +115,23 @@ _WAITER_TURN = sa.select(TurnRow.id).where(
 
 def append(
     session: Session,
-    agent_id: int,
+    agent: AgentRow,
     payload: dict[str, Any],
     *,
     turn_id: int | None,
     message_id: int | None = None,
     meta: dict[str, Any] | None = None,
 ) -> None:
-    """One transcript entry at the end of ``agent_id``'s transcript, in one statement."""
+    """One transcript entry at the end of ``agent``'s transcript, in one statement. The agent's
+    row is locked (or was inserted in this transaction): its ``next_position`` is free, and is
+    bumped with the agent's row."""
+    position = agent.next_position
+    agent.next_position = position + 1
     session.execute(
         _APPEND,
         {
-            "b_agent": agent_id,
-            "agent_id": agent_id,
+            "agent_id": agent.id,
+            "position": position,
             "role": payload["role"],
             "payload": payload,
             "meta": meta,

@@ -394,7 +394,7 @@ def end_wait(
     waiter continues (:func:`continue_waiter`)."""
     queries.append(
         tx.session,
-        waiter.id,
+        waiter,
         {"role": "tool", "tool_call_id": question.tool_call_id, "content": tool_result},
         turn_id=turn_id,
         message_id=message_id,

@@ -165,10 +165,8 @@ def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message
     agent = _drainable(tx, turn)
     # Core rows and two set-based statements: a drain of a thousand messages is one
     # SELECT, one multi-row INSERT and one UPDATE, not a unit of work per message.
-    # The transcript's next position comes with the rows (evaluated once: it names no row).
-    next_position = queries.next_position(agent.id).label("next_position")
     rows = session.execute(
-        sa.select(MessageRow.__table__, next_position)
+        sa.select(MessageRow.__table__)
         .where(
             MessageRow.target_agent_id == agent.id,
             MessageRow.status == MessageStatus.PENDING,
@@ -233,7 +231,8 @@ def _into_transcript(
     tx: Tx, agent: AgentRow, turn: TurnRecord, rows: Sequence[sa.Row[Any]], now: datetime
 ) -> list[Message]:
     """The drained messages as user entries of the transcript, in one multi-row INSERT."""
-    position = int(rows[0].next_position)
+    position = agent.next_position
+    agent.next_position = position + len(rows)
     delivered = [
         values.message(
             row._mapping,
@@ -312,7 +311,7 @@ def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
     _refuse_open_tool_calls(
         tx, agent, turn, "append_assistant", "need results before the next assistant message"
     )
-    queries.append(tx.session, agent.id, payload, turn_id=turn.id)
+    queries.append(tx.session, agent, payload, turn_id=turn.id)
 
 
 def append_tool_result(tx: Tx, turn: TurnRecord, tool_call_id: str, content: str) -> None:
@@ -329,7 +328,7 @@ def append_tool_result(tx: Tx, turn: TurnRecord, tool_call_id: str, content: str
         )
     queries.append(
         tx.session,
-        agent.id,
+        agent,
         {"role": "tool", "tool_call_id": tool_call_id, "content": content},
         turn_id=turn.id,
     )
@@ -344,7 +343,7 @@ def close_dangling(
             continue
         queries.append(
             tx.session,
-            agent.id,
+            agent,
             {"role": "tool", "tool_call_id": call_id, "content": result},
             turn_id=turn_id,
             meta={"synthetic": result.split(":", 1)[0]},
