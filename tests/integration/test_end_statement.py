@@ -1,10 +1,10 @@
 """On PostgreSQL the common end of a turn is one statement. It must write exactly what the
 general way writes: the same turn, agent state, ledger events, outbox row and transcript, ended
 or failed, with wake mail pending or not; and every end it does not take (a stop requested, a
-question waiting, tool calls of the last assistant message, a stale turn) must come out of the
-general way unchanged. Each case is ended twice, in two teams built alike: once as it is, once
-with the one statement switched off. A message routed while the statement waits for the
-agent's lock is never missed."""
+question waiting, a tool call of the last assistant message without its result, a stale turn)
+must come out of the general way unchanged. Each case is ended twice, in two teams built
+alike: once as it is, once with the one statement switched off. A message routed while the
+statement waits for the agent's lock is never missed."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ SETUPS = {
     "wake mail pending": True,
     "quiet mail pending": True,
     "host-owned, wake mail pending": True,
-    "tool calls answered": False,
+    "tool calls answered": True,
     "tool call open": False,
     "stop requested": False,
     "question waiting": False,

@@ -7,8 +7,8 @@ pending wake messages, then writes the turn ended, the agent moved and the ledge
 round trips between ``BEGIN`` and ``COMMIT``. Here one data-modifying statement does the same
 for the common end: the agent ``running`` in the turn's epoch with no stop requested (a failed
 turn ignores a stop request, as the general way does), the turn ``running``, no question
-waiting, and a last assistant message without tool calls (or none at all), so that no tool
-call is left to close. It locks the agent (``FOR NO KEY UPDATE``, as the general way does),
+waiting, and no tool call of the last assistant message without its result, so that none is
+left to close. It locks the agent (``FOR NO KEY UPDATE``, as the general way does),
 ends the turn, moves the agent to ``completed``, or, when wake messages are pending, schedules
 exactly one follow-up turn in the next epoch with its turn task's outbox row, and writes the
 ``turn_ended`` (and ``follow_up``) events. Any other end writes nothing here and goes the
@@ -18,7 +18,8 @@ A single statement reads with the snapshot taken when it began, and only its loc
 back as it is once the lock is had; what it reads of the mailbox and the questions must be no
 older than the lock, or a message routed while the statement waited for the lock would be
 missed and the agent left ``completed`` with wake mail pending. Every transaction that routes
-a message to the agent, answers its question or moves it changes the agent's row, so the
+a message to the agent, answers its question, appends to its transcript (which bumps the
+agent's transcript counter) or moves it changes the agent's row, so the
 statement matches only when the locked row is the version its snapshot sees (the same
 ``xmin``): nothing changed the agent between the two, and its reads are current. Otherwise it
 writes nothing and the general way, whose statements each read after the lock, decides.
@@ -49,6 +50,7 @@ from agent_router.domain import (
 )
 from agent_router.settings import Settings
 from agent_router.store import driver
+from agent_router.store.append_statement import open_tool_call_ids
 from agent_router.store.models import (
     AgentRow,
     AgentStateType,
@@ -56,7 +58,6 @@ from agent_router.store.models import (
     LedgerRow,
     MessageRow,
     QuestionRow,
-    TranscriptEntryRow,
     TurnRow,
     TurnStatusType,
     TurnTriggerType,
@@ -64,9 +65,8 @@ from agent_router.store.models import (
 from agent_router.store.one_statement import constant, insert_from, param, turn_task
 from agent_router.store.tx import ledger_row, log_event
 
-_agents, _turns, _ledger, _messages, _questions, _transcript = (
-    cast("sa.Table", r.__table__)
-    for r in (AgentRow, TurnRow, LedgerRow, MessageRow, QuestionRow, TranscriptEntryRow)
+_agents, _turns, _ledger, _messages, _questions = (
+    cast("sa.Table", r.__table__) for r in (AgentRow, TurnRow, LedgerRow, MessageRow, QuestionRow)
 )
 
 #: An ended turn's result and the outbox rows its statement wrote (published after it).
@@ -124,25 +124,6 @@ def end_alone(engine: Engine, turn: TurnRecord, *, failed: bool, error: str | No
     return EndOfTurn(follow_up=follow_up, state=state, epoch=found["epoch"]), entries
 
 
-def _no_tool_calls() -> sa.ColumnElement[bool]:
-    """The agent's last assistant message has no tool calls (absent, null or empty), or it
-    has no assistant message: no tool call of it can be open."""
-    entry = _transcript.c
-    last = (
-        sa.select(entry.payload["tool_calls"].label("calls"))
-        .where(entry.agent_id == sa.bindparam("b_agent"), entry.role == constant("assistant"))
-        .order_by(entry.position.desc())
-        .limit(1)
-        .subquery("la")
-    )
-    calls = sa.type_coerce(last.c.calls, JSONB)
-    empty = sa.or_(
-        sa.func.coalesce(sa.func.jsonb_typeof(calls), constant("null")) == constant("null"),
-        calls == sa.literal_column("'[]'::jsonb", JSONB),
-    )
-    return ~sa.exists(sa.select(sa.literal(1)).select_from(last).where(~empty))
-
-
 def _locked() -> sa.CTE:
     """The agent, locked, if the turn's end may be written here: ``running`` in the turn's
     epoch, no stop requested (unless the turn failed), no question waiting, no tool call open,
@@ -174,7 +155,7 @@ def _locked() -> sa.CTE:
             .where(seen.c.id == sa.bindparam("b_agent"))
             .scalar_subquery(),
             ~sa.exists().where(question.asker_agent_id == agent.id, question.waiting.is_(True)),
-            _no_tool_calls(),
+            ~sa.exists(open_tool_call_ids(sa.bindparam("b_agent"))),
         )
         .with_for_update(of=_agents, key_share=True)
         # Materialized: the agent is locked as the CTE is read, before anything is written.

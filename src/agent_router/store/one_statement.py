@@ -216,7 +216,7 @@ def insert_from(
 def live_sender_id() -> sa.ScalarSelect[Any]:
     """The id of the agent named ``b_sender`` in team ``b_team``, unless it is terminated
     (``NULL``: no such live agent)."""
-    sender = _agents.alias("sender")
+    sender = _agents.alias("s")
     return (
         sa.select(sender.c.id)
         .where(

@@ -47,6 +47,7 @@ from agent_router.settings import Settings
 from agent_router.store import (
     agents,
     answer_route,
+    append_statement,
     budgets,
     claim_statement,
     end_statement,
@@ -262,14 +263,30 @@ class Store:
 
     @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
+        """Append the model's reply (:func:`turns.append_assistant`); on PostgreSQL first tried
+        as one statement that is its own transaction (one round trip)."""
         payload = turns.validate_assistant(message)
+        if append_statement.eligible(self.settings) and append_statement.append_alone(
+            self.engine, turn, payload, tool_call_id=None
+        ):
+            return
         with self._tx() as tx:
             turns.append_assistant(tx, turn, payload)
 
     @faults.retrying
     def append_tool_result(self, turn: TurnRecord, tool_call_id: str, content: str) -> None:
+        """Append the result of an open tool call (:func:`turns.append_tool_result`); on
+        PostgreSQL first tried as one statement that is its own transaction."""
         if not isinstance(content, str):
             raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
+        payload = {"role": "tool", "tool_call_id": tool_call_id, "content": content}
+        # An id that is not a string matches no open call: the general way refuses it.
+        if (
+            append_statement.eligible(self.settings)
+            and isinstance(tool_call_id, str)
+            and append_statement.append_alone(self.engine, turn, payload, tool_call_id=tool_call_id)
+        ):
+            return
         with self._tx() as tx:
             turns.append_tool_result(tx, turn, tool_call_id, content)
 
