@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy import event
 
 from agent_router import Router, Turn
@@ -68,3 +70,26 @@ def statements_sent(router: Router) -> Iterator[list[str]]:
     with statements_in_autocommit(router) as both:
         yield seen
     seen.extend(statement for statement, _ in both)
+
+
+def lock_waiters(conn: sa.Connection) -> list[str]:
+    """The statements of this database that wait for a lock, oldest first."""
+    # pg_stat_activity is read once per transaction unless its snapshot is cleared.
+    conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+    return list(
+        conn.execute(
+            sa.text(
+                "SELECT query FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' ORDER BY query_start"
+            )
+        ).scalars()
+    )
+
+
+def until_lock_waiters(conn: sa.Connection, n: int) -> None:
+    """Until ``n`` statements of this database wait for a lock."""
+    for _ in range(1000):
+        if len(lock_waiters(conn)) >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{n} statements never waited for the lock")

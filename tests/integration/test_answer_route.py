@@ -349,17 +349,6 @@ def test_a_woken_call_rereads_its_question_in_one_round_trip(pg_router: Router) 
     assert autocommit[1:-1] == [("WITH", True)]
 
 
-def test_the_statement_fits_the_drivers_statement_cache() -> None:
-    """psycopg converts a query's parameters once and caches it only up to this length."""
-    from psycopg import _queries
-    from sqlalchemy.dialects import postgresql
-
-    statement = answer_route._STATEMENT
-    assert statement._generate_cache_key() is not None  # SQLAlchemy compiles it once
-    text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
-    assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
-
-
 def test_an_answer_racing_the_deadline_and_other_senders(pg_router: Router) -> None:
     """The answer, the sweeper's expiry of the same question and messages from other senders
     race, many times: no deadlock, no error, the question closes once (answered or expired),

@@ -8,7 +8,6 @@ agent's lock never makes the two collide."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +19,13 @@ from agent_router.errors import AgentRouterError
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import append_statement, routing, turns
 
-from .helpers import assistant, start_running, statements_in_autocommit, tool_call
+from .helpers import (
+    assistant,
+    start_running,
+    statements_in_autocommit,
+    tool_call,
+    until_lock_waiters,
+)
 
 
 @pytest.fixture
@@ -147,33 +152,6 @@ def test_an_append_is_one_statement(pg_router: Router, case: str) -> None:
         assert general and not any(a for _, a in general)
 
 
-def test_the_statement_fits_the_drivers_statement_cache() -> None:
-    from psycopg import _queries
-    from sqlalchemy.dialects import postgresql
-
-    statement = append_statement._STATEMENT
-    assert statement._generate_cache_key() is not None  # SQLAlchemy compiles it once
-    text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
-    assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
-
-
-def _until_waiting(conn: sa.Connection, n: int) -> None:
-    """Until ``n`` statements of this database wait for a lock."""
-    for _ in range(1000):
-        # pg_stat_activity is read once per transaction unless its snapshot is cleared.
-        conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
-        waiting = conn.execute(
-            sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock'"
-            )
-        ).scalar_one()
-        if waiting >= n:
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"{n} statements never waited for the lock")
-
-
 @pytest.mark.parametrize("first", ["answer", "append"])
 def test_an_answer_appending_while_the_statement_waits_for_the_lock_takes_its_own_place(
     pg_router: Router, monkeypatch: pytest.MonkeyPatch, first: str
@@ -240,7 +218,7 @@ def test_an_answer_appending_while_the_statement_waits_for_the_lock_takes_its_ow
                 for n, name in enumerate(order, start=1):
                     threads.append(threading.Thread(target=run, args=(calls[name],)))
                     threads[-1].start()
-                    _until_waiting(conn, n)
+                    until_lock_waiters(conn, n)
                 conn.rollback()
                 for thread in threads:
                     thread.join(30)

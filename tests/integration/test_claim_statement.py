@@ -180,16 +180,6 @@ def test_a_claim_that_only_counts_the_turn_is_one_statement(
     assert [t.status.value for t in pg_router.store.reads.turns(agent)] == ["running"]
 
 
-def test_the_statement_fits_the_drivers_statement_cache() -> None:
-    from psycopg import _queries
-    from sqlalchemy.dialects import postgresql
-
-    statement = claim_statement._STATEMENT
-    assert statement._generate_cache_key() is not None  # SQLAlchemy compiles it once
-    text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
-    assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
-
-
 def test_racing_claims_of_one_turn_claim_it_once(pg_router: Router) -> None:
     """Duplicate deliveries of one turn task race on the statement, many times: one claims,
     the others get nothing, and the turn and the budget are counted once."""

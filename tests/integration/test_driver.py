@@ -1,9 +1,10 @@
 """The statements that are their own transaction (a send that needs no question, an answer to
-the agent waiting on it, a claim that only counts its turn, the common end of a turn) go
-straight to the driver when nothing watches the engine's statements, and through SQLAlchemy when
-a listener does; either way the pooled connection goes back to the pool as it was taken, and a
-database error is the store's own. What they write is checked against the general way in the
-tests of each statement, which run on the driver."""
+the agent waiting on it, a claim that only counts its turn, the common end of a turn, a
+transcript append) go straight to the driver when nothing watches the engine's statements, and
+through SQLAlchemy when a listener does; either way the pooled connection goes back to the pool
+as it was taken, and a database error is the store's own. Each fits psycopg's cache of
+converted queries. What they write is checked against the general way in the tests of each
+statement, which run on the driver."""
 
 from __future__ import annotations
 
@@ -16,19 +17,28 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from agent_router import CommitUnknownError, MessageType, Router, Settings, StoreError
-from agent_router.store import answer_route, claim_statement, driver, end_statement, one_statement
+from agent_router.store import (
+    answer_route,
+    append_statement,
+    claim_statement,
+    driver,
+    end_statement,
+    one_statement,
+)
 from agent_router.store.values import SendRequest
 
 from .helpers import assistant, start_running, tool_call
 
-#: The statements that are their own transaction.
-ALONE = {
-    id(one_statement._STATEMENTS[False]): "send",
-    id(one_statement._STATEMENTS[True]): "send from outside",
-    id(answer_route._STATEMENT): "answer",
-    id(claim_statement._STATEMENT): "claim",
-    id(end_statement._STATEMENT): "end",
+#: The statements that are their own transaction, by name.
+STATEMENTS: dict[str, Any] = {
+    "send": one_statement._STATEMENTS[False],
+    "send from outside": one_statement._STATEMENTS[True],
+    "answer": answer_route._STATEMENT,
+    "claim": claim_statement._STATEMENT,
+    "end": end_statement._STATEMENT,
+    "append": append_statement._STATEMENT,
 }
+ALONE = {id(statement): name for name, statement in STATEMENTS.items()}
 
 
 @pytest.fixture
@@ -40,8 +50,8 @@ def pg_router(pg_schema_url: str) -> Iterator[Router]:
 
 
 def _each_statement(router: Router) -> None:
-    """A claim, a send from outside, a send from an agent, an answer to the agent waiting on
-    its question and the end of its turn."""
+    """A claim, a send from outside, a send from an agent, appends, an answer to the agent
+    waiting on its question and the end of its turn."""
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")
     turn = start_running(router, team.id, "Engineer_1")
@@ -85,8 +95,22 @@ def test_the_statements_alone_skip_sqlalchemys_execution_unless_watched(
         event.remove(engine, "before_execute", execute)
         if watched:
             event.remove(engine, "before_cursor_execute", cursor)
-    expected = ["send from outside", "claim", "send from outside", "send", "answer", "end"]
+    expected = ["send from outside", "claim", "send from outside", "send", "append", "answer"]
+    expected += ["append", "end"]
     assert executed == (expected if watched else [])
+
+
+@pytest.mark.parametrize("name", list(STATEMENTS))
+def test_each_statement_alone_fits_the_drivers_statement_cache(name: str) -> None:
+    """psycopg converts a query's parameters once and caches it only up to this length; a
+    longer statement is converted again on every call. SQLAlchemy compiles each once."""
+    from psycopg import _queries
+    from sqlalchemy.dialects import postgresql
+
+    statement = STATEMENTS[name]
+    assert statement._generate_cache_key() is not None
+    text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
+    assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
 
 
 def _pooled(engine: sa.Engine) -> int:

@@ -9,7 +9,6 @@ statement waits for the agent's lock is never missed."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,7 +22,13 @@ from agent_router.outbox import RecordingPublisher
 from agent_router.store import end_statement, turns
 from agent_router.store.models import TurnRow
 
-from .helpers import assistant, start_running, statements_in_autocommit, tool_call
+from .helpers import (
+    assistant,
+    start_running,
+    statements_in_autocommit,
+    tool_call,
+    until_lock_waiters,
+)
 
 
 @pytest.fixture
@@ -155,38 +160,6 @@ def test_the_common_end_is_one_statement(pg_router: Router, setup: str) -> None:
         assert general and not any(a for _, a in general)
 
 
-def test_the_statement_fits_the_drivers_statement_cache() -> None:
-    from psycopg import _queries
-    from sqlalchemy.dialects import postgresql
-
-    statement = end_statement._STATEMENT
-    assert statement._generate_cache_key() is not None  # SQLAlchemy compiles it once
-    text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
-    assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
-
-
-def _lock_waiters(conn: sa.Connection) -> list[str]:
-    """The statements of this database that wait for a lock, oldest first."""
-    # pg_stat_activity is read once per transaction unless its snapshot is cleared.
-    conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
-    return list(
-        conn.execute(
-            sa.text(
-                "SELECT query FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' ORDER BY query_start"
-            )
-        ).scalars()
-    )
-
-
-def _until_waiting(conn: sa.Connection, n: int) -> None:
-    for _ in range(1000):
-        if len(_lock_waiters(conn)) >= n:
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"{n} statements never waited for the lock")
-
-
 def _queued(
     router: Router, agent_id: int, first: Callable[[], Any], second: Callable[[], Any]
 ) -> tuple[Any, Any]:
@@ -207,9 +180,9 @@ def _queued(
                 sa.text("SELECT 1 FROM ar_agents WHERE id = :id FOR UPDATE"), {"id": agent_id}
             )
             threads = [run("first", first)]
-            _until_waiting(conn, 1)
+            until_lock_waiters(conn, 1)
             threads.append(run("second", second))
-            _until_waiting(conn, 2)
+            until_lock_waiters(conn, 2)
             conn.rollback()
             for thread in threads:
                 thread.join(30)

@@ -210,17 +210,6 @@ def test_a_send_the_statement_does_not_route_goes_the_general_way_without_repeat
     assert first not in [s for s, _ in general]
 
 
-def test_the_statement_fits_the_drivers_statement_cache() -> None:
-    """psycopg converts a query's parameters once and caches it only up to this length; a
-    longer statement is parsed again on every send."""
-    from psycopg import _queries
-    from sqlalchemy.dialects import postgresql
-
-    for statement in one_statement._STATEMENTS.values():
-        text = str(statement.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
-        assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
-
-
 def test_concurrent_sends_to_an_idle_agent_start_one_turn_and_keep_sequence(
     pg_router: Router,
 ) -> None:

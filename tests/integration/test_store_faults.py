@@ -320,3 +320,26 @@ def test_a_connection_lost_during_the_end_statement_is_commit_unknown(
             turn.end()
     ended = [e for e in pg_router.ledger(team.id) if e.action.value == "turn_ended"]
     assert len(ended) == 1
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["driver", "sqlalchemy"])
+def test_a_connection_lost_during_the_append_statement_is_commit_unknown(
+    pg_router: Router, watched: bool
+) -> None:
+    """A transcript append is one statement in autocommit: a connection lost during it is
+    CommitUnknownError (the built-in loop then leaves the turn to recovery). Here the backend
+    is cut while the statement waits for the agent's lock: nothing was written, and the reply
+    appended again lands once, at the next position."""
+    team = pg_router.create_team()
+    agent = pg_router.create_agent(team.id, role="Engineer")
+    turn = start_running(pg_router, team.id, "Engineer_1")
+    before = pg_router.transcript(team.id, "Engineer_1")
+    reply = assistant("done")
+    with _watched(pg_router, watched):
+        error = _cut_while_blocked(pg_router, agent.id, lambda: turn.append_assistant(reply))
+        assert isinstance(error, CommitUnknownError) and error.transient
+        assert pg_router.transcript(team.id, "Engineer_1") == before
+        turn.append_assistant(reply)
+    assert pg_router.transcript(team.id, "Engineer_1") == [*before, reply]
+    positions = [e["position"] for e in pg_router.store.reads.transcript_entries(agent.id)]
+    assert positions == list(range(len(before) + 1))
