@@ -68,6 +68,28 @@ def test_status_on_a_database_without_the_schema(fresh_pg_url: str) -> None:
     assert "no agent-router schema" in line
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_schema_behind_this_release_is_one_line_until_upgraded(
+    backend: str, fresh_pg_url: str, tmp_path: Path
+) -> None:
+    """A database migrated by an older release: the worker (and doctor) refuse it with the
+    revision it is at and the one this release needs; a command that reads it says the schema
+    is older than the release; both take it once it is upgraded."""
+    from agent_router.store import migrate
+
+    url = f"sqlite:///{tmp_path / 'old.db'}" if backend == "sqlite" else fresh_pg_url
+    migrate.upgrade(url, "0004")
+    for command in (["worker", "--broker-url", DOWN_REDIS], ["doctor"]):
+        proc = run(*command, "--database-url", url)
+        assert proc.returncode == 1
+        assert f"at revision 0004; this release's is {migrate.head()}" in proc.stderr + proc.stdout
+    line = one_error_line(run("status", "--database-url", url), hint="db upgrade")
+    assert "schema is older than this release" in line
+    migrate.upgrade(url)
+    proc = run("status", "--json", "--database-url", url)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_unreachable_database_and_invalid_setting() -> None:
     url = "postgresql+psycopg://root@127.0.0.1:1/nothing"
     one_error_line(run("status", "--database-url", url), hint="--database-url")

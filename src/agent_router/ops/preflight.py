@@ -116,6 +116,18 @@ def schema(database_url: str) -> Check:
             f"the database {redact(database_url)} has no agent-router schema",
             UPGRADE_HINT,
         )
+    from agent_router.store import migrate
+
+    # A schema created without migrations (``Router.create_schema``) records no revision.
+    revision, wanted = migrate.current(database_url), migrate.head()
+    if revision is not None and revision != wanted:
+        return Check(
+            "schema",
+            False,
+            f"the database {redact(database_url)} has the agent-router schema at revision "
+            f"{revision}; this release's is {wanted}",
+            "upgrade it with `agent-router db upgrade --database-url URL` before the workers start",
+        )
     return Check("schema", True, "the router's tables exist")
 
 

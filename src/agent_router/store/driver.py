@@ -1,13 +1,13 @@
 """A statement that is its own transaction, sent on the driver's own connection.
 
-The hot statements (a route, an answer, a claim) are each one round trip in autocommit. Sent
-through SQLAlchemy's execution layer, the Python around that round trip (the compiled cache's
-lookup, the execution context, the cursor's description, the result's metadata) costs several
-times the driver's own work, and with several senders in one process it is what they queue for.
-Here each statement is compiled once for the engine's dialect; a call converts its parameters
-with the column types' own bind processors, sends the compiled text on the pooled connection's
-driver connection, and converts the one row it returns with the types' result processors: what
-SQLAlchemy does, without the layer around it.
+The hot statements (a route, an answer, a claim, an end, an append) are each one round trip in
+autocommit. Sent through SQLAlchemy's execution layer, the Python around that round trip (the
+compiled cache's lookup, the execution context, the cursor's description, the result's
+metadata) costs several times the driver's own work, and with several senders in one process
+it is what they queue for. Here each statement is compiled once for the engine's dialect; a
+call converts its parameters with the column types' own bind processors, sends the compiled
+text on the pooled connection's driver connection, and converts the one row it returns with
+the types' result processors: what SQLAlchemy does, without the layer around it.
 
 Listeners of the engine's ``before_cursor_execute`` or ``after_cursor_execute`` events (a host's
 tracing, a test watching statements) expect SQLAlchemy's execution context: when the engine has

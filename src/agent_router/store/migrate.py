@@ -59,6 +59,13 @@ def current(database_url: str) -> str | None:
         engine.dispose()
 
 
+def head() -> str:
+    """The newest revision this release ships."""
+    found = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    assert found is not None  # the history is never empty
+    return found
+
+
 def upgrade_connection(connection: sa.Connection, revision: str = "head") -> None:
     """Upgrade the router's schema on a host's ``connection``: for a host's Alembic ``env.py``,
     called after its own ``context.run_migrations()`` (it commits its own transaction)::

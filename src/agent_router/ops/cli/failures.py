@@ -22,6 +22,8 @@ class _Options:
 OPTIONS = _Options(traceback=os.environ.get("AGENT_ROUTER_TRACEBACK", "") not in ("", "0"))
 
 _SCHEMA_MISSING = ("no such table", "undefinedtable", "does not exist")
+#: A table is there but not a column this release reads: the schema is an older release's.
+_SCHEMA_BEHIND = ("no such column", "undefinedcolumn")
 
 
 def explain(exc: BaseException) -> tuple[str, str | None]:
@@ -46,12 +48,18 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
         )
     if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
         text = str(exc.orig)
+        said = f"{type(exc.orig).__name__} {text}".lower()
         if isinstance(exc, sqlalchemy.exc.ProgrammingError | sqlalchemy.exc.OperationalError) and (
-            any(s in f"{type(exc.orig).__name__} {text}".lower() for s in _SCHEMA_MISSING)
-            and ("ar_" in text)
+            any(s in said for s in _SCHEMA_MISSING + _SCHEMA_BEHIND) and ("ar_" in text)
         ):
+            line = text.splitlines()[0]
+            if any(s in said for s in _SCHEMA_BEHIND):
+                return (
+                    f"the database's agent-router schema is older than this release ({line})",
+                    "upgrade it with `agent-router db upgrade --database-url URL`",
+                )
             return (
-                f"the database has no agent-router schema ({text.splitlines()[0]})",
+                f"the database has no agent-router schema ({line})",
                 "create it with `agent-router db upgrade --database-url URL`",
             )
         if isinstance(exc, sqlalchemy.exc.OperationalError):
