@@ -7,8 +7,12 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agent_router import errors
+
+if TYPE_CHECKING:
+    import sqlalchemy.exc
 
 #: Exit status of every failure reported on one line (usage errors exit 2, as Click's do).
 EXIT_FAILURE = 1
@@ -47,27 +51,7 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
             "docs/configuration.md lists every setting and its AGENT_ROUTER_* variable"
         )
     if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
-        text = str(exc.orig)
-        said = f"{type(exc.orig).__name__} {text}".lower()
-        if isinstance(exc, sqlalchemy.exc.ProgrammingError | sqlalchemy.exc.OperationalError) and (
-            any(s in said for s in _SCHEMA_MISSING + _SCHEMA_BEHIND) and ("ar_" in text)
-        ):
-            line = text.splitlines()[0]
-            if any(s in said for s in _SCHEMA_BEHIND):
-                return (
-                    f"the database's agent-router schema is older than this release ({line})",
-                    "upgrade it with `agent-router db upgrade --database-url URL`",
-                )
-            return (
-                f"the database has no agent-router schema ({line})",
-                "create it with `agent-router db upgrade --database-url URL`",
-            )
-        if isinstance(exc, sqlalchemy.exc.OperationalError):
-            return f"database error: {text}", (
-                "check --database-url (or AGENT_ROUTER_DATABASE_URL); `agent-router doctor` "
-                "checks every service"
-            )
-        return f"database error: {text}", hint
+        return _database(exc, hint)
     if isinstance(exc, redis.RedisError):
         return f"Redis error: {exc}", "is Redis running? `agent-router doctor` checks it"
     if isinstance(exc, kombu.exceptions.OperationalError):
@@ -88,6 +72,33 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
     if isinstance(exc, ConnectionError | OSError):
         return f"{type(exc).__name__}: {exc}", hint or "`agent-router doctor` checks every service"
     return f"{type(exc).__name__}: {exc}", "run again with --traceback for the whole traceback"
+
+
+def _database(exc: sqlalchemy.exc.DBAPIError, hint: str | None) -> tuple[str, str | None]:
+    """A driver's error: a missing or older schema says so, a connection failure names the URL."""
+    import sqlalchemy.exc
+
+    text = str(exc.orig)
+    said = f"{type(exc.orig).__name__} {text}".lower()
+    if isinstance(exc, sqlalchemy.exc.ProgrammingError | sqlalchemy.exc.OperationalError) and (
+        any(s in said for s in _SCHEMA_MISSING + _SCHEMA_BEHIND) and ("ar_" in text)
+    ):
+        line = text.splitlines()[0]
+        if any(s in said for s in _SCHEMA_BEHIND):
+            return (
+                f"the database's agent-router schema is older than this release ({line})",
+                "upgrade it with `agent-router db upgrade --database-url URL`",
+            )
+        return (
+            f"the database has no agent-router schema ({line})",
+            "create it with `agent-router db upgrade --database-url URL`",
+        )
+    if isinstance(exc, sqlalchemy.exc.OperationalError):
+        return f"database error: {text}", (
+            "check --database-url (or AGENT_ROUTER_DATABASE_URL); `agent-router doctor` "
+            "checks every service"
+        )
+    return f"database error: {text}", hint
 
 
 def _squash(text: str) -> str:
