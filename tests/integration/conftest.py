@@ -1,5 +1,6 @@
 """Celery fixtures: real workers (in-process threads and a subprocess) on Redis (or RabbitMQ) +
-PostgreSQL.
+PostgreSQL; and a router on a PostgreSQL schema of its own that records the turn tasks it
+publishes.
 
 Each test gets its own Celery queue, so a worker never takes another test's (or another test
 session's) turn tasks from the shared Redis.
@@ -20,8 +21,9 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from kombu import Queue
 
-from agent_router import Settings
+from agent_router import Router, Settings
 from agent_router.ops.chaos_processes import PrivateRedis
+from agent_router.outbox import RecordingPublisher
 from agent_router.worker import runtime
 from agent_router.worker.celery_app import create_app
 from agent_router.worker.runtime import Runtime
@@ -29,6 +31,14 @@ from agent_router.worker.runtime import Runtime
 #: Worker threads: every agent of a test team can run at once.
 CONCURRENCY = 8
 WORKER_START_TIMEOUT = 60.0
+
+
+@pytest.fixture
+def pg_router(pg_schema_url: str) -> Iterator[Router]:
+    """A router on a PostgreSQL schema of its own, recording the turn tasks it publishes."""
+    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    yield router
+    router.close()
 
 
 @pytest.fixture

@@ -27,14 +27,6 @@ from agent_router.waker import InProcessWaker
 
 from .helpers import assistant, start_running, statements_in_autocommit, tool_call
 
-
-@pytest.fixture
-def pg_router(pg_schema_url: str) -> Iterator[Router]:
-    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
-    yield router
-    router.close()
-
-
 #: How the asker ``Engineer_1`` is left before the answer arrives.
 SETUPS = ["waiting", "suspended", "answered", "asked_another", "expired"]
 

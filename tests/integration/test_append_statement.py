@@ -8,15 +8,14 @@ agent's lock never makes the two collide."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from agent_router import MessageType, Router, Settings, Turn
+from agent_router import MessageType, Router, Turn
 from agent_router.errors import AgentRouterError
-from agent_router.outbox import RecordingPublisher
 from agent_router.store import append_statement, routing, turns
 
 from .helpers import (
@@ -26,13 +25,6 @@ from .helpers import (
     tool_call,
     until_lock_waiters,
 )
-
-
-@pytest.fixture
-def pg_router(pg_schema_url: str) -> Iterator[Router]:
-    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
-    yield router
-    router.close()
 
 
 def _nothing(turn: Turn) -> None:

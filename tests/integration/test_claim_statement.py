@@ -7,28 +7,18 @@ alike: once as it is, once with the one statement switched off."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from agent_router import Router, Settings
+from agent_router import Router
 from agent_router.domain import BudgetName, LedgerAction
 from agent_router.errors import HostOwnedTurnError
-from agent_router.outbox import RecordingPublisher
 from agent_router.store import claim_statement
 from agent_router.store.models import BudgetRow
 
 from .helpers import assistant, start_running, statements_in_autocommit, tool_call
-
-
-@pytest.fixture
-def pg_router(pg_schema_url: str) -> Iterator[Router]:
-    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
-    yield router
-    router.close()
-
 
 #: How ``Engineer_1`` is left before the claim.
 SETUPS = ["scheduled", "continuation", "idle", "running", "terminated"]

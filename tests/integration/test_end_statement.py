@@ -9,16 +9,15 @@ statement waits for the agent's lock is never missed."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from agent_router import Router, Settings, Turn
+from agent_router import Router, Turn
 from agent_router.domain import AgentState, RouteOutcome
 from agent_router.errors import AgentRouterError
-from agent_router.outbox import RecordingPublisher
 from agent_router.store import end_statement, turns
 from agent_router.store.models import TurnRow
 
@@ -29,14 +28,6 @@ from .helpers import (
     tool_call,
     until_lock_waiters,
 )
-
-
-@pytest.fixture
-def pg_router(pg_schema_url: str) -> Iterator[Router]:
-    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
-    yield router
-    router.close()
-
 
 #: How ``Engineer_1``'s running turn is left before it ends, and whether the one statement
 #: ends it (the rest go the general way).

@@ -9,24 +9,15 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from agent_router import AgentState, MessageType, RefusedError, Router, Settings
+from agent_router import AgentState, MessageType, RefusedError, Router
 from agent_router.domain import LedgerAction, MessageSubtype
-from agent_router.outbox import RecordingPublisher
 from agent_router.store import one_statement
 
 from .helpers import start_running, start_waiting, statements_in_autocommit
-
-
-@pytest.fixture
-def pg_router(pg_schema_url: str) -> Iterator[Router]:
-    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
-    yield router
-    router.close()
 
 
 def _team(router: Router, state: AgentState, runner: str | None) -> int:
