@@ -32,7 +32,7 @@ from agent_router.domain import BudgetName, OutboxKind
 from agent_router.outbox import RecordingPublisher
 
 from ..conftest import PG_ADMIN_URL
-from .helpers import assistant, start_running, tool_call
+from .helpers import assistant, start_running, tool_call, until_lock_waiters
 
 
 @pytest.fixture
@@ -343,3 +343,42 @@ def test_a_connection_lost_during_the_append_statement_is_commit_unknown(
     assert pg_router.transcript(team.id, "Engineer_1") == [*before, reply]
     positions = [e["position"] for e in pg_router.store.reads.transcript_entries(agent.id)]
     assert positions == list(range(len(before) + 1))
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["driver", "sqlalchemy"])
+def test_a_one_statement_send_that_the_server_ends_in_a_deadlock_runs_again(
+    pg_router: Router, watched: bool
+) -> None:
+    """A deadlock is broken by the server rolling one transaction back: nothing of it was
+    written, so the send runs again (never "commit unknown"). Here the lead's send to
+    Engineer_1 locks Engineer_1 and then waits for the lead's row (its sender's key), which a
+    second transaction holds and which then asks for Engineer_1: the send, which waited first,
+    is the one the server rolls back; run again, it delivers once."""
+    team = pg_router.create_team()
+    engineer = pg_router.create_agent(team.id, role="Engineer")
+    lead = pg_router.agent(team.id, "Team Leader")
+    holder = sa.create_engine(pg_router.store.engine.url)
+    outcome: list[Any] = []
+
+    def send() -> None:
+        try:
+            outcome.append(
+                pg_router.send(team.id, to="Engineer_1", content="deploy", sender="Team Leader")
+            )
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+
+    with _watched(pg_router, watched), holder.connect() as conn, holder.connect() as watcher:
+        # The holder's own deadlock check comes long after the send's (one second).
+        conn.execute(sa.text("SET LOCAL deadlock_timeout = '30s'"))
+        lock = sa.text("SELECT id FROM ar_agents WHERE id = :id FOR UPDATE")
+        conn.execute(lock, {"id": lead.id})
+        thread = threading.Thread(target=send)
+        thread.start()
+        until_lock_waiters(watcher, 1)
+        conn.execute(lock, {"id": engineer.id})  # the cycle: the server ends the send's run
+        conn.rollback()
+        thread.join(timeout=60)
+    holder.dispose()
+    assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
+    assert [m.id for m in pg_router.messages(team.id)] == [outcome[0].message_id]

@@ -28,9 +28,19 @@ def connection_lost(exc: BaseException) -> bool:
     )
 
 
+def rolled_back(exc: BaseException) -> bool:
+    """The server rolled the transaction back to end a conflict with another (a deadlock, a
+    serialization failure: SQLSTATE class 40): nothing was written, and it may run again."""
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith("40")
+
+
 def store_error(exc: SQLAlchemyError, *, committing: bool) -> errors.StoreError:
-    """The library's error for ``exc``; ``committing``: it was raised by the COMMIT itself."""
+    """The library's error for ``exc``; ``committing``: it was raised by the COMMIT itself (or
+    by a statement that is its own transaction)."""
     cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if rolled_back(exc):  # the server answered: known not written, whatever was committing
+        return errors.StoreError(f"database conflict, rolled back: {cause!r}", retryable=True)
     if committing and connection_lost(exc):
         return errors.CommitUnknownError(
             f"the connection was lost while committing; the write may have happened: {cause!r}"
@@ -45,9 +55,9 @@ RETRIES = 6
 
 def retrying(fn: Callable[P, R]) -> Callable[P, R]:
     """Run a store method (one transaction, or several that are each safe to repeat) again
-    when its connection was lost before COMMIT: nothing was written, and the transaction
-    re-reads and re-checks its fences, so the repeat is idempotent. A commit whose outcome is
-    unknown is never repeated here."""
+    when its connection was lost before COMMIT or the server rolled it back to end a conflict:
+    nothing was written, and the transaction re-reads and re-checks its fences, so the repeat
+    is idempotent. A commit whose outcome is unknown is never repeated here."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -58,7 +68,7 @@ def retrying(fn: Callable[P, R]) -> Callable[P, R]:
                 if not exc.retryable or attempt == RETRIES:
                     raise
                 logger.info(  # the caller sees the error if every run fails
-                    "connection lost before commit; running the transaction again",
+                    "nothing was written; running the transaction again",
                     extra={"action": "store_retry", "operation": fn.__name__, "error": str(exc)},
                 )
                 time.sleep(0.05 * 2**attempt)
