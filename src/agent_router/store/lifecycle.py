@@ -93,6 +93,15 @@ def delete_teams(
     ).all()
     if not locked:
         return Deletion(dry_run=dry_run)
+    # Their agents too, in id order after the teams (the canonical order): a row of an agent is
+    # checked against the agent's row (its foreign key), so a write to one of them finishes
+    # before the deletion starts, and one that comes later waits for it and finds no agent.
+    session.execute(
+        sa.select(AgentRow.id)
+        .where(AgentRow.team_id.in_(locked))
+        .order_by(AgentRow.id)
+        .with_for_update()
+    )
     teams = sa.select(TeamRow.id).where(TeamRow.id.in_(locked)).scalar_subquery()
     questions = session.scalars(
         sa.select(QuestionRow.id).where(

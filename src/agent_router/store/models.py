@@ -61,6 +61,14 @@ JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
+def of_agent(column: str) -> sa.ForeignKeyConstraint:
+    """The foreign key of ``column`` and ``team_id`` on the agent's ``(id, team_id)``: the row
+    names an agent that exists and that agent's own team, in one check on the agent's row. The
+    writers of the hot paths hold that row locked already; a foreign key on ``ar_teams`` would
+    lock the team's one row from every concurrent writer of the team instead."""
+    return sa.ForeignKeyConstraint([column, "team_id"], ["ar_agents.id", "ar_agents.team_id"])
+
+
 class Base(DeclarativeBase):
     metadata = sa.MetaData(
         naming_convention={
@@ -84,6 +92,8 @@ class AgentRow(Base):
     __tablename__ = "ar_agents"
     __table_args__ = (
         sa.UniqueConstraint("team_id", "display_name", name="uq_ar_agents_team_display_name"),
+        # What the rows of an agent refer to (of_agent).
+        sa.Index("ix_ar_agents_id_team", "id", "team_id", unique=True),
         # The sweeper's scan for agents left scheduled.
         sa.Index("ix_ar_agents_state_scheduled", "state", "scheduled_at"),
     )
@@ -119,14 +129,16 @@ class MessageRow(Base):
         sa.UniqueConstraint("target_agent_id", "seq", name="uq_ar_messages_target_seq"),
         sa.UniqueConstraint("target_agent_id", "dedup_key", name="uq_ar_messages_target_dedup"),
         sa.Index("ix_ar_messages_mailbox", "target_agent_id", "status", "seq"),
+        of_agent("source_agent_id"),
+        of_agent("target_agent_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
+    team_id: Mapped[int] = mapped_column(BigId, index=True)
     seq: Mapped[int]
     source_name: Mapped[str] = mapped_column(sa.String(200))
-    source_agent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_agents.id"))
-    target_agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    source_agent_id: Mapped[int | None] = mapped_column(BigId)
+    target_agent_id: Mapped[int] = mapped_column(BigId)
     type: Mapped[MessageType] = mapped_column(MessageTypeType)
     subtype: Mapped[MessageSubtype | None] = mapped_column(MessageSubtypeType)
     content: Mapped[str] = mapped_column(sa.Text)
@@ -144,12 +156,16 @@ class MessageRow(Base):
 class QuestionRow(Base):
     __tablename__ = "ar_questions"
     # The sweeper's scan for open questions past their deadline.
-    __table_args__ = (sa.Index("ix_ar_questions_status_deadline", "status", "deadline"),)
+    __table_args__ = (
+        sa.Index("ix_ar_questions_status_deadline", "status", "deadline"),
+        of_agent("asker_agent_id"),
+        of_agent("target_agent_id"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
-    asker_agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"), index=True)
-    target_agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    team_id: Mapped[int] = mapped_column(BigId, index=True)
+    asker_agent_id: Mapped[int] = mapped_column(BigId, index=True)
+    target_agent_id: Mapped[int] = mapped_column(BigId)
     tool_call_id: Mapped[str] = mapped_column(sa.String(200))
     asker_epoch: Mapped[int]
     status: Mapped[QuestionStatus] = mapped_column(QuestionStatusType)
@@ -169,11 +185,12 @@ class TurnRow(Base):
     __table_args__ = (
         sa.UniqueConstraint("agent_id", "epoch", name="uq_ar_turns_agent_epoch"),
         sa.Index("ix_ar_turns_status_lease", "status", "lease_expires_at"),
+        of_agent("agent_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
-    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    team_id: Mapped[int] = mapped_column(BigId, index=True)
+    agent_id: Mapped[int] = mapped_column(BigId)
     epoch: Mapped[int]
     trigger: Mapped[TurnTrigger] = mapped_column(TurnTriggerType)
     status: Mapped[TurnStatus] = mapped_column(TurnStatusType)
@@ -208,11 +225,12 @@ class OutboxRow(Base):
         sa.Index("ix_ar_outbox_unpublished", "published_at", "id"),
         # The sweeper's check of an agent's turn tasks of one epoch.
         sa.Index("ix_ar_outbox_agent_epoch", "agent_id", "epoch"),
+        of_agent("agent_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
-    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    team_id: Mapped[int] = mapped_column(BigId, index=True)
+    agent_id: Mapped[int] = mapped_column(BigId)
     kind: Mapped[OutboxKind] = mapped_column(OutboxKindType)
     epoch: Mapped[int]
     payload: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
@@ -226,11 +244,14 @@ class OutboxRow(Base):
 class BackgroundJobRow(Base):
     __tablename__ = "ar_background_jobs"
     # The poller's scan: jobs still running, oldest first.
-    __table_args__ = (sa.Index("ix_ar_background_jobs_status", "status", "created_at"),)
+    __table_args__ = (
+        sa.Index("ix_ar_background_jobs_status", "status", "created_at"),
+        of_agent("agent_id"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
-    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    team_id: Mapped[int] = mapped_column(BigId, index=True)
+    agent_id: Mapped[int] = mapped_column(BigId)
     name: Mapped[str] = mapped_column(sa.String(200))
     task_id: Mapped[str] = mapped_column(sa.String(200), unique=True)
     status: Mapped[JobStatus] = mapped_column(JobStatusType)
@@ -243,10 +264,14 @@ class BackgroundJobRow(Base):
 
 class LedgerRow(Base):
     __tablename__ = "ar_ledger"
+    # An event of an agent names it and its team; an event of a team alone (a refusal, a
+    # budget's) is written only after its team was read, and a refusal of an unknown team
+    # names none.
+    __table_args__ = (of_agent("agent_id"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    team_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
-    agent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_agents.id"))
+    team_id: Mapped[int | None] = mapped_column(BigId, index=True)
+    agent_id: Mapped[int | None] = mapped_column(BigId)
     action: Mapped[LedgerAction] = mapped_column(LedgerActionType)
     outcome: Mapped[RouteOutcome | None] = mapped_column(RouteOutcomeType)
     message_id: Mapped[int | None] = mapped_column(BigId)
@@ -286,10 +311,11 @@ class ModelCallRow(Base):
     """One model call's usage, per turn (and so per agent and team)."""
 
     __tablename__ = "ar_model_calls"
+    __table_args__ = (of_agent("agent_id"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
-    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_agents.id"), index=True)
+    team_id: Mapped[int] = mapped_column(BigId, index=True)
+    agent_id: Mapped[int] = mapped_column(BigId, index=True)
     turn_id: Mapped[int | None] = mapped_column(BigId)
     model: Mapped[str | None] = mapped_column(sa.String(200))
     prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
