@@ -179,10 +179,21 @@ def _watched(router: Router, watched: bool) -> Iterator[None]:
             event.remove(router.store.engine, "before_cursor_execute", trace)
 
 
-def _cut_while_blocked(router: Router, agent_id: int, call: Callable[[], Any]) -> BaseException:
+def _cancel(pid: int) -> None:
+    """Cancel the statement the backend ``pid`` runs, as a statement_timeout does."""
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text("SELECT pg_cancel_backend(:pid)"), {"pid": pid})
+    admin.dispose()
+
+
+def _cut_while_blocked(
+    router: Router, agent_id: int, call: Callable[[], Any], cut: Callable[[int], None] = _terminate
+) -> BaseException:
     """Run ``call`` in a thread while another transaction holds the agent's row locked, so
     that the statement that is its own transaction waits for that lock inside the database;
-    terminate the waiting backend, then release the lock. The error ``call`` raised."""
+    ``cut`` the waiting backend (terminate it), then release the lock. The error ``call``
+    raised."""
     raised: list[BaseException] = []
 
     def run() -> None:
@@ -215,7 +226,7 @@ def _cut_while_blocked(router: Router, agent_id: int, call: Callable[[], Any]) -
                     break
                 time.sleep(0.01)
             assert len(waiting) == 1, "the statement never waited for the lock"
-            _terminate(waiting[0])
+            cut(waiting[0])
             conn.rollback()
             thread.join(30)
     finally:
@@ -382,3 +393,27 @@ def test_a_one_statement_send_that_the_server_ends_in_a_deadlock_runs_again(
     holder.dispose()
     assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
     assert [m.id for m in pg_router.messages(team.id)] == [outcome[0].message_id]
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["driver", "sqlalchemy"])
+def test_a_one_statement_send_the_server_cancels_is_a_plain_store_error(
+    pg_router: Router, watched: bool
+) -> None:
+    """A statement the server cancels (a host's statement_timeout or lock_timeout, an
+    operator's pg_cancel_backend) is answered over a live connection: it rolled back and wrote
+    nothing. The send's error is a plain StoreError, not "commit unknown", and not run again by
+    the store (a timeout would only repeat); a send again delivers once."""
+    team = pg_router.create_team()
+    agent = pg_router.create_agent(team.id, role="Engineer")
+    with _watched(pg_router, watched):
+        error = _cut_while_blocked(
+            pg_router,
+            agent.id,
+            lambda: pg_router.send(team.id, to="Engineer_1", content="deploy"),
+            cut=_cancel,
+        )
+        assert isinstance(error, StoreError), error
+        assert not isinstance(error, CommitUnknownError) and not error.retryable, error
+        assert pg_router.messages(team.id) == []
+        delivery = pg_router.send(team.id, to="Engineer_1", content="deploy")
+    assert [m.id for m in pg_router.messages(team.id)] == [delivery.message_id]

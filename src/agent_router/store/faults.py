@@ -22,10 +22,19 @@ R = TypeVar("R")
 
 
 def connection_lost(exc: BaseException) -> bool:
-    """The error says the connection broke (server restart, backend terminated, network)."""
-    return isinstance(exc, DBAPIError) and (
-        exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
-    )
+    """The error says the connection broke (server restart, backend terminated, network). An
+    error the server answered with a SQLSTATE of its own (a statement cancelled by a timeout or
+    an operator, a lock not available, a deadlock) came over a live connection: the statement
+    failed and rolled back, whatever its class; only connection exceptions (class 08) and
+    operator intervention that ends the session (57P01-57P03) are a broken connection."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if isinstance(sqlstate, str) and not sqlstate.startswith(("08", "57P")):
+        return False
+    return isinstance(exc, OperationalError | InterfaceError)
 
 
 def rolled_back(exc: BaseException) -> bool:
