@@ -155,8 +155,8 @@ class MessageRow(Base):
 
 class QuestionRow(Base):
     __tablename__ = "ar_questions"
-    # The sweeper's scan for open questions past their deadline.
     __table_args__ = (
+        # The sweeper's scan for open questions past their deadline.
         sa.Index("ix_ar_questions_status_deadline", "status", "deadline"),
         of_agent("asker_agent_id"),
         of_agent("target_agent_id"),
@@ -243,8 +243,8 @@ class OutboxRow(Base):
 
 class BackgroundJobRow(Base):
     __tablename__ = "ar_background_jobs"
-    # The poller's scan: jobs still running, oldest first.
     __table_args__ = (
+        # The poller's scan: jobs still running, oldest first.
         sa.Index("ix_ar_background_jobs_status", "status", "created_at"),
         of_agent("agent_id"),
     )
