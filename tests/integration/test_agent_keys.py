@@ -98,7 +98,6 @@ def test_a_send_racing_its_teams_deletion_lands_before_it_or_finds_no_team(
     row too (the message's sender), which the deletion locks before the target's: a deadlock
     the server breaks is run again, never reported as a commit of unknown outcome."""
     router = pg_router
-    outcomes: dict[str, int] = {}
     for i in range(30):
         sender = "Team Leader" if i % 2 else "user"
         team = router.create_team()
@@ -140,8 +139,6 @@ def test_a_send_racing_its_teams_deletion_lands_before_it_or_finds_no_team(
             thread.join(timeout=60)
         assert not isinstance(results["delete"], tuple | Exception), results
         assert not isinstance(results["send"], tuple), results
-        kind = "refused" if isinstance(results["send"], Exception) else "routed"
-        outcomes[kind] = outcomes.get(kind, 0) + 1
         with router.store.engine.connect() as conn:
             for table in Base.metadata.sorted_tables:
                 if "team_id" in table.c:
@@ -151,4 +148,3 @@ def test_a_send_racing_its_teams_deletion_lands_before_it_or_finds_no_team(
                         .where(table.c.team_id == team.id)
                     ).scalar_one()
                     assert left == 0, (table.name, results)
-    assert sum(outcomes.values()) == 30, outcomes
