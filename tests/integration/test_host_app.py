@@ -32,7 +32,7 @@ def host_app(celery_settings: Settings, redis_url: str) -> Iterator[Celery]:
     app.conf.task_routes = {"chat.*": {"queue": host_queue}}
     app.conf.beat_schedule = {"chat-digest": {"task": "chat.digest", "schedule": crontab()}}
 
-    @app.task(name="chat.add")
+    @app.task(name="chat.add", shared=False)  # each test's app has its own
     def add(x: int, y: int) -> int:
         return x + y
 
