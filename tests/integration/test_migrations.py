@@ -163,3 +163,59 @@ def test_0005_counts_each_transcript_from_the_entries_it_already_holds(
         assert [e["position"] for e in entries] == [0, 1, 2, 3, 4]
         assert [e["payload"]["role"] for e in entries][2:] == ["assistant", "user", "assistant"]
         assert entries[-1]["payload"]["content"] == "again"
+
+
+def test_0006_moves_each_agent_rows_foreign_keys_from_the_team_to_the_agent(
+    tmp_path: Path, fresh_pg_url: str
+) -> None:
+    """Before 0006 a row of an agent has a foreign key on its team and one on its agent; after
+    it, one on the agent's (id, team_id) and none on ar_teams; 0006 goes back; on both
+    backends, with a team's rows in the database."""
+    from agent_router import Router, Settings
+
+    def keys(url: str) -> dict[str, set[tuple[str, tuple[str, ...]]]]:
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            inspector = sa.inspect(conn)
+            found = {
+                table: {
+                    (fk["referred_table"], tuple(fk["constrained_columns"]))
+                    for fk in inspector.get_foreign_keys(table)
+                    if fk["referred_table"] in ("ar_teams", "ar_agents")
+                }
+                for table in ("ar_messages", "ar_turns", "ar_ledger", "ar_model_calls")
+            }
+        engine.dispose()
+        return found
+
+    for url in (f"sqlite:///{tmp_path / 'k.db'}", fresh_pg_url):
+        upgrade(url)
+        router = Router(Settings(database_url=url))
+        team = router.create_team()
+        router.create_agent(team.id, role="Engineer")
+        router.send(team.id, to="Engineer_1", content="build it", sender="Team Leader")
+        router.close()
+        assert keys(url) == {
+            "ar_messages": {
+                ("ar_agents", ("source_agent_id", "team_id")),
+                ("ar_agents", ("target_agent_id", "team_id")),
+            },
+            "ar_turns": {("ar_agents", ("agent_id", "team_id"))},
+            "ar_ledger": {("ar_agents", ("agent_id", "team_id"))},
+            "ar_model_calls": {("ar_agents", ("agent_id", "team_id"))},
+        }
+        downgrade(url, "0005")
+        assert keys(url) == {
+            "ar_messages": {
+                ("ar_teams", ("team_id",)),
+                ("ar_agents", ("source_agent_id",)),
+                ("ar_agents", ("target_agent_id",)),
+            },
+            "ar_turns": {("ar_teams", ("team_id",)), ("ar_agents", ("agent_id",))},
+            "ar_ledger": {("ar_teams", ("team_id",)), ("ar_agents", ("agent_id",))},
+            "ar_model_calls": {("ar_teams", ("team_id",)), ("ar_agents", ("agent_id",))},
+        }
+        upgrade(url)
+        router = Router(Settings(database_url=url))
+        assert [m.content for m in router.messages(team.id)] == ["build it"]
+        router.close()
