@@ -67,6 +67,13 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         assert isinstance(raw50, float) and isinstance(raw99, float)
         assert isinstance(raw4, float)
         assert "drain peak memory, 3000 queued (batches of 1000)" in names
+        # Where four senders' time goes: the CPU of a send beside the raw floor transaction's,
+        # this process's, and on PostgreSQL (here, on this machine) the server's.
+        sides = ("client", "server") if backend == "postgresql+redis" else ("client",)
+        cpu_rows = {f: r for f, r in figures.items() if "CPU per send" in f}
+        assert set(cpu_rows) == {f"{side} CPU per send (4 senders)" for side in sides}, backend
+        for figure, row in cpu_rows.items():
+            assert row["target"] is None and row["raw_ratio"] == row["ratio"], (backend, figure)
         for figure, row in figures.items():
             ours, floor, ratio = row["ours"], row["floor"], row["ratio"]
             assert isinstance(ours, int | float) and ours > 0, (backend, figure)

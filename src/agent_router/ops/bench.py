@@ -28,7 +28,7 @@ from kombu import Queue
 from agent_router.domain import MessageType
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.ops.bench_report import Row, row
-from agent_router.ops.floors import Floors, ms, pct, rate
+from agent_router.ops.floors import Floors, cpu_per_op, ms, pct, rate
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.turn import Turn
@@ -238,9 +238,18 @@ class Bench:
             if threads == 4:
                 runs["engine"] = self.floors.engine.run
             rates: dict[str, list[float]] = {name: [] for name in runs}
+            # With 4: the CPU per operation of ours and the raw floor's, client and server.
+            cpu: dict[tuple[str, str], list[float | None]] = {}
             for _ in range(THROUGHPUT_ROUNDS):
                 for name, fn in runs.items():
-                    rates[name].append(rate(threads, per, fn))
+                    if threads == 4 and name in ("raw", "ours"):
+                        ops, client, server = cpu_per_op(threads, per, fn, self.floors.server_cpu)
+                        cpu.setdefault((name, "client"), []).append(client)
+                        cpu.setdefault((name, "server"), []).append(server)
+                    else:
+                        ops = rate(threads, per, fn)
+                    rates[name].append(ops)
+            self._cpu_rows(cpu)
             ours = statistics.median(rates["ours"])
             base = self.raw_rate[threads] = statistics.median(rates["raw"])
             target: dict[str, Any] = {}
@@ -268,6 +277,21 @@ class Bench:
                     raw=base,
                     **target,
                 )
+            )
+
+    def _cpu_rows(self, cpu: dict[tuple[str, str], list[float | None]]) -> None:
+        """The CPU a send cost with four senders, beside the raw floor transaction's, each the
+        median of its rounds: this process's, and the database server's when it runs on this
+        machine (the ratio of ours to the raw floor's throughput follows from their sum, on a
+        machine where the client and the server share the cores)."""
+        for side in ("client", "server"):
+            ours, raw = cpu.get(("ours", side), []), cpu.get(("raw", side), [])
+            if not ours or None in ours or None in raw:
+                continue
+            mine = statistics.median(v for v in ours if v is not None)
+            floor = statistics.median(v for v in raw if v is not None)
+            self.rows.append(
+                row(f"{side} CPU per send (4 senders)", self.backend, mine, floor, "us", raw=floor)
             )
 
     def fan_out(self) -> None:

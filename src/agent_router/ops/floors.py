@@ -10,6 +10,7 @@ between the two.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import statistics
 import threading
@@ -17,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -163,6 +165,32 @@ class RawFloor:
             self._connections.clear()
 
 
+def _process_cpu(pid: int) -> float | None:
+    """Seconds of CPU the PostgreSQL process ``pid`` of this machine has used (``/proc``);
+    ``None`` when no such process runs here."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        if proc.joinpath("comm").read_text().strip() != "postgres":
+            return None
+        fields = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def cpu_per_op(
+    threads: int, per: int, fn: Callable[[int], None], server: Callable[[], float | None]
+) -> tuple[float, float, float | None]:
+    """:func:`rate` of ``fn``, and the CPU each operation cost in microseconds: this
+    process's, and the database server's (``server()``: its seconds so far, or ``None``)."""
+    client, served = time.process_time(), server()
+    ops_per_second = rate(threads, per, fn)
+    client_us = (time.process_time() - client) / (threads * per) * 1e6
+    after = server()
+    server_us = None if served is None or after is None else (after - served) / (threads * per)
+    return ops_per_second, client_us, None if server_us is None else server_us * 1e6
+
+
 class Floors:
     """Both floor transactions on the same tables, and what each measured in this run."""
 
@@ -184,6 +212,24 @@ class Floors:
             "raw": (statistics.median(raw), pct(raw, 0.99)),
             "engine": (statistics.median(engine), pct(engine, 0.99)),
         }
+
+    def server_cpu(self) -> float | None:
+        """Seconds of CPU used so far by the server processes of this database, when they run
+        on this machine (PostgreSQL; ``None`` for SQLite, whose work is this process's)."""
+        if self.raw.sqlite:
+            return None
+        conn = self.raw.connection(-2)
+        conn.autocommit = True  # each read its own snapshot of pg_stat_activity
+        pids = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        ).fetchall()
+        total = 0.0
+        for (pid,) in pids:
+            used = _process_cpu(pid)
+            if used is None:  # a server on another machine
+                return None
+            total += used
+        return total
 
     def close(self) -> None:
         self.raw.close()
