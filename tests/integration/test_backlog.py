@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from celery import Celery
@@ -19,7 +20,7 @@ from agent_router.ops.demo import wait_quiescent
 from agent_router.worker.publisher import CeleryPublisher
 
 from ..conftest import PG_ADMIN_URL
-from .conftest import _worker_env
+from .conftest import _wait_for_worker, _worker_env
 
 TEAMS = 12
 SUB_AGENTS = 4
@@ -46,15 +47,21 @@ def test_a_backlog_of_turns_is_not_reenqueued(
         env = _worker_env(settings, sweeper=True)
         env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in TIMING.items()})
         workers = []
+        hostnames = [f"backlog{i}-{uuid.uuid4().hex[:6]}@localhost" for i in range(2)]
         try:
             for i in range(2):
                 workers.append(subprocess.Popen(
                     [str(Path(sys.executable).parent / "agent-router"), "worker",
-                     "--concurrency=2", f"--hostname=backlog{i}@%h"],
+                     "--concurrency=2", f"--hostname={hostnames[i]}"],
                     env=env,
                     stdout=(tmp_path / f"worker{i}.log").open("w"),
                     stderr=subprocess.STDOUT,
                 ))  # fmt: skip
+            # The backlog starts once both workers consume: on a loaded machine a worker that
+            # takes longer than a delivery window to start would find every agent's task
+            # overdue with no turn started, and re-enqueue them all, which is not a backlog.
+            for i, proc in enumerate(workers):
+                _wait_for_worker(celery_app, hostnames[i], proc, tmp_path / f"worker{i}.log")
             teams = [router.create_team() for _ in range(TEAMS)]
             for team in teams:
                 for _ in range(SUB_AGENTS):
