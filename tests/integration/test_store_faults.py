@@ -46,12 +46,18 @@ def _terminate_own_backend(connection: Connection) -> None:
     _terminate(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
 
 
-def _terminate(pid: int) -> None:
-    """Terminate the backend ``pid`` from a connection of its own."""
+def _signal_backend(function: str, pid: int) -> None:
+    """Call ``function`` (pg_terminate_backend, pg_cancel_backend) on the backend ``pid``, from
+    a connection of its own."""
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        conn.execute(sa.text(f"SELECT {function}(:pid)"), {"pid": pid})
     admin.dispose()
+
+
+def _terminate(pid: int) -> None:
+    """Terminate the backend ``pid``: its connection is lost."""
+    _signal_backend("pg_terminate_backend", pid)
 
 
 @contextmanager
@@ -181,10 +187,7 @@ def _watched(router: Router, watched: bool) -> Iterator[None]:
 
 def _cancel(pid: int) -> None:
     """Cancel the statement the backend ``pid`` runs, as a statement_timeout does."""
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text("SELECT pg_cancel_backend(:pid)"), {"pid": pid})
-    admin.dispose()
+    _signal_backend("pg_cancel_backend", pid)
 
 
 def _cut_while_blocked(

@@ -285,11 +285,11 @@ class Bench:
         machine (the ratio of ours to the raw floor's throughput follows from their sum, on a
         machine where the client and the server share the cores)."""
         for side in ("client", "server"):
-            ours, raw = cpu.get(("ours", side), []), cpu.get(("raw", side), [])
-            if not ours or None in ours or None in raw:
-                continue
-            mine = statistics.median(v for v in ours if v is not None)
-            floor = statistics.median(v for v in raw if v is not None)
+            ours = [v for v in cpu.get(("ours", side), []) if v is not None]
+            raw = [v for v in cpu.get(("raw", side), []) if v is not None]
+            if len(ours) < THROUGHPUT_ROUNDS or len(raw) < THROUGHPUT_ROUNDS:
+                continue  # not measured (not 4 senders, or a server not on this machine)
+            mine, floor = statistics.median(ours), statistics.median(raw)
             self.rows.append(
                 row(f"{side} CPU per send (4 senders)", self.backend, mine, floor, "us", raw=floor)
             )

@@ -185,10 +185,11 @@ def cpu_per_op(
     process's, and the database server's (``server()``: its seconds so far, or ``None``)."""
     client, served = time.process_time(), server()
     ops_per_second = rate(threads, per, fn)
-    client_us = (time.process_time() - client) / (threads * per) * 1e6
+    ops = threads * per
+    client_us = (time.process_time() - client) / ops * 1e6
     after = server()
-    server_us = None if served is None or after is None else (after - served) / (threads * per)
-    return ops_per_second, client_us, None if server_us is None else server_us * 1e6
+    server_us = None if served is None or after is None else (after - served) / ops * 1e6
+    return ops_per_second, client_us, server_us
 
 
 class Floors:

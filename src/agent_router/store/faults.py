@@ -31,8 +31,8 @@ def connection_lost(exc: BaseException) -> bool:
         return False
     if exc.connection_invalidated:
         return True
-    sqlstate = getattr(exc.orig, "sqlstate", None)
-    if isinstance(sqlstate, str) and not sqlstate.startswith(("08", "57P")):
+    sqlstate = _sqlstate(exc)
+    if sqlstate is not None and not sqlstate.startswith(("08", "57P")):
         return False
     return isinstance(exc, OperationalError | InterfaceError)
 
@@ -40,8 +40,14 @@ def connection_lost(exc: BaseException) -> bool:
 def rolled_back(exc: BaseException) -> bool:
     """The server rolled the transaction back to end a conflict with another (a deadlock, a
     serialization failure: SQLSTATE class 40): nothing was written, and it may run again."""
+    sqlstate = _sqlstate(exc)
+    return sqlstate is not None and sqlstate.startswith("40")
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE the server answered with (psycopg's), if any."""
     sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
-    return isinstance(sqlstate, str) and sqlstate.startswith("40")
+    return sqlstate if isinstance(sqlstate, str) else None
 
 
 def store_error(exc: SQLAlchemyError, *, committing: bool) -> errors.StoreError:
