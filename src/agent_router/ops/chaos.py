@@ -223,6 +223,7 @@ def run_chaos(
             workers = Workers(env, profile.concurrency, workdir)
             for i in range(3):
                 workers.start(i)
+            workers.supervise()
             beat = _start_beat(env, workdir)
             team_id, quotas = _start_team(router, profile)
             servers = (redis_server, pg_server)
@@ -295,9 +296,7 @@ def _start_team(router: Router, profile: Profile) -> tuple[int, dict[str, int]]:
 def _kill(workers: Workers | None, beat: subprocess.Popen[bytes] | None) -> None:
     """Whatever is still running when the run ends early."""
     if workers is not None:
-        for proc in workers.procs.values():
-            proc.kill()
-            proc.wait()
+        workers.kill_all()
     if beat is not None:
         beat.terminate()
         beat.wait(30)
@@ -358,11 +357,10 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
             victim = rng.randrange(3)
             kills.append(utc_now())
             workers.kill(victim)
-            workers.start(victim)
             result.events.append(f"{now - started:6.1f}s SIGKILL worker {victim} (restarted)")
             next_kill = now + rng.uniform(*profile.kill_every)
-        for i, code in workers.restart_exited():
-            result.events.append(f"{now - started:6.1f}s worker {i} exited ({code}): restarted")
+        for when, i, code in workers.exits():
+            result.events.append(f"{when - started:6.1f}s worker {i} exited ({code}): restarted")
         # Every message of the team is read for it: only while a fault waits for its share.
         waiting = any(f.reached is None for f in faults)
         progress = _progress(router, team_id, quotas) if waiting else 1.0

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -167,7 +168,12 @@ def private_database(admin_url: str) -> Iterator[str]:
 
 
 class Workers:
-    """The run's ``agent-router worker`` processes, started, killed and restarted by number."""
+    """The run's ``agent-router worker`` processes, started, killed and restarted by number.
+
+    :meth:`supervise` plays the deployment's supervisor (compose's ``restart: unless-stopped``,
+    systemd's ``Restart=always``): a thread of its own starts again, within ``period``, every
+    worker that exited on its own, whatever the run's main loop is busy with (a server restart
+    blocks it for seconds)."""
 
     def __init__(self, env: dict[str, str], concurrency: int, logdir: Path) -> None:
         self.env = env
@@ -175,6 +181,12 @@ class Workers:
         self.logdir = logdir
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.exe = str(Path(sys.executable).parent / "agent-router")
+        # Held while a worker's process is replaced, so that the supervisor never sees a worker
+        # the run is killing as exited and starts a second one in its slot.
+        self._lock = threading.Lock()
+        self._exits: list[tuple[float, int, int]] = []  # (monotonic, worker, exit code)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self, i: int) -> None:
         log = (self.logdir / f"worker{i}.log").open("ab")
@@ -182,8 +194,8 @@ class Workers:
             [
                 self.exe,
                 "worker",
-                # The harness is the supervisor (restart_exited): a SIGKILL must hit the Celery
-                # worker itself, not a supervising parent whose child would live on.
+                # The harness is the supervisor: a SIGKILL must hit the Celery worker itself,
+                # not a supervising parent whose child would live on.
                 "--no-supervise",
                 f"--concurrency={self.concurrency}",
                 "--loglevel=WARNING",
@@ -195,18 +207,49 @@ class Workers:
         )
 
     def kill(self, i: int) -> None:
-        self.procs[i].send_signal(signal.SIGKILL)
-        self.procs[i].wait()
-
-    def restart_exited(self) -> list[tuple[int, int]]:
-        """What a supervisor (compose's ``restart: unless-stopped``) does: start again every
-        worker that exited on its own. Returns ``(worker, exit code)`` of each."""
-        exited = [(i, p.returncode) for i, p in self.procs.items() if p.poll() is not None]
-        for i, _code in exited:
+        """SIGKILL worker ``i`` and start it again."""
+        with self._lock:
+            self.procs[i].send_signal(signal.SIGKILL)
+            self.procs[i].wait()
             self.start(i)
-        return exited
+
+    def supervise(self, period: float = 0.1) -> None:
+        """Start the supervisor thread (until :meth:`stop_all` or :meth:`kill_all`)."""
+        self._thread = threading.Thread(
+            target=self._supervise, args=(period,), name="chaos-supervisor", daemon=True
+        )
+        self._thread.start()
+
+    def _supervise(self, period: float) -> None:
+        while not self._stop.wait(period):
+            with self._lock:
+                for i, proc in list(self.procs.items()):
+                    if proc.poll() is not None:
+                        self._exits.append((time.monotonic(), i, proc.returncode))
+                        self.start(i)
+
+    def exits(self) -> list[tuple[float, int, int]]:
+        """The exits the supervisor restarted since the last call: ``(monotonic, worker, exit
+        code)``."""
+        with self._lock:
+            done, self._exits = self._exits, []
+        return done
+
+    def _unsupervise(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def kill_all(self) -> None:
+        """SIGKILL whatever still runs (a run that ends early)."""
+        self._unsupervise()
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
 
     def stop_all(self, timeout: float = 60.0) -> None:
+        self._unsupervise()
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)  # warm shutdown: running turns finish first
