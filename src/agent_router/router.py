@@ -504,9 +504,10 @@ class Router:
         signals are sent."""
         self._publish_entries(self.publisher, entries, wakes_marked=True)
 
-    def sweep(self) -> SweepReport:
-        """One sweeper pass (see :mod:`agent_router.sweeper`)."""
-        return sweep(self)
+    def sweep(self, *, takeovers_only: bool = False) -> SweepReport:
+        """One sweeper pass (see :mod:`agent_router.sweeper`); ``takeovers_only``: only take
+        over expired leases."""
+        return sweep(self, takeovers_only=takeovers_only)
 
     def _publish_entries(
         self, publisher: Publisher | None, entries: list[OutboxEntry], *, wakes_marked: bool = False

@@ -61,18 +61,23 @@ class SweepReport:
         )
 
 
-def sweep(router: Sweepable) -> SweepReport:
+def sweep(router: Sweepable, *, takeovers_only: bool = False) -> SweepReport:
+    """One pass. ``takeovers_only``: only take over expired leases, which needs nothing but the
+    database (a worker that is not consuming yet, its broker perhaps away, runs such passes:
+    re-enqueueing agents it sees scheduled would re-send a whole backlog it is about to take)."""
     settings = router.settings
+    if takeovers_only:
+        taken_over = _take_over_expired(router)
+        if taken_over:
+            logger.info("sweep", extra={"action": "sweep", "taken_over": taken_over})
+        return SweepReport(republished=0, taken_over=taken_over, reenqueued=0, expired=0)
     # Rows younger than a sweep period are probably being published right now by their writer.
     republished = (
         router.publish_outbox(older_than_seconds=settings.sweep_seconds)
         if router.publisher is not None
         else 0
     )
-    taken_over = 0
-    for agent_id in router.store.reads.expired_leases():
-        if router.store.take_over_expired(agent_id) is not None:
-            taken_over += 1
+    taken_over = _take_over_expired(router)
     reenqueued = 0
     if router.publisher is not None:
         # A turn task should start within a broker round trip; after a lease of waiting it is lost.
@@ -99,6 +104,15 @@ def sweep(router: Sweepable) -> SweepReport:
             },
         )
     return report
+
+
+def _take_over_expired(router: Sweepable) -> int:
+    """Fence and recover every running turn whose lease expired; how many."""
+    taken_over = 0
+    for agent_id in router.store.reads.expired_leases():
+        if router.store.take_over_expired(agent_id) is not None:
+            taken_over += 1
+    return taken_over
 
 
 def poll_jobs(router: Sweepable) -> int:

@@ -1,19 +1,37 @@
 """``agent-router worker`` survives a restart of its Redis broker: turns published after the
 broker came back run, in the same Celery worker when it reconnects, or in a new one the
 supervisor starts when Celery gave up on the lost connection with an unrecoverable error (it
-does when a turn ends while the broker is away). The broker is a Redis server of the test's own,
+does when a turn ends while the broker is away); and a worker that starts while the broker is
+away already takes over dead turns. The broker is a Redis server of the test's own,
 stopped for a few seconds and started again on the same port."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from celery import Celery
 
-from agent_router import MessageSubtype, MessageType, Router
+from agent_router import (
+    LedgerAction,
+    MessageSubtype,
+    MessageType,
+    Router,
+    Settings,
+    TurnStatus,
+    TurnTrigger,
+)
 from agent_router.ops.chaos_processes import PrivateRedis
+from agent_router.ops.demo import wait_quiescent, wait_until
+from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
+
+from .conftest import _worker_env
+from .helpers import start_running
 
 TIMEOUT = 90.0
 WRITE_SECONDS = 3.0
@@ -88,3 +106,50 @@ def test_a_turn_that_ends_while_the_broker_is_away_is_not_the_last(
     _wait_for_reports(router, team_id, 1, log)
     _task(router, team_id, "Ship it again.")
     _wait_for_reports(router, team_id, 2, log)
+
+
+def test_a_worker_that_starts_while_the_broker_is_away_takes_over_a_dead_turn(
+    own_redis: PrivateRedis, celery_settings: Settings, celery_app: Celery, tmp_path: Path
+) -> None:
+    """A worker that cannot reach its broker is not ready, and its sweeper already takes over a
+    turn whose worker died: a takeover needs only the database. The recovery turn runs once the
+    broker is back."""
+    timing = {"lease_seconds": 1.0, "heartbeat_seconds": 0.2, "sweep_seconds": 0.2}
+    settings = celery_settings.model_copy(update=timing)
+    router = Router(settings, publisher=CeleryPublisher(celery_app))
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    start_running(router, team.id, "Engineer_1")  # ... and its worker dies: no heartbeat
+    own_redis.stop()  # no persistence: the queued turn task is gone with it
+    env = _worker_env(settings, sweeper=True)
+    env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in timing.items()})
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "agent-router"), "worker", "--no-supervise",
+             "--concurrency=2", "--loglevel=INFO"],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_until(
+                lambda: any(
+                    e.action is LedgerAction.TAKE_OVER and e.agent_name == "Engineer_1"
+                    for e in router.ledger(team.id)
+                ),
+                "the sweeper of the worker without a broker to take the turn over",
+                timeout=TIMEOUT,
+            )
+            text = log.read_text()
+            assert "Cannot connect to redis" in text, text  # the broker is away ...
+            assert " ready." not in text, text  # ... so the worker was never ready
+            own_redis.start()
+            wait_quiescent(router, team.id, timeout=TIMEOUT)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+            if own_redis.proc is not None and own_redis.proc.poll() is not None:
+                own_redis.start()  # the queue's cleanup needs the broker
+    turns = router.store.reads.turns(router.agent(team.id, "Engineer_1").id)
+    assert [t.trigger for t in turns] == [TurnTrigger.NEW, TurnTrigger.RECOVERY]
+    assert [t.status for t in turns] == [TurnStatus.FENCED, TurnStatus.ENDED]
+    router.close()

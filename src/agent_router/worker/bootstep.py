@@ -6,9 +6,12 @@ worker that is then killed stays unacknowledged until the broker's visibility ti
 expired by then, so it never runs), and no pass runs while the broker is away. A timer thread in
 the worker's main process needs neither a slot nor a message: each worker sweeps every
 ``sweep_seconds``, starting at a random point of the period so that the passes of N workers
-interleave, and a killed worker only takes its own timer with it. The first pass waits until
-the worker is ready (consuming): a worker that starts to a backlog already queued would
-otherwise see agents scheduled for a while and nothing running, and re-enqueue every one.
+interleave, and a killed worker only takes its own timer with it. Until the worker is ready
+(consuming), its passes only take over expired leases: that needs nothing but the database, so
+a worker that starts while the broker is away, or while a Redis restart has ended every other
+worker, still recovers dead turns within lease + sweep period; the rest of a pass waits, since a
+worker that starts to a backlog already queued would see agents scheduled for a while and nothing
+running, and re-enqueue every one.
 
 Every step of a pass is idempotent and guarded in the store (a takeover re-checks the lease under
 the agent lock, a re-enqueue skips locked rows), so timers in many workers, and beat on top of
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 from functools import partial
 from typing import Any
 
@@ -64,11 +68,16 @@ class WorkerSweeper(bootsteps.StartStopStep):
 
             on_report = metrics.default_hooks().record_sweep
         return SweeperThread(
-            router, period=period, first_after=random.uniform(0.0, period), on_report=on_report
+            router,
+            period=period,
+            first_after=random.uniform(0.0, period),
+            on_report=on_report,
+            ready=threading.Event(),
         )
 
     def start(self, parent: Any) -> None:
-        """Start the timer once this worker is ready (its consumer takes tasks)."""
+        """Start the timer: takeovers only until this worker is ready (its consumer takes
+        tasks), whole passes from then on."""
         sweeper = self.obj
         if sweeper is None:
             return
@@ -76,10 +85,11 @@ class WorkerSweeper(bootsteps.StartStopStep):
 
         def ready(**_: Any) -> None:
             worker_ready.disconnect(ready)
-            if self.obj is sweeper:  # not stopped meanwhile
-                sweeper.start()
+            if sweeper.ready is not None:
+                sweeper.ready.set()
 
         worker_ready.connect(ready, weak=False)
+        sweeper.start()
 
     def stop(self, parent: Any) -> None:
         sweeper, self.obj = self.obj, None

@@ -26,8 +26,11 @@ class SweeperThread:
         period: float | None = None,
         first_after: float | None = None,
         on_report: Callable[[SweepReport], None] | None = None,
+        ready: threading.Event | None = None,
     ) -> None:
         self.router = router
+        # Until ``ready`` is set (the worker consumes), passes only take over expired leases.
+        self.ready = ready
         # Told every pass's report (the worker counts them in its metrics).
         self.on_report = on_report
         self.period = router.settings.sweep_seconds if period is None else period
@@ -61,7 +64,8 @@ class SweeperThread:
         while not self._stop.wait(max(0.0, due - time.monotonic())):
             due = max(due + self.period, time.monotonic())
             try:
-                self.last_report = self.router.sweep()
+                takeovers_only = self.ready is not None and not self.ready.is_set()
+                self.last_report = self.router.sweep(takeovers_only=takeovers_only)
                 if self.on_report is not None:
                     self.on_report(self.last_report)
             except Exception:
