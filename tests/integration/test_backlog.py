@@ -25,9 +25,12 @@ from .conftest import _wait_for_worker, _worker_env
 TEAMS = 12
 SUB_AGENTS = 4
 #: A sub-agent's turn takes about a second (its steps, then the reply), the lead's a little
-#: less: about 100 turns on 2 x 2 slots, some 25 s of backlog, which is 8 leases.
+#: less: 60 turns on 2 x 2 slots, 15-25 s of backlog on an idle machine and up to 35 s on one
+#: that other test processes load. Leases of 5 s keep that within the 8 leases an agent may
+#: wait behind a backlog (after them it is re-enqueued anyway, by design), and still make it
+#: several delivery windows: the backoff alone, without the backlog rule, re-enqueued 20 of 60.
 TIMING = {
-    "lease_seconds": 3.0,
+    "lease_seconds": 5.0,
     "heartbeat_seconds": 0.5,
     "sweep_seconds": 0.5,
     "work_seconds": 0.1,
