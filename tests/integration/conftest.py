@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 from celery import Celery
@@ -109,6 +110,21 @@ def _worker_env(settings: Settings, *, sweeper: bool = False) -> dict[str, str]:
     if settings.redis_url:
         env["AGENT_ROUTER_REDIS_URL"] = settings.redis_url
     return env
+
+
+def _sweeping_worker(
+    settings: Settings, timing: dict[str, float], out: IO[bytes], *args: str
+) -> subprocess.Popen[bytes]:
+    """``agent-router worker`` (two slots) with its sweeper timer on and ``timing`` (lease,
+    heartbeat, sweep period, ...) in its environment, writing to ``out``; ``args`` go to it."""
+    env = _worker_env(settings, sweeper=True)
+    env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in timing.items()})
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "agent-router"), "worker", "--concurrency=2", *args],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
 
 
 @pytest.fixture

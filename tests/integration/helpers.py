@@ -10,7 +10,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from agent_router import Router, Turn
+from agent_router import LedgerAction, Router, Turn
+from agent_router.ops.demo import wait_until
 
 
 def tool_call(call_id: str, name: str = "do_work", arguments: str = "{}") -> dict[str, Any]:
@@ -31,6 +32,18 @@ def start_running(router: Router, team_id: int, name: str, content: str = "start
     assert turn is not None
     turn.drain()
     return turn
+
+
+def wait_taken_over(router: Router, team_id: int, name: str, what: str, timeout: float) -> None:
+    """Wait until the team's ledger has a sweeper's takeover of ``name``'s turn."""
+    wait_until(
+        lambda: any(
+            e.action is LedgerAction.TAKE_OVER and e.agent_name == name
+            for e in router.ledger(team_id)
+        ),
+        what,
+        timeout=timeout,
+    )
 
 
 def start_waiting(

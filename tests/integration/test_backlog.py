@@ -7,8 +7,6 @@ re-enqueued task would only be refused by the fence, making the backlog worse). 
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from agent_router.ops.demo import wait_quiescent
 from agent_router.worker.publisher import CeleryPublisher
 
 from ..conftest import PG_ADMIN_URL
-from .conftest import _wait_for_worker, _worker_env
+from .conftest import _sweeping_worker, _wait_for_worker
 
 TEAMS = 12
 SUB_AGENTS = 4
@@ -47,19 +45,13 @@ def test_a_backlog_of_turns_is_not_reenqueued(
         settings = celery_settings.model_copy(update={"database_url": url, **TIMING})
         router = Router(settings, publisher=CeleryPublisher(celery_app))
         router.create_schema()
-        env = _worker_env(settings, sweeper=True)
-        env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in TIMING.items()})
         workers = []
         hostnames = [f"backlog{i}-{uuid.uuid4().hex[:6]}@localhost" for i in range(2)]
         try:
             for i in range(2):
-                workers.append(subprocess.Popen(
-                    [str(Path(sys.executable).parent / "agent-router"), "worker",
-                     "--concurrency=2", f"--hostname={hostnames[i]}"],
-                    env=env,
-                    stdout=(tmp_path / f"worker{i}.log").open("w"),
-                    stderr=subprocess.STDOUT,
-                ))  # fmt: skip
+                log = (tmp_path / f"worker{i}.log").open("wb")
+                hostname = f"--hostname={hostnames[i]}"
+                workers.append(_sweeping_worker(settings, TIMING, log, hostname))
             # The backlog starts once both workers consume: on a loaded machine a worker that
             # takes longer than a delivery window to start would find every agent's task
             # overdue with no turn started, and re-enqueue them all, which is not a backlog.

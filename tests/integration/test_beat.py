@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,8 +22,8 @@ from agent_router.worker.embedded import SweeperThread
 from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
 
-from .conftest import _worker_env
-from .helpers import start_running
+from .conftest import _sweeping_worker
+from .helpers import start_running, wait_taken_over
 
 TIMEOUT = 60.0
 
@@ -127,23 +125,11 @@ def test_worker_timer_takes_over_an_expired_lease_without_beat(
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")
     start_running(router, team.id, "Engineer_1")  # ... and its worker dies: no heartbeat
-    env = _worker_env(settings, sweeper=True)
-    env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in timing.items()})
-    with (tmp_path / "worker.log").open("w") as log:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "agent-router"), "worker", "--concurrency=2"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    with (tmp_path / "worker.log").open("wb") as log:
+        proc = _sweeping_worker(settings, timing, log)
         try:
-            wait_until(
-                lambda: any(
-                    e.action is LedgerAction.TAKE_OVER and e.agent_name == "Engineer_1"
-                    for e in router.ledger(team.id)
-                ),
-                "the worker's sweeper to take the turn over",
-                timeout=TIMEOUT,
+            wait_taken_over(
+                router, team.id, "Engineer_1", "the worker's sweeper to take the turn over", TIMEOUT
             )
             wait_quiescent(router, team.id, timeout=TIMEOUT)
         finally:

@@ -8,8 +8,6 @@ stopped for a few seconds and started again on the same port."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,6 @@ import pytest
 from celery import Celery
 
 from agent_router import (
-    LedgerAction,
     MessageSubtype,
     MessageType,
     Router,
@@ -26,12 +23,12 @@ from agent_router import (
     TurnTrigger,
 )
 from agent_router.ops.chaos_processes import PrivateRedis
-from agent_router.ops.demo import wait_quiescent, wait_until
+from agent_router.ops.demo import wait_quiescent
 from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
 
-from .conftest import _worker_env
-from .helpers import start_running
+from .conftest import _sweeping_worker
+from .helpers import start_running, wait_taken_over
 
 TIMEOUT = 90.0
 WRITE_SECONDS = 3.0
@@ -121,24 +118,14 @@ def test_a_worker_that_starts_while_the_broker_is_away_takes_over_a_dead_turn(
     router.create_agent(team.id, role="Engineer")
     start_running(router, team.id, "Engineer_1")  # ... and its worker dies: no heartbeat
     own_redis.stop()  # no persistence: the queued turn task is gone with it
-    env = _worker_env(settings, sweeper=True)
-    env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in timing.items()})
     log = tmp_path / "worker.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "agent-router"), "worker", "--no-supervise",
-             "--concurrency=2", "--loglevel=INFO"],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    with log.open("wb") as out:
+        proc = _sweeping_worker(settings, timing, out, "--no-supervise", "--loglevel=INFO")
         try:
-            wait_until(
-                lambda: any(
-                    e.action is LedgerAction.TAKE_OVER and e.agent_name == "Engineer_1"
-                    for e in router.ledger(team.id)
-                ),
-                "the sweeper of the worker without a broker to take the turn over",
-                timeout=TIMEOUT,
-            )
+            wait_taken_over(
+                router, team.id, "Engineer_1",
+                "the sweeper of the worker without a broker to take the turn over", TIMEOUT,
+            )  # fmt: skip
             text = log.read_text()
             assert "Cannot connect to redis" in text, text  # the broker is away ...
             assert " ready." not in text, text  # ... so the worker was never ready
