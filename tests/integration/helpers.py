@@ -8,10 +8,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
+from celery import Celery
 from sqlalchemy import event
 
-from agent_router import LedgerAction, Router, Turn
+from agent_router import LedgerAction, Router, Settings, Turn
 from agent_router.ops.demo import wait_until
+from agent_router.worker.publisher import CeleryPublisher
 
 
 def tool_call(call_id: str, name: str = "do_work", arguments: str = "{}") -> dict[str, Any]:
@@ -32,6 +34,21 @@ def start_running(router: Router, team_id: int, name: str, content: str = "start
     assert turn is not None
     turn.drain()
     return turn
+
+
+#: Leases short enough that a dead turn is taken over within about a second.
+FAST_SWEEP = {"lease_seconds": 1.0, "heartbeat_seconds": 0.2, "sweep_seconds": 0.2}
+
+
+def dead_turn(settings: Settings, app: Celery) -> tuple[Settings, Router, int]:
+    """``settings`` with :data:`FAST_SWEEP`, a router on them publishing to ``app``, and a team
+    whose ``Engineer_1`` runs a turn that no worker heartbeats any more (its worker died)."""
+    fast = settings.model_copy(update=FAST_SWEEP)
+    router = Router(fast, publisher=CeleryPublisher(app))
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    start_running(router, team.id, "Engineer_1")
+    return fast, router, team.id
 
 
 def wait_taken_over(router: Router, team_id: int, name: str, what: str, timeout: float) -> None:

@@ -19,11 +19,10 @@ from agent_router.outbox import RecordingPublisher
 from agent_router.worker.bootstep import WorkerSweeper, install
 from agent_router.worker.celery_app import beat_schedule, create_app
 from agent_router.worker.embedded import SweeperThread
-from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
 
 from .conftest import _sweeping_worker
-from .helpers import start_running, wait_taken_over
+from .helpers import FAST_SWEEP, dead_turn, start_running, wait_taken_over
 
 TIMEOUT = 60.0
 
@@ -119,22 +118,17 @@ def test_worker_timer_takes_over_an_expired_lease_without_beat(
 ) -> None:
     """`agent-router worker` sweeps on its own timer: no beat runs, no sweep task is sent, and
     a turn whose worker died is still taken over and recovered."""
-    timing = {"lease_seconds": 1.0, "heartbeat_seconds": 0.2, "sweep_seconds": 0.2}
-    settings = celery_settings.model_copy(update=timing)
-    router = Router(settings, publisher=CeleryPublisher(celery_app))
-    team = router.create_team()
-    router.create_agent(team.id, role="Engineer")
-    start_running(router, team.id, "Engineer_1")  # ... and its worker dies: no heartbeat
+    settings, router, team_id = dead_turn(celery_settings, celery_app)
     with (tmp_path / "worker.log").open("wb") as log:
-        proc = _sweeping_worker(settings, timing, log)
+        proc = _sweeping_worker(settings, FAST_SWEEP, log)
         try:
             wait_taken_over(
-                router, team.id, "Engineer_1", "the worker's sweeper to take the turn over", TIMEOUT
+                router, team_id, "Engineer_1", "the worker's sweeper to take the turn over", TIMEOUT
             )
-            wait_quiescent(router, team.id, timeout=TIMEOUT)
+            wait_quiescent(router, team_id, timeout=TIMEOUT)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-    turns = router.store.reads.turns(router.agent(team.id, "Engineer_1").id)
+    turns = router.store.reads.turns(router.agent(team_id, "Engineer_1").id)
     assert [t.trigger for t in turns] == [TurnTrigger.NEW, TurnTrigger.RECOVERY]
     router.close()

@@ -24,11 +24,10 @@ from agent_router import (
 )
 from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.ops.demo import wait_quiescent
-from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
 
 from .conftest import _sweeping_worker
-from .helpers import start_running, wait_taken_over
+from .helpers import FAST_SWEEP, dead_turn, wait_taken_over
 
 TIMEOUT = 90.0
 WRITE_SECONDS = 3.0
@@ -111,32 +110,27 @@ def test_a_worker_that_starts_while_the_broker_is_away_takes_over_a_dead_turn(
     """A worker that cannot reach its broker is not ready, and its sweeper already takes over a
     turn whose worker died: a takeover needs only the database. The recovery turn runs once the
     broker is back."""
-    timing = {"lease_seconds": 1.0, "heartbeat_seconds": 0.2, "sweep_seconds": 0.2}
-    settings = celery_settings.model_copy(update=timing)
-    router = Router(settings, publisher=CeleryPublisher(celery_app))
-    team = router.create_team()
-    router.create_agent(team.id, role="Engineer")
-    start_running(router, team.id, "Engineer_1")  # ... and its worker dies: no heartbeat
+    settings, router, team_id = dead_turn(celery_settings, celery_app)
     own_redis.stop()  # no persistence: the queued turn task is gone with it
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        proc = _sweeping_worker(settings, timing, out, "--no-supervise", "--loglevel=INFO")
+        proc = _sweeping_worker(settings, FAST_SWEEP, out, "--no-supervise", "--loglevel=INFO")
         try:
             wait_taken_over(
-                router, team.id, "Engineer_1",
+                router, team_id, "Engineer_1",
                 "the sweeper of the worker without a broker to take the turn over", TIMEOUT,
             )  # fmt: skip
             text = log.read_text()
             assert "Cannot connect to redis" in text, text  # the broker is away ...
             assert " ready." not in text, text  # ... so the worker was never ready
             own_redis.start()
-            wait_quiescent(router, team.id, timeout=TIMEOUT)
+            wait_quiescent(router, team_id, timeout=TIMEOUT)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
             if own_redis.proc is not None and own_redis.proc.poll() is not None:
                 own_redis.start()  # the queue's cleanup needs the broker
-    turns = router.store.reads.turns(router.agent(team.id, "Engineer_1").id)
+    turns = router.store.reads.turns(router.agent(team_id, "Engineer_1").id)
     assert [t.trigger for t in turns] == [TurnTrigger.NEW, TurnTrigger.RECOVERY]
     assert [t.status for t in turns] == [TurnStatus.FENCED, TurnStatus.ENDED]
     router.close()
