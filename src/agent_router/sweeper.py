@@ -4,6 +4,7 @@ Every step is idempotent, so two sweepers running at once only duplicate fenced 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -65,12 +66,19 @@ def sweep(router: Sweepable, *, takeovers_only: bool = False) -> SweepReport:
     """One pass. ``takeovers_only``: only take over expired leases, which needs nothing but the
     database (a worker that is not consuming yet, its broker perhaps away, runs such passes:
     re-enqueueing agents it sees scheduled would re-send a whole backlog it is about to take)."""
-    settings = router.settings
     if takeovers_only:
-        taken_over = _take_over_expired(router)
-        if taken_over:
-            logger.info("sweep", extra={"action": "sweep", "taken_over": taken_over})
-        return SweepReport(republished=0, taken_over=taken_over, reenqueued=0, expired=0)
+        report = SweepReport(
+            republished=0, taken_over=_take_over_expired(router), reenqueued=0, expired=0
+        )
+    else:
+        report = _whole_pass(router)
+    if not report.idle:
+        logger.info("sweep", extra={"action": "sweep", **dataclasses.asdict(report)})
+    return report
+
+
+def _whole_pass(router: Sweepable) -> SweepReport:
+    settings = router.settings
     # Rows younger than a sweep period are probably being published right now by their writer.
     republished = (
         router.publish_outbox(older_than_seconds=settings.sweep_seconds)
@@ -82,28 +90,13 @@ def sweep(router: Sweepable, *, takeovers_only: bool = False) -> SweepReport:
     if router.publisher is not None:
         # A turn task should start within a broker round trip; after a lease of waiting it is lost.
         reenqueued = router.store.stuck_scheduled(older_than_seconds=settings.lease_seconds)
-    expired = router.expire_questions()
-    jobs_reported = poll_jobs(router)
-    report = SweepReport(
+    return SweepReport(
         republished=republished,
         taken_over=taken_over,
         reenqueued=reenqueued,
-        expired=expired,
-        jobs_reported=jobs_reported,
+        expired=router.expire_questions(),
+        jobs_reported=poll_jobs(router),
     )
-    if not report.idle:
-        logger.info(
-            "sweep",
-            extra={
-                "action": "sweep",
-                "republished": republished,
-                "taken_over": taken_over,
-                "reenqueued": reenqueued,
-                "expired": expired,
-                "jobs_reported": jobs_reported,
-            },
-        )
-    return report
 
 
 def _take_over_expired(router: Sweepable) -> int:
