@@ -15,6 +15,7 @@ from agent_router.ops.chaos import CI_PROFILE, run_chaos
 from ..conftest import PG_ADMIN_URL
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(290)
 def test_nothing_is_lost_under_chaos(redis_url: str) -> None:
     lines: list[str] = []

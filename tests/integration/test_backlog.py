@@ -10,6 +10,7 @@ import signal
 import uuid
 from pathlib import Path
 
+import pytest
 from celery import Celery
 
 from agent_router import LedgerAction, MessageType, Router, Settings
@@ -37,6 +38,7 @@ TIMING = {
 TIMEOUT = 240.0
 
 
+@pytest.mark.alone
 def test_a_backlog_of_turns_is_not_reenqueued(
     celery_settings: Settings, celery_app: Celery, tmp_path: Path
 ) -> None:
