@@ -36,7 +36,7 @@ from agent_router.domain import (
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
-from agent_router.store import Ask, NewAgent, SendRequest, Store
+from agent_router.store import Ask, NewAgent, SendRequest, Store, open_store
 from agent_router.store import utcnow as _utcnow
 from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
@@ -65,7 +65,7 @@ class Router:
         hooks: RouterHooks | None = None,
     ) -> None:
         self.settings = settings or Settings()
-        self.store = store or Store(self.settings)
+        self.store = store or open_store(self.settings)
         self.publisher = publisher
         # The one after-commit path: every committed transition's outbox rows come here.
         self.store.set_publisher(self._publish_committed)

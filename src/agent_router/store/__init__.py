@@ -1,8 +1,25 @@
 """The only package that talks to the database."""
 
+from agent_router.settings import Settings
 from agent_router.store.engine import make_engine
 from agent_router.store.models import utcnow
+from agent_router.store.postgres import PostgresStore
 from agent_router.store.store import Store
 from agent_router.store.values import Ask, NewAgent, SendRequest
 
-__all__ = ["Ask", "NewAgent", "SendRequest", "Store", "make_engine", "utcnow"]
+
+def open_store(settings: Settings) -> Store:
+    """The store for ``settings.database_url``: the PostgreSQL functions' or SQLite's."""
+    return Store(settings) if settings.is_sqlite else PostgresStore(settings)
+
+
+__all__ = [
+    "Ask",
+    "NewAgent",
+    "PostgresStore",
+    "SendRequest",
+    "Store",
+    "make_engine",
+    "open_store",
+    "utcnow",
+]

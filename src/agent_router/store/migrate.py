@@ -22,6 +22,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.pool import NullPool
 
+from agent_router.store import functions
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 #: Where the router's Alembic revision is recorded (never the host's ``alembic_version``).
@@ -87,8 +89,21 @@ def upgrade_connection(connection: sa.Connection, revision: str = "head") -> Non
     )
     with Operations.context(ctx), ctx.begin_transaction():
         ctx.run_migrations()
+        install_functions_at_head(connection)
     if connection.in_transaction():
         connection.commit()
+
+
+def install_functions_at_head(connection: sa.Connection) -> None:
+    """On PostgreSQL, once the schema is at this release's newest revision: install this
+    release's functions (the store's transitions), in the migration's transaction. They are
+    code, installed anew by every upgrade; at an older revision the release that migrated there
+    installs its own."""
+    if connection.dialect.name != "postgresql":
+        return
+    ctx = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    if ctx.get_current_revision() == head():
+        functions.install(connection)
 
 
 def adopt_default_version_table(connection: sa.Connection) -> bool:

@@ -142,6 +142,9 @@ class MessageRow(Base):
     type: Mapped[MessageType] = mapped_column(MessageTypeType)
     subtype: Mapped[MessageSubtype | None] = mapped_column(MessageSubtypeType)
     content: Mapped[str] = mapped_column(sa.Text)
+    # The content as it appears inside the router's envelope (formats.escape), written when the
+    # message is accepted where the two differ; NULL: the content itself.
+    body: Mapped[str | None] = mapped_column(sa.Text)
     question_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_questions.id"))
     wake: Mapped[bool] = mapped_column(default=True)
     dedup_key: Mapped[str | None] = mapped_column(sa.String(200))

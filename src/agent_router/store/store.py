@@ -52,6 +52,7 @@ from agent_router.store import (
     claim_statement,
     end_statement,
     faults,
+    functions,
     jobs,
     lifecycle,
     one_statement,
@@ -105,7 +106,11 @@ class Store:
         self._after_commit = after_commit
 
     def create_schema(self) -> None:
+        """The tables (and on PostgreSQL the store's functions), created directly."""
         Base.metadata.create_all(self.engine)
+        if not self.settings.is_sqlite:
+            with self.engine.begin() as conn:
+                functions.install(conn)
 
     def dispose(self, *, close: bool = True) -> None:
         """Drop the connection pool; ``close=False`` in a forked child leaves the parent's

@@ -17,7 +17,7 @@ from agent_router.ops import preflight
 from agent_router.ops.cli import failures
 from agent_router.router import Router
 from agent_router.settings import Settings
-from agent_router.store import Store
+from agent_router.store import Store, open_store
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -138,7 +138,7 @@ def _store(database_url: str | None) -> Iterator[Store]:
     """A store for one read; the pool is closed afterwards."""
     settings = _settings(database_url)
     preflight.existing_database(settings.database_url)
-    store = Store(settings)
+    store = open_store(settings)
     try:
         yield store
     finally:

@@ -8,7 +8,11 @@ from alembic import context
 from sqlalchemy import Connection, engine_from_config, pool
 
 from agent_router.settings import Settings
-from agent_router.store.migrate import VERSION_TABLE, adopt_default_version_table
+from agent_router.store.migrate import (
+    VERSION_TABLE,
+    adopt_default_version_table,
+    install_functions_at_head,
+)
 from agent_router.store.models import Base
 
 config = context.config
@@ -49,6 +53,7 @@ def _run(connection: Connection) -> None:
     )
     with context.begin_transaction():
         context.run_migrations()
+        install_functions_at_head(connection)
 
 
 if context.is_offline_mode():
