@@ -74,6 +74,11 @@ def default_limits(settings: Settings) -> dict[BudgetName, float | None]:
     }
 
 
+def stored_limits(limits: Mapping[BudgetName, float | None]) -> dict[str, float | int | None]:
+    """``limits`` as the budget row's columns store them (cost in nano-dollars), by column."""
+    return {_LIMIT_COLUMNS[name]: _stored(name, value) for name, value in limits.items()}
+
+
 def _stored(name: BudgetName, value: float | None) -> float | int | None:
     if value is None:
         return None
@@ -382,7 +387,11 @@ def budget(tx: Tx, team_id: int) -> Budget:
 
 
 def _budget(tx: Tx, row: BudgetRow, now: datetime) -> Budget:
-    counts = _sub_agents(tx, row.team_id)
+    return budget_of(row, _sub_agents(tx, row.team_id), now)
+
+
+def budget_of(row: BudgetRow, counts: tuple[int, int], now: datetime) -> Budget:
+    """A team's limits and use, from its budget row and its sub-agents (created, active)."""
     return Budget(
         team_id=row.team_id,
         limits={name: _limit(row, name) for name in BudgetName},

@@ -28,6 +28,8 @@ from psycopg import sql as psql
 FILES = (
     "common.sql",
     "routing.sql",
+    "budgets.sql",
+    "turns.sql",
 )
 
 _NAMED = re.compile(r"^-- name: ([a-z_]+)\n((?:--[^\n]*\n)*)(.*?)(?=^-- name: |\Z)", re.M | re.S)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,17 +25,31 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agent_router import errors, formats
 from agent_router.domain import (
+    AgentState,
+    Budget,
+    BudgetCheck,
+    BudgetName,
     Delivery,
+    EndOfTurn,
     LedgerAction,
+    Message,
+    MessageStatus,
+    MessageSubtype,
+    MessageType,
     OutboxEntry,
     OutboxKind,
     RouteOutcome,
+    TokenUsage,
+    TurnRecord,
+    TurnStatus,
+    TurnTrigger,
 )
-from agent_router.store import faults, functions, routing
+from agent_router.store import budgets, faults, functions, routing, turns, values
 from agent_router.store.engine import closed_by_server
+from agent_router.store.models import BudgetRow, utcnow
 from agent_router.store.store import Store
 from agent_router.store.tx import log_event
-from agent_router.store.values import SendRequest
+from agent_router.store.values import Claim, SendRequest
 
 
 class PostgresStore(Store):
@@ -103,6 +118,218 @@ class PostgresStore(Store):
             "detail": {"reason": reason, **detail},
         }
         self._call("record_refusal", event=json.dumps(event, default=str))
+
+    # ------------------------------------------------------------------ turns
+
+    @faults.retrying
+    def claim_turn(
+        self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+    ) -> Claim | None:
+        result = self._call(
+            "claim",
+            agent=agent_id,
+            epoch=epoch,
+            builtin=builtin,
+            lease_seconds=self.settings.lease_seconds,
+            **self._budget_params(),
+        )
+        claim = result["claim"]
+        if claim is None:
+            return None
+        return Claim(
+            _turn(claim["turn"]),
+            claim["team_id"],
+            claim["display_name"],
+            _check(result["budget"]),
+        )
+
+    @faults.retrying
+    def drain(self, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:
+        result = self._call("drain", **_of(turn), limit=limit or self.settings.drain_batch_size)
+        return [_message(row, result["target"]) for row in result["messages"]]
+
+    @faults.retrying
+    def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
+        payload = turns.validate_assistant(message)
+        self._call("append", **_of(turn), payload=json.dumps(payload), call=None)
+
+    @faults.retrying
+    def append_tool_result(self, turn: TurnRecord, tool_call_id: str, content: str) -> None:
+        if not isinstance(content, str):
+            raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
+        if not isinstance(tool_call_id, str):  # matches no open call
+            tool_call_id = repr(tool_call_id)
+        payload = {"role": "tool", "tool_call_id": tool_call_id, "content": content}
+        self._call("append", **_of(turn), payload=json.dumps(payload), call=tool_call_id)
+
+    @faults.retrying
+    def end_turn(
+        self, turn: TurnRecord, *, failed: bool = False, error: str | None = None
+    ) -> EndOfTurn:
+        ended = self._call(
+            "end",
+            **_of(turn),
+            failed=failed,
+            error=error,
+            interrupted=turns.INTERRUPTED_RESULT,
+            stopped=turns.STOPPED_RESULT,
+        )["ended"]
+        return EndOfTurn(
+            follow_up=ended["follow_up"],
+            state=AgentState(ended["state"]),
+            epoch=ended["epoch"],
+            synthetic_results=ended["synthetic_results"],
+        )
+
+    @faults.retrying
+    def renew_lease(self, turn: TurnRecord) -> bool:
+        params = {"turn": turn.id, "agent": turn.agent_id}
+        with self._alone() as conn:
+            renewed = conn.execute(
+                functions.queries()["renew_lease"],
+                {**params, "lease_seconds": self.settings.lease_seconds},
+            ).first()
+        return renewed is not None
+
+    @faults.retrying
+    def suspend(self, turn: TurnRecord) -> bool:
+        return bool(self._call("suspend", **_of(turn))["suspended"])
+
+    @faults.retrying
+    def finish_stop(self, turn: TurnRecord, *, reason: str = "stop requested by the lead") -> None:
+        self._call("finish_stop", **_of(turn), reason=reason, stopped=turns.STOPPED_RESULT)
+
+    # ------------------------------------------------------------------ budgets and usage
+
+    def _budget_params(self) -> dict[str, Any]:
+        """What every budget check takes: the warning ratio, and the limits a team without a
+        budget row gets (as stored)."""
+        return {
+            "ratio": self.settings.budget_warning_ratio,
+            "defaults": json.dumps(budgets.stored_limits(budgets.default_limits(self.settings))),
+        }
+
+    @faults.retrying
+    def charge(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+        result = self._call(
+            "charge_model_call", team=team_id, agent=agent_id, turn=turn_id, **self._budget_params()
+        )
+        return _check(result["budget"])
+
+    @faults.retrying
+    def record_usage(
+        self,
+        team_id: int,
+        agent_id: int,
+        turn_id: int | None,
+        *,
+        model: str | None,
+        usage: TokenUsage,
+        estimated: bool,
+    ) -> BudgetCheck:
+        result = self._call(
+            "record_usage",
+            team=team_id,
+            agent=agent_id,
+            turn=turn_id,
+            model=model,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            cost_nano=round(usage.cost_usd * budgets.NANO),
+            estimated=estimated,
+            **self._budget_params(),
+        )
+        return _check(result["budget"])
+
+    @faults.retrying
+    def charge_sub_agent(self, team_id: int, role: str) -> None:
+        self._call(
+            "charge_sub_agent",
+            team=team_id,
+            role=role,
+            defaults=self._budget_params()["defaults"],
+        )
+
+    @faults.retrying
+    def set_limits(
+        self, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str
+    ) -> Budget:
+        result = self._call(
+            "set_limits",
+            team=team_id,
+            limits=json.dumps(budgets.stored_limits(limits)),
+            given=json.dumps({name.value: value for name, value in limits.items()}),
+            by=by,
+            defaults=self._budget_params()["defaults"],
+        )
+        return _budget(result)
+
+    @faults.retrying
+    def budget(self, team_id: int) -> Budget:
+        return _budget(
+            self._call("budget", team=team_id, defaults=self._budget_params()["defaults"])
+        )
+
+
+def _of(turn: TurnRecord) -> dict[str, Any]:
+    """A turn as the turn functions take it: checked against its agent's fence."""
+    return {"turn": turn.id, "agent": turn.agent_id, "epoch": turn.epoch}
+
+
+def _turn(row: Mapping[str, Any]) -> TurnRecord:
+    return TurnRecord(
+        id=row["id"],
+        agent_id=row["agent_id"],
+        epoch=row["epoch"],
+        trigger=TurnTrigger(row["trigger"]),
+        status=TurnStatus(row["status"]),
+        started_at=datetime.fromisoformat(row["started_at"]),
+        ended_at=_time(row["ended_at"]),
+    )
+
+
+def _message(row: Mapping[str, Any], target_name: str) -> Message:
+    """A message as a function returned its row (JSON: enums and times as text)."""
+    subtype = row["subtype"]
+    return Message(
+        **{name: row[name] for name in values.MESSAGE_FIELDS}
+        | {
+            "type": MessageType(row["type"]),
+            "subtype": MessageSubtype(subtype) if subtype else None,
+            "outcome": RouteOutcome(row["outcome"]),
+            "status": MessageStatus(row["status"]),
+            "created_at": datetime.fromisoformat(row["created_at"]),
+        },
+        target_name=target_name,
+    )
+
+
+def _check(found: Mapping[str, Any]) -> BudgetCheck:
+    """A budget check as a function answered it."""
+    exhausted, warn = found.get("exhausted"), found.get("warn")
+    return BudgetCheck(
+        ok=found["ok"],
+        exhausted=BudgetName(exhausted) if exhausted else None,
+        warn=BudgetName(warn) if warn else None,
+        newly_exhausted=bool(found.get("newly_exhausted")),
+    )
+
+
+def _budget(result: Mapping[str, Any]) -> Budget:
+    """A team's budget from its row as a function returned it, and its sub-agents."""
+    row = dict(result["row"])
+    for name in ("started_at", "deadline_at"):
+        row[name] = _time(row[name])
+    exhausted = row["exhausted"]
+    row["exhausted"] = BudgetName(exhausted) if exhausted else None
+    created, active = result["sub_agents"]
+    return budgets.budget_of(BudgetRow(**row), (created, active), utcnow())
+
+
+def _time(value: str | None) -> datetime | None:
+    """A timestamp as a function returned it (JSON text)."""
+    return None if value is None else datetime.fromisoformat(value)
 
 
 def _sent(req: SendRequest) -> dict[str, Any]:

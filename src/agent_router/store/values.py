@@ -101,7 +101,7 @@ SENT_COLUMNS = _columns(SendRequest, but=("to", "sender"))
 _LEDGER_FIELDS = _columns(LedgerEvent, but=("agent_name", "detail"))
 _AGENT_FIELDS = _columns(Agent, but=("mailbox_depth",))
 #: The columns a :class:`Message` is made of (all its fields but the target's name).
-_MESSAGE_FIELDS = _columns(Message, but=("target_name",))
+MESSAGE_FIELDS = _columns(Message, but=("target_name",))
 _OUTBOX_FIELDS = _columns(OutboxEntry)
 #: The columns a :class:`TurnRecord` is made of.
 TURN_FIELDS = _columns(TurnRecord)
@@ -126,9 +126,9 @@ def agent(row: AgentRow, mailbox_depth: int = 0) -> Agent:
 def message(row: MessageRow | sa.RowMapping, target_name: str, **overrides: Any) -> Message:
     """A :class:`Message` from an ORM row or a Core row mapping (the drain's set-based path)."""
     if isinstance(row, MessageRow):
-        values = _read(row, _MESSAGE_FIELDS)
+        values = _read(row, MESSAGE_FIELDS)
     else:
-        values = {name: row[name] for name in _MESSAGE_FIELDS}
+        values = {name: row[name] for name in MESSAGE_FIELDS}
     return Message(**(values | {"target_name": target_name} | overrides))
 
 

@@ -14,3 +14,58 @@ SELECT ar_send_many(:team, :sender, :external, CAST(:messages AS jsonb))
 -- name: record_refusal
 -- Record a send refused before it reached the store (malformed input).
 SELECT ar_record_refusal(CAST(:event AS jsonb))
+
+-- name: claim
+-- Claim an agent's scheduled turn and count it against the team's budgets.
+SELECT ar_claim(:agent, :epoch, :builtin, :lease_seconds, :ratio, CAST(:defaults AS jsonb))
+
+-- name: drain
+-- Move a running turn's pending messages into its transcript.
+SELECT ar_drain(:turn, :agent, :epoch, :limit)
+
+-- name: append
+-- Append an assistant message, or an open tool call's result, to a current turn's transcript.
+SELECT ar_append(:turn, :agent, :epoch, CAST(:payload AS jsonb), :call)
+
+-- name: end
+-- End a turn: completed, suspended on its question, stopped, or one follow-up turn scheduled.
+SELECT ar_end(:turn, :agent, :epoch, :failed, :error, :interrupted, :stopped)
+
+-- name: suspend
+-- A blocked asker gives up its worker, unless its answer already came.
+SELECT ar_suspend(:turn, :agent, :epoch)
+
+-- name: finish_stop
+-- A turn honours a stop at a boundary.
+SELECT ar_finish_stop(:turn, :agent, :epoch, :reason, :stopped)
+
+-- name: renew_lease
+-- Extend a running turn's lease, if the turn is still its agent's current one; the turn's id,
+-- or no row when it was fenced.
+UPDATE ar_turns SET lease_expires_at = (clock_timestamp() AT TIME ZONE 'UTC')
+                                       + make_interval(secs => :lease_seconds)
+WHERE id = :turn AND status = 'running'
+  AND epoch = (SELECT epoch FROM ar_agents WHERE id = :agent)
+RETURNING id
+
+-- name: charge_model_call
+-- Count a model call against the team's budgets; refused (nothing counted) when one is spent.
+SELECT ar_charge_model_call(:team, :agent, :turn, :ratio, CAST(:defaults AS jsonb))
+
+-- name: record_usage
+-- One model call's tokens and cost: its row, the team's sums, its event.
+SELECT ar_record_usage(:team, :agent, :turn, :model, :prompt_tokens, :completion_tokens,
+                       :cached_tokens, :cost_nano, :estimated, :ratio, CAST(:defaults AS jsonb))
+
+-- name: charge_sub_agent
+-- Refuse a new sub-agent when the team has created, or has active, as many as it may.
+SELECT ar_charge_sub_agent(:team, :role, CAST(:defaults AS jsonb))
+
+-- name: set_limits
+-- An operator's new limits for a team.
+SELECT ar_set_limits(:team, CAST(:limits AS jsonb), CAST(:given AS jsonb), :by,
+                     CAST(:defaults AS jsonb))
+
+-- name: budget
+-- A team's budget row (made from the defaults if the team has none).
+SELECT ar_budget(:team, CAST(:defaults AS jsonb))

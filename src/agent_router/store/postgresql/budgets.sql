@@ -1,0 +1,307 @@
+-- Team budgets on PostgreSQL: one ar_budgets row per team holds its limits (NULL: unlimited)
+-- and what it used; every check locks that row, compares and counts in the same transaction.
+-- The SQLite implementation of the same transitions is store/budgets.py.
+
+-- The team's budget row, locked; made from `p_defaults` (the settings' limits, as stored) if
+-- the team has none yet (a team created before budgets existed). NULL: no such team.
+CREATE OR REPLACE FUNCTION ar__budget_row(p_team bigint, p_defaults jsonb) RETURNS ar_budgets
+LANGUAGE plpgsql AS $$
+DECLARE
+    b ar_budgets;
+    v_created timestamp;
+BEGIN
+    SELECT * INTO b FROM ar_budgets WHERE team_id = p_team FOR UPDATE;
+    IF FOUND THEN
+        RETURN b;
+    END IF;
+    SELECT created_at INTO v_created FROM ar_teams WHERE id = p_team;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO ar_budgets (team_id, started_at, max_model_calls, max_turns, max_tokens,
+                            max_cost_nano, max_wall_seconds, max_sub_agents_created,
+                            max_sub_agents_active, deadline_at, model_calls, turns,
+                            prompt_tokens, completion_tokens, cached_tokens, cost_nano, warned,
+                            exhausted)
+    VALUES (p_team, v_created, (p_defaults ->> 'max_model_calls')::bigint,
+            (p_defaults ->> 'max_turns')::bigint, (p_defaults ->> 'max_tokens')::bigint,
+            (p_defaults ->> 'max_cost_nano')::bigint,
+            (p_defaults ->> 'max_wall_seconds')::float8,
+            (p_defaults ->> 'max_sub_agents_created')::integer,
+            (p_defaults ->> 'max_sub_agents_active')::integer,
+            v_created + make_interval(secs => (p_defaults ->> 'max_wall_seconds')::float8),
+            0, 0, 0, 0, 0, 0, false, NULL)
+    ON CONFLICT DO NOTHING;
+    SELECT * INTO b FROM ar_budgets WHERE team_id = p_team FOR UPDATE;
+    RETURN b;
+END $$;
+
+-- The team's sub-agents: ever created, and not terminated.
+CREATE OR REPLACE FUNCTION ar__sub_agents(p_team bigint) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_array(count(*), count(*) FILTER (WHERE state <> 'terminated'))
+    FROM ar_agents WHERE team_id = p_team AND NOT is_lead
+$$;
+
+-- A budget's limit, in its unit (dollars for the cost); NULL: unlimited.
+CREATE OR REPLACE FUNCTION ar__budget_limit(b ar_budgets, p_name ar_budget_name)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_name
+        WHEN 'model_calls' THEN b.max_model_calls::float8
+        WHEN 'turns' THEN b.max_turns::float8
+        WHEN 'tokens' THEN b.max_tokens::float8
+        WHEN 'cost' THEN b.max_cost_nano::float8 / 1000000000
+        WHEN 'wall_seconds' THEN b.max_wall_seconds
+        WHEN 'sub_agents_created' THEN b.max_sub_agents_created::float8
+        WHEN 'sub_agents_active' THEN b.max_sub_agents_active::float8
+    END
+$$;
+
+-- What the team used of a team-stopping budget, at `p_now`.
+CREATE OR REPLACE FUNCTION ar__budget_used(b ar_budgets, p_name ar_budget_name, p_now timestamp)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_name
+        WHEN 'model_calls' THEN b.model_calls::float8
+        WHEN 'turns' THEN b.turns::float8
+        WHEN 'tokens' THEN (b.prompt_tokens + b.completion_tokens)::float8
+        WHEN 'cost' THEN b.cost_nano::float8 / 1000000000
+        WHEN 'wall_seconds' THEN greatest(0, extract(epoch FROM p_now - b.started_at)::float8)
+    END
+$$;
+
+-- The team-stopping budgets, in the order they are checked (by name).
+CREATE OR REPLACE FUNCTION ar__stopping_budgets() RETURNS ar_budget_name[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['cost', 'model_calls', 'tokens', 'turns', 'wall_seconds']::ar_budget_name[]
+$$;
+
+-- The first team-stopping budget with nothing left (the turns only when `p_turns`: a turn that
+-- started may make its model calls); NULL: none.
+CREATE OR REPLACE FUNCTION ar__budget_spent(b ar_budgets, p_now timestamp, p_turns boolean)
+RETURNS ar_budget_name LANGUAGE sql IMMUTABLE AS $$
+    SELECT n FROM unnest(ar__stopping_budgets()) WITH ORDINALITY AS s(n, k)
+    WHERE ar__budget_limit(b, n) IS NOT NULL AND (p_turns OR n <> 'turns')
+      AND ar__budget_used(b, n, p_now) >= ar__budget_limit(b, n)
+    ORDER BY k LIMIT 1
+$$;
+
+-- Once per team (until its limits change): the budget past the warning threshold, warned of
+-- in a `budget_warning` event (the row's `warned` set by the caller).
+CREATE OR REPLACE FUNCTION ar__budget_warn(
+    INOUT o jsonb, b ar_budgets, p_ratio float8, p_agent bigint, p_turn bigint, p_now timestamp)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name ar_budget_name;
+BEGIN
+    IF b.warned THEN
+        RETURN;
+    END IF;
+    SELECT n INTO v_name FROM unnest(ar__stopping_budgets()) WITH ORDINALITY AS s(n, k)
+    WHERE ar__budget_limit(b, n) IS NOT NULL
+      AND ar__budget_used(b, n, p_now) >= p_ratio * ar__budget_limit(b, n)
+    ORDER BY k LIMIT 1;
+    IF v_name IS NULL THEN
+        RETURN;
+    END IF;
+    UPDATE ar_budgets SET warned = true WHERE team_id = b.team_id;
+    o := ar__event(o, 'budget_warning', b.team_id, NULL, p_now, jsonb_build_object(
+        'budget', v_name, 'used', ar__budget_used(b, v_name, p_now),
+        'limit', ar__budget_limit(b, v_name), 'agent_id', p_agent, 'turn_id', p_turn));
+    o := jsonb_set(o, '{budget,warn}', to_jsonb(v_name));
+END $$;
+
+-- A check that found `p_spent` spent: the first such check marks the team exhausted, in a
+-- `budget_exhausted` event.
+CREATE OR REPLACE FUNCTION ar__budget_refused(
+    INOUT o jsonb, b ar_budgets, p_spent ar_budget_name, p_agent bigint, p_turn bigint,
+    p_now timestamp)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF b.exhausted IS NULL THEN
+        UPDATE ar_budgets SET exhausted = p_spent WHERE team_id = b.team_id;
+        o := ar__event(o, 'budget_exhausted', b.team_id, NULL, p_now, jsonb_build_object(
+            'budget', p_spent, 'used', ar__budget_used(b, p_spent, p_now),
+            'limit', ar__budget_limit(b, p_spent), 'agent_id', p_agent, 'turn_id', p_turn));
+    END IF;
+    o := o || jsonb_build_object('budget', jsonb_build_object(
+        'ok', false, 'exhausted', coalesce(b.exhausted, p_spent),
+        'newly_exhausted', b.exhausted IS NULL));
+END $$;
+
+-- A turn starts (`p_turns`) or a model call is about to be made: refused when a budget is
+-- spent, else counted; the check in the result's "budget".
+CREATE OR REPLACE FUNCTION ar__charge(
+    INOUT o jsonb, p_team bigint, p_agent bigint, p_turn bigint, p_turns boolean,
+    p_ratio float8, p_defaults jsonb, p_now timestamp)
+LANGUAGE plpgsql AS $$
+DECLARE
+    b ar_budgets := ar__budget_row(p_team, p_defaults);
+    v_spent ar_budget_name;
+BEGIN
+    IF b.team_id IS NULL THEN
+        o := ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
+        RETURN;
+    END IF;
+    v_spent := coalesce(b.exhausted, ar__budget_spent(b, p_now, p_turns));
+    IF v_spent IS NOT NULL THEN
+        o := ar__budget_refused(o, b, v_spent, p_agent, p_turn, p_now);
+        RETURN;
+    END IF;
+    IF p_turns THEN
+        UPDATE ar_budgets SET turns = turns + 1 WHERE team_id = p_team RETURNING * INTO b;
+    ELSE
+        UPDATE ar_budgets SET model_calls = model_calls + 1 WHERE team_id = p_team
+        RETURNING * INTO b;
+    END IF;
+    o := o || jsonb_build_object('budget', jsonb_build_object('ok', true));
+    o := ar__budget_warn(o, b, p_ratio, p_agent, p_turn, p_now);
+END $$;
+
+-- A model call is about to be made: refused (nothing counted) when a budget is spent.
+CREATE OR REPLACE FUNCTION ar_charge_model_call(
+    p_team bigint, p_agent bigint, p_turn bigint, p_ratio float8, p_defaults jsonb)
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT ar__charge(ar__result(), p_team, p_agent, p_turn, false, p_ratio, p_defaults,
+                      ar__now())
+$$;
+
+-- One model call's usage: a row per call, the team's totals, one `model_call` event.
+CREATE OR REPLACE FUNCTION ar_record_usage(
+    p_team bigint, p_agent bigint, p_turn bigint, p_model text, p_prompt bigint,
+    p_completion bigint, p_cached bigint, p_cost_nano bigint, p_estimated boolean,
+    p_ratio float8, p_defaults jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    v_now timestamp := ar__now();
+    b ar_budgets := ar__budget_row(p_team, p_defaults);
+BEGIN
+    IF b.team_id IS NULL THEN
+        RETURN ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
+    END IF;
+    UPDATE ar_budgets SET prompt_tokens = prompt_tokens + p_prompt,
+                          completion_tokens = completion_tokens + p_completion,
+                          cached_tokens = cached_tokens + p_cached,
+                          cost_nano = cost_nano + p_cost_nano
+    WHERE team_id = p_team RETURNING * INTO b;
+    INSERT INTO ar_model_calls (team_id, agent_id, turn_id, model, prompt_tokens,
+                                completion_tokens, cached_tokens, cost_nano, estimated, created_at)
+    VALUES (p_team, p_agent, p_turn, p_model, p_prompt, p_completion, p_cached, p_cost_nano,
+            p_estimated, v_now);
+    o := ar__event(o, 'model_call', p_team, NULL, v_now, jsonb_build_object(
+        'model', p_model, 'prompt_tokens', p_prompt, 'completion_tokens', p_completion,
+        'cached_tokens', p_cached, 'cost_usd', p_cost_nano::float8 / 1000000000,
+        'estimated', p_estimated, 'agent_id', p_agent, 'turn_id', p_turn));
+    o := o || jsonb_build_object('budget', jsonb_build_object('ok', true));
+    RETURN ar__budget_warn(o, b, p_ratio, p_agent, p_turn, v_now);
+END $$;
+
+-- Before a sub-agent is created: refused (a `budget_refused` event) when the team has created,
+-- or has active, as many as its limits allow.
+CREATE OR REPLACE FUNCTION ar__charge_sub_agent(
+    INOUT o jsonb, p_team bigint, p_role text, p_defaults jsonb, p_now timestamp)
+LANGUAGE plpgsql AS $$
+DECLARE
+    b ar_budgets := ar__budget_row(p_team, p_defaults);
+    v_created bigint;
+    v_active bigint;
+    v_name ar_budget_name;
+    v_limit float8;
+    v_used float8;
+BEGIN
+    IF b.team_id IS NULL THEN
+        o := ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
+        RETURN;
+    END IF;
+    v_created := (ar__sub_agents(p_team) ->> 0)::bigint;
+    v_active := (ar__sub_agents(p_team) ->> 1)::bigint;
+    FOREACH v_name IN ARRAY ARRAY['sub_agents_created', 'sub_agents_active']::ar_budget_name[]
+    LOOP
+        v_limit := ar__budget_limit(b, v_name);
+        v_used := CASE v_name WHEN 'sub_agents_created' THEN v_created ELSE v_active END;
+        CONTINUE WHEN v_limit IS NULL OR v_used < v_limit;
+        o := ar__refused(o, 'BudgetExhaustedError', format(
+                'the team''s budget of %s sub-agents %s is spent (%s): no new sub-agent%s',
+                v_limit::bigint,
+                CASE v_name WHEN 'sub_agents_created' THEN 'created' ELSE 'active at once' END,
+                v_used::bigint,
+                CASE v_name WHEN 'sub_agents_created' THEN ''
+                     ELSE ' (terminate one that is done first)' END),
+            jsonb_build_object('budget', v_name));
+        o := jsonb_set(o, '{refused,event}', jsonb_build_object(
+            'action', 'budget_refused', 'team_id', p_team,
+            'detail', jsonb_build_object('budget', v_name, 'limit', v_limit, 'used', v_used,
+                                         'role', p_role)));
+        RETURN;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION ar_charge_sub_agent(p_team bigint, p_role text, p_defaults jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__charge_sub_agent(ar__result(), p_team, p_role, p_defaults, ar__now());
+BEGIN
+    IF o ? 'refused' THEN
+        o := ar__refusal_event(o, ar__now());
+    END IF;
+    RETURN o;
+END $$;
+
+-- An operator's new limits (`p_limits`: the limits named, as stored; NULL values: unlimited).
+-- The warning may be given again; a team stopped by a budget that is no longer spent may go on.
+-- `p_given`: the limits as the operator gave them, for the `budget_changed` event.
+CREATE OR REPLACE FUNCTION ar_set_limits(
+    p_team bigint, p_limits jsonb, p_given jsonb, p_by text, p_defaults jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    v_now timestamp := ar__now();
+    b ar_budgets := ar__budget_row(p_team, p_defaults);
+    v_before ar_budget_name;
+BEGIN
+    IF b.team_id IS NULL THEN
+        RETURN ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
+    END IF;
+    v_before := b.exhausted;
+    UPDATE ar_budgets SET
+        max_model_calls = CASE WHEN p_limits ? 'max_model_calls'
+            THEN (p_limits ->> 'max_model_calls')::bigint ELSE max_model_calls END,
+        max_turns = CASE WHEN p_limits ? 'max_turns'
+            THEN (p_limits ->> 'max_turns')::bigint ELSE max_turns END,
+        max_tokens = CASE WHEN p_limits ? 'max_tokens'
+            THEN (p_limits ->> 'max_tokens')::bigint ELSE max_tokens END,
+        max_cost_nano = CASE WHEN p_limits ? 'max_cost_nano'
+            THEN (p_limits ->> 'max_cost_nano')::bigint ELSE max_cost_nano END,
+        max_wall_seconds = CASE WHEN p_limits ? 'max_wall_seconds'
+            THEN (p_limits ->> 'max_wall_seconds')::float8 ELSE max_wall_seconds END,
+        max_sub_agents_created = CASE WHEN p_limits ? 'max_sub_agents_created'
+            THEN (p_limits ->> 'max_sub_agents_created')::integer
+            ELSE max_sub_agents_created END,
+        max_sub_agents_active = CASE WHEN p_limits ? 'max_sub_agents_active'
+            THEN (p_limits ->> 'max_sub_agents_active')::integer
+            ELSE max_sub_agents_active END,
+        warned = false
+    WHERE team_id = p_team RETURNING * INTO b;
+    UPDATE ar_budgets SET
+        deadline_at = started_at + make_interval(secs => max_wall_seconds),
+        exhausted = CASE WHEN exhausted IS NOT NULL AND ar__budget_spent(b, v_now, true) IS NULL
+                         THEN NULL ELSE exhausted END
+    WHERE team_id = p_team RETURNING * INTO b;
+    o := ar__event(o, 'budget_changed', p_team, NULL, v_now, jsonb_build_object(
+        'by', p_by, 'limits', p_given, 'was_exhausted', v_before, 'exhausted', b.exhausted));
+    RETURN o || jsonb_build_object('row', to_jsonb(b), 'sub_agents', ar__sub_agents(p_team));
+END $$;
+
+-- The team's limits and what it used (a locked read: the row is made if the team has none).
+CREATE OR REPLACE FUNCTION ar_budget(p_team bigint, p_defaults jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    b ar_budgets := ar__budget_row(p_team, p_defaults);
+BEGIN
+    IF b.team_id IS NULL THEN
+        RETURN ar__refused(ar__result(), 'UnknownTeamError',
+                           format('no team with id %s', p_team));
+    END IF;
+    RETURN ar__result() || jsonb_build_object('row', to_jsonb(b),
+                                              'sub_agents', ar__sub_agents(p_team));
+END $$;

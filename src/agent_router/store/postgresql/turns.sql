@@ -1,0 +1,384 @@
+-- A turn's transitions on PostgreSQL, under its agent's row lock and checked against the fence:
+-- claim, drain, append, end, suspend, stop. The SQLite implementation of the same transitions
+-- is store/turns.py.
+
+-- Lock the turn's agent and check the fence: a stale turn (its agent gone, another epoch, the
+-- turn no longer running, the agent neither running nor waiting) writes nothing, and its
+-- refusal is a `stale_write_refused` event naming `p_operation`.
+CREATE OR REPLACE FUNCTION ar__fenced(
+    INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_agent bigint, p_epoch integer,
+    p_operation text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_status ar_turn_status;
+    v_turn_found boolean;
+BEGIN
+    SELECT * INTO a FROM ar_agents WHERE id = p_agent FOR NO KEY UPDATE;
+    SELECT status INTO v_status FROM ar_turns WHERE id = p_turn;
+    v_turn_found := FOUND;
+    IF a.id IS NOT NULL AND v_turn_found AND a.epoch = p_epoch AND v_status = 'running'
+       AND a.state IN ('running', 'waiting') THEN
+        RETURN;
+    END IF;
+    o := ar__refused(o, 'StaleTurnError', format(
+        'turn %s (epoch %s) is no longer current: %s refused', p_turn, p_epoch, p_operation));
+    o := jsonb_set(o, '{refused,event}', jsonb_build_object(
+        'action', 'stale_write_refused', 'team_id', a.team_id,
+        -- A deleted team's rows are gone: the event then names them only in its detail.
+        'agent_id', CASE WHEN a.id IS NOT NULL THEN p_agent END,
+        'turn_id', CASE WHEN v_turn_found THEN p_turn END, 'epoch', p_epoch,
+        'detail', jsonb_build_object('operation', p_operation, 'current_epoch', a.epoch)
+            || CASE WHEN a.id IS NOT NULL AND v_turn_found THEN '{}'::jsonb
+                    ELSE jsonb_build_object('deleted_agent_id', p_agent, 'turn', p_turn) END));
+END $$;
+
+-- A write (`p_operation`) of a current turn refused: ledgered as a stale write.
+CREATE OR REPLACE FUNCTION ar__write_refused(
+    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_error text, p_message text,
+    p_detail jsonb DEFAULT '{}')
+LANGUAGE sql AS $$
+    SELECT jsonb_set(ar__refused(o, p_error, p_message), '{refused,event}', jsonb_build_object(
+        'action', 'stale_write_refused', 'team_id', a.team_id, 'agent_id', a.id,
+        'turn_id', p_turn, 'detail', jsonb_build_object('operation', p_operation) || p_detail))
+$$;
+
+-- A list of texts as Python prints it (a refusal quotes the tool calls it names).
+CREATE OR REPLACE FUNCTION ar__repr_list(p text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '[' || coalesce(string_agg(ar__repr(x), ', ' ORDER BY n), '') || ']'
+    FROM unnest(p) WITH ORDINALITY AS u(x, n)
+$$;
+
+-- Refuse `p_operation` while tool calls of the last assistant message have no result;
+-- `p_ledger_calls`: the event names them.
+CREATE OR REPLACE FUNCTION ar__refuse_open_tool_calls(
+    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_why text,
+    p_ledger_calls boolean DEFAULT false)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_open text[] := ar__open_tool_calls(a.id);
+BEGIN
+    IF cardinality(v_open) > 0 THEN
+        o := ar__write_refused(o, a, p_turn, p_operation, 'ToolCallsPendingError',
+            format('tool calls %s %s', ar__repr_list(v_open), p_why),
+            CASE WHEN p_ledger_calls THEN jsonb_build_object('dangling', to_jsonb(v_open))
+                 ELSE '{}'::jsonb END);
+    END IF;
+END $$;
+
+-- Claim the scheduled turn of `p_epoch` (NULL: the current one) and count it against the
+-- team's budgets. The result's "claim" is NULL when there is nothing to claim (a duplicate or
+-- stale delivery, or no turn scheduled: a `claim_refused` event); else the turn, the agent's
+-- team and name, and "budget" the check of the team's budgets. `p_builtin`: the claim is the
+-- built-in loop's, which runs no turn of an agent whose turns a host's task runs.
+CREATE OR REPLACE FUNCTION ar_claim(
+    p_agent bigint, p_epoch integer, p_builtin boolean, p_lease_seconds float8,
+    p_ratio float8, p_defaults jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    t ar_turns;
+    v_now timestamp;
+    v_trigger ar_turn_trigger;
+BEGIN
+    SELECT * INTO a FROM ar_agents WHERE id = p_agent FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN ar__refused(o, 'UnknownAgentError', format('no agent with id %s', p_agent));
+    END IF;
+    IF p_builtin AND a.runner IS NOT NULL THEN
+        RETURN ar__refused(o, 'HostOwnedTurnError', a.runner);
+    END IF;
+    v_now := ar__now();
+    IF a.state <> 'scheduled' OR (p_epoch IS NOT NULL AND p_epoch <> a.epoch) THEN
+        o := ar__agent_event(o, 'claim_refused', a, v_now,
+            jsonb_build_object('current_epoch', a.epoch, 'state', a.state), p_epoch => p_epoch);
+        RETURN o || '{"claim": null}';
+    END IF;
+    v_trigger := coalesce(a.pending_trigger, 'new');
+    a := ar__move(a, 'running');
+    a.pending_trigger := NULL;
+    PERFORM ar__save_agent(a);
+    INSERT INTO ar_turns (team_id, agent_id, epoch, trigger, status, started_at, lease_expires_at)
+    VALUES (a.team_id, a.id, a.epoch, v_trigger, 'running', v_now,
+            v_now + make_interval(secs => p_lease_seconds))
+    RETURNING * INTO t;
+    o := ar__agent_event(o, 'turn_claimed', a, v_now, jsonb_build_object('trigger', v_trigger),
+                         p_turn => t.id, p_epoch => a.epoch);
+    -- The agent's lock, then the budget's: no transaction takes them the other way round.
+    o := ar__charge(o, a.team_id, a.id, t.id, true, p_ratio, p_defaults, v_now);
+    RETURN o || jsonb_build_object('claim', jsonb_build_object(
+        'turn', to_jsonb(t), 'team_id', a.team_id, 'display_name', a.display_name));
+END $$;
+
+-- Move pending messages, in sequence order, into the transcript as user entries, consumed in
+-- this transaction (at most `p_limit`). Of one sender's progress narration in a drain only the
+-- latest is read; the others are dropped as superseded. Refused while the last assistant tool
+-- calls still lack results. The result's "messages": those delivered.
+CREATE OR REPLACE FUNCTION ar_drain(p_turn bigint, p_agent bigint, p_epoch integer,
+                                    p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    r record;
+    v_now timestamp;
+    v_first integer;
+    v_count integer;
+    v_delivered jsonb;
+    v_superseded jsonb;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'drain');
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    IF a.state <> 'running' THEN
+        o := ar__write_refused(o, a, p_turn, 'drain', 'TurnError',
+                               format('%s is %s: cannot drain', a.display_name, a.state));
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    o := ar__refuse_open_tool_calls(o, a, p_turn, 'drain',
+        'have no result yet: a drain would split them from their assistant message', true);
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    v_now := ar__now();
+    v_first := a.next_position;
+    WITH batch AS (
+        SELECT m.*, row_number() OVER (ORDER BY m.seq) AS k,
+               max(m.id) FILTER (WHERE m.subtype = 'progress_output')
+                   OVER (PARTITION BY m.source_name) AS latest
+        FROM (SELECT * FROM ar_messages
+              WHERE target_agent_id = a.id AND status = 'pending'
+              ORDER BY seq LIMIT p_limit) m
+    ),
+    superseded AS (
+        UPDATE ar_messages m SET status = 'dropped', drop_reason = format(
+            'superseded by progress output %s: only the latest progress of a sender reaches '
+            'the reader per drain', b.latest)
+        FROM batch b
+        WHERE m.id = b.id AND b.subtype = 'progress_output' AND b.id <> b.latest
+        RETURNING m.id
+    ),
+    delivered AS (
+        SELECT b.*, row_number() OVER (ORDER BY b.seq) - 1 AS offset_
+        FROM batch b
+        WHERE b.subtype IS DISTINCT FROM 'progress_output' OR b.id = b.latest
+    ),
+    consumed AS (
+        UPDATE ar_messages m SET status = 'delivered', consumed_turn_id = p_turn,
+                                 consumed_at = v_now
+        FROM delivered d WHERE m.id = d.id
+        RETURNING m.*
+    ),
+    entries AS (
+        INSERT INTO ar_transcript_entries (agent_id, position, role, payload, meta, message_id,
+                                           turn_id, created_at)
+        SELECT a.id, v_first + d.offset_, 'user',
+               jsonb_build_object('role', 'user', 'content', ar__envelope(
+                   d.type, d.source_name, d.id, d.subtype, d.question_id,
+                   coalesce(d.body, d.content))),
+               jsonb_build_object('message_id', d.id, 'type', d.type, 'subtype', d.subtype,
+                                  'from', d.source_name, 'question_id', d.question_id,
+                                  'seq', d.seq),
+               d.id, p_turn, v_now
+        FROM delivered d
+        RETURNING message_id
+    )
+    SELECT (SELECT count(*) FROM entries),
+           (SELECT coalesce(jsonb_agg(to_jsonb(c) - 'body' ORDER BY c.seq), '[]') FROM consumed c),
+           (SELECT jsonb_agg(s.id ORDER BY s.id) FROM superseded s)
+    INTO v_count, v_delivered, v_superseded;
+    IF v_count = 0 THEN
+        RETURN o || jsonb_build_object('messages', '[]'::jsonb, 'target', a.display_name);
+    END IF;
+    a.next_position := a.next_position + v_count;
+    PERFORM ar__save_agent(a);
+    o := ar__agent_event(o, 'drain', a, v_now, jsonb_build_object(
+            'count', v_count, 'first_seq', v_delivered -> 0 -> 'seq',
+            'last_seq', v_delivered -> -1 -> 'seq', 'superseded', v_superseded),
+        p_turn => p_turn, p_epoch => p_epoch);
+    RETURN o || jsonb_build_object('messages', v_delivered, 'target', a.display_name);
+END $$;
+
+-- Append to a current turn's transcript: an assistant message (`p_call` NULL), which follows
+-- no open tool call, or the result of the open tool call `p_call`.
+CREATE OR REPLACE FUNCTION ar_append(p_turn bigint, p_agent bigint, p_epoch integer,
+                                     p_payload jsonb, p_call text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    r record;
+    v_operation text := CASE WHEN p_call IS NULL THEN 'append_assistant'
+                             ELSE 'append_tool_result' END;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, v_operation);
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    IF p_call IS NULL THEN
+        o := ar__refuse_open_tool_calls(o, a, p_turn, v_operation,
+                                        'need results before the next assistant message');
+    ELSIF NOT p_call = ANY (ar__open_tool_calls(a.id)) THEN
+        o := ar__write_refused(o, a, p_turn, v_operation, 'InvalidTranscriptEntryError',
+            format('%s is not an open tool call of the last assistant message',
+                   ar__repr(p_call)));
+    END IF;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    a := ar__append(a, p_payload, p_turn, ar__now());
+    PERFORM ar__save_agent(a);
+    RETURN o;
+END $$;
+
+-- Cancel the open questions the agent asked (a stop): it no longer waits on any.
+CREATE OR REPLACE FUNCTION ar__cancel_own_questions(p_agent bigint, p_now timestamp)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE ar_questions SET status = 'cancelled', waiting = false, closed_at = p_now
+    WHERE asker_agent_id = p_agent AND status = 'open'
+$$;
+
+-- The turn honours a stop: the rest of its batch gets cancelled results (`p_stopped`), its
+-- open questions are cancelled, the agent is idle (mailbox kept), with no wait suspended, no
+-- turn scheduled and no stop pending.
+CREATE OR REPLACE FUNCTION ar__stop_turn(
+    INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_reason text, p_stopped text,
+    p_now timestamp)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    r := ar__close_dangling(a, o, p_turn, p_stopped, NULL, p_now);
+    a := r.a;
+    o := r.o;
+    PERFORM ar__cancel_own_questions(a.id, p_now);
+    UPDATE ar_turns SET status = 'stopped', ended_at = p_now WHERE id = p_turn;
+    a := ar__move(a, 'idle');
+    a.suspended := false;
+    a.pending_trigger := NULL;
+    a.stop_requested := false;
+    o := ar__agent_event(o, 'stopped', a, p_now, jsonb_build_object(
+            'reason', p_reason, 'cancelled_tool_calls', o -> 'closed'),
+        p_turn => p_turn, p_epoch => a.epoch);
+END $$;
+
+-- The end-of-turn hook: one follow-up turn if wake messages are pending, else completed. A
+-- stop requested is honoured (unless the turn failed); a turn that ends while blocked on a
+-- question leaves it open, suspended; every other open tool call gets `p_interrupted`.
+CREATE OR REPLACE FUNCTION ar_end(
+    p_turn bigint, p_agent bigint, p_epoch integer, p_failed boolean, p_error text,
+    p_interrupted text, p_stopped text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    q ar_questions;
+    r record;
+    v_now timestamp;
+    v_follow_up boolean := false;
+    v_closed integer;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'end');
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    v_now := ar__now();
+    IF a.stop_requested AND NOT p_failed THEN
+        r := ar__stop_turn(a, o, p_turn, 'stop requested by the lead', p_stopped, v_now);
+        a := r.a;
+        o := r.o;
+        PERFORM ar__save_agent(a);
+        RETURN o || jsonb_build_object('ended', jsonb_build_object(
+            'follow_up', false, 'state', a.state, 'epoch', a.epoch, 'synthetic_results', 0));
+    END IF;
+    q := ar__waiting_question(a.id);
+    r := ar__close_dangling(a, o, p_turn, p_interrupted, q.tool_call_id, v_now);
+    a := r.a;
+    o := r.o;
+    v_closed := (o ->> 'closed')::integer;
+    UPDATE ar_turns SET status = CASE WHEN p_failed THEN 'failed' ELSE 'ended' END::ar_turn_status,
+                        ended_at = v_now, error = p_error
+    WHERE id = p_turn;
+    IF q.id IS NOT NULL THEN
+        -- The turn ends while blocked (it failed): the ask stays open, suspended.
+        a := ar__move(a, 'waiting');
+        a.suspended := true;
+    ELSIF EXISTS (SELECT 1 FROM ar_messages
+                  WHERE target_agent_id = a.id AND status = 'pending' AND wake) THEN
+        v_follow_up := true;
+        r := ar__schedule(a, o, 'follow_up', v_now);
+        a := r.a;
+        o := r.o;
+    ELSE
+        a := ar__move(a, 'completed');
+    END IF;
+    PERFORM ar__save_agent(a);
+    o := ar__agent_event(o, 'turn_ended', a, v_now, jsonb_build_object(
+            'failed', p_failed, 'error', p_error, 'state', a.state,
+            'synthetic_results', v_closed),
+        p_turn => p_turn, p_epoch => p_epoch);
+    IF v_follow_up THEN
+        o := ar__agent_event(o, 'follow_up', a, v_now, p_turn => p_turn, p_epoch => a.epoch);
+    END IF;
+    RETURN o || jsonb_build_object('ended', jsonb_build_object(
+        'follow_up', v_follow_up, 'state', a.state, 'epoch', a.epoch,
+        'synthetic_results', v_closed));
+END $$;
+
+-- A blocked asker gives up its worker, decided under the agent lock: "suspended" true if it is
+-- now suspended (the answer will schedule a continuation), false if the answer already came
+-- (the tool result is in the transcript and this turn continues).
+CREATE OR REPLACE FUNCTION ar_suspend(p_turn bigint, p_agent bigint, p_epoch integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    r record;
+    v_now timestamp;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'suspend');
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    IF a.state <> 'waiting' THEN
+        RETURN o || '{"suspended": false}';
+    END IF;
+    v_now := ar__now();
+    a.suspended := true;
+    PERFORM ar__save_agent(a);
+    UPDATE ar_turns SET status = 'suspended', ended_at = v_now WHERE id = p_turn;
+    o := ar__agent_event(o, 'turn_ended', a, v_now,
+                         jsonb_build_object('state', a.state, 'suspended', true),
+                         p_turn => p_turn, p_epoch => p_epoch);
+    RETURN o || '{"suspended": true}';
+END $$;
+
+-- The turn honours a stop at a boundary (ar__stop_turn).
+CREATE OR REPLACE FUNCTION ar_finish_stop(p_turn bigint, p_agent bigint, p_epoch integer,
+                                          p_reason text, p_stopped text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    r record;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'stop');
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    r := ar__stop_turn(a, o, p_turn, p_reason, p_stopped, ar__now());
+    PERFORM ar__save_agent(r.a);
+    RETURN r.o;
+END $$;
