@@ -30,6 +30,10 @@ FILES = (
     "routing.sql",
     "budgets.sql",
     "turns.sql",
+    "waits.sql",
+    "agents.sql",
+    "jobs.sql",
+    "recovery.sql",
 )
 
 _NAMED = re.compile(r"^-- name: ([a-z_]+)\n((?:--[^\n]*\n)*)(.*?)(?=^-- name: |\Z)", re.M | re.S)

@@ -25,12 +25,15 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agent_router import errors, formats
 from agent_router.domain import (
+    Agent,
     AgentState,
+    BackgroundJob,
     Budget,
     BudgetCheck,
     BudgetName,
     Delivery,
     EndOfTurn,
+    JobStatus,
     LedgerAction,
     Message,
     MessageStatus,
@@ -38,18 +41,32 @@ from agent_router.domain import (
     MessageType,
     OutboxEntry,
     OutboxKind,
+    Question,
+    QuestionKind,
+    QuestionStatus,
     RouteOutcome,
+    Team,
     TokenUsage,
     TurnRecord,
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.store import budgets, faults, functions, routing, turns, values
+from agent_router.store import (
+    agents,
+    budgets,
+    faults,
+    functions,
+    jobs,
+    routing,
+    turns,
+    values,
+    waits,
+)
 from agent_router.store.engine import closed_by_server
 from agent_router.store.models import BudgetRow, utcnow
 from agent_router.store.store import Store
 from agent_router.store.tx import log_event
-from agent_router.store.values import Claim, SendRequest
+from agent_router.store.values import Ask, Claim, NewAgent, SendRequest
 
 
 class PostgresStore(Store):
@@ -79,12 +96,12 @@ class PostgresStore(Store):
                     conn.invalidate()
                 raise faults.store_error(exc, committing=True) from exc
 
-    def _call(self, name: str, **params: Any) -> dict[str, Any]:
+    def _call(self, query: str, /, **params: Any) -> dict[str, Any]:
         """Run the named statement (one transition); its result, once the events it wrote are
         logged and the outbox rows it wrote handed to the publisher. A refusal raises its
         error."""
         with self._alone() as conn:
-            result: dict[str, Any] = conn.execute(functions.queries()[name], params).scalar_one()
+            result: dict[str, Any] = conn.execute(functions.queries()[query], params).scalar_one()
         for event in result.get("events", ()):
             log_event(_event(event))
         refused = result.get("refused")
@@ -92,6 +109,55 @@ class PostgresStore(Store):
             raise _error(refused)
         self._published([_entry(row) for row in result.get("outbox", ())])
         return result
+
+    # ------------------------------------------------------------------ teams and agents
+
+    @faults.retrying
+    def create_team(
+        self, lead: NewAgent, *, budget: Mapping[BudgetName, float | None] | None = None
+    ) -> Team:
+        limits = budgets.default_limits(self.settings) | dict(budget or {})
+        result = self._call(
+            "create_team",
+            name=lead.display_name or lead.role,
+            role=lead.role,
+            system_prompt=lead.system_prompt,
+            runner=lead.runner,
+            limits=json.dumps(budgets.stored_limits(limits)),
+        )
+        team = result["team"]
+        return Team(
+            id=team["id"],
+            lead=_agent(result["lead"]),
+            created_at=datetime.fromisoformat(team["created_at"]),
+        )
+
+    @faults.retrying
+    def create_agent(
+        self, team_id: int, new: NewAgent, *, task: SendRequest | None = None
+    ) -> tuple[Agent, Delivery | None]:
+        role = agents.check_role(new.role)
+        if new.display_name is not None:
+            routing.check_display_name(new.display_name)
+        sent = None if task is None else {**_sent(task), **_sender(task)}
+        result = self._call(
+            "create_agent",
+            team=team_id,
+            role=role,
+            name=new.display_name,
+            system_prompt=new.system_prompt,
+            runner=new.runner,
+            task=None if sent is None else json.dumps(sent),
+        )
+        return _agent(result["agent"]), None if task is None else _delivery(result)
+
+    @faults.retrying
+    def terminate(self, agent_id: int, *, reason: str) -> None:
+        self._call("terminate", agent=agent_id, reason=reason)
+
+    @faults.retrying
+    def request_stop(self, agent_id: int, *, reason: str) -> AgentState:
+        return AgentState(self._call("request_stop", agent=agent_id, reason=reason)["state"])
 
     # ------------------------------------------------------------------ routing
 
@@ -199,6 +265,78 @@ class PostgresStore(Store):
     def finish_stop(self, turn: TurnRecord, *, reason: str = "stop requested by the lead") -> None:
         self._call("finish_stop", **_of(turn), reason=reason, stopped=turns.STOPPED_RESULT)
 
+    # ------------------------------------------------------------------ waits
+
+    @faults.retrying
+    def ask(self, turn: TurnRecord, asked: Ask) -> tuple[Question, Delivery]:
+        body = formats.escape(asked.question)
+        result = self._call(
+            "ask",
+            **_of(turn),
+            target=asked.target,
+            content=asked.question,
+            body=body if body != asked.question else None,
+            call=asked.tool_call_id,
+            subtype=asked.subtype.value,
+            timeout=asked.timeout_seconds or self.settings.question_timeout_seconds,
+        )
+        return _question(result["question"]), _delivery(result)
+
+    @faults.retrying
+    def wait_output(
+        self,
+        turn: TurnRecord,
+        *,
+        target: str,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> Question:
+        result = self._call(
+            "wait_output",
+            **_of(turn),
+            target=target,
+            call=tool_call_id,
+            timeout=timeout_seconds or self.settings.question_timeout_seconds,
+        )
+        return _question(result["question"])
+
+    def expire_questions(self, *, question_id: int | None = None) -> int:
+        """Each overdue question expired in a transaction of its own: one that fails leaves
+        the others expired."""
+        with self._alone() as conn:
+            overdue = (
+                conn.execute(functions.queries()["overdue_questions"], {"question": question_id})
+                .scalars()
+                .all()
+            )
+        return sum(self._expire(question) for question in overdue)
+
+    @faults.retrying
+    def _expire(self, question_id: int) -> bool:
+        result = self._call("expire_question", question=question_id, result=waits.EXPIRED_RESULT)
+        return bool(result["expired"])
+
+    # ------------------------------------------------------------------ recovery
+
+    @faults.retrying
+    def take_over(
+        self,
+        agent_id: int,
+        *,
+        reason: str,
+        expected_turn_id: int | None = None,
+        lease_check: bool = False,
+    ) -> int:
+        result = self._call(
+            "take_over",
+            agent=agent_id,
+            reason=reason,
+            expected_turn=expected_turn_id,
+            lease_check=lease_check,
+            interrupted=turns.INTERRUPTED_RESULT,
+        )
+        return int(result["epoch"])
+
     # ------------------------------------------------------------------ budgets and usage
 
     def _budget_params(self) -> dict[str, Any]:
@@ -271,6 +409,29 @@ class PostgresStore(Store):
             self._call("budget", team=team_id, defaults=self._budget_params()["defaults"])
         )
 
+    # ------------------------------------------------------------------ background jobs
+
+    @faults.retrying
+    def start_job(self, team_id: int, agent: str, *, name: str, task_id: str) -> BackgroundJob:
+        result = self._call("start_job", team=team_id, agent=agent, name=name, task=task_id)
+        return _job(result["job"])
+
+    @faults.retrying
+    def finish_job(
+        self, job_id: int, *, ok: bool, result: str, batch_seconds: float = 0.0
+    ) -> BackgroundJob:
+        body = formats.escape(result)
+        found = self._call(
+            "finish_job",
+            job=job_id,
+            ok=ok,
+            result=result,
+            result_body=body,
+            batch_seconds=batch_seconds,
+            max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
+        )
+        return _job(found["job"])
+
 
 def _of(turn: TurnRecord) -> dict[str, Any]:
     """A turn as the turn functions take it: checked against its agent's fence."""
@@ -302,6 +463,39 @@ def _message(row: Mapping[str, Any], target_name: str) -> Message:
             "created_at": datetime.fromisoformat(row["created_at"]),
         },
         target_name=target_name,
+    )
+
+
+def _agent(row: Mapping[str, Any]) -> Agent:
+    trigger = row["pending_trigger"]
+    return Agent(
+        **{name: row[name] for name in values.AGENT_FIELDS}
+        | {
+            "state": AgentState(row["state"]),
+            "pending_trigger": TurnTrigger(trigger) if trigger else None,
+        }
+    )
+
+
+def _question(row: Mapping[str, Any]) -> Question:
+    return Question(
+        **{name: row[name] for name in values.QUESTION_FIELDS}
+        | {
+            "status": QuestionStatus(row["status"]),
+            "kind": QuestionKind(row["kind"]),
+            "deadline": datetime.fromisoformat(row["deadline"]),
+        }
+    )
+
+
+def _job(row: Mapping[str, Any]) -> BackgroundJob:
+    return BackgroundJob(
+        **{name: row[name] for name in values.JOB_FIELDS}
+        | {
+            "status": JobStatus(row["status"]),
+            "created_at": datetime.fromisoformat(row["created_at"]),
+            "finished_at": _time(row["finished_at"]),
+        }
     )
 
 

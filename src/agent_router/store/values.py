@@ -99,7 +99,7 @@ def _columns(cls: type[Any], *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
 #: The fields of a send that its message row holds under the same names.
 SENT_COLUMNS = _columns(SendRequest, but=("to", "sender"))
 _LEDGER_FIELDS = _columns(LedgerEvent, but=("agent_name", "detail"))
-_AGENT_FIELDS = _columns(Agent, but=("mailbox_depth",))
+AGENT_FIELDS = _columns(Agent, but=("mailbox_depth",))
 #: The columns a :class:`Message` is made of (all its fields but the target's name).
 MESSAGE_FIELDS = _columns(Message, but=("target_name",))
 _OUTBOX_FIELDS = _columns(OutboxEntry)
@@ -107,7 +107,7 @@ _OUTBOX_FIELDS = _columns(OutboxEntry)
 TURN_FIELDS = _columns(TurnRecord)
 #: A question's asker and target names are not columns: the Router's reads fill them.
 QUESTION_FIELDS = _columns(Question, but=("asker", "target"))
-_JOB_FIELDS = _columns(BackgroundJob)
+JOB_FIELDS = _columns(BackgroundJob)
 
 
 def _read(row: object, names: tuple[str, ...]) -> dict[str, Any]:
@@ -120,7 +120,7 @@ def ledger_event(r: LedgerRow, name: str | None) -> LedgerEvent:
 
 
 def agent(row: AgentRow, mailbox_depth: int = 0) -> Agent:
-    return Agent(**_read(row, _AGENT_FIELDS), mailbox_depth=mailbox_depth)
+    return Agent(**_read(row, AGENT_FIELDS), mailbox_depth=mailbox_depth)
 
 
 def message(row: MessageRow | sa.RowMapping, target_name: str, **overrides: Any) -> Message:
@@ -151,4 +151,4 @@ def question(row: QuestionRow | sa.RowMapping) -> Question:
 
 
 def job(row: BackgroundJobRow) -> BackgroundJob:
-    return BackgroundJob(**_read(row, _JOB_FIELDS))
+    return BackgroundJob(**_read(row, JOB_FIELDS))

@@ -32,6 +32,9 @@ from agent_router.store.models import (
 from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import Ask
 
+#: The tool result of a question that expired unanswered.
+EXPIRED_RESULT = "expired: no answer arrived before the question's deadline"
+
 
 @dataclass(frozen=True)
 class WaitEdge:
@@ -187,12 +190,7 @@ def expire_questions(tx: Tx, *, question_id: int | None = None) -> int:
             waiting=question.waiting,
         )
         if question.waiting:
-            release(
-                tx,
-                asker,
-                question,
-                "expired: no answer arrived before the question's deadline",
-            )
+            release(tx, asker, question, EXPIRED_RESULT)
     return expired
 
 

@@ -2,6 +2,25 @@
 -- and what it used; every check locks that row, compares and counts in the same transaction.
 -- The SQLite implementation of the same transitions is store/budgets.py.
 
+-- A team's budget row: `p_limits` (as stored, by column; a limit not named: unlimited) from
+-- `p_started`, nothing used yet. Nothing if the team has one already.
+CREATE OR REPLACE FUNCTION ar__insert_budget(p_team bigint, p_started timestamp, p_limits jsonb)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO ar_budgets (team_id, started_at, max_model_calls, max_turns, max_tokens,
+                            max_cost_nano, max_wall_seconds, max_sub_agents_created,
+                            max_sub_agents_active, deadline_at, model_calls, turns,
+                            prompt_tokens, completion_tokens, cached_tokens, cost_nano, warned,
+                            exhausted)
+    VALUES (p_team, p_started, (p_limits ->> 'max_model_calls')::bigint,
+            (p_limits ->> 'max_turns')::bigint, (p_limits ->> 'max_tokens')::bigint,
+            (p_limits ->> 'max_cost_nano')::bigint, (p_limits ->> 'max_wall_seconds')::float8,
+            (p_limits ->> 'max_sub_agents_created')::integer,
+            (p_limits ->> 'max_sub_agents_active')::integer,
+            p_started + make_interval(secs => (p_limits ->> 'max_wall_seconds')::float8),
+            0, 0, 0, 0, 0, 0, false, NULL)
+    ON CONFLICT DO NOTHING
+$$;
+
 -- The team's budget row, locked; made from `p_defaults` (the settings' limits, as stored) if
 -- the team has none yet (a team created before budgets existed). NULL: no such team.
 CREATE OR REPLACE FUNCTION ar__budget_row(p_team bigint, p_defaults jsonb) RETURNS ar_budgets
@@ -18,20 +37,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    INSERT INTO ar_budgets (team_id, started_at, max_model_calls, max_turns, max_tokens,
-                            max_cost_nano, max_wall_seconds, max_sub_agents_created,
-                            max_sub_agents_active, deadline_at, model_calls, turns,
-                            prompt_tokens, completion_tokens, cached_tokens, cost_nano, warned,
-                            exhausted)
-    VALUES (p_team, v_created, (p_defaults ->> 'max_model_calls')::bigint,
-            (p_defaults ->> 'max_turns')::bigint, (p_defaults ->> 'max_tokens')::bigint,
-            (p_defaults ->> 'max_cost_nano')::bigint,
-            (p_defaults ->> 'max_wall_seconds')::float8,
-            (p_defaults ->> 'max_sub_agents_created')::integer,
-            (p_defaults ->> 'max_sub_agents_active')::integer,
-            v_created + make_interval(secs => (p_defaults ->> 'max_wall_seconds')::float8),
-            0, 0, 0, 0, 0, 0, false, NULL)
-    ON CONFLICT DO NOTHING;
+    PERFORM ar__insert_budget(p_team, v_created, p_defaults);
     SELECT * INTO b FROM ar_budgets WHERE team_id = p_team FOR UPDATE;
     RETURN b;
 END $$;

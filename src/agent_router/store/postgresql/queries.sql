@@ -69,3 +69,51 @@ SELECT ar_set_limits(:team, CAST(:limits AS jsonb), CAST(:given AS jsonb), :by,
 -- name: budget
 -- A team's budget row (made from the defaults if the team has none).
 SELECT ar_budget(:team, CAST(:defaults AS jsonb))
+
+-- name: create_team
+-- A team, its lead and its budget row.
+SELECT ar_create_team(:name, :role, :system_prompt, :runner, CAST(:limits AS jsonb))
+
+-- name: create_agent
+-- A sub-agent, and its task routed to it: both, or neither.
+SELECT ar_create_agent(:team, :role, :name, :system_prompt, :runner, CAST(:task AS jsonb))
+
+-- name: terminate
+-- End a sub-agent for good: its turn fenced, its mail dropped, its questions cancelled.
+SELECT ar_terminate(:agent, :reason)
+
+-- name: request_stop
+-- Stop a sub-agent: at once if no worker holds it, else at its turn's next boundary.
+SELECT ar_request_stop(:agent, :reason)
+
+-- name: ask
+-- Open a question from a turn's agent to another agent, and route it there.
+SELECT ar_ask(:turn, :agent, :epoch, :target, :content, :body, :call,
+              CAST(:subtype AS ar_message_subtype), :timeout)
+
+-- name: wait_output
+-- The lead waits for a sub-agent's next output (or takes one already in its mailbox).
+SELECT ar_wait_output(:turn, :agent, :epoch, :target, :call, :timeout)
+
+-- name: overdue_questions
+-- Open questions past their deadline, oldest team first; `question` NULL: all of them.
+SELECT id FROM ar_questions
+WHERE status = 'open' AND deadline <= (clock_timestamp() AT TIME ZONE 'UTC')
+  AND (CAST(:question AS bigint) IS NULL OR id = :question)
+ORDER BY team_id, id
+
+-- name: expire_question
+-- Expire one open question past its deadline; its blocked asker gets the expired result.
+SELECT ar_expire_question(:question, :result)
+
+-- name: start_job
+-- Record a background job of an agent before its task is sent.
+SELECT ar_start_job(:team, :agent, :name, :task)
+
+-- name: finish_job
+-- Route a background job's completion to its agent as a notice, once.
+SELECT ar_finish_job(:job, :ok, :result, :result_body, :batch_seconds, :max_windows)
+
+-- name: take_over
+-- Fence a running agent whose turn is presumed dead, and recover it.
+SELECT ar_take_over(:agent, :reason, :expected_turn, :lease_check, :interrupted)

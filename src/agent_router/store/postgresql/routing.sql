@@ -94,14 +94,20 @@ LANGUAGE sql AS $$
 $$;
 
 -- The message becomes the blocked call's tool result, in this transaction: the question no
--- longer waited on, the rendered message at the end of the waiter's transcript, the waiter
--- continuing.
+-- longer waited on, the rendered message at the end of the waiter's transcript (a pending
+-- message is delivered into the waiting turn now), the waiter continuing.
 CREATE OR REPLACE FUNCTION ar__resolve_waiter(
     INOUT a ar_agents, INOUT o jsonb, q ar_questions, m ar_messages, p_now timestamp)
 LANGUAGE plpgsql AS $$
 DECLARE
     r record;
 BEGIN
+    IF m.status <> 'delivered' THEN
+        UPDATE ar_messages SET status = 'delivered',
+                               consumed_turn_id = ar__waiter_turn(a.id, q.asker_epoch),
+                               consumed_at = p_now
+        WHERE id = m.id RETURNING * INTO m;
+    END IF;
     r := ar__end_wait(
         a, o, q,
         ar__envelope(m.type, m.source_name, m.id, m.subtype, m.question_id,
