@@ -65,26 +65,29 @@ def envelope_of(message: Message) -> Envelope:
 
 
 def render(env: Envelope) -> str:
-    before, after = render_around_id(env)
-    return f"{before}{env.message_id}{after}"
-
-
-def render_around_id(env: Envelope) -> tuple[str, str]:
-    """:func:`render` cut where the message id goes (``env.message_id`` is not read): the
-    envelope of the message ``n`` is ``before + str(n) + after``. For a statement that learns
-    the id as it inserts the message."""
+    """The envelope around the content (on PostgreSQL the store's function ``ar__envelope``
+    writes the same text, from the content as :func:`escape` left it)."""
     attrs = ""
     if env.subtype is not None:
         attrs += f' subtype="{env.subtype.value}"'
     if env.question_id is not None:
         attrs += f' question_id="{env.question_id}"'
-    before = f'<agent-message type="{env.type.value}" from="{env.sender}" message_id="'
-    return before, f'"{attrs}>\n{escape(env.content)}\n{_CLOSE}'
+    return (
+        f'<agent-message type="{env.type.value}" from="{env.sender}" '
+        f'message_id="{env.message_id}"{attrs}>\n{escape(env.content)}\n{_CLOSE}'
+    )
 
 
 def escape(content: str) -> str:
     """The content as it appears inside an envelope (see the module docstring)."""
     return _ESCAPE.sub(lambda m: "<\\" + m.group(1), content)
+
+
+def stored_body(content: str) -> str | None:
+    """What the store keeps of a message beside its content: the content as it appears inside
+    an envelope, where escaping changed it (``None``: the content itself)."""
+    body = escape(content)
+    return None if body == content else body
 
 
 def unescape(text: str) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -203,54 +203,6 @@ def _refused(tx: Tx, row: BudgetRow, now: datetime, spent: BudgetName, **ids: An
             **ids,
         )
     return BudgetCheck(ok=False, exhausted=row.exhausted, newly_exhausted=newly)
-
-
-#: The check of a turn that was counted and nothing more (see :func:`quiet_turn_charge`).
-COUNTED = BudgetCheck(ok=True)
-
-
-def quiet_turn_charge(team_id: sa.ColumnElement[Any]) -> sa.Update:
-    """``UPDATE ar_budgets SET turns = turns + 1`` for the team, where counting the turn is all
-    :func:`charge_turn` would do: nothing is spent and no warning is due. Anything else matches
-    no row and writes nothing (a spent or exhausted budget, a warning due, a team without a
-    budget row), and :func:`charge_turn` decides. The wall-time budget is taken this way only
-    when it is more than a second from its thresholds, so that the two ways never differ on a
-    clock's rounding. Parameters: ``b_now`` and ``b_ratio`` (``budget_warning_ratio``)."""
-    c = _budgets.c
-    now = sa.bindparam("b_now", type_=sa.DateTime)
-    ratio = sa.bindparam("b_ratio", type_=sa.Float)
-    elapsed = sa.func.greatest(sa.func.extract("epoch", now - c.started_at), 0) + _ONE
-    # Each team-stopping budget: (its use, its use once this turn is counted, its limit).
-    uses: dict[BudgetName, tuple[Any, Any, Any]] = {
-        BudgetName.MODEL_CALLS: (c.model_calls, c.model_calls, c.max_model_calls),
-        BudgetName.TURNS: (c.turns, c.turns + 1, c.max_turns),
-        BudgetName.TOKENS: (c.prompt_tokens + c.completion_tokens,) * 2 + (c.max_tokens,),
-        BudgetName.COST: (_dollars(c.cost_nano),) * 2 + (_dollars(c.max_cost_nano),),
-        BudgetName.WALL_SECONDS: (elapsed, elapsed, c.max_wall_seconds),
-    }
-    assert set(uses) == TEAM_STOPPING_BUDGETS
-    unspent = [sa.or_(limit.is_(None), used < limit) for used, _, limit in uses.values()]
-    unwarned = [sa.or_(limit.is_(None), after < ratio * limit) for _, after, limit in uses.values()]
-    return (
-        sa.update(_budgets)
-        .where(
-            c.team_id == team_id,
-            c.exhausted.is_(None),
-            *unspent,
-            sa.or_(c.warned, sa.and_(*unwarned)),
-        )
-        .values(turns=c.turns + 1)
-    )
-
-
-def _dollars(nano: sa.ColumnElement[int]) -> sa.ColumnElement[float]:
-    """Nano-dollars as dollars, divided as :func:`_used` and :func:`_limit` divide them."""
-    double = sa.Float(precision=53)
-    return sa.cast(nano, double) / sa.literal_column(f"{NANO}::float8", double)
-
-
-_budgets = cast("sa.Table", BudgetRow.__table__)
-_ONE = sa.literal_column("1", sa.Integer)
 
 
 # ---------------------------------------------------------------------------- transitions

@@ -269,13 +269,12 @@ class PostgresStore(Store):
 
     @faults.retrying
     def ask(self, turn: TurnRecord, asked: Ask) -> tuple[Question, Delivery]:
-        body = formats.escape(asked.question)
         result = self._call(
             "ask",
             **_of(turn),
             target=asked.target,
             content=asked.question,
-            body=body if body != asked.question else None,
+            body=formats.stored_body(asked.question),
             call=asked.tool_call_id,
             subtype=asked.subtype.value,
             timeout=asked.timeout_seconds or self.settings.question_timeout_seconds,
@@ -420,13 +419,12 @@ class PostgresStore(Store):
     def finish_job(
         self, job_id: int, *, ok: bool, result: str, batch_seconds: float = 0.0
     ) -> BackgroundJob:
-        body = formats.escape(result)
         found = self._call(
             "finish_job",
             job=job_id,
             ok=ok,
             result=result,
-            result_body=body,
+            result_body=formats.stored_body(result),
             batch_seconds=batch_seconds,
             max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
         )
@@ -515,6 +513,8 @@ def _budget(result: Mapping[str, Any]) -> Budget:
     row = dict(result["row"])
     for name in ("started_at", "deadline_at"):
         row[name] = _time(row[name])
+    if row["max_wall_seconds"] is not None:  # JSON writes a whole float8 as an integer
+        row["max_wall_seconds"] = float(row["max_wall_seconds"])
     exhausted = row["exhausted"]
     row["exhausted"] = BudgetName(exhausted) if exhausted else None
     created, active = result["sub_agents"]
@@ -528,13 +528,12 @@ def _time(value: str | None) -> datetime | None:
 
 def _sent(req: SendRequest) -> dict[str, Any]:
     """A message's own fields, as the send functions take them."""
-    body = formats.escape(req.content)
     return {
         "to": req.to,
         "type": req.type.value,
         "subtype": req.subtype.value if req.subtype else None,
         "content": req.content,
-        "body": body if body != req.content else None,
+        "body": formats.stored_body(req.content),
         "question_id": req.question_id,
         "wake": req.wake,
         "dedup_key": req.dedup_key,

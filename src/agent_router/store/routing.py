@@ -23,7 +23,7 @@ from agent_router.domain import (
     RouteOutcome,
     TurnTrigger,
 )
-from agent_router.store import answer_route, decisions, one_statement, queries, values
+from agent_router.store import decisions, queries, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -65,17 +65,8 @@ _LOCK_TARGET = (
 _INSERT_MESSAGE = sa.insert(MessageRow).returning(MessageRow.id)
 
 
-def route(tx: Tx, req: SendRequest, *, statement_tried: bool = False) -> Delivery:
-    """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`).
-    ``statement_tried``: the send's one statement already ran on its own and wrote nothing."""
-    if not statement_tried:
-        delivered = None
-        if one_statement.eligible(tx, req):
-            delivered = one_statement.route(tx, req, external=is_external(req.sender))
-        elif answer_route.eligible(tx, req) and not is_external(req.sender):
-            delivered = answer_route.route(tx, req)
-        if delivered is not None:
-            return delivered
+def route(tx: Tx, req: SendRequest) -> Delivery:
+    """Accept one message and deliver it by the receiver's state (:func:`decisions.decide`)."""
     target, source_id = _lock_target(tx, req)
     if req.dedup_key is not None:
         duplicate = _duplicate(tx, req, target)
@@ -116,9 +107,24 @@ def route(tx: Tx, req: SendRequest, *, statement_tried: bool = False) -> Deliver
         outcome=outcome,
         message_id=msg.id,
         epoch=target.epoch,
-        **one_statement.route_detail(req, msg.seq, state_before, target.state),
+        **route_detail(req, msg.seq, state_before, target.state),
     )
     return _delivery(target, msg)
+
+
+def route_detail(
+    req: SendRequest, seq: int, before: AgentState, after: AgentState
+) -> dict[str, Any]:
+    """The detail of a route's ledger event: the message's sequence number, type, sender and
+    wake flag, and the receiver's state before and after."""
+    return {
+        "seq": seq,
+        "type": req.type.value,
+        "sender": req.sender,
+        "wake": req.wake,
+        "state_before": before.value,
+        "state_after": after.value,
+    }
 
 
 def route_many(tx: Tx, reqs: Sequence[SendRequest]) -> list[Delivery]:
@@ -248,6 +254,7 @@ def _insert_message(
         else None
     )
     fields = {name: getattr(req, name) for name in values.SENT_COLUMNS} | dict(
+        body=formats.stored_body(req.content),
         seq=target.next_seq - 1,
         source_name=req.sender,
         source_agent_id=source_id,

@@ -46,16 +46,11 @@ from agent_router.domain import (
 from agent_router.settings import Settings
 from agent_router.store import (
     agents,
-    answer_route,
-    append_statement,
     budgets,
-    claim_statement,
-    end_statement,
     faults,
     functions,
     jobs,
     lifecycle,
-    one_statement,
     recovery,
     routing,
     turns,
@@ -205,24 +200,9 @@ class Store:
 
     @faults.retrying
     def route(self, req: SendRequest) -> Delivery:
-        """Accept one message and deliver it by the receiver's state. On PostgreSQL a send that
-        needs no question, and an answer to the agent waiting on it, are first tried as one
-        statement that is its own transaction (one round trip); the general way routes what it
-        did not."""
-        routed: one_statement.Routed | None = None
-        external = routing.is_external(req.sender)
-        if one_statement.eligible_alone(self.settings, req):
-            tried, routed = True, one_statement.route_alone(self.engine, req, external=external)
-        elif answer_route.eligible_alone(self.settings, req) and not external:
-            tried, routed = True, answer_route.route_alone(self.engine, req)
-        else:
-            tried = False
-        if routed is not None:
-            delivery, entries = routed
-            self._published(entries)
-            return delivery
+        """Accept one message and deliver it by the receiver's state."""
         with self._tx() as tx:
-            return routing.route(tx, req, statement_tried=tried)
+            return routing.route(tx, req)
 
     @faults.retrying
     def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
@@ -249,15 +229,7 @@ class Store:
         self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
     ) -> Claim | None:
         """Claim a turn (:func:`turns.claim_turn`); ``builtin``: for the built-in loop, which
-        claims no turn of an agent a host's task runs (``HostOwnedTurnError``). On PostgreSQL
-        a claim that only counts the turn on the team's budget is first tried as one statement
-        that is its own transaction (one round trip); the general way decides the rest."""
-        if claim_statement.eligible(self.settings):
-            claimed = claim_statement.claim_alone(
-                self.engine, self.settings, agent_id, epoch, builtin=builtin
-            )
-            if claimed is not None:
-                return claimed
+        claims no turn of an agent a host's task runs (``HostOwnedTurnError``)."""
         with self._tx() as tx:
             return turns.claim_turn(tx, agent_id, epoch, builtin=builtin)
 
@@ -268,30 +240,16 @@ class Store:
 
     @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
-        """Append the model's reply (:func:`turns.append_assistant`); on PostgreSQL first tried
-        as one statement that is its own transaction (one round trip)."""
+        """Append the model's reply (:func:`turns.append_assistant`)."""
         payload = turns.validate_assistant(message)
-        if append_statement.eligible(self.settings) and append_statement.append_alone(
-            self.engine, turn, payload, tool_call_id=None
-        ):
-            return
         with self._tx() as tx:
             turns.append_assistant(tx, turn, payload)
 
     @faults.retrying
     def append_tool_result(self, turn: TurnRecord, tool_call_id: str, content: str) -> None:
-        """Append the result of an open tool call (:func:`turns.append_tool_result`); on
-        PostgreSQL first tried as one statement that is its own transaction."""
+        """Append the result of an open tool call (:func:`turns.append_tool_result`)."""
         if not isinstance(content, str):
             raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
-        payload = {"role": "tool", "tool_call_id": tool_call_id, "content": content}
-        # An id that is not a string matches no open call: the general way refuses it.
-        if (
-            append_statement.eligible(self.settings)
-            and isinstance(tool_call_id, str)
-            and append_statement.append_alone(self.engine, turn, payload, tool_call_id=tool_call_id)
-        ):
-            return
         with self._tx() as tx:
             turns.append_tool_result(tx, turn, tool_call_id, content)
 
@@ -299,15 +257,7 @@ class Store:
     def end_turn(
         self, turn: TurnRecord, *, failed: bool = False, error: str | None = None
     ) -> EndOfTurn:
-        """End the turn (:func:`turns.end_turn`). On PostgreSQL the common end (nothing left to
-        close, no question waiting, no stop requested) is first tried as one statement that is
-        its own transaction (one round trip); the general way decides the rest."""
-        if end_statement.eligible(self.settings):
-            ended = end_statement.end_alone(self.engine, turn, failed=failed, error=error)
-            if ended is not None:
-                result, entries = ended
-                self._published(entries)
-                return result
+        """End the turn (:func:`turns.end_turn`)."""
         with self._tx() as tx:
             return turns.end_turn(tx, turn, failed=failed, error=error)
 

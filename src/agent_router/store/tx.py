@@ -170,11 +170,6 @@ def log_event(row: Mapping[str, Any]) -> None:
     )
 
 
-def has_buffered_ledger(session: Session) -> bool:
-    """Whether this transaction has ledger events not yet written."""
-    return bool(session.info.get(_LEDGER_BUFFER))
-
-
 def write_ledger_buffer(session: Session) -> None:
     rows = session.info.pop(_LEDGER_BUFFER, None)
     if rows:

@@ -110,9 +110,9 @@ BEGIN
         RETURN;
     END IF;
     UPDATE ar_budgets SET warned = true WHERE team_id = b.team_id;
-    o := ar__event(o, 'budget_warning', b.team_id, NULL, p_now, jsonb_build_object(
+    o := ar__event(o, 'budget_warning', b.team_id, p_agent, p_now, jsonb_build_object(
         'budget', v_name, 'used', ar__budget_used(b, v_name, p_now),
-        'limit', ar__budget_limit(b, v_name), 'agent_id', p_agent, 'turn_id', p_turn));
+        'limit', ar__budget_limit(b, v_name)), p_turn => p_turn);
     o := jsonb_set(o, '{budget,warn}', to_jsonb(v_name));
 END $$;
 
@@ -125,9 +125,9 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF b.exhausted IS NULL THEN
         UPDATE ar_budgets SET exhausted = p_spent WHERE team_id = b.team_id;
-        o := ar__event(o, 'budget_exhausted', b.team_id, NULL, p_now, jsonb_build_object(
+        o := ar__event(o, 'budget_exhausted', b.team_id, p_agent, p_now, jsonb_build_object(
             'budget', p_spent, 'used', ar__budget_used(b, p_spent, p_now),
-            'limit', ar__budget_limit(b, p_spent), 'agent_id', p_agent, 'turn_id', p_turn));
+            'limit', ar__budget_limit(b, p_spent)), p_turn => p_turn);
     END IF;
     o := o || jsonb_build_object('budget', jsonb_build_object(
         'ok', false, 'exhausted', coalesce(b.exhausted, p_spent),
@@ -194,10 +194,10 @@ BEGIN
                                 completion_tokens, cached_tokens, cost_nano, estimated, created_at)
     VALUES (p_team, p_agent, p_turn, p_model, p_prompt, p_completion, p_cached, p_cost_nano,
             p_estimated, v_now);
-    o := ar__event(o, 'model_call', p_team, NULL, v_now, jsonb_build_object(
+    o := ar__event(o, 'model_call', p_team, p_agent, v_now, jsonb_build_object(
         'model', p_model, 'prompt_tokens', p_prompt, 'completion_tokens', p_completion,
         'cached_tokens', p_cached, 'cost_usd', p_cost_nano::float8 / 1000000000,
-        'estimated', p_estimated, 'agent_id', p_agent, 'turn_id', p_turn));
+        'estimated', p_estimated), p_turn => p_turn);
     o := o || jsonb_build_object('budget', jsonb_build_object('ok', true));
     RETURN ar__budget_warn(o, b, p_ratio, p_agent, p_turn, v_now);
 END $$;

@@ -78,7 +78,8 @@ END $$;
 -- orders the link callback against the poller, and the second finds the job finished (the
 -- dedup key `job:<id>` guards the message as well). The notice's content is
 -- "Background job <name> (<task id>) finished|failed: <result>"; `p_result_body` is the result
--- as it appears inside an envelope (NULL: as it is). The result's "job".
+-- as it appears inside an envelope (NULL: as it is; the job's name and task id, which hold no
+-- markup, need no escaping). The result's "job".
 CREATE OR REPLACE FUNCTION ar_finish_job(
     p_job bigint, p_ok boolean, p_result text, p_result_body text, p_batch_seconds float8,
     p_max_windows integer)
