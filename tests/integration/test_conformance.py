@@ -180,7 +180,7 @@ def _outcome(result: Any) -> Any:
     """What an operation returned or raised, comparable across the two databases."""
     if isinstance(result, AgentRouterError):
         return type(result).__name__, re.sub(r"\d+", "#", str(result))
-    if isinstance(result, list):
+    if isinstance(result, list | tuple):
         return [_outcome(r) for r in result]
     if hasattr(result, "__dataclass_fields__"):
         fields = {

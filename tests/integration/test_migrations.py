@@ -6,12 +6,15 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from agent_router import Router, Settings, StoreError
 from agent_router.domain import LedgerAction
-from agent_router.store import migrations
+from agent_router.ops import preflight
+from agent_router.store import functions, migrations
 from agent_router.store.migrate import VERSION_TABLE, downgrade, upgrade
 from agent_router.store.models import Base
 
@@ -218,4 +221,56 @@ def test_0006_moves_each_agent_rows_foreign_keys_from_the_team_to_the_agent(
         upgrade(url)
         router = Router(Settings(database_url=url))
         assert [m.content for m in router.messages(team.id)] == ["build it"]
+        router.close()
+
+
+def _installed(url: str) -> tuple[str | None, set[str]]:
+    """The version of the store's functions a database holds, and the names of ours in it."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            names = set(
+                conn.execute(
+                    sa.text("SELECT proname FROM pg_proc WHERE proname LIKE 'ar\\_%'")
+                ).scalars()
+            )
+            return functions.installed(conn), names
+    finally:
+        engine.dispose()
+
+
+def test_an_upgrade_installs_the_functions_and_0006_takes_them_away(fresh_pg_url: str) -> None:
+    """The store's functions come with every upgrade to the newest revision; going back to a
+    release that calls none removes them all, and upgrading again brings this release's."""
+    upgrade(fresh_pg_url)
+    version, names = _installed(fresh_pg_url)
+    assert version == functions.version()
+    assert set(functions.names()) <= names and {"ar_send", "ar_claim", "ar_end"} <= names
+    downgrade(fresh_pg_url, "0006")
+    assert _installed(fresh_pg_url) == (None, set())
+    upgrade(fresh_pg_url)
+    assert _installed(fresh_pg_url)[0] == functions.version()
+
+
+def test_a_database_without_this_releases_functions_says_what_to_run(fresh_pg_url: str) -> None:
+    """Tables at the newest revision but the functions missing (dropped by hand, or a schema
+    made by another release's create_schema): the preflight check and a send both say to run
+    `agent-router db upgrade`; after it, the send goes through."""
+    upgrade(fresh_pg_url)
+    engine = sa.create_engine(fresh_pg_url)
+    with engine.begin() as conn:
+        functions.drop(conn)
+    engine.dispose()
+    check = preflight.schema(fresh_pg_url)
+    assert not check.ok and "none of agent-router's functions" in check.detail
+    assert "db upgrade" in check.hint
+    router = Router(Settings(database_url=fresh_pg_url))
+    try:
+        with pytest.raises(StoreError, match="agent-router db upgrade"):
+            router.create_team()
+        upgrade(fresh_pg_url)
+        assert preflight.schema(fresh_pg_url).ok
+        team = router.create_team()
+        assert router.send(team.id, to="Team Leader", content="go").seq == 1
+    finally:
         router.close()

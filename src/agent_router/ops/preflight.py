@@ -128,7 +128,39 @@ def schema(database_url: str) -> Check:
             f"{revision}; this release's is {wanted}",
             "upgrade it with `agent-router db upgrade --database-url URL` before the workers start",
         )
+    functions = _functions(database_url)
+    if functions is not None:
+        return functions
     return Check("schema", True, "the router's tables exist")
+
+
+def _functions(database_url: str) -> Check | None:
+    """On PostgreSQL, a failed check unless the database holds this release's functions (the
+    store's transitions); ``None`` when it does, or on SQLite."""
+    if not database_url.startswith("postgresql"):
+        return None
+    from agent_router.store import functions
+
+    engine = sa.create_engine(database_url, connect_args=_connect_args(database_url))
+    try:
+        with engine.connect() as conn:
+            installed = functions.installed(conn)
+    finally:
+        engine.dispose()
+    if installed == functions.version():
+        return None
+    found = (
+        "none of agent-router's functions"
+        if installed is None
+        else (f"agent-router's functions of another release ({installed})")
+    )
+    return Check(
+        "schema",
+        False,
+        f"the database {redact(database_url)} has {found}; this release's are "
+        f"{functions.version()}",
+        "install them with `agent-router db upgrade --database-url URL` before the workers start",
+    )
 
 
 def database_ready(database_url: str) -> None:

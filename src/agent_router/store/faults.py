@@ -31,8 +31,8 @@ def connection_lost(exc: BaseException) -> bool:
         return False
     if exc.connection_invalidated:
         return True
-    sqlstate = _sqlstate(exc)
-    if sqlstate is not None and not sqlstate.startswith(("08", "57P")):
+    state = sqlstate(exc)
+    if state is not None and not state.startswith(("08", "57P")):
         return False
     return isinstance(exc, OperationalError | InterfaceError)
 
@@ -40,14 +40,14 @@ def connection_lost(exc: BaseException) -> bool:
 def rolled_back(exc: BaseException) -> bool:
     """The server rolled the transaction back to end a conflict with another (a deadlock, a
     serialization failure: SQLSTATE class 40): nothing was written, and it may run again."""
-    sqlstate = _sqlstate(exc)
-    return sqlstate is not None and sqlstate.startswith("40")
+    state = sqlstate(exc)
+    return state is not None and state.startswith("40")
 
 
-def _sqlstate(exc: BaseException) -> str | None:
+def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE the server answered with (psycopg's), if any."""
-    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
-    return sqlstate if isinstance(sqlstate, str) else None
+    state = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return state if isinstance(state, str) else None
 
 
 def store_error(exc: SQLAlchemyError, *, committing: bool) -> errors.StoreError:

@@ -68,6 +68,9 @@ from agent_router.store.store import Store
 from agent_router.store.tx import log_event
 from agent_router.store.values import Ask, Claim, NewAgent, SendRequest
 
+#: The SQLSTATE of a call to a function the database does not have.
+_UNDEFINED_FUNCTION = "42883"
+
 
 class PostgresStore(Store):
     """The store whose transitions are PostgreSQL functions."""
@@ -92,6 +95,11 @@ class PostgresStore(Store):
             try:
                 yield conn.execution_options(isolation_level="AUTOCOMMIT")
             except SQLAlchemyError as exc:
+                if faults.sqlstate(exc) == _UNDEFINED_FUNCTION:
+                    raise errors.StoreError(
+                        "the database holds none of this release's store functions: "
+                        "run `agent-router db upgrade` (Router.create_schema() in tests)"
+                    ) from exc
                 if faults.connection_lost(exc) and not conn.invalidated:
                     conn.invalidate()
                 raise faults.store_error(exc, committing=True) from exc
