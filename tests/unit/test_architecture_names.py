@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agent_router.store import functions
+
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {
     "Router": "agent_router.router",
@@ -54,3 +56,8 @@ def test_every_named_keeper_exists() -> None:
     assert len(names) > 30
     for name in sorted(names):
         resolve(name)
+    # The keepers of the PostgreSQL implementation: functions the store installs.
+    defined = set(functions.names())
+    sql = {n for n in kept_by_names() if n.startswith("ar_")}
+    assert len(sql) > 8
+    assert sql <= defined, sorted(sql - defined)
