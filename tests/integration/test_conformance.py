@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -210,6 +211,7 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             self.calls = itertools.count()
             self.questions: list[list[int]] = [[], []]
             self.jobs: list[list[int]] = [[], []]
+            self.tasks: list[str] = []
 
         def each(self, op: Callable[[int, Router, int], Any]) -> list[Any]:
             """Run ``op(side, router, team_id)`` on both; the same outcome on both."""
@@ -371,9 +373,13 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
                 ),
             )
 
-        @rule(name=st.sampled_from(NAMES), ok=st.booleans(), finish=st.booleans())
-        def job(self, name: str, ok: bool, finish: bool) -> None:
-            task = f"task-{next(self.calls)}"
+        @rule(
+            name=st.sampled_from(NAMES), ok=st.booleans(), finish=st.booleans(), again=st.booleans()
+        )
+        def job(self, name: str, ok: bool, finish: bool, again: bool) -> None:
+            # A task id given twice (again) is refused the same way on both.
+            task = self.tasks[-1] if again and self.tasks else f"task-{uuid.uuid4().hex}"
+            self.tasks.append(task)
 
             def op(side: int, r: Router, t: int) -> Any:
                 if finish and self.jobs[side]:

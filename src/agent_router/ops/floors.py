@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.types.json
 import sqlalchemy as sa
 
 from agent_router.settings import Settings
@@ -157,6 +158,54 @@ class RawFloor:
         if not self.sqlite:
             conn.autocommit = True  # no BEGIN: the statement alone
         return statistics.median(ms(lambda: conn.execute("SELECT 1").fetchone()) for _ in range(50))
+
+    def close(self) -> None:
+        with self._guard:
+            for conn in self._connections.values():
+                conn.close()
+            self._connections.clear()
+
+
+class SameWorkFloor:
+    """The same-work floor: one transaction writing, through the raw driver, the rows the design
+    must write for a message routed to a running agent: the receiver's counter taken (its row
+    locked and updated), the message inserted into its mailbox (with the mailbox's indexes and
+    foreign keys) and the route's ledger event. One connection per thread (``run(i)`` writes to
+    the ``i``-th agent given), opened once; no pool, no ORM, statements written by hand. The
+    rows it writes are real pending messages, left for the bench's teams to discard."""
+
+    _TAKE = "UPDATE ar_agents SET next_seq = next_seq + 1 WHERE id = %s RETURNING team_id, next_seq"
+    _MESSAGE = (
+        "INSERT INTO ar_messages (team_id, seq, source_name, target_agent_id, type, content, "
+        "wake, outcome, status, created_at) VALUES (%s, %s, 'user', %s, 'message', 'm', true, "
+        "'injected_inline', 'pending', now()) RETURNING id"
+    )
+    _EVENT = (
+        "INSERT INTO ar_ledger (team_id, agent_id, action, outcome, message_id, detail, "
+        "created_at) VALUES (%s, %s, 'route', 'injected_inline', %s, %s, now())"
+    )
+
+    def __init__(self, settings: Settings, agents: list[int]) -> None:
+        url = sa.engine.make_url(settings.database_url)
+        self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.agents = agents
+        self._connections: dict[int, Any] = {}
+        self._guard = threading.Lock()
+
+    def run(self, i: int = 0) -> None:
+        with self._guard:
+            conn = self._connections.get(i)
+            if conn is None:
+                conn = self._connections[i] = psycopg.connect(self._dsn)
+        agent = self.agents[i]
+        with conn.cursor() as cur:
+            taken: Any = cur.execute(self._TAKE, (agent,)).fetchone()
+            team, seq = taken
+            inserted: Any = cur.execute(self._MESSAGE, (team, seq - 1, agent)).fetchone()
+            (message,) = inserted
+            detail = psycopg.types.json.Jsonb({"seq": seq - 1, "type": "message", "wake": True})
+            cur.execute(self._EVENT, (team, agent, message, detail))
+        conn.commit()
 
     def close(self) -> None:
         with self._guard:

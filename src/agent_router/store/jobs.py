@@ -42,6 +42,13 @@ def start_job(tx: Tx, team_id: int, agent: str, *, name: str, task_id: str) -> B
         raise errors.UnknownAgentError(f"no agent {agent!r} in team {team_id}")
     if row.state is AgentState.TERMINATED:
         raise errors.AgentTerminatedError(f"agent {agent!r} is terminated")
+    if (
+        tx.session.scalar(sa.select(BackgroundJobRow.id).where(BackgroundJobRow.task_id == task_id))
+        is not None
+    ):
+        raise errors.InvalidArgumentError(
+            f"a background job of task {task_id!r} is recorded already"
+        )
     job = tx.added(
         BackgroundJobRow(
             team_id=team_id,

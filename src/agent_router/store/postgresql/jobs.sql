@@ -21,6 +21,9 @@ BEGIN
     ELSIF a.state = 'terminated' THEN
         RETURN ar__refused(o, 'AgentTerminatedError',
                            format('agent %s is terminated', ar__repr(p_agent)));
+    ELSIF EXISTS (SELECT 1 FROM ar_background_jobs WHERE task_id = p_task) THEN
+        RETURN ar__refused(o, 'InvalidArgumentError', format(
+            'a background job of task %s is recorded already', ar__repr(p_task)));
     END IF;
     INSERT INTO ar_background_jobs (team_id, agent_id, name, task_id, status, created_at)
     VALUES (p_team, a.id, left(p_name, 200), p_task, 'running', v_now)
