@@ -5,7 +5,8 @@
 -- A team's budget row: `p_limits` (as stored, by column; a limit not named: unlimited) from
 -- `p_started`, nothing used yet. Nothing if the team has one already.
 CREATE OR REPLACE FUNCTION ar__insert_budget(p_team bigint, p_started timestamp, p_limits jsonb)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO ar_budgets (team_id, started_at, max_model_calls, max_turns, max_tokens,
                             max_cost_nano, max_wall_seconds, max_sub_agents_created,
                             max_sub_agents_active, deadline_at, model_calls, turns,
@@ -18,8 +19,8 @@ RETURNS void LANGUAGE sql AS $$
             (p_limits ->> 'max_sub_agents_active')::integer,
             p_started + make_interval(secs => (p_limits ->> 'max_wall_seconds')::float8),
             0, 0, 0, 0, 0, 0, false, NULL)
-    ON CONFLICT DO NOTHING
-$$;
+    ON CONFLICT DO NOTHING;
+END $$;
 
 -- The team's budget row, locked; made from `p_defaults` (the settings' limits, as stored) if
 -- the team has none yet (a team created before budgets existed). NULL: no such team.
@@ -44,15 +45,17 @@ END $$;
 
 -- The team's sub-agents: ever created, and not terminated.
 CREATE OR REPLACE FUNCTION ar__sub_agents(p_team bigint) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_array(count(*), count(*) FILTER (WHERE state <> 'terminated'))
-    FROM ar_agents WHERE team_id = p_team AND NOT is_lead
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT jsonb_build_array(count(*), count(*) FILTER (WHERE state <> 'terminated'))
+    FROM ar_agents WHERE team_id = p_team AND NOT is_lead);
+END $$;
 
 -- A budget's limit, in its unit (dollars for the cost); NULL: unlimited.
 CREATE OR REPLACE FUNCTION ar__budget_limit(b ar_budgets, p_name ar_budget_name)
-RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE p_name
+RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN CASE p_name
         WHEN 'model_calls' THEN b.max_model_calls::float8
         WHEN 'turns' THEN b.max_turns::float8
         WHEN 'tokens' THEN b.max_tokens::float8
@@ -60,36 +63,39 @@ RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
         WHEN 'wall_seconds' THEN b.max_wall_seconds
         WHEN 'sub_agents_created' THEN b.max_sub_agents_created::float8
         WHEN 'sub_agents_active' THEN b.max_sub_agents_active::float8
-    END
-$$;
+    END;
+END $$;
 
 -- What the team used of a team-stopping budget, at `p_now`.
 CREATE OR REPLACE FUNCTION ar__budget_used(b ar_budgets, p_name ar_budget_name, p_now timestamp)
-RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE p_name
+RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN CASE p_name
         WHEN 'model_calls' THEN b.model_calls::float8
         WHEN 'turns' THEN b.turns::float8
         WHEN 'tokens' THEN (b.prompt_tokens + b.completion_tokens)::float8
         WHEN 'cost' THEN b.cost_nano::float8 / 1000000000
         WHEN 'wall_seconds' THEN greatest(0, extract(epoch FROM p_now - b.started_at)::float8)
-    END
-$$;
+    END;
+END $$;
 
 -- The team-stopping budgets, in the order they are checked (by name).
 CREATE OR REPLACE FUNCTION ar__stopping_budgets() RETURNS ar_budget_name[]
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT ARRAY['cost', 'model_calls', 'tokens', 'turns', 'wall_seconds']::ar_budget_name[]
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN ARRAY['cost', 'model_calls', 'tokens', 'turns', 'wall_seconds']::ar_budget_name[];
+END $$;
 
 -- The first team-stopping budget with nothing left (the turns only when `p_turns`: a turn that
 -- started may make its model calls); NULL: none.
 CREATE OR REPLACE FUNCTION ar__budget_spent(b ar_budgets, p_now timestamp, p_turns boolean)
-RETURNS ar_budget_name LANGUAGE sql IMMUTABLE AS $$
-    SELECT n FROM unnest(ar__stopping_budgets()) WITH ORDINALITY AS s(n, k)
+RETURNS ar_budget_name LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN (SELECT n FROM unnest(ar__stopping_budgets()) WITH ORDINALITY AS s(n, k)
     WHERE ar__budget_limit(b, n) IS NOT NULL AND (p_turns OR n <> 'turns')
       AND ar__budget_used(b, n, p_now) >= ar__budget_limit(b, n)
-    ORDER BY k LIMIT 1
-$$;
+    ORDER BY k LIMIT 1);
+END $$;
 
 -- Once per team (until its limits change): the budget past the warning threshold, warned of
 -- in a `budget_warning` event (the row's `warned` set by the caller).
@@ -166,10 +172,11 @@ END $$;
 -- A model call is about to be made: refused (nothing counted) when a budget is spent.
 CREATE OR REPLACE FUNCTION ar_charge_model_call(
     p_team bigint, p_agent bigint, p_turn bigint, p_ratio float8, p_defaults jsonb)
-RETURNS jsonb LANGUAGE sql AS $$
-    SELECT ar__charge(ar__result(), p_team, p_agent, p_turn, false, p_ratio, p_defaults,
-                      ar__now())
-$$;
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN ar__charge(ar__result(), p_team, p_agent, p_turn, false, p_ratio, p_defaults,
+                      ar__now());
+END $$;
 
 -- One model call's usage: a row per call, the team's totals, one `model_call` event.
 CREATE OR REPLACE FUNCTION ar_record_usage(

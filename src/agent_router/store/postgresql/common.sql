@@ -14,28 +14,36 @@
 
 -- The clock every transition reads: UTC, without a zone (as the columns hold it).
 CREATE OR REPLACE FUNCTION ar__now() RETURNS timestamp
-LANGUAGE sql VOLATILE AS $$ SELECT (clock_timestamp() AT TIME ZONE 'UTC')::timestamp $$;
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN (clock_timestamp() AT TIME ZONE 'UTC')::timestamp;
+END $$;
 
 -- An empty result: no event, no outbox row.
 CREATE OR REPLACE FUNCTION ar__result() RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$ SELECT '{"events": [], "outbox": []}'::jsonb $$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN '{"events": [], "outbox": []}'::jsonb;
+END $$;
 
 -- A text as Python's repr() writes it, for the names, keys and reasons that refusals quote
 -- (printable text: no escapes but the backslash and the quote).
 CREATE OR REPLACE FUNCTION ar__repr(p text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN CASE
         WHEN strpos(p, '''') > 0 AND strpos(p, '"') = 0
             THEN '"' || replace(p, '\', '\\') || '"'
         ELSE '''' || replace(replace(p, '\', '\\'), '''', '\''') || ''''
-    END
-$$;
+    END;
+END $$;
 
 -- Which state may follow which (an illegal move is a bug of the store, and raises): `idle`
 -- follows any live state (a stop), `terminated` is final.
 CREATE OR REPLACE FUNCTION ar__can_move(p_from ar_agent_state, p_to ar_agent_state)
-RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE p_from
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN CASE p_from
         WHEN 'idle' THEN p_to IN ('scheduled', 'idle', 'terminated')
         WHEN 'completed' THEN p_to IN ('scheduled', 'idle', 'terminated')
         WHEN 'scheduled' THEN p_to IN ('scheduled', 'running', 'idle', 'terminated')
@@ -43,8 +51,8 @@ RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
         WHEN 'waiting' THEN p_to IN ('waiting', 'running', 'scheduled', 'completed', 'idle',
                                      'terminated')
         ELSE false
-    END
-$$;
+    END;
+END $$;
 
 -- The one way an agent changes state.
 CREATE OR REPLACE FUNCTION ar__move(INOUT a ar_agents, p_to ar_agent_state)
@@ -59,14 +67,15 @@ END $$;
 
 -- The agent's row as the transition left it.
 CREATE OR REPLACE FUNCTION ar__save_agent(a ar_agents) RETURNS void
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
     UPDATE ar_agents SET
         state = a.state, suspended = a.suspended, epoch = a.epoch,
         pending_trigger = a.pending_trigger, next_seq = a.next_seq,
         next_position = a.next_position, stop_requested = a.stop_requested,
         scheduled_at = a.scheduled_at
-    WHERE id = a.id
-$$;
+    WHERE id = a.id;
+END $$;
 
 -- A ledger event, written now and listed in the result's "events" (the store logs them).
 CREATE OR REPLACE FUNCTION ar__event(
@@ -88,10 +97,11 @@ CREATE OR REPLACE FUNCTION ar__agent_event(
     INOUT o jsonb, p_action ar_ledger_action, a ar_agents, p_now timestamp,
     p_detail jsonb DEFAULT '{}', p_outcome ar_route_outcome DEFAULT NULL,
     p_message bigint DEFAULT NULL, p_turn bigint DEFAULT NULL, p_epoch integer DEFAULT NULL)
-LANGUAGE sql AS $$
-    SELECT ar__event(o, p_action, a.team_id, a.id, p_now, p_detail, p_outcome, p_message,
-                     p_turn, p_epoch)
-$$;
+LANGUAGE plpgsql AS $$
+BEGIN
+    o := ar__event(o, p_action, a.team_id, a.id, p_now, p_detail, p_outcome, p_message,
+                     p_turn, p_epoch);
+END $$;
 
 -- An outbox row for the agent's current epoch, listed in the result's "outbox" (published
 -- after the commit). A turn task carries the agent's name and team for monitors, and the
@@ -149,8 +159,9 @@ END $$;
 -- The ids of the tool calls of the agent's last assistant message that have no result yet,
 -- in order.
 CREATE OR REPLACE FUNCTION ar__open_tool_calls(p_agent bigint) RETURNS text[]
-LANGUAGE sql STABLE AS $$
-    WITH last AS (
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (WITH last AS (
         SELECT position, payload FROM ar_transcript_entries
         WHERE agent_id = p_agent AND role = 'assistant'
         ORDER BY position DESC LIMIT 1
@@ -165,8 +176,8 @@ LANGUAGE sql STABLE AS $$
         SELECT 1 FROM ar_transcript_entries later
         WHERE later.agent_id = p_agent AND later.position > last.position
           AND later.role = 'tool' AND later.tool_call_id = c.id
-    )
-$$;
+    ));
+END $$;
 
 -- Every open tool call but `p_keep` gets the synthetic result `p_result` (an interrupted or
 -- cancelled call); how many in "closed".
@@ -194,10 +205,14 @@ END $$;
 
 -- The question an agent is blocked on, locked; NULL if none.
 CREATE OR REPLACE FUNCTION ar__waiting_question(p_agent bigint) RETURNS ar_questions
-LANGUAGE sql VOLATILE AS $$
-    SELECT * FROM ar_questions WHERE asker_agent_id = p_agent AND waiting
-    FOR NO KEY UPDATE
-$$;
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    q ar_questions;
+BEGIN
+    SELECT * INTO q FROM ar_questions WHERE asker_agent_id = p_agent AND waiting
+    FOR NO KEY UPDATE;
+    RETURN q;
+END $$;
 
 -- The one way a question closes: answered (with its answer), expired or cancelled.
 -- `p_stop_waiting`: the asker is no longer blocked on it either.
@@ -220,9 +235,10 @@ END $$;
 
 -- The turn a waiter blocks in (its epoch when it asked).
 CREATE OR REPLACE FUNCTION ar__waiter_turn(p_agent bigint, p_epoch integer) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT id FROM ar_turns WHERE agent_id = p_agent AND epoch = p_epoch
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT id FROM ar_turns WHERE agent_id = p_agent AND epoch = p_epoch);
+END $$;
 
 -- A wait ends: `p_result` becomes the blocked call's result, `p_action` is ledgered with
 -- `p_detail`, and the waiter continues: woken if it blocks in a worker, a continuation turn
@@ -261,26 +277,29 @@ END $$;
 CREATE OR REPLACE FUNCTION ar__envelope(
     p_type ar_message_type, p_sender text, p_id bigint, p_subtype ar_message_subtype,
     p_question bigint, p_body text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT '<agent-message type="' || p_type || '" from="' || p_sender || '" message_id="'
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN '<agent-message type="' || p_type || '" from="' || p_sender || '" message_id="'
         || p_id || '"'
         || coalesce(' subtype="' || p_subtype || '"', '')
         || coalesce(' question_id="' || p_question || '"', '')
-        || E'>\n' || p_body || E'\n</agent-message>'
-$$;
+        || E'>\n' || p_body || E'\n</agent-message>';
+END $$;
 
 -- A message's structured metadata on its transcript entry (formats.metadata).
 CREATE OR REPLACE FUNCTION ar__metadata(m ar_messages) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT jsonb_build_object('message_id', m.id, 'type', m.type, 'subtype', m.subtype,
-                              'from', m.source_name, 'question_id', m.question_id, 'seq', m.seq)
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN jsonb_build_object('message_id', m.id, 'type', m.type, 'subtype', m.subtype,
+                              'from', m.source_name, 'question_id', m.question_id, 'seq', m.seq);
+END $$;
 
 -- A refusal: the error the store raises (a class of agent_router.errors, its message and its
 -- own fields) in the result's "refused". Nothing of the transition is written.
 CREATE OR REPLACE FUNCTION ar__refused(
     INOUT o jsonb, p_error text, p_message text, p_fields jsonb DEFAULT '{}')
-LANGUAGE sql AS $$
-    SELECT jsonb_set(o, '{refused}', jsonb_build_object('error', p_error, 'message', p_message,
-                                                        'fields', p_fields))
-$$;
+LANGUAGE plpgsql AS $$
+BEGIN
+    o := jsonb_set(o, '{refused}', jsonb_build_object('error', p_error, 'message', p_message,
+                                                        'fields', p_fields));
+END $$;

@@ -10,8 +10,9 @@ CREATE OR REPLACE FUNCTION ar__decide(
     p_state ar_agent_state, p_wait_id bigint, p_wait_kind ar_question_kind,
     p_wait_target bigint, p_type ar_message_type, p_subtype ar_message_subtype,
     p_sender_id bigint, p_wake boolean, p_answers bigint)
-RETURNS ar_route_outcome LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE
+RETURNS ar_route_outcome LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN CASE
         WHEN p_state = 'waiting' AND p_wait_id IS NOT NULL AND p_sender_id IS NOT NULL
              AND p_sender_id = p_wait_target
              AND CASE p_wait_kind
@@ -25,27 +26,29 @@ RETURNS ar_route_outcome LANGUAGE sql IMMUTABLE AS $$
         WHEN p_state = 'scheduled' THEN 'coalesced'
         WHEN p_wake THEN 'triggered_new_turn'
         ELSE 'queued'
-    END::ar_route_outcome
-$$;
+    END::ar_route_outcome;
+END $$;
 
 -- A timestamp as Python's isoformat() writes it.
 CREATE OR REPLACE FUNCTION ar__isoformat(p timestamp) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT to_char(p, 'YYYY-MM-DD"T"HH24:MI:SS')
-        || CASE WHEN to_char(p, 'US') = '000000' THEN '' ELSE '.' || to_char(p, 'US') END
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN to_char(p, 'YYYY-MM-DD"T"HH24:MI:SS')
+        || CASE WHEN to_char(p, 'US') = '000000' THEN '' ELSE '.' || to_char(p, 'US') END;
+END $$;
 
 -- A send refused: the error, and the `send_rejected` event that records it.
 CREATE OR REPLACE FUNCTION ar__rejected(
     INOUT o jsonb, p_error text, p_message text, p_reason text, p_team bigint, p_to text,
     p_sender text, p_type ar_message_type, p_subtype ar_message_subtype)
-LANGUAGE sql AS $$
-    SELECT jsonb_set(ar__refused(o, p_error, p_message), '{refused,event}', jsonb_build_object(
+LANGUAGE plpgsql AS $$
+BEGIN
+    o := jsonb_set(ar__refused(o, p_error, p_message), '{refused,event}', jsonb_build_object(
         'action', 'send_rejected', 'team_id', p_team, 'outcome', 'rejected',
         'detail', jsonb_build_object('reason', p_reason, 'to', p_to, 'sender', p_sender,
                                      'type', p_type, 'subtype', p_subtype,
-                                     'message', p_message)))
-$$;
+                                     'message', p_message)));
+END $$;
 
 -- The event of a refusal (the result's refused.event), written after the refusal. Refusals of
 -- a send of one kind (team, reason, sender, receiver) within a minute share one row, counted in
@@ -87,11 +90,12 @@ END $$;
 -- Record a refusal the store's caller made before routing (malformed input): `p_event` as a
 -- refusal's event.
 CREATE OR REPLACE FUNCTION ar_record_refusal(p_event jsonb) RETURNS jsonb
-LANGUAGE sql AS $$
-    SELECT ar__refusal_event(jsonb_set(ar__result(), '{refused}',
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN ar__refusal_event(jsonb_set(ar__result(), '{refused}',
                                        jsonb_build_object('event', p_event)), ar__now())
-        - 'refused'
-$$;
+        - 'refused';
+END $$;
 
 -- The message becomes the blocked call's tool result, in this transaction: the question no
 -- longer waited on, the rendered message at the end of the waiter's transcript (a pending

@@ -36,18 +36,20 @@ END $$;
 CREATE OR REPLACE FUNCTION ar__write_refused(
     INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_error text, p_message text,
     p_detail jsonb DEFAULT '{}')
-LANGUAGE sql AS $$
-    SELECT jsonb_set(ar__refused(o, p_error, p_message), '{refused,event}', jsonb_build_object(
+LANGUAGE plpgsql AS $$
+BEGIN
+    o := jsonb_set(ar__refused(o, p_error, p_message), '{refused,event}', jsonb_build_object(
         'action', 'stale_write_refused', 'team_id', a.team_id, 'agent_id', a.id,
-        'turn_id', p_turn, 'detail', jsonb_build_object('operation', p_operation) || p_detail))
-$$;
+        'turn_id', p_turn, 'detail', jsonb_build_object('operation', p_operation) || p_detail));
+END $$;
 
 -- A list of texts as Python prints it (a refusal quotes the tool calls it names).
 CREATE OR REPLACE FUNCTION ar__repr_list(p text[]) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT '[' || coalesce(string_agg(ar__repr(x), ', ' ORDER BY n), '') || ']'
-    FROM unnest(p) WITH ORDINALITY AS u(x, n)
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN (SELECT '[' || coalesce(string_agg(ar__repr(x), ', ' ORDER BY n), '') || ']'
+    FROM unnest(p) WITH ORDINALITY AS u(x, n));
+END $$;
 
 -- Refuse `p_operation` while tool calls of the last assistant message have no result;
 -- `p_ledger_calls`: the event names them.
@@ -239,10 +241,11 @@ END $$;
 
 -- Cancel the open questions the agent asked (a stop): it no longer waits on any.
 CREATE OR REPLACE FUNCTION ar__cancel_own_questions(p_agent bigint, p_now timestamp)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE ar_questions SET status = 'cancelled', waiting = false, closed_at = p_now
-    WHERE asker_agent_id = p_agent AND status = 'open'
-$$;
+    WHERE asker_agent_id = p_agent AND status = 'open';
+END $$;
 
 -- The turn honours a stop: the rest of its batch gets cancelled results (`p_stopped`), its
 -- open questions are cancelled, the agent is idle (mailbox kept), with no wait suspended, no

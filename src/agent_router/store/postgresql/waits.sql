@@ -50,8 +50,9 @@ CREATE OR REPLACE FUNCTION ar__wait_refused(
     INOUT o jsonb, p_team bigint, p_agent bigint, p_turn bigint, p_epoch integer,
     p_target text, p_reason text, p_message text, p_kind ar_question_kind,
     p_cycle text[] DEFAULT '{}')
-LANGUAGE sql AS $$
-    SELECT jsonb_set(
+LANGUAGE plpgsql AS $$
+BEGIN
+    o := jsonb_set(
         ar__refused(o, 'AskRefusedError', p_message, jsonb_build_object('cycle', p_cycle)),
         '{refused,event}', jsonb_build_object(
             'action', 'ask_refused', 'team_id', p_team, 'agent_id', p_agent, 'turn_id', p_turn,
@@ -59,8 +60,8 @@ LANGUAGE sql AS $$
             'detail', jsonb_build_object('reason', p_reason, 'target', p_target,
                                          'cycle', to_jsonb(p_cycle))
                 || CASE WHEN p_kind = 'ask' THEN '{}'::jsonb
-                        ELSE jsonb_build_object('kind', p_kind) END))
-$$;
+                        ELSE jsonb_build_object('kind', p_kind) END));
+END $$;
 
 -- The checks before a new waits-for edge (an ask, or a wait for an output), under the team lock
 -- that serializes edge creation, then both agents' locks by id: refused for an unknown,
