@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from agent_router import formats
 from agent_router.agents.llm import directive
 from tests.acceptance.test_run_cli import CLI, TIMEOUT, scripted_llm
 from tests.support.chat_server import ChatServer
@@ -100,9 +101,11 @@ def test_a_sub_agent_calls_an_mcp_tool_and_a_host_function(tmp_path: Path) -> No
         for c in m.get("tool_calls") or []
     }
     results = {calls[k]: v for k, v in tool_results(clock[-1]).items()}
-    # The real server's answer landed in the transcript the model reads.
-    assert json.loads(results["time__get_current_time"])["timezone"] == "Asia/Tokyo"
-    assert results["shout"] == "DONE DONE"
+    # The real server's answer landed in the transcript the model reads, fenced as its own.
+    time = formats.parse_fence(results["time__get_current_time"])
+    assert (time.tool, time.server) == ("get_current_time", "time")
+    assert json.loads(time.content)["timezone"] == "Asia/Tokyo"
+    assert formats.parse_fence(results["shout"]).content == "DONE DONE"
 
 
 def test_bad_tool_options_are_refused_before_anything_runs(tmp_path: Path) -> None:

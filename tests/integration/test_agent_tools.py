@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import Field
 
-from agent_router import Agent, MessageType, Router, Settings
+from agent_router import Agent, MessageType, Router, Settings, formats
 from agent_router.agents.host_tools import HostToolset
 from agent_router.agents.llm import Model
 from agent_router.agents.loop import TurnOutcome, run_turn
@@ -113,6 +113,17 @@ def results(router: Router, agent: Agent) -> dict[str, str]:
     return {e["tool_call_id"]: e["content"] for e in transcript if e["role"] == "tool"}
 
 
+def outputs(stored: dict[str, str], server: str) -> dict[str, str]:
+    """Tool call id -> what the tool returned, read from the fence around each stored result
+    (every one names ``server``)."""
+    out = {}
+    for call_id, text in stored.items():
+        output = formats.parse_fence(text)
+        assert output.server == server, text
+        out[call_id] = output.content
+    return out
+
+
 def sent_results(request: RecordedRequest) -> dict[str, str]:
     """Tool call id -> the result as the model received it."""
     return {
@@ -147,9 +158,12 @@ def test_a_stdio_server_from_pypi_answers_a_sub_agent(
     schemas = tool_schemas(first)
     assert {"time__get_current_time", "time__convert_time", "ask_master"} <= set(schemas)
     assert schemas["time__get_current_time"]["parameters"]["required"] == ["timezone"]
-    # The server's real answer, stored in the transcript and sent to the model.
-    stored = results(router, agent)
-    assert sent_results(chat.requests[-1]) == stored
+    # The server's real answer, stored in the transcript and sent to the model, fenced with the
+    # tool's and the server's names.
+    fenced = results(router, agent)
+    assert sent_results(chat.requests[-1]) == fenced
+    assert fenced["now"].startswith('<tool-output tool="get_current_time" server="time">\n')
+    stored = outputs(fenced, "time")
     now = json.loads(stored["now"])
     assert now["timezone"] == "UTC"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", now["datetime"])
@@ -217,7 +231,8 @@ def test_an_http_server_killed_mid_turn_is_an_error_result_then_reconnected(
     finally:
         notes.kill()
 
-    stored = results(router, agent)
+    fenced = results(router, agent)
+    stored = outputs(fenced, "notes")
     assert json.loads(stored["a"]) == {"count": 1, "notes": ["first"]}
     assert stored["who"] == "t0ken"  # the header, with the variable filled in
     down = json.loads(stored["b"])
@@ -228,7 +243,7 @@ def test_an_http_server_killed_mid_turn_is_an_error_result_then_reconnected(
     assert json.loads(stored["fail"])["reason"] == "tool_error"
     # A timeout leaves the session usable.
     assert json.loads(stored["d"]) == {"count": 2, "notes": ["third", "fourth"]}
-    assert [sent_results(r) for r in chat.requests][-1] == stored
+    assert [sent_results(r) for r in chat.requests][-1] == fenced
 
 
 def test_a_host_function_gets_validated_arguments(
@@ -293,14 +308,17 @@ def test_a_host_function_gets_validated_arguments(
     # Called once, with the string "4" validated into the int 4 and the context injected.
     assert calls == [("Blue", 4, agent.display_name)]
     stored = results(router, agent)
-    assert json.loads(stored["ok"]) == {"room": "Blue", "people": 4, "minutes": 30}
+    # What the function returned (or raised) is fenced as the host's; a call refused before it
+    # ran is the router's answer.
+    ran = outputs({k: stored[k] for k in ("ok", "raises", "ping")}, "host")
+    assert json.loads(ran["ok"]) == {"room": "Blue", "people": 4, "minutes": 30}
     for call_id, field in (("missing", "people"), ("extra", "floor"), ("wrong", "people")):
         error = json.loads(stored[call_id])
         assert error["ok"] is False and error["reason"] == "bad_arguments", call_id
         assert f"`{field}`" in error["error"], error
-    raised = json.loads(stored["raises"])
+    raised = json.loads(ran["raises"])
     assert raised["reason"] == "tool_failed" and "no room called attic" in raised["error"]
-    assert stored["ping"] == "pong"
+    assert ran["ping"] == "pong"
 
 
 def test_a_server_down_when_a_turn_starts_is_left_out_until_it_is_up(
@@ -325,5 +343,8 @@ def test_a_server_down_when_a_turn_starts_is_left_out_until_it_is_up(
     assert not any(name.startswith("notes__") for name in tool_schemas(first_turn))
     assert "notes__add_note" in tool_schemas(second_turn)
     stored = results(router, agent)
-    assert json.loads(stored["early"])["reason"] == "server_unavailable"
-    assert json.loads(stored["later"]) == {"count": 1, "notes": ["later"]}
+    assert json.loads(stored["early"])["reason"] == "server_unavailable"  # the router's answer
+    assert json.loads(outputs({"later": stored["later"]}, "notes")["later"]) == {
+        "count": 1,
+        "notes": ["later"],
+    }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_router import AgentState, MessageType
+from agent_router import AgentState, MessageType, formats
 from agent_router.agents.llm import directive
 from agent_router.worker.runtime import Runtime
 
@@ -69,5 +69,9 @@ def test_a_worker_process_runs_mcp_and_host_tools_for_a_sub_agent(
         for call in entry.get("tool_calls") or []
     }
     results = {names[e["tool_call_id"]]: e["content"] for e in transcript if e["role"] == "tool"}
-    assert json.loads(results["time__get_current_time"]).get("timezone") == "Europe/Paris", results
-    assert results["shout"] == "TICK"
+    clock = formats.parse_fence(results["time__get_current_time"])
+    assert (clock.tool, clock.server) == ("get_current_time", "time")
+    assert json.loads(clock.content).get("timezone") == "Europe/Paris", results
+    assert formats.parse_fence(results["shout"]) == formats.ToolOutput(
+        tool="shout", server="host", content="TICK"
+    )

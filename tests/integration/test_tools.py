@@ -210,7 +210,7 @@ def test_lead_tool_failures_are_results(router: Router) -> None:
         for r in (t.json(LEAD, f"{name}-0-{j}") for j, (name, _) in enumerate(lead.batches[0]))
     ]
     assert reasons == [
-        (False, "unknown_role"),
+        (False, "bad_arguments"),  # the schema's enum of roles
         (False, "bad_arguments"),
         (False, "unknown_agent"),
         (False, "not_a_sub_agent"),
@@ -225,6 +225,11 @@ def test_lead_tool_failures_are_results(router: Router) -> None:
         (False, "bad_arguments"),
     ]
     assert "nothing to work on" in t.json(LEAD, "wait_sub_agent_output-0-8")["error"]
+    unknown_role = t.json(LEAD, "create_sub_agent-0-0")
+    assert unknown_role["problems"] == [
+        "`role`: 'Astronaut' is not one of ['UI Operator', 'Full-Stack Engineer']"
+    ]
+    assert t.json(LEAD, "create_sub_agent-0-1")["problems"] == ["`task`: required, missing"]
     assert [a.display_name for a in t.router.agents(t.id)] == [LEAD, UI]
     t.check()
 

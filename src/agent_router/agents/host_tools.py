@@ -12,7 +12,10 @@ JSON schema of its arguments is derived by pydantic from the signature and type 
 (``Annotated[int, Field(description=...)]`` describes a parameter); each may be overridden:
 ``@host_tool(name=..., description=..., parameters=...)``. Arguments are validated by the same
 pydantic model before the function runs: a bad call, or an exception of the function, is a
-result the model reads (``{"ok": false, ...}``), never a failed turn. A parameter annotated
+result the model reads (``{"ok": false, ...}``), never a failed turn; every problem of a bad
+call is in that one result, and an argument the signature does not take is refused. What the
+function returns reaches the model fenced as ``<tool-output tool="NAME" server="host">``
+(:mod:`agent_router.formats`). A parameter annotated
 :class:`~agent_router.agents.tools.ToolContext` receives the call's context instead of an
 argument. A ``str`` return is the result as it is; anything else is sent as JSON. An ``async``
 function runs to its end on an event loop of its own, on the turn's thread.
@@ -36,12 +39,13 @@ from typing import Any, TypeVar, get_type_hints, overload
 import pydantic
 from pydantic_core import to_jsonable_python
 
-from agent_router import errors
+from agent_router import errors, formats
 from agent_router.agents.tools import (
     Audience,
     Tool,
     ToolContext,
     ToolError,
+    ToolOrigin,
     ToolResult,
     TurnSuspended,
     fail,
@@ -157,12 +161,15 @@ def host_function_tool(
     signature and calls it."""
     model, context_param = _arguments_model(function)
     doc = inspect.getdoc(function) or ""
+    name = name or function.__name__
     return Tool(
-        name=name or function.__name__,
+        name=name,
         description=description if description is not None else doc.split("\n\n")[0].strip(),
         parameters=parameters if parameters is not None else _schema(model),
         function=_caller(function, model, context_param),
         audience=Audience.ALL,
+        origin=ToolOrigin(server=formats.HOST_SERVER, tool=name),
+        checks_arguments=False,  # the pydantic model of the signature checks them
     )
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from agent_router import errors
 from agent_router.agents import loop
+from agent_router.agents.protocol import quoted_replies
 from agent_router.agents.tools import ToolContext, ToolRegistry, TurnSuspended, default_registry
 from agent_router.domain import Agent, MessageSubtype
 from agent_router.router import Router
@@ -70,8 +71,10 @@ class HostedTurn:
 
     def messages(self) -> list[dict[str, Any]]:
         """Drain every pending message into the transcript, then return the transcript (OpenAI
-        chat format): what to send to the model next. Raises (and the block ends the turn as
-        the loop would) if the turn was fenced or the lead stopped the agent."""
+        chat format) as the model is to read it: what to send to the model next (its own
+        earlier replies neutralised, as the built-in loop sends them). Raises (and the block
+        ends the turn as the loop would) if the turn was fenced or the lead stopped the
+        agent."""
         if not self._resumed:
             # A continuation (or a turn that finds its last batch unfinished) runs the calls
             # still without a result first, as the built-in loop does.
@@ -80,7 +83,7 @@ class HostedTurn:
             loop._run_calls(self.turn, self.heartbeat, unfinished, self.registry, self._ctx(index))
         loop._boundary(self.turn, self.heartbeat)
         loop._drain_all(self.router, self.turn)
-        return self.turn.transcript()
+        return quoted_replies(self.turn.transcript())
 
     def _ctx(self, reply_index: int) -> ToolContext:
         # reply_index: where the reply whose calls run sits in the transcript (it scopes the

@@ -47,7 +47,7 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar
 
-from agent_router import errors
+from agent_router import errors, formats
 from agent_router import validation as check
 from agent_router.agents import reminders
 from agent_router.agents.llm import Model, ModelFactory, complete
@@ -423,15 +423,17 @@ def _drain_all(router: Router, turn: Turn) -> None:
 
 
 def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    """One call of a reply. A broken call is answered with an error result the model can act on;
-    the other calls of the reply run as usual."""
+    """One call of a reply. A broken call is answered with an error result the model can act on
+    (neutralised: it quotes what the model wrote); the other calls of the reply run as usual."""
     function = call["function"]
     name = str(function["name"])
     if name == NAMELESS_TOOL:
-        return fail(
-            "this tool call had no function name, so it did nothing; call one of your tools by "
-            f"name: {', '.join(str(t['function']['name']) for t in tools.schemas(ctx.agent))}",
-            "bad_call",
+        return formats.escape_json(
+            fail(
+                "this tool call had no function name, so it did nothing; call one of your tools by "
+                f"name: {', '.join(str(t['function']['name']) for t in tools.schemas(ctx.agent))}",
+                "bad_call",
+            )
         )
     raw = function.get("arguments") or "{}"
     try:
@@ -439,15 +441,19 @@ def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> T
         if isinstance(arguments, str):  # arguments encoded twice
             arguments = json.loads(arguments)
     except json.JSONDecodeError as exc:
-        return fail(
-            f"the arguments of {name} are not valid JSON ({exc}), so the call did nothing; "
-            "call it again with the arguments as one complete JSON object",
-            "bad_arguments",
+        return formats.escape_json(
+            fail(
+                f"the arguments of {name} are not valid JSON ({exc}), so the call did nothing; "
+                "call it again with the arguments as one complete JSON object",
+                "bad_arguments",
+            )
         )
     if not isinstance(arguments, dict):
-        return fail(
-            f'the arguments of {name} must be a JSON object, e.g. {{"name": "value"}}',
-            "bad_arguments",
+        return formats.escape_json(
+            fail(
+                f'the arguments of {name} must be a JSON object, e.g. {{"name": "value"}}',
+                "bad_arguments",
+            )
         )
     return tools.call(name, arguments, ctx)
 

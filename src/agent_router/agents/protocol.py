@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from agent_router import formats
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import Agent, AgentState
 
@@ -143,7 +144,9 @@ def _turns(agent: Agent, names: dict[str, str], lead: str) -> list[str]:
 
 def with_protocol(messages: list[dict[str, Any]], section: str) -> list[dict[str, Any]]:
     """The request's messages: ``section`` appended to the system prompt (one is put first when
-    the transcript has none). The transcript itself is not changed."""
+    the transcript has none), and the model's own earlier replies neutralised
+    (:func:`agent_router.formats.quote_reply`). The transcript itself is not changed."""
+    messages = quoted_replies(messages)
     if messages and messages[0].get("role") == "system":
         prompt = str(messages[0].get("content") or "")
         if HEADING in prompt:
@@ -151,3 +154,9 @@ def with_protocol(messages: list[dict[str, Any]], section: str) -> list[dict[str
         first = {**messages[0], "content": f"{prompt}\n\n{section}" if prompt else section}
         return [first, *messages[1:]]
     return [{"role": "system", "content": section}, *messages]
+
+
+def quoted_replies(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with every assistant entry as its model reads it back: what a model wrote
+    (say, text a tool made it repeat) never reads as one of the router's fences."""
+    return [formats.quote_reply(m) if m.get("role") == "assistant" else m for m in messages]

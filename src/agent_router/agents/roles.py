@@ -10,6 +10,7 @@ A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table 
     temperature = 0.2          # optional
     context_window = 32000     # optional: tokens the role's model reads (else the settings')
     mcp_servers = ["time"]     # optional: the MCP servers this role gets (docs/tools.md)
+    mcp_tools = { time = ["get_current_time"] }  # optional: only these tools of a server
     host_tools = ["*"]         # optional: host functions by name, "*" for all
 
     [mcp_servers.time]         # optional: MCP servers roles may list (docs/tools.md)
@@ -129,7 +130,7 @@ def _role(entry: Any, source: str) -> Role:
         raise ConfigurationError(f"{source}: each [[roles]] entry must be a table")
     unknown = set(entry) - {
         *("name", "description", "system_prompt", "model", "temperature", "runner"),
-        *("mcp_servers", "host_tools", "context_window"),
+        *("mcp_servers", "mcp_tools", "host_tools", "context_window"),
     }
     if unknown:
         raise ConfigurationError(f"{source}: unknown role keys {sorted(unknown)}")

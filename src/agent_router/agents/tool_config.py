@@ -5,13 +5,16 @@ An MCP server is a command line (spoken to over stdio, one process per worker pr
 (``[mcp_servers.NAME]`` tables), in ``AGENT_ROUTER_MCP_SERVERS`` (a JSON object of the same
 tables) or with ``agent-router run --mcp-server NAME=COMMAND_OR_URL``. A role lists the servers
 and host functions it gets; without a list it gets the defaults (every server and host function
-given outside the roles file, for sub-agents; none for the lead).
+given outside the roles file, for sub-agents; none for the lead). Of a server it gets, a role
+may take only some tools: an allow-list and a deny-list of the server's tool names
+(``mcp_tools``, :class:`ToolFilter`).
 
 Nothing here imports the MCP SDK: a deployment without servers does not need it.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shlex
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_router.errors import ConfigurationError
+from agent_router.formats import HOST_SERVER
 
 #: What a server name may be: it prefixes its tools' names, which models require to match
 #: ``[A-Za-z0-9_-]{1,64}``.
@@ -52,6 +56,11 @@ class McpServerSpec:
             raise ConfigurationError(
                 f"invalid MCP server name {self.name!r}: letters, digits, '-' and single '_', "
                 "at most 24 characters"
+            )
+        if self.name == HOST_SERVER:
+            raise ConfigurationError(
+                f"MCP server name {HOST_SERVER!r} is reserved: host functions' output is "
+                "fenced with it"
             )
         if bool(self.command) == bool(self.url):
             raise ConfigurationError(f"MCP server {self.name!r}: give exactly one of command, url")
@@ -139,12 +148,56 @@ def servers_from_mapping(data: Any, *, source: str) -> dict[str, McpServerSpec]:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolFilter:
+    """Which tools of one MCP server an agent gets, by the server's own tool names: those
+    ``allow`` matches (``None``: all), less those ``deny`` matches. Entries are names or
+    shell-style patterns (``git_diff*``)."""
+
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] = ()
+
+    def admits(self, tool: str) -> bool:
+        def matches(patterns: tuple[str, ...]) -> bool:
+            return any(fnmatch.fnmatchcase(tool, p) for p in patterns)
+
+        return (self.allow is None or matches(self.allow)) and not matches(self.deny)
+
+    def unmatched(self, tools: list[str]) -> list[str]:
+        """The entries that name none of ``tools`` (a misspelt name grants or denies nothing)."""
+        entries = (*(self.allow or ()), *self.deny)
+        return [p for p in entries if not any(fnmatch.fnmatchcase(t, p) for t in tools)]
+
+    @classmethod
+    def from_value(cls, value: Any, *, source: str) -> ToolFilter:
+        """A list (the allow-list) or a table with ``allow`` and/or ``deny`` lists."""
+        if _strings(value):
+            return cls(allow=tuple(value))
+        if not isinstance(value, dict) or not value or set(value) - {"allow", "deny"}:
+            raise ConfigurationError(
+                f"{source}: expected a list of tool names or a table with allow and/or deny"
+            )
+        allow, deny = value.get("allow"), value.get("deny", [])
+        if (allow is not None and not _strings(allow)) or not _strings(deny):
+            raise ConfigurationError(f"{source}: allow and deny must be lists of tool names")
+        return cls(allow=tuple(allow) if allow is not None else None, deny=tuple(deny))
+
+
+#: The filter of a server a declaration says nothing about: every tool.
+EVERY_TOOL = ToolFilter()
+
+
+@dataclass(frozen=True, kw_only=True)
 class ToolDeclaration:
     """The tools a role (or one agent) gets beside the router's own: MCP servers by name and
-    host functions by name (``"*"``: all of them). ``None``: the defaults."""
+    host functions by name (``"*"``: all of them). ``None``: the defaults. ``mcp_tools``: per
+    server (by name), which of its tools (a server without a filter gives all of them)."""
 
     mcp_servers: tuple[str, ...] | None = None
     host_tools: tuple[str, ...] | None = None
+    mcp_tools: tuple[tuple[str, ToolFilter], ...] = ()
+
+    def tool_filter(self, server: str) -> ToolFilter:
+        return dict(self.mcp_tools).get(server, EVERY_TOOL)
 
     @classmethod
     def from_table(cls, entry: Mapping[str, Any], *, source: str) -> ToolDeclaration:
@@ -154,7 +207,19 @@ class ToolDeclaration:
             if value is not None and not _strings(value):
                 raise ConfigurationError(f"{source}: {key} must be a list of names")
             lists[key] = tuple(value) if value is not None else None
-        return cls(mcp_servers=lists["mcp_servers"], host_tools=lists["host_tools"])
+        filters = entry.get("mcp_tools", {})
+        if not isinstance(filters, dict):
+            raise ConfigurationError(f"{source}: mcp_tools must be a table of servers")
+        return cls(
+            mcp_servers=lists["mcp_servers"],
+            host_tools=lists["host_tools"],
+            mcp_tools=tuple(
+                sorted(
+                    (str(server), ToolFilter.from_value(value, source=f"{source}: {server}"))
+                    for server, value in filters.items()
+                )
+            ),
+        )
 
 
 def _strings(value: Any) -> bool:

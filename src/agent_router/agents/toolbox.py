@@ -10,7 +10,14 @@ out of that turn and asked again at the next one.
 Which declaration an agent gets: ``declare(agent)`` when the host gives that function (tools per
 agent, e.g. by display name), else its role's (the roles file). A role that does not list
 ``mcp_servers`` gets the default servers (those given outside the roles file) and one that does
-not list ``host_tools`` gets every host function; the lead gets neither by default.
+not list ``host_tools`` gets every host function; the lead gets neither by default, and an
+agent whose role the roles file does not have gets no host function. Of each server, a
+declaration's ``mcp_tools`` filter keeps only the tools it allows and does not deny: a tool
+filtered out is not in the agent's schemas, and a call to it is an unknown tool.
+
+An MCP tool's description (and the descriptions in its schema) are the server's words: they
+reach the model neutralised (:func:`agent_router.formats.escape`), and so does its output,
+fenced with the tool's and the server's names.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agent_router import formats
 from agent_router.agents.host_tools import HostToolset, default_host_tools, import_host_modules
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tool_config import (
@@ -34,6 +42,7 @@ from agent_router.agents.tools import (
     Audience,
     Tool,
     ToolContext,
+    ToolOrigin,
     ToolRegistry,
     ToolResult,
     default_registry,
@@ -54,11 +63,30 @@ DeclareTools = Callable[[Agent], ToolDeclaration | None]
 
 @dataclass(frozen=True, kw_only=True)
 class ToolListing:
-    """What a role gets: tool name -> where it comes from; servers that could not be listed."""
+    """What a role gets: tool name -> where it comes from; servers that could not be listed
+    (server -> why); entries of its tool filters that name no tool of their server (server ->
+    the entries)."""
 
     role: str
     tools: dict[str, str]
     unavailable: dict[str, str]
+    unmatched: dict[str, list[str]]
+
+    @property
+    def complete(self) -> bool:
+        """Every server was listed and every filter entry names a tool."""
+        return not self.unavailable and not self.unmatched
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Assembled:
+    """The tools of one declaration in this process: the registry, the servers that could not
+    be listed and the filter entries that matched nothing."""
+
+    registry: ToolRegistry
+    sources: dict[str, str]
+    unavailable: dict[str, str]
+    unmatched: dict[str, list[str]]
 
 
 class AgentTools(ToolRegistry):
@@ -88,29 +116,36 @@ class AgentTools(ToolRegistry):
         self.declare = declare
         self.call_timeout = call_timeout
         self._hub = hub
-        self._assembled: dict[ToolDeclaration, ToolRegistry] = {}
+        self._assembled: dict[ToolDeclaration, _Assembled] = {}
         self._lock = threading.Lock()
         for role in roles.names():
             self.declared(role)  # an unknown server or host function fails here, not in a turn
 
     def schemas(self, agent: Agent) -> list[dict[str, Any]]:
-        return self._registry(agent).schemas(agent)
+        return self._assemble(self._declaration(agent)).registry.schemas(agent)
 
     def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        registry = self._registry(ctx.agent)
+        assembled = self._assemble(self._declaration(ctx.agent))
         server, separator, _ = name.partition(NAMESPACE_SEPARATOR)
-        if registry.get(name) is None and separator and server in self.servers:
+        if assembled.registry.get(name) is None and separator and server in assembled.unavailable:
             # A tool of a server that could not be listed for this turn (the model saw it in an
             # earlier one): say why it is missing.
-            return fail(f"MCP server {server!r} is unavailable: its tools are missing from this "
-                        "turn", "server_unavailable")  # fmt: skip
-        return registry.call(name, arguments, ctx)
+            return formats.escape_json(
+                fail(
+                    f"MCP server {server!r} is unavailable: its tools are missing from this turn",
+                    "server_unavailable",
+                )
+            )
+        return assembled.registry.call(name, arguments, ctx)
 
     def declared(self, role: str, declaration: ToolDeclaration | None = None) -> ToolDeclaration:
-        """The declaration with its defaults filled in: the servers and host functions named."""
+        """The declaration with its defaults filled in: the servers and host functions named,
+        and the filters of those servers."""
         if declaration is None:
             found = self.roles.get(role)
-            declaration = found.tools if found is not None else ToolDeclaration()
+            # An agent of a role the roles file does not have gets no host function: which ones
+            # it should get was never said.
+            declaration = found.tools if found is not None else ToolDeclaration(host_tools=())
         lead = role == LEAD_ROLE
         servers = declaration.mcp_servers
         if servers is None:
@@ -121,6 +156,12 @@ class AgentTools(ToolRegistry):
             raise ConfigurationError(
                 f"role {role!r}: unknown MCP servers {unknown}; known: {known}"
             )
+        stray = [s for s, _ in declaration.mcp_tools if s not in servers]
+        if stray:
+            raise ConfigurationError(
+                f"role {role!r}: mcp_tools names servers it does not get: {stray}; it gets: "
+                f"{', '.join(servers) or 'none'}"
+            )
         host_names = declaration.host_tools
         if host_names is None:
             host_names = () if lead else ("*",)
@@ -130,7 +171,9 @@ class AgentTools(ToolRegistry):
         for name in host_names:
             if name in self.names():
                 raise ConfigurationError(f"host tool {name!r} has the name of a router tool")
-        return ToolDeclaration(mcp_servers=tuple(servers), host_tools=host_names)
+        return ToolDeclaration(
+            mcp_servers=tuple(servers), host_tools=host_names, mcp_tools=declaration.mcp_tools
+        )
 
     def listing(self, role: str) -> ToolListing:
         """The tools ``role`` gets, fetching MCP tool lists (``agent-router run --list-tools``)."""
@@ -141,20 +184,27 @@ class AgentTools(ToolRegistry):
             if (tool := self.get(name)) is not None
             and tool.audience in (Audience.ALL, Audience.LEAD if lead else Audience.SUB_AGENT)
         }
-        extra, unavailable = self._extra_tools(self.declared(role))
-        for tool, source in extra:
-            tools[tool.name] = source
-        return ToolListing(role=role, tools=tools, unavailable=unavailable)
+        assembled = self._assemble(self.declared(role))
+        tools.update(assembled.sources)
+        return ToolListing(
+            role=role,
+            tools=tools,
+            unavailable=assembled.unavailable,
+            unmatched=assembled.unmatched,
+        )
 
-    def _registry(self, agent: Agent) -> ToolRegistry:
+    def _declaration(self, agent: Agent) -> ToolDeclaration:
         own = self.declare(agent) if self.declare is not None else None
-        declaration = self.declared(agent.role, own)
+        return self.declared(agent.role, own)
+
+    def _assemble(self, declaration: ToolDeclaration) -> _Assembled:
         with self._lock:
             cached = self._assembled.get(declaration)
         if cached is not None:
             return cached
         registry = ToolRegistry(t for t in map(self.get, self.names()) if t is not None)
-        extra, unavailable = self._extra_tools(declaration)
+        extra, unavailable, unmatched = self._extra_tools(declaration)
+        sources: dict[str, str] = {}
         for tool, source in extra:
             try:
                 registry.register(tool)
@@ -163,19 +213,25 @@ class AgentTools(ToolRegistry):
                     "tool name taken",
                     extra={"action": "tool_skipped", "tool": tool.name, "source": source},
                 )
+                continue
+            sources[tool.name] = source
+        assembled = _Assembled(
+            registry=registry, sources=sources, unavailable=unavailable, unmatched=unmatched
+        )
         if not unavailable:  # keep asking servers that could not be listed
             with self._lock:
-                self._assembled[declaration] = registry
-        return registry
+                self._assembled[declaration] = assembled
+        return assembled
 
     def _extra_tools(
         self, declaration: ToolDeclaration
-    ) -> tuple[list[tuple[Tool, str]], dict[str, str]]:
+    ) -> tuple[list[tuple[Tool, str]], dict[str, str], dict[str, list[str]]]:
         tools = [(t, "host") for t in self.host.select(declaration.host_tools)]
         unavailable: dict[str, str] = {}
+        unmatched: dict[str, list[str]] = {}
         for name in declaration.mcp_servers or ():
             try:
-                tools.extend((t, f"mcp:{name}") for t in self._mcp_tools(self.servers[name]))
+                listed = self._mcp_tools(self.servers[name])
             except Exception as exc:  # a server down: its tools are missing, the turn goes on
                 logger.warning(
                     "MCP server %s not listed: %s",
@@ -184,7 +240,23 @@ class AgentTools(ToolRegistry):
                     extra={"action": "mcp_list_failed", "server": name, "error": str(exc)},
                 )
                 unavailable[name] = str(exc)
-        return tools, unavailable
+                continue
+            kept = declaration.tool_filter(name)
+            names = [t.origin.tool for t in listed if t.origin is not None]
+            if missed := kept.unmatched(names):
+                logger.warning(
+                    "MCP tool filter names no tool of %s: %s",
+                    name,
+                    missed,
+                    extra={"action": "mcp_filter_unmatched", "server": name, "entries": missed},
+                )
+                unmatched[name] = missed
+            tools.extend(
+                (t, f"mcp:{name}")
+                for t in listed
+                if t.origin is not None and kept.admits(t.origin.tool)
+            )
+        return tools, unavailable, unmatched
 
     def _mcp_tools(self, spec: McpServerSpec) -> list[Tool]:
         hub = self._hub() if self._hub is not None else _default_hub()
@@ -192,12 +264,30 @@ class AgentTools(ToolRegistry):
         return [
             Tool(
                 name=remote.exposed_name,
-                description=f"(MCP server {spec.name}) {remote.description}".strip(),
-                parameters=remote.input_schema,
+                description=formats.escape(
+                    f"(MCP server {spec.name}) {remote.description}".strip()
+                ),
+                parameters=_neutral_descriptions(remote.input_schema),
                 function=_mcp_call(hub, spec, remote.name, timeout),
+                origin=ToolOrigin(server=spec.name, tool=remote.name),
             )
             for remote in hub.tools(spec)
         ]
+
+
+def _neutral_descriptions(schema: Any) -> Any:
+    """``schema`` with its ``description`` and ``title`` texts neutralised (the server's
+    words, which the model reads); names and values stay as the server gave them."""
+    if isinstance(schema, list):
+        return [_neutral_descriptions(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {
+        key: formats.escape(value)
+        if key in ("description", "title") and isinstance(value, str)
+        else _neutral_descriptions(value)
+        for key, value in schema.items()
+    }
 
 
 def _mcp_call(

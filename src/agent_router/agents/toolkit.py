@@ -1,5 +1,18 @@
 """What every tool is made of: the context a call runs in, the ``Tool`` value, the JSON
-result forms (``ok`` / ``fail``) and the registry that maps names to tools."""
+result forms (``ok`` / ``fail``) and the registry that maps names to tools.
+
+A call is as strict as the tool's schema: its arguments are checked against ``parameters``
+(JSON Schema, with :mod:`jsonschema`) before the tool runs, and every problem is reported in one
+``bad_arguments`` result. An argument the schema does not name is refused: a schema that lists
+its properties without saying ``additionalProperties`` is read as closed (MCP servers often
+leave it out). A host function checks its own arguments, with the pydantic model of its
+signature (lax: ``"4"`` is the integer 4), refusing unknown ones and reporting all problems
+too.
+
+What reaches the transcript is neutralised (:mod:`agent_router.formats`): the result of a tool
+an MCP server or a host function ran is fenced with the tool's and the server's names; the
+router's own answers (``ok`` / ``fail`` JSON, refusals) are neutralised value by value.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +20,10 @@ import enum
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from agent_router import errors
+from agent_router import errors, formats
 from agent_router.agents import lookup
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
@@ -19,6 +32,8 @@ from agent_router.domain import (
 from agent_router.settings import Settings
 
 if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
+
     from agent_router.router import Router
     from agent_router.turn import Turn
 
@@ -77,12 +92,32 @@ class ToolError(Exception):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolOrigin:
+    """Who runs a tool that is not the router's own, named in the fence around its output: an
+    MCP server (its name in the configuration) or the host (``server="host"``), and the tool's
+    own name there."""
+
+    server: str
+    tool: str
+
+
+#: The most argument problems one result lists.
+MAX_PROBLEMS = 20
+
+
+@dataclass(frozen=True, kw_only=True)
 class Tool:
     name: str
     description: str
     parameters: dict[str, Any]  # JSON schema of the arguments object
     function: ToolFunction
     audience: Audience = Audience.ALL
+    #: ``None``: the router's own tool. Else who runs it: its output is fenced with that name.
+    origin: ToolOrigin | None = None
+    #: Whether a call's arguments are checked against ``parameters`` before ``function`` runs
+    #: (a host function checks its own).
+    checks_arguments: bool = True
+    _validator: list[Validator] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI ``tools`` entry."""
@@ -99,6 +134,30 @@ class Tool:
         if self.audience is Audience.ALL:
             return True
         return (self.audience is Audience.LEAD) == agent.is_lead
+
+    def argument_problems(self, arguments: dict[str, Any]) -> list[str]:
+        """Every way ``arguments`` break ``parameters`` (none: the call may run), each as a
+        line naming where, then what; at most :data:`MAX_PROBLEMS` and a count of the rest."""
+        if not self.checks_arguments:
+            return []
+        if not self._validator:  # compiled once per tool, on its first call
+            self._validator.append(_validator(self.name, self.parameters))
+        found = sorted(
+            (p for error in self._validator[0].iter_errors(arguments) for p in _problems(error)),
+        )
+        if len(found) > MAX_PROBLEMS:
+            found[MAX_PROBLEMS:] = [f"and {len(found) - MAX_PROBLEMS} more"]
+        return found
+
+    def neutral(self, result: str) -> str:
+        """What a call's result looks like in the transcript: fenced when someone else ran the
+        tool, else the router's answer neutralised (:mod:`agent_router.formats`)."""
+        if self.origin is None:
+            return formats.escape_json(result)
+        output = formats.ToolOutput(
+            tool=self.origin.tool, server=self.origin.server, content=result
+        )
+        return formats.fence(output)
 
 
 def ok(**fields: Any) -> str:
@@ -162,26 +221,97 @@ class ToolRegistry:
         return [t.name for t in self._tools.values() if t.visible_to(agent)]
 
     def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        """Run a tool. A bad call (unknown tool, wrong arguments) and a refusal of the router are
-        answered in the result, as a model expects; anything else the tool raises propagates
-        (a fenced turn stops, other errors fail the turn)."""
+        """Run a tool. A bad call (unknown tool, arguments its schema refuses) and a refusal of
+        the router are answered in the result, as a model expects; anything else the tool
+        raises propagates (a fenced turn stops, other errors fail the turn). The result is
+        neutralised for the transcript (:meth:`Tool.neutral`)."""
         tool = self._tools.get(name)
         if tool is None or not tool.visible_to(ctx.agent):
             names = self.visible_names(ctx.agent)
-            return fail(
-                f"no tool named {name!r}; your tools are: {', '.join(names)}",
-                "unknown_tool",
-                tools=names,
+            return formats.escape_json(
+                fail(
+                    f"no tool named {name!r}; your tools are: {', '.join(names)}",
+                    "unknown_tool",
+                    tools=names,
+                )
+            )
+        problems = tool.argument_problems(arguments)
+        if problems:
+            return formats.escape_json(
+                fail(
+                    f"invalid arguments for {name}, so it did not run: {'; '.join(problems)}",
+                    "bad_arguments",
+                    problems=problems,
+                )
             )
         try:
-            return tool.function(arguments, ctx)
+            result = tool.function(arguments, ctx)
         except ToolError as exc:
-            return fail(str(exc), exc.reason)
+            return formats.escape_json(fail(str(exc), exc.reason))
         except errors.AskRefusedError as exc:
             advice = lookup.cycle_advice(exc, ctx.turn.display_name)
-            return fail(advice, refusal_reason(exc), cycle=exc.cycle)
+            return formats.escape_json(fail(advice, refusal_reason(exc), cycle=exc.cycle))
         except errors.RefusedError as exc:
-            return fail(str(exc), refusal_reason(exc))
+            return formats.escape_json(fail(str(exc), refusal_reason(exc)))
+        return result if result is RESULT_RECORDED else tool.neutral(str(result))
 
 
 # ---------------------------------------------------------------------- argument checks
+
+
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema a call is checked against: an object schema that lists its properties and
+    says nothing about others takes no others."""
+    open_ended = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    combined = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")
+    if (
+        schema.get("type") == "object"
+        and isinstance(schema.get("properties"), dict)
+        and not any(k in schema for k in open_ended + combined)
+    ):
+        return {**schema, "additionalProperties": False}
+    return schema
+
+
+def _validator(name: str, schema: dict[str, Any]) -> Validator:
+    """A validator of the dialect the schema names (default: 2020-12). A schema that is not
+    valid JSON Schema checks only that the arguments are an object (and says so in the log)."""
+    from jsonschema import exceptions, validators
+
+    checked = closed(schema) if isinstance(schema, dict) else {}
+    cls = validators.validator_for(checked, default=validators.Draft202012Validator)
+    try:
+        cls.check_schema(checked)
+    except exceptions.SchemaError as exc:
+        logger.warning(
+            "tool schema is not valid JSON Schema; only an object is required",
+            extra={"action": "tool_schema_invalid", "tool": name, "error": exc.message},
+        )
+        return validators.Draft202012Validator({"type": "object"})
+    return cls(checked)
+
+
+def _problems(error: Any) -> list[str]:
+    """One validation error as the lines a model reads: where, then what."""
+    path = ".".join(str(p) for p in error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = set((error.schema or {}).get("properties") or {})
+        takes = ", ".join(sorted(known)) or "none"
+        return [
+            f"`{_join(path, extra)}`: unknown argument (this tool takes: {takes})"
+            for extra in error.instance
+            if extra not in known
+        ]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [r for r in error.validator_value if r not in error.instance]
+        if len(missing) == 1 and repr(missing[0]) in error.message:
+            return [f"`{_join(path, missing[0])}`: required, missing"]
+    return [f"`{path or 'arguments'}`: {_short(error.message)}"]
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -43,6 +43,7 @@ from agent_router.agents.toolkit import (
     ToolContext,
     ToolError,
     ToolFunction,
+    ToolOrigin,
     ToolRegistry,
     ToolResult,
     TurnSuspended,
@@ -307,7 +308,10 @@ def _s(description: str) -> dict[str, Any]:
     return {**_STR, "description": description}
 
 
-_QUESTION_ID = {"type": "integer", "description": "The question_id shown on the question."}
+_QUESTION_ID = {
+    "type": ["integer", "string"],
+    "description": "The question_id shown on the question (default: your only open question).",
+}
 _DISPLAY_NAME = _s("The sub-agent's display name, e.g. 'UI Operator_1'.")
 
 DO_WORK = Tool(
@@ -362,7 +366,7 @@ def _lead_steering_tools() -> list[Tool]:
                 "answer_sub_agent_question",
                 "Answer a question a sub-agent asked you (ask_master); the answer becomes the "
                 "result of its waiting call.",
-                _schema({"question_id": _QUESTION_ID, "answer": _s("Your answer.")}),
+                _schema({"answer": _s("Your answer.")}, {"question_id": _QUESTION_ID}),
                 _answer,
             ),
             (
@@ -387,6 +391,7 @@ def _lead_watching_tools() -> list[Tool]:
     """The lead's tools that look at its sub-agents: status, list, wait for output."""
     timeout = {
         "type": "number",
+        "exclusiveMinimum": 0,
         "description": "Give up after this long (default: the question timeout).",
     }
     return _tools(
@@ -440,7 +445,7 @@ def _sub_agent_tools() -> list[Tool]:
             (
                 "answer_other_agent",
                 "Answer a question another agent asked you (use its question_id).",
-                _schema({"question_id": _QUESTION_ID, "answer": _s("Your answer.")}),
+                _schema({"answer": _s("Your answer.")}, {"question_id": _QUESTION_ID}),
                 _answer,
             ),
             (
@@ -495,6 +500,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolFunction",
+    "ToolOrigin",
     "ToolRegistry",
     "ToolResult",
     "TurnSuspended",
