@@ -74,6 +74,12 @@ class InvalidNameError(InvalidArgumentError):
     printable, normalised name."""
 
 
+class ReservedNameError(InvalidNameError):
+    """Raised when a display name is, or reads as, a name the router gives its own senders
+    (``user``, ``system``, ``job:<name>``, the Team Leader's): in any case or spacing, with
+    look-alike letters."""
+
+
 class ContentTooLargeError(InvalidMessageError):
     """Raised when message content exceeds the configured limit."""
 

@@ -586,7 +586,7 @@ def _new_agent(
     role = check.name(role, "role")
     return NewAgent(
         role=role,
-        display_name=None if display_name is None else check.name(display_name),
+        display_name=None if display_name is None else check.display_name(display_name),
         system_prompt=check.optional_text(system_prompt, "system_prompt"),
         runner=_runner(settings, role, runner),
     )

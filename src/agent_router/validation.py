@@ -15,8 +15,8 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agent_router import errors
-from agent_router.domain import MessageType
+from agent_router import errors, formats
+from agent_router.domain import LEAD_DISPLAY_NAME, MessageType
 
 #: The largest id both databases store (a signed 64-bit integer).
 MAX_ID: Final = 2**63 - 1
@@ -33,6 +33,9 @@ MAX_PROMPT_BYTES: Final = 1024 * 1024
 #: Senders that are not agents of the team. ``job:<name>`` is a background job.
 EXTERNAL_SENDERS: Final = frozenset({"user", "system"})
 EXTERNAL_PREFIX: Final = "job:"
+#: Names no sub-agent may take, nor anything that reads as one: the router's own senders and
+#: the lead's name.
+RESERVED_NAMES: Final = (*sorted(EXTERNAL_SENDERS), LEAD_DISPLAY_NAME)
 
 # Control, format (zero-width, bidi), surrogate, private-use and unassigned code points, and
 # line and paragraph separators: invisible or layout-changing inside a name.
@@ -127,6 +130,37 @@ def _name_problem(value: str) -> str | None:
     if len(scripts & _CONFUSABLE_SCRIPTS) > 1:
         return "mixes Latin, Cyrillic or Greek letters"
     return None
+
+
+def _reading(value: str) -> str:
+    """How a name reads, for comparing names: letters and digits only, as
+    :func:`~agent_router.formats.normalise` reads them (case folded, look-alikes as their ASCII
+    twins, invisible characters dropped)."""
+    return "".join(c for c in formats.normalise(value) if c.isalnum())
+
+
+_RESERVED_READINGS: Final = frozenset(map(_reading, RESERVED_NAMES))
+_JOB_READING: Final = _reading(EXTERNAL_PREFIX)
+
+
+def display_name(value: Any) -> str:
+    """A sub-agent's display name: a :func:`name` that does not read as one the router
+    reserves (:data:`RESERVED_NAMES`, a ``job:`` prefix) in any case, spacing or punctuation,
+    or spelt with look-alike letters (``SYSTEM``, ``s y s t e m``, SYSTEM in Cyrillic letters,
+    ``team-leader``, ``Job: x``). The lead's own name is left to the team, where it is taken:
+    the store refuses it as a duplicate."""
+    checked = name(value)
+    if checked == LEAD_DISPLAY_NAME:
+        return checked
+    read = formats.normalise(checked)
+    reading = "".join(c for c in read if c.isalnum())
+    prefixed = read.replace(" ", "").startswith(_JOB_READING + ":")
+    if reading in _RESERVED_READINGS or prefixed:
+        raise errors.ReservedNameError(
+            f"display name {checked!r} is reserved: it reads as one of the router's own senders "
+            f"({', '.join(RESERVED_NAMES)}, job:<name>)"
+        )
+    return checked
 
 
 def sender(value: Any) -> str:

@@ -15,6 +15,7 @@ from agent_router import (
     MessageType,
     QuestionClosedError,
     RefusedError,
+    ReservedNameError,
     Router,
     Settings,
     UnknownAgentError,
@@ -145,6 +146,29 @@ def test_duplicate_and_malformed_display_names(router: Router) -> None:
     router.create_agent(team.id, role="Engineer", display_name="Engineer_1")
     assert router.create_agent(team.id, role="Engineer").display_name == "Engineer_2"
     assert router.create_agent(team.id, role="Designer").display_name == "Designer_1"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "System",
+        "USER",
+        "s y s t e m",
+        "team-leader",
+        "Job: deploy",
+        "\u0405\u0423\u0405\u0422\u0415\u041c",
+    ],
+)
+def test_a_name_that_reads_as_the_routers_own_is_reserved(router: Router, name: str) -> None:
+    """The router's own senders and the lead's name, in any case or spacing or in look-alike
+    letters (the last is SYSTEM in Cyrillic capitals): one typed error, nothing written."""
+    team = router.create_team()
+    before = (router.agents(team.id), router.ledger(team.id))
+    with pytest.raises(ReservedNameError, match="is reserved"):
+        router.create_agent(team.id, role="Engineer", display_name=name)
+    with pytest.raises(ReservedNameError):
+        router.create_agent_with_task(team.id, role="Engineer", display_name=name, task="hi")
+    assert (router.agents(team.id), router.ledger(team.id)) == before
 
 
 def test_answers_that_do_not_fit_are_refused(router: Router) -> None:

@@ -39,6 +39,7 @@ PUBLIC = [
     "QuestionClosedError",
     "QuestionStatus",
     "RefusedError",
+    "ReservedNameError",
     "RouteOutcome",
     "Router",
     "Settings",

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from agent_router import validation as check
 from agent_router.domain import MessageType
-from agent_router.errors import InvalidNameError, RefusedError
+from agent_router.errors import InvalidNameError, RefusedError, ReservedNameError
 from agent_router.formats import Envelope, parse, render
 
 
@@ -53,3 +53,35 @@ def test_scrub_keeps_everything_but_nul_and_lone_surrogates(text: str) -> None:
     scrubbed.encode("utf-8")  # storable
     assert "\x00" not in scrubbed and len(scrubbed) == len(text)
     assert all(b in {a, "\ufffd"} for a, b in zip(text, scrubbed, strict=True))
+
+
+#: Display names that read as a name the router reserves (its own senders, the lead's name).
+RESERVED = [
+    "System",
+    "SYSTEM",
+    "s y s t e m",
+    "system_",
+    "User",
+    "u-s-e-r",
+    "\u0405\u0423\u0405\u0422\u0415\u041c",  # SYSTEM in Cyrillic capitals, one script
+    "\u03c5ser",  # a Greek upsilon for the u: mixes Greek and Latin (refused as such first)
+    "team leader",
+    "Team-Leader",
+    "TeamLeader",
+    "Job: build",
+    "job:ci",
+]
+
+
+@pytest.mark.parametrize("name", RESERVED)
+def test_names_that_read_as_the_routers_own_are_refused(name: str) -> None:
+    with pytest.raises(InvalidNameError) as caught:
+        check.display_name(name)
+    if check._name_problem(name) is None:  # a plain name: refused for what it reads as
+        assert isinstance(caught.value, ReservedNameError), caught.value
+        assert "reserved" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["Systems Engineer_1", "User Researcher", "Leader_2", "Jobs_1"])
+def test_names_that_only_contain_a_reserved_word_are_accepted(name: str) -> None:
+    assert check.display_name(name) == name

@@ -447,12 +447,3 @@ def is_external(sender: str) -> bool:
     return sender in EXTERNAL_SENDERS or (
         sender.startswith(EXTERNAL_PREFIX) and len(sender) > len(EXTERNAL_PREFIX)
     )
-
-
-def check_display_name(name: str) -> None:
-    if not name or len(name) > 200 or any(c in name for c in '"\n\r<>') or name != name.strip():
-        raise errors.InvalidMessageError(f"invalid display name {name!r}")
-    if is_external(name) or name.startswith(EXTERNAL_PREFIX):
-        raise errors.InvalidMessageError(
-            f"display name {name!r} is reserved for external senders (user, system, job:<name>)"
-        )
