@@ -120,3 +120,62 @@ def test_bad_tool_options_are_refused_before_anything_runs(tmp_path: Path) -> No
 def flat(text: str) -> str:
     """The text of a boxed error, in one line."""
     return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
+
+
+GONE_ROLE = """
+[mcp_servers.gone]
+command = ["agent-router-test-no-such-server"]
+
+[[roles]]
+name = "Clock Reader"
+description = "Tells the time."
+system_prompt = "You are a Clock Reader."
+mcp_servers = ["gone"]
+"""
+
+
+def test_run_refuses_to_start_when_a_declared_server_cannot_be_listed(tmp_path: Path) -> None:
+    roles = tmp_path / "roles.toml"
+    shipped = resources.files("agent_router.agents").joinpath("roles.toml").read_text("utf-8")
+    roles.write_text(shipped + GONE_ROLE, encoding="utf-8")
+    with ChatServer(responder=scripted_llm) as server:
+        refused = run_cli("Say hello.", "--roles", str(roles), server=server)
+        asked_before = len(server.requests)
+        went_on = run_cli(
+            "Say hello.", "--roles", str(roles), "--allow-missing-tools", "--json", server=server
+        )
+    # One line, exit 1, before the model was asked anything.
+    assert refused.returncode == 1, refused.stdout[-2000:] + refused.stderr[-2000:]
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("agent-router: error: MCP server gone cannot give its tools: ")
+    assert "(hint: " in line and "--allow-missing-tools" in line
+    assert asked_before == 0
+    # Told to go on anyway, the team runs without the server's tools, and says so.
+    assert went_on.returncode == 0, went_on.stdout[-2000:] + went_on.stderr[-2000:]
+    assert "agent-router: warning: MCP server gone cannot give its tools, going on" in (
+        went_on.stderr
+    )
+    assert json.loads(went_on.stdout.splitlines()[-1])["ok"] is True
+
+
+def test_a_role_gets_only_the_tools_its_filter_keeps(tmp_path: Path) -> None:
+    roles = roles_file(tmp_path)
+    text = roles.read_text(encoding="utf-8")
+    # The clock reader reads the time but converts none; a misspelt entry refuses the run.
+    roles.write_text(text + 'mcp_tools = { time = { deny = ["convert_*"] } }\n', "utf-8")
+    listed = run_cli("--roles", str(roles), "--list-tools", "--json")
+    assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-3000:]
+    tools = {r["role"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert "time__get_current_time" in tools["Clock Reader"]["tools"]
+    assert "time__convert_time" not in tools["Clock Reader"]["tools"]
+    roles.write_text(text + 'mcp_tools = { time = ["get_curent_time"] }\n', "utf-8")
+    misspelt = run_cli("--roles", str(roles), "--list-tools", "--json")
+    assert misspelt.returncode == 1
+    [clock] = [
+        r for r in map(json.loads, misspelt.stdout.splitlines()) if r["role"] == "Clock Reader"
+    ]
+    assert clock["unmatched"] == {"time": ["get_curent_time"]}
+    assert not any(name.startswith("time__") for name in clock["tools"])
+    refused = run_cli("What time is it?", "--roles", str(roles))
+    assert refused.returncode == 1
+    assert "get_curent_time name no tool of it" in flat(refused.stderr)

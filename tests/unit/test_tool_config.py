@@ -15,6 +15,7 @@ from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tool_config import (
     McpServerSpec,
     ToolDeclaration,
+    ToolFilter,
     server_from_option,
     servers_from_mapping,
 )
@@ -98,6 +99,11 @@ def test_defaults_servers_from_settings_and_options_and_host_functions() -> None
         ('host_tools = ["nope"]', "unknown host tools ['nope']"),
         ('host_tools = ["ask_master"]', "name of a router tool"),
         ("mcp_servers = 3", "must be a list of names"),
+        ('mcp_servers = []\nmcp_tools = { time = ["now"] }', "servers it does not get: ['time']"),
+        ("mcp_tools = 3", "mcp_tools must be a table"),
+        ("mcp_tools = { time = 3 }", "a list of tool names or a table"),
+        ("mcp_tools = { time = { allow = 3 } }", "must be lists of tool names"),
+        ('mcp_tools = { time = { only = ["x"] } }', "a list of tool names or a table"),
     ],
 )
 def test_bad_role_declarations_are_refused(roles: str, message: str) -> None:
@@ -109,7 +115,10 @@ def test_bad_role_declarations_are_refused(roles: str, message: str) -> None:
 
     text = f'[[roles]]\nname = "R"\nsystem_prompt = "p"\n{roles}\n'
     with pytest.raises(ConfigurationError, match=message.replace("[", r"\[")):
-        agent_tools(Settings(), RoleCatalogue.from_toml(text), host=host)
+        agent_tools(
+            Settings(mcp_servers={"time": "mcp-server-time"}), RoleCatalogue.from_toml(text),
+            host=host,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -127,6 +136,43 @@ def test_bad_role_declarations_are_refused(roles: str, message: str) -> None:
 def test_bad_server_declarations_are_refused(table: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         servers_from_mapping({"s": table}, source="test")
+
+
+def test_no_server_takes_the_name_host_functions_are_fenced_with() -> None:
+    with pytest.raises(ConfigurationError, match="'host' is reserved"):
+        McpServerSpec(name="host", url="http://h/mcp")
+
+
+def test_a_filter_allows_then_denies_by_name_or_pattern() -> None:
+    roles = RoleCatalogue.from_toml(
+        ROLES + 'mcp_tools = { notes = { allow = ["read_*", "list"], deny = ["read_secret"] } }\n'
+    )
+    writer = roles.get("Writer")
+    assert writer is not None
+    kept = writer.tools.tool_filter("notes")
+    assert kept == ToolFilter(allow=("read_*", "list"), deny=("read_secret",))
+    tools = ["read_note", "read_secret", "list", "write_note", "delete"]
+    assert [t for t in tools if kept.admits(t)] == ["read_note", "list"]
+    assert kept.unmatched(tools) == [] and kept.unmatched(["list"]) == ["read_*", "read_secret"]
+    # A list is an allow-list; a server without a filter gives every tool.
+    assert ToolFilter.from_value(["a"], source="t") == ToolFilter(allow=("a",))
+    assert writer.tools.tool_filter("time").admits("anything")
+
+
+def test_an_agent_of_a_role_missing_from_the_roles_file_gets_no_host_function() -> None:
+    host = HostToolset()
+
+    @host.tool
+    def shout(text: str) -> str:
+        """Upper-cases a text."""
+        return text.upper()
+
+    settings = Settings(mcp_servers={"search": "http://127.0.0.1:9/mcp"})
+    tools = agent_tools(settings, RoleCatalogue.from_toml(ROLES), host=host)
+    # A listed role without a host_tools list gets them all; a role nobody listed, none (the
+    # default servers, given for every sub-agent role that lists none, it still gets).
+    assert tools.declared("Writer").host_tools == ("shout",)
+    assert tools.declared("Stranger") == ToolDeclaration(mcp_servers=("search",), host_tools=())
 
 
 @pytest.mark.parametrize("name", ["", "a b", "a__b", "x" * 25, "a.b"])
@@ -228,3 +274,13 @@ def test_a_host_tool_name_is_registered_once() -> None:
     host.tool(name="once")(lambda: "")
     with pytest.raises(ConfigurationError, match="already registered"):
         host.tool(name="once")(lambda: "")
+
+
+def test_an_agents_own_declaration_filters_a_servers_tools_too() -> None:
+    roles = RoleCatalogue.from_toml(ROLES)
+    own = ToolDeclaration(
+        mcp_servers=("notes",), host_tools=(), mcp_tools=(("notes", ToolFilter(deny=("delete",))),)
+    )
+    tools = agent_tools(Settings(), roles, declare=lambda agent: own)
+    assert tools.declared("Writer", own) == own
+    assert not tools.declared("Writer", own).tool_filter("notes").admits("delete")

@@ -193,6 +193,33 @@ class AgentTools(ToolRegistry):
             unmatched=assembled.unmatched,
         )
 
+    def unlisted(self) -> dict[str, str]:
+        """What is missing now of the tools declared for the catalogue's roles and as
+        defaults: each server that cannot be listed (server -> why; each is asked once), and
+        each tool filter entry that names no tool of its server (a misspelt name grants
+        nothing)."""
+        declarations = {role: self.declared(role) for role in self.roles.names()}
+        servers = dict.fromkeys(self.default_servers)
+        for declaration in declarations.values():
+            servers.update(dict.fromkeys(declaration.mcp_servers or ()))
+        listed: dict[str, list[str]] = {}
+        problems: dict[str, str] = {}
+        for server in servers:
+            try:
+                tools = self._mcp_tools(self.servers[server])
+            except Exception as exc:
+                problems[server] = str(exc)
+                continue
+            listed[server] = [t.origin.tool for t in tools if t.origin is not None]
+        for role, declaration in declarations.items():
+            for server, kept in declaration.mcp_tools:
+                if server in listed and (missed := kept.unmatched(listed[server])):
+                    problems[f"{server} (tool filter of role {role!r})"] = (
+                        f"{', '.join(missed)} name no tool of it; it lists "
+                        f"{', '.join(listed[server]) or 'none'}"
+                    )
+        return problems
+
     def _declaration(self, agent: Agent) -> ToolDeclaration:
         own = self.declare(agent) if self.declare is not None else None
         return self.declared(agent.role, own)

@@ -35,6 +35,7 @@ from agent_router.domain import (
     MessageType,
     TokenUsage,
 )
+from agent_router.ops import preflight
 from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
 from agent_router.settings import ModelSpec, Settings
@@ -101,19 +102,38 @@ def openai_runtime(settings: Settings, app: Celery) -> Runtime:
 
 def print_tool_listing(tools: AgentTools, roles: RoleCatalogue, *, as_json: bool) -> bool:
     """Print what each role of the catalogue gets (``run --list-tools``); false when an MCP
-    server could not be listed."""
+    server could not be listed or a tool filter names no tool of its server."""
     listings = [tools.listing(name) for name in roles.names()]
     for listing in listings:
         if as_json:
             print(json.dumps({"event": "tools", "role": listing.role, "tools": listing.tools,
-                              "unavailable": listing.unavailable}))  # fmt: skip
+                              "unavailable": listing.unavailable,
+                              "unmatched": listing.unmatched}))  # fmt: skip
             continue
         print(f"{listing.role}:")
         for name, source in listing.tools.items():
             print(f"  {name:<40} {source}")
         for server, error in listing.unavailable.items():
             print(f"  mcp:{server} unavailable: {error}")
-    return not any(listing.unavailable for listing in listings)
+        for server, entries in listing.unmatched.items():
+            print(f"  mcp:{server} filter names no tool: {', '.join(entries)}")
+    return all(listing.complete for listing in listings)
+
+
+def require_tools(tools: AgentTools) -> None:
+    """Refuse to start a team (:class:`~agent_router.ops.preflight.NotReadyError`) when a
+    declared MCP server cannot be listed, or a tool filter names no tool of its server: its
+    agents would silently go without those tools."""
+    problems = tools.unlisted()
+    if problems:
+        what, why = next(iter(problems.items()))
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise preflight.NotReadyError(
+            f"MCP server {what} cannot give its tools: {why}{more}",
+            hint="check the server's command or URL and the roles file (`agent-router run "
+            "--list-tools` shows what each role gets), or pass --allow-missing-tools to run "
+            "without them",
+        )
 
 
 #: Seconds the team must look stuck (polled again and again) before the run gives up on it: a

@@ -24,6 +24,7 @@ from rich.text import Text
 from agent_router import errors
 from agent_router.agents.roles import ROLES_FILE_ENV, RoleCatalogue
 from agent_router.ops import preflight
+from agent_router.ops.cli import failures
 from agent_router.ops.cli.common import (
     EMBEDDED_CONCURRENCY,
     _one_line_errors,
@@ -327,6 +328,16 @@ ListToolsOption = Annotated[
     bool,
     own_option("run", "list_tools", "Print the tools each role gets, and exit.", "--list-tools"),
 ]
+AllowMissingToolsOption = Annotated[
+    bool,
+    own_option(
+        "run",
+        "allow_missing_tools",
+        "Start even when a declared MCP server cannot be listed (its tools are missing until "
+        "it can) or a tool filter names no tool. Default: refuse to start.",
+        "--allow-missing-tools",
+    ),
+]
 RunTimeoutOption = Annotated[
     float,
     own_option(
@@ -353,12 +364,14 @@ def run(  # noqa: PLR0917 - typer options
     mcp_server: McpServerOption = None,
     host_tools: HostToolsOption = None,
     list_tools: ListToolsOption = False,
+    allow_missing_tools: AllowMissingToolsOption = False,
 ) -> None:
     """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
     from AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY) until every agent is idle or completed,
     printing the live timeline. Sub-agents get the multi-agent tools only. Stops early, saying
-    what the team waits on, when nothing can make progress. Exits 1 if a turn failed, a
-    question expired unanswered, or the team did not settle, 3 if a team budget
+    what the team waits on, when nothing can make progress. Refuses to start (exit 1) when a
+    declared MCP server cannot be listed, unless --allow-missing-tools. Exits 1 if a turn
+    failed, a question expired unanswered, or the team did not settle, 3 if a team budget
     (AGENT_ROUTER_BUDGET_*) stopped it."""
     from agent_router.ops import team_run
     from agent_router.worker import runtime
@@ -373,6 +386,11 @@ def run(  # noqa: PLR0917 - typer options
         raise typer.Exit(0 if team_run.print_tool_listing(tools, catalogue, as_json=as_json) else 1)
     if task is None:
         raise typer.BadParameter("a task is required (or --list-tools)", param_hint="TASK")
+    if allow_missing_tools:
+        for what, why in tools.unlisted().items():
+            failures.warn(f"MCP server {what} cannot give its tools, going on: {why}")
+    else:
+        team_run.require_tools(tools)
     with tempfile.TemporaryDirectory(prefix="agent-router-run-") as tmp:
         url = database_url or f"sqlite:///{Path(tmp) / 'run.db'}"
         settings = _run_settings(url, broker_url, model, base_url)
