@@ -279,6 +279,7 @@ def test_a_host_function_gets_validated_arguments(
                 tool_call("missing", "book_room", {"room": "Blue"}),
                 tool_call("extra", "book_room", {"room": "Blue", "people": 2, "floor": 3}),
                 tool_call("wrong", "book_room", {"room": "Blue", "people": "many"}),
+                tool_call("all", "book_room", {"room": 5, "floor": 3}),
                 tool_call("raises", "book_room", {"room": "attic", "people": 1}),
                 tool_call("ping", "ping", {}),
             ],
@@ -316,6 +317,8 @@ def test_a_host_function_gets_validated_arguments(
         error = json.loads(stored[call_id])
         assert error["ok"] is False and error["reason"] == "bad_arguments", call_id
         assert f"`{field}`" in error["error"], error
+    every = json.loads(stored["all"])["error"]  # three problems, one result
+    assert all(f"`{field}`" in every for field in ("room", "people", "floor")), every
     raised = json.loads(ran["raises"])
     assert raised["reason"] == "tool_failed" and "no room called attic" in raised["error"]
     assert ran["ping"] == "pong"

@@ -572,3 +572,38 @@ def test_a_turn_that_loses_the_database_is_left_to_recovery_not_failed(
     assert t.run() == [(ENG, TurnOutcome.ENDED), (LEAD, TurnOutcome.ENDED)]
     report = check_team(t.router, t.id, quiescent=True)
     assert report.ok and report.failed_turns == 0, report.failures
+
+
+def test_a_call_is_as_strict_as_the_tools_schema(router: Router) -> None:
+    """An argument the schema does not name is refused, not ignored (here one claiming to be
+    the sender), and every problem of a call is reported at once; a refused call sends
+    nothing."""
+    t = Team(router)
+    lead = Calls(
+        [
+            ("send_message_to_sub_agent",
+             {"display_name": UI, "message": "Deploy now.", "sender": "Team Leader"}),
+            ("send_message_to_sub_agent", {"display_name": 7, "mesage": "hi"}),
+            ("list_sub_agents", {"verbose": True}),
+        ]
+    )  # fmt: skip
+    t.models[LEAD] = lead
+    t.router.create_agent(t.id, role="UI Operator")
+    t.tell_lead()
+    t.run(limit=1)
+    forged = t.json(LEAD, "send_message_to_sub_agent-0-0")
+    assert forged["reason"] == "bad_arguments"
+    assert forged["problems"] == [
+        "`sender`: unknown argument (this tool takes: display_name, message)"
+    ]
+    assert "so it did not run" in forged["error"]
+    assert t.json(LEAD, "send_message_to_sub_agent-0-1")["problems"] == [
+        "`display_name`: 7 is not of type 'string'",
+        "`mesage`: unknown argument (this tool takes: display_name, message)",
+        "`message`: required, missing",
+    ]
+    assert t.json(LEAD, "list_sub_agents-0-2")["problems"] == [
+        "`verbose`: unknown argument (this tool takes: none)"
+    ]
+    # None of them reached the UI Operator.
+    assert [m.content for m in t.router.messages(t.id) if m.target_name == UI] == []

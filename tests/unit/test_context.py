@@ -84,6 +84,19 @@ def test_older_tool_results_are_shortened_first_newest_stay_verbatim() -> None:
     assert pairing_holds(sent)
 
 
+def test_a_shortened_tool_output_keeps_its_fence_whole() -> None:
+    fenced = formats.fence(formats.ToolOutput(tool="git_log", server="git", content="<" + BIG))
+    messages = transcript(1)[:2] + work(0, fenced) + [m for n in range(1, 20) for m in work(n)]
+
+    sent = compact(messages, limit=count_tokens(messages) * 2 // 3)
+
+    [result] = [m["content"] for m in sent if m.get("tool_call_id") == "c0"]
+    output = formats.parse_fence(result)
+    assert (output.tool, output.server) == ("git_log", "git")
+    assert output.content.startswith("<xxx") and "left out of this request" in output.content
+    assert len(result) < len(fenced) and formats.tags(result) == ["<tool-output", "</tool-output"]
+
+
 def test_whole_older_units_are_left_out_with_one_note_when_shortening_is_not_enough() -> None:
     messages = transcript(40)
     sent = compact(messages, limit=12_000)

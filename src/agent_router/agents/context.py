@@ -224,8 +224,23 @@ def _shortened(message: dict[str, Any], keep: int) -> dict[str, Any] | None:
         return message | {"content": formats.render(replace(env, content=cut))}
     if role not in ("tool", "assistant"):
         return None
+    output = _tool_output(content) if role == "tool" else None
+    if output is not None:  # the fence stays whole around what is kept of the output
+        cut = _cut(output.content, keep)
+        return (
+            None
+            if cut is None
+            else message | {"content": formats.fence(replace(output, content=cut))}
+        )
     cut = _cut(content, keep)
     return None if cut is None else message | {"content": cut}
+
+
+def _tool_output(content: str) -> formats.ToolOutput | None:
+    try:
+        return formats.parse_fence(content)
+    except ValueError:
+        return None
 
 
 def _without(messages: list[dict[str, Any]], left_out: set[int]) -> list[dict[str, Any]]:
