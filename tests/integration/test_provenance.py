@@ -120,10 +120,10 @@ def fences(body: dict[str, Any]) -> dict[str, int]:
 
 
 def expected_fences(body: dict[str, Any]) -> dict[str, int]:
-    """Where the router's own fences are: the protocol section's example envelope in the system
-    prompt; each drained message's envelope; each tool output fence and each resolved wait's
-    envelope (a tool result that starts with one)."""
-    expected = {"0:system": 2}
+    """Where the router's own fences are: the protocol section's two examples (an envelope, a
+    tool output fence) in the system prompt; each drained message's envelope; each tool output
+    fence and each resolved wait's envelope (a tool result that starts with one)."""
+    expected = {"0:system": 4}
     for i, message in enumerate(body["messages"]):
         content = message.get("content")
         if message["role"] == "user" or (

@@ -386,11 +386,7 @@ def run(  # noqa: PLR0917 - typer options
         raise typer.Exit(0 if team_run.print_tool_listing(tools, catalogue, as_json=as_json) else 1)
     if task is None:
         raise typer.BadParameter("a task is required (or --list-tools)", param_hint="TASK")
-    if allow_missing_tools:
-        for what, why in tools.unlisted().items():
-            failures.warn(f"MCP server {what} cannot give its tools, going on: {why}")
-    else:
-        team_run.require_tools(tools)
+    _require_tools(tools, allow_missing=allow_missing_tools)
     with tempfile.TemporaryDirectory(prefix="agent-router-run-") as tmp:
         url = database_url or f"sqlite:///{Path(tmp) / 'run.db'}"
         settings = _run_settings(url, broker_url, model, base_url)
@@ -414,6 +410,18 @@ def run(  # noqa: PLR0917 - typer options
     _print_run_result(console, team_id, result, as_json=as_json, timeout=timeout)
     # Exit 3: the team was stopped by a budget (it may go on once the budget is raised).
     raise typer.Exit(3 if result.budget_exhausted else 0 if result.ok else 1)
+
+
+def _require_tools(tools: AgentTools, *, allow_missing: bool) -> None:
+    """Before a team starts: refuse (one line, exit 1) when a declared MCP server cannot give
+    its tools; with ``--allow-missing-tools``, a warning per problem and on."""
+    from agent_router.ops import team_run
+
+    if not allow_missing:
+        team_run.require_tools(tools)
+        return
+    for what, why in tools.unlisted().items():
+        failures.warn(f"MCP server {what} cannot give its tools, going on: {why}")
 
 
 def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str]) -> AgentTools:
