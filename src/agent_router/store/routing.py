@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import aliased
 
-from agent_router import errors, formats
+from agent_router import errors, formats, validation
 from agent_router.constants import wake_token
 from agent_router.domain import (
     AgentState,
@@ -447,3 +447,9 @@ def is_external(sender: str) -> bool:
     return sender in EXTERNAL_SENDERS or (
         sender.startswith(EXTERNAL_PREFIX) and len(sender) > len(EXTERNAL_PREFIX)
     )
+
+
+def check_display_name(name: str) -> None:
+    """The rule the router applies to a sub-agent's display name (one rule:
+    :func:`agent_router.validation.display_name`), again at the store's door."""
+    validation.display_name(name)

@@ -24,7 +24,6 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from agent_router import errors
-from agent_router import validation as check
 from agent_router.domain import (
     Agent,
     AgentState,
@@ -170,7 +169,7 @@ class Store:
         transaction: both exist, or neither."""
         new = replace(new, role=agents.check_role(new.role))
         if new.display_name is not None:
-            check.display_name(new.display_name)  # the rule the router applies, again
+            routing.check_display_name(new.display_name)
         try:
             with self._tx() as tx:
                 return agents.create_agent(tx, team_id, new, task)
