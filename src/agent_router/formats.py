@@ -235,7 +235,7 @@ def normalise(text: str) -> str:
         if "&" not in reading:
             break
         decoded = _CHARREF.sub(_replace_ref, reading)
-        if decoded == reading:  # a reference always reads shorter than it is written
+        if decoded == reading:  # no reference was found: one never reads as itself
             break
         reading = decoded
     return reading
