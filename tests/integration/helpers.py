@@ -77,9 +77,7 @@ def start_waiting(
 def statements_in_autocommit(router: Router) -> Iterator[list[tuple[str, bool]]]:
     """The SQL statements the router's store sends to the database meanwhile, in order, each
     with whether its connection was in autocommit (the statement its own transaction: no BEGIN
-    before it, no COMMIT after it; BEGIN and COMMIT are not among the statements). Watched,
-    the statements that are their own transaction go through SQLAlchemy, which sends the text
-    the driver sends when nothing watches (test_driver checks that)."""
+    before it, no COMMIT after it; BEGIN and COMMIT are not among the statements)."""
     seen: list[tuple[str, bool]] = []
 
     def record(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:

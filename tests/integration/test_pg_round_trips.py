@@ -1,0 +1,1287 @@
+"""On PostgreSQL every transition of the store is one round trip, whichever branch it takes: one
+statement, the call of the transition's function named in ``store/postgresql/queries.sql``,
+its own transaction (the connection in autocommit: no BEGIN before it, no COMMIT after it).
+
+Each case below puts a team in a state, runs one transition through the Router or Turn API so
+that it takes one branch (refusals included), checks that this branch was taken (the outcome,
+the value returned or the error raised), and lists what the store sent meanwhile. Beside the
+transition's statement the list may hold only:
+
+- reads the Router makes before it calls the store (a display name looked up to find an id,
+  the lead's name for an ask's subtype): plain SELECTs, each in a read session of its own,
+  which write nothing and are not part of the transition;
+- after the commit, one statement marking the turn tasks the transition enqueued as published
+  (the outbox's after-commit path: a transaction of its own, after the transition's).
+
+Where one call of the Router makes more than one transition (a budget check that warns or stops
+the team, an expiry pass over several questions), the case says so and names each, in order;
+each is one statement in autocommit."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from celery import Celery
+
+from agent_router import AgentRouterError, AgentState, MessageType, RouteOutcome, Router, Settings
+from agent_router import errors as e
+from agent_router.budgeting import set_limits
+from agent_router.domain import (
+    BudgetName,
+    MessageSubtype,
+    OutboxKind,
+    QuestionStatus,
+    WaitOutcome,
+)
+from agent_router.outbox import RecordingPublisher
+from agent_router.store import functions
+from agent_router.store.models import OutboxRow
+from agent_router.store.reads import _WAIT_STATE
+from agent_router.turn import Turn
+from agent_router.waker import InProcessWaker
+
+from .helpers import assistant, start_running, statements_in_autocommit, tool_call
+
+ENGINEER = "Engineer_1"
+DESIGNER = "Designer_1"
+LEAD = "Team Leader"
+
+#: The statement that marks published turn tasks after a commit (Store.mark_published).
+_MARK = "UPDATE ar_outbox SET published_at"
+#: A call of one of our functions, wherever it appears in a statement.
+_CALL = re.compile(r"\bar_[a-z_]+\(")
+
+#: Background jobs' tasks go to the in-memory broker: starting a job touches no other service.
+JOBS = Celery("round_trips", broker="memory://", set_as_current=False)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A transition set up to take one branch: ``act`` takes it; ``taken`` says, from what
+    ``act`` returned or raised, that it was that branch."""
+
+    act: Callable[[], Any]
+    taken: Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """``build`` makes the case on a router; ``calls``: the named statements the store sends
+    for it, in order; ``published``: how many of their commits enqueued turn tasks, each then
+    marked published in one statement; ``own_database``: a pass over every team (an expiry
+    pass) runs in a database of its own, where no other test's question is overdue."""
+
+    build: Callable[[Router], Case]
+    calls: tuple[str, ...]
+    published: int = 0
+    own_database: bool = False
+
+
+BRANCHES: dict[str, Branch] = {}
+
+
+def branch(
+    name: str, *calls: str, published: int = 0, own_database: bool = False
+) -> Callable[[Callable[[Router], Case]], Callable[[Router], Case]]:
+    def register(build: Callable[[Router], Case]) -> Callable[[Router], Case]:
+        assert name not in BRANCHES, name
+        BRANCHES[name] = Branch(build, calls, published, own_database)
+        return build
+
+    return register
+
+
+def outcome(expected: RouteOutcome) -> Callable[[Any], bool]:
+    return lambda delivery: getattr(delivery, "outcome", None) is expected
+
+
+def raised(expected: type[AgentRouterError]) -> Callable[[Any], bool]:
+    return lambda error: type(error) is expected
+
+
+def _team(router: Router, *roles: str, **budget: float) -> int:
+    """A team with its lead and a sub-agent per role (``Engineer`` -> ``Engineer_1``), its
+    budgets as given (``turns=5``)."""
+    limits = {BudgetName(name): value for name, value in budget.items()}
+    team = router.create_team(budget=limits or None).id
+    for role in roles:
+        router.create_agent(team, role=role)
+    return team
+
+
+def _answer(question: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "to": ENGINEER,
+        "content": "use the OAuth module",
+        "sender": LEAD,
+        "type": MessageType.ANSWER,
+        "question_id": question,
+        **fields,
+    }
+
+
+def _asking(r: Router, team: int, name: str = ENGINEER, call: str = "ask-1") -> Turn:
+    """``name``'s running turn, its last reply the tool call ``call``."""
+    turn = start_running(r, team, name)
+    turn.append_assistant(assistant(None, tool_call(call, "ask_other_agent")))
+    return turn
+
+
+def _blocked(r: Router, team: int) -> tuple[Turn, int]:
+    """``Engineer_1`` blocked in an ask to the lead; its turn and the question."""
+    turn = _asking(r, team)
+    return turn, turn.ask(LEAD, "which auth module?", tool_call_id="ask-1").id
+
+
+def _suspended(r: Router, team: int) -> tuple[Turn, int]:
+    """``Engineer_1`` suspended in an ask to the lead (its turn gave up the worker)."""
+    turn, question = _blocked(r, team)
+    assert turn.suspend()
+    return turn, question
+
+
+def _waiting_lead(r: Router, team: int) -> Turn:
+    """The lead's running turn, its last reply the tool call ``wait-1``."""
+    lead = start_running(r, team, LEAD)
+    lead.append_assistant(assistant(None, tool_call("wait-1", "wait_sub_agent_output")))
+    return lead
+
+
+def _report(r: Router, team: int) -> Any:
+    return r.send(
+        team,
+        to=LEAD,
+        content="done",
+        sender=ENGINEER,
+        type=MessageType.OUTPUT,
+        subtype=MessageSubtype.COMPLETION_REPORT,
+    )
+
+
+def _overdue(r: Router, question: int) -> None:
+    """The question's deadline has passed."""
+    with r.store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE ar_questions SET deadline = now() - interval '1 hour' WHERE id = :q"),
+            {"q": question},
+        )
+
+
+def _spent(r: Router, team: int) -> Turn:
+    """``Engineer_1`` running in a team whose one model call is spent (the team stopped)."""
+    turn = start_running(r, team, ENGINEER)
+    turn.charge_model_call()
+    with pytest.raises(e.BudgetExhaustedError):
+        turn.charge_model_call()
+    return turn
+
+
+# ---------------------------------------------------------------------- sends
+
+
+@branch("send: to an idle agent, which wakes", "send", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="go"), outcome(RouteOutcome.TRIGGERED_NEW_TURN)
+    )
+
+
+@branch("send: to a completed agent, which wakes", "send", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    start_running(r, team, ENGINEER).end()
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="more"), outcome(RouteOutcome.TRIGGERED_NEW_TURN)
+    )
+
+
+@branch("send: to an idle agent, without waking it", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="fyi", wake=False), outcome(RouteOutcome.QUEUED)
+    )
+
+
+@branch("send: to a scheduled agent", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.send(team, to=ENGINEER, content="go")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="and this"), outcome(RouteOutcome.COALESCED)
+    )
+
+
+@branch("send: to a running agent", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    start_running(r, team, ENGINEER)
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="steer", sender=LEAD),
+        outcome(RouteOutcome.INJECTED_INLINE),
+    )
+
+
+@branch("send: to a blocked asker, from another sender", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    _blocked(r, team)
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="fyi", sender=DESIGNER),
+        outcome(RouteOutcome.INJECTED_INLINE),
+    )
+
+
+@branch("send: to a blocked asker, from another sender, without waking it", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    _blocked(r, team)
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="fyi", wake=False), outcome(RouteOutcome.QUEUED)
+    )
+
+
+@branch("send: the answer an agent blocks on (its wake row written published)", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    _, question = _blocked(r, team)
+    return Case(lambda: r.send(team, **_answer(question)), outcome(RouteOutcome.RESOLVED))
+
+
+@branch("send: the answer a suspended asker waits on (a continuation)", "send", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    _, question = _suspended(r, team)
+    return Case(lambda: r.send(team, **_answer(question)), outcome(RouteOutcome.RESOLVED))
+
+
+@branch("send: any message of the asked agent ends an ask", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    _blocked(r, team)
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="here", sender=LEAD),
+        outcome(RouteOutcome.RESOLVED),
+    )
+
+
+@branch("send: a sub-agent's report ends the lead's wait for its output", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    start_running(r, team, ENGINEER)
+    _waiting_lead(r, team).wait_output(ENGINEER, tool_call_id="wait-1")
+    return Case(lambda: _report(r, team), outcome(RouteOutcome.RESOLVED))
+
+
+@branch("send: from a background job", "send", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="built", sender="job:build"),
+        outcome(RouteOutcome.TRIGGERED_NEW_TURN),
+    )
+
+
+@branch("send: a retry with the same dedup key finds the first delivery", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    first = r.send(team, to=ENGINEER, content="go", dedup_key="k-1")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="go", dedup_key="k-1"),
+        lambda d: d.duplicate and d.message_id == first.message_id,
+    )
+
+
+@branch("send: refused, a dedup key used for other content", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.send(team, to=ENGINEER, content="go", dedup_key="k-1")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="stop", dedup_key="k-1"),
+        raised(e.DedupConflictError),
+    )
+
+
+@branch("send: refused, no such team", "send")
+def _(r: Router) -> Case:
+    return Case(lambda: r.send(2**62, to=ENGINEER, content="go"), raised(e.UnknownTeamError))
+
+
+@branch("send: refused, no such receiver", "send")
+def _(r: Router) -> Case:
+    team = _team(r)
+    return Case(lambda: r.send(team, to="Nobody_9", content="go"), raised(e.UnknownAgentError))
+
+
+@branch("send: refused, no such sender", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="go", sender="Nobody_9"),
+        raised(e.UnknownAgentError),
+    )
+
+
+@branch("send: refused, a terminated sender", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    r.terminate(team, DESIGNER, reason="gone")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="go", sender=DESIGNER),
+        raised(e.AgentTerminatedError),
+    )
+
+
+@branch("send: refused, a terminated receiver", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.terminate(team, ENGINEER, reason="gone")
+    return Case(lambda: r.send(team, to=ENGINEER, content="go"), raised(e.AgentTerminatedError))
+
+
+@branch("send: refused, an agent to itself", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="go", sender=ENGINEER),
+        raised(e.InvalidMessageError),
+    )
+
+
+@branch("send: refused, an answer without a question", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: r.send(team, to=ENGINEER, content="yes", type=MessageType.ANSWER),
+        raised(e.InvalidMessageError),
+    )
+
+
+@branch("send: refused, an answer to no such question", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(lambda: r.send(team, **_answer(2**62)), raised(e.UnknownQuestionError))
+
+
+@branch("send: refused, an answer to a question its receiver did not ask", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    _, question = _suspended(r, team)
+    return Case(
+        lambda: r.send(team, **_answer(question, to=DESIGNER)), raised(e.WrongQuestionError)
+    )
+
+
+@branch("send: refused, an answer to a wait for output", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    start_running(r, team, ENGINEER)
+    wait = _waiting_lead(r, team).wait_output(ENGINEER, tool_call_id="wait-1")
+    return Case(
+        lambda: r.send(team, **_answer(wait.id, to=LEAD, sender=ENGINEER)),
+        raised(e.WrongQuestionError),
+    )
+
+
+@branch("send: refused, an answer to a closed question", "send")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    _, question = _suspended(r, team)
+    r.send(team, **_answer(question))
+    return Case(
+        lambda: r.send(team, **_answer(question, content="again")), raised(e.QuestionClosedError)
+    )
+
+
+@branch("send: refused again within a minute (its first refusal's row counts it)", "send")
+def _(r: Router) -> Case:
+    team = _team(r)
+    with pytest.raises(e.UnknownAgentError):
+        r.send(team, to="Nobody_9", content="go")
+    rows = len(r.ledger(team))
+
+    def taken(error: Any) -> bool:
+        ledger = r.ledger(team)
+        return (
+            type(error) is e.UnknownAgentError
+            and len(ledger) == rows
+            and ledger[-1].detail.get("repeats") == 2
+        )
+
+    return Case(lambda: r.send(team, to="Nobody_9", content="go"), taken)
+
+
+@branch("send: refused before the store (blank content), the refusal ledgered", "record_refusal")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(lambda: r.send(team, to=ENGINEER, content="   "), raised(e.InvalidArgumentError))
+
+
+@branch("send_many: to several agents, all routed", "send_many", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    start_running(r, team, DESIGNER)
+    batch = [{"to": ENGINEER, "content": "build"}, {"to": DESIGNER, "content": "draw"}]
+    both = [RouteOutcome.TRIGGERED_NEW_TURN, RouteOutcome.INJECTED_INLINE]
+    return Case(
+        lambda: r.send_many(team, batch, sender=LEAD),
+        lambda deliveries: [d.outcome for d in deliveries] == both,
+    )
+
+
+@branch("send_many: refused whole, one receiver unknown", "send_many")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    batch = [{"to": ENGINEER, "content": "build"}, {"to": "Nobody_9", "content": "draw"}]
+
+    def taken(error: Any) -> bool:
+        return type(error) is e.UnknownAgentError and r.messages(team) == []
+
+    return Case(lambda: r.send_many(team, batch, sender=LEAD), taken)
+
+
+# ---------------------------------------------------------------------- teams and agents
+
+
+@branch("create_team", "create_team")
+def _(r: Router) -> Case:
+    return Case(r.create_team, lambda team: team.lead.display_name == LEAD)
+
+
+@branch("create_agent", "create_agent")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: r.create_agent(team, role="Engineer"),
+        lambda agent: agent.display_name == "Engineer_2",
+    )
+
+
+@branch("create_agent: refused, the display name is taken", "create_agent")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: r.create_agent(team, role="Engineer", display_name=ENGINEER),
+        raised(e.DuplicateDisplayNameError),
+    )
+
+
+@branch("create_agent: refused, no such team", "create_agent")
+def _(r: Router) -> Case:
+    return Case(lambda: r.create_agent(2**62, role="Engineer"), raised(e.UnknownTeamError))
+
+
+@branch("create_agent_with_task: the agent and its task", "create_agent", published=1)
+def _(r: Router) -> Case:
+    team = _team(r)
+    return Case(
+        lambda: r.create_agent_with_task(team, role="Engineer", task="build"),
+        lambda made: made[1].outcome is RouteOutcome.TRIGGERED_NEW_TURN,
+    )
+
+
+@branch("create_agent_with_task: refused whole, the task's sender unknown", "create_agent")
+def _(r: Router) -> Case:
+    team = _team(r)
+
+    def taken(error: Any) -> bool:
+        return type(error) is e.UnknownAgentError and len(r.agents(team)) == 1
+
+    return Case(
+        lambda: r.create_agent_with_task(team, role="Engineer", task="build", sender="Nobody_9"),
+        taken,
+    )
+
+
+@branch("terminate: a running agent, its blocked asker released", "terminate")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    start_running(r, team, DESIGNER)
+    _asking(r, team).ask(DESIGNER, "which colour?", tool_call_id="ask-1")
+    return Case(
+        lambda: r.terminate(team, DESIGNER, reason="done"),
+        lambda _: r.agent(team, ENGINEER).state is AgentState.RUNNING,
+    )
+
+
+@branch("terminate: refused, the lead", "terminate")
+def _(r: Router) -> Case:
+    team = _team(r)
+    return Case(lambda: r.terminate(team, LEAD, reason="done"), raised(e.InvalidMessageError))
+
+
+@branch("terminate: refused, already terminated", "terminate")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.terminate(team, ENGINEER, reason="done")
+    return Case(lambda: r.terminate(team, ENGINEER, reason="again"), raised(e.AgentTerminatedError))
+
+
+@branch("stop: a scheduled agent, at once (its queued task fenced)", "request_stop")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.send(team, to=ENGINEER, content="go")
+    return Case(
+        lambda: r.stop(team, ENGINEER, reason="enough"), lambda state: state is AgentState.IDLE
+    )
+
+
+@branch("stop: a suspended asker, at once", "request_stop")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    _suspended(r, team)
+    return Case(
+        lambda: r.stop(team, ENGINEER, reason="enough"), lambda state: state is AgentState.IDLE
+    )
+
+
+@branch("stop: a running agent, at its next boundary", "request_stop")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    start_running(r, team, ENGINEER)
+    return Case(
+        lambda: r.stop(team, ENGINEER, reason="enough"), lambda state: state is AgentState.RUNNING
+    )
+
+
+@branch("stop: a blocked asker, its wait ended", "request_stop")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    _blocked(r, team)
+    return Case(
+        lambda: r.stop(team, ENGINEER, reason="enough"), lambda state: state is AgentState.RUNNING
+    )
+
+
+@branch("stop: refused, the lead", "request_stop")
+def _(r: Router) -> Case:
+    team = _team(r)
+    return Case(lambda: r.stop(team, LEAD, reason="enough"), raised(e.InvalidMessageError))
+
+
+# ---------------------------------------------------------------------- turns
+
+
+@branch("claim: the scheduled turn", "claim")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    delivery = r.send(team, to=ENGINEER, content="go")
+    agent = r.agent(team, ENGINEER).id
+    return Case(lambda: r.claim(agent, delivery.epoch), lambda turn: isinstance(turn, Turn))
+
+
+@branch("claim: nothing, a task of an older epoch", "claim")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    delivery = r.send(team, to=ENGINEER, content="go")
+    agent = r.agent(team, ENGINEER).id
+    return Case(lambda: r.claim(agent, delivery.epoch - 1), lambda turn: turn is None)
+
+
+@branch("claim: nothing, the agent is not scheduled", "claim")
+def _(r: Router) -> Case:
+    agent = r.agent(_team(r, "Engineer"), ENGINEER).id
+    return Case(lambda: r.claim(agent), lambda turn: turn is None)
+
+
+@branch("claim: refused, no such agent", "claim")
+def _(r: Router) -> Case:
+    return Case(lambda: r.claim(2**62), raised(e.UnknownAgentError))
+
+
+@branch("claim: refused to the built-in loop, a host runs the agent", "claim")
+def _(r: Router) -> Case:
+    team = r.create_team().id
+    agent = r.create_agent(team, role="Engineer", runner="chat.engineer_turn").id
+    r.send(team, to=ENGINEER, content="go")
+    return Case(lambda: r.claim(agent, builtin=True), raised(e.HostOwnedTurnError))
+
+
+@branch(
+    "claim: the turn passes the warning threshold (the team warned)",
+    *("claim", "budget", "send", "send"),
+)
+def _(r: Router) -> Case:
+    """The claim counts the turn, 4 of 5: the Router reads the budget for the warning's
+    figures and sends every agent (the lead and Engineer_1) its notice, a send each."""
+    team = _team(r, "Engineer", turns=5.0)
+    for _ in range(3):
+        start_running(r, team, LEAD).end()
+    delivery = r.send(team, to=ENGINEER, content="go")
+    agent = r.agent(team, ENGINEER).id
+    return Case(lambda: r.claim(agent, delivery.epoch), lambda turn: isinstance(turn, Turn))
+
+
+@branch(
+    "claim: the turns budget is spent (the team stops)",
+    *("claim", "request_stop", "finish_stop"),
+)
+def _(r: Router) -> Case:
+    """The claim finds the budget spent and marks it so: the Router stops the team's active
+    sub-agents (Engineer_1, whose claim this is), then stops the claimed turn at once."""
+    team = _team(r, "Engineer", turns=1.0)
+    start_running(r, team, LEAD).end()
+    delivery = r.send(team, to=ENGINEER, content="go")
+    agent = r.agent(team, ENGINEER).id
+    return Case(
+        lambda: r.claim(agent, delivery.epoch),
+        lambda turn: turn is None and r.agent(team, ENGINEER).state is AgentState.IDLE,
+    )
+
+
+@branch("drain: the pending messages", "drain")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.send(team, to=ENGINEER, content="one", sender=LEAD)
+    r.send(team, to=ENGINEER, content="two", sender=LEAD)
+    return Case(turn.drain, lambda drained: [m.content for m in drained] == ["one", "two"])
+
+
+@branch("drain: of one sender's progress only the latest", "drain")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, LEAD)
+    for text in ("a quarter", "half"):
+        r.send(
+            team,
+            to=LEAD,
+            content=text,
+            sender=ENGINEER,
+            type=MessageType.OUTPUT,
+            subtype=MessageSubtype.PROGRESS_OUTPUT,
+            wake=False,
+        )
+    return Case(turn.drain, lambda drained: [m.content for m in drained] == ["half"])
+
+
+@branch("drain: nothing pending", "drain")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    return Case(turn.drain, lambda drained: drained == [])
+
+
+@branch("drain: refused, a tool call has no result yet", "drain")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(turn.drain, raised(e.ToolCallsPendingError))
+
+
+@branch("drain: refused, the agent is blocked in an ask", "drain")
+def _(r: Router) -> Case:
+    turn, _ = _blocked(r, _team(r, "Engineer"))
+    return Case(turn.drain, raised(e.TurnError))
+
+
+@branch("drain: refused, a stale turn", "drain")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.take_over(team, ENGINEER, reason="presumed dead")
+    return Case(turn.drain, raised(e.StaleTurnError))
+
+
+@branch("append: the model's reply", "append")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    return Case(lambda: turn.append_assistant(assistant("done")), lambda returned: returned is None)
+
+
+@branch("append: refused, a reply while a tool call has no result", "append")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(lambda: turn.append_assistant(assistant("done")), raised(e.ToolCallsPendingError))
+
+
+@branch("append: an open tool call's result", "append")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(lambda: turn.append_tool_result("ask-1", "ok"), lambda returned: returned is None)
+
+
+@branch("append: refused, the result of no open tool call", "append")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(
+        lambda: turn.append_tool_result("call-9", "?"), raised(e.InvalidTranscriptEntryError)
+    )
+
+
+@branch("append: refused, a stale turn", "append")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    turn.end()
+    return Case(lambda: turn.append_assistant(assistant("late")), raised(e.StaleTurnError))
+
+
+@branch("end: completed", "end")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    turn.append_assistant(assistant("done"))
+    return Case(turn.end, lambda end: end.state is AgentState.COMPLETED and not end.follow_up)
+
+
+@branch("end: wake mail pending, one follow-up turn", "end", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    turn.append_assistant(assistant("done"))
+    r.send(team, to=ENGINEER, content="and this", sender=LEAD)
+    return Case(turn.end, lambda end: end.follow_up)
+
+
+@branch("end: failed, its open tool calls interrupted", "end")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    turn.append_assistant(assistant(None, tool_call("call-1"), tool_call("call-2")))
+    return Case(
+        lambda: turn.end(failed=True, error="the model failed"),
+        lambda end: end.synthetic_results == 2,
+    )
+
+
+@branch("end: failed while blocked in an ask, suspended on it", "end")
+def _(r: Router) -> Case:
+    turn, _ = _blocked(r, _team(r, "Engineer"))
+    return Case(
+        lambda: turn.end(failed=True, error="the worker failed"),
+        lambda end: end.state is AgentState.WAITING,
+    )
+
+
+@branch("end: a stop requested is honoured", "end")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.stop(team, ENGINEER, reason="enough")
+    return Case(turn.end, lambda end: end.state is AgentState.IDLE)
+
+
+@branch("end: refused, a stale turn", "end")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    turn.end()
+    return Case(turn.end, raised(e.StaleTurnError))
+
+
+@branch("suspend: a blocked asker gives up its worker", "suspend")
+def _(r: Router) -> Case:
+    turn, _ = _blocked(r, _team(r, "Engineer"))
+    return Case(turn.suspend, lambda suspended: suspended is True)
+
+
+@branch("suspend: nothing, the answer came first", "suspend")
+def _(r: Router) -> Case:
+    turn, question = _blocked(r, _team(r, "Engineer"))
+    r.answer(question, "this one")
+    return Case(turn.suspend, lambda suspended: suspended is False)
+
+
+@branch("suspend: refused, a stale turn", "suspend")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn, _ = _blocked(r, team)
+    r.take_over(team, ENGINEER, reason="presumed dead")
+    return Case(turn.suspend, raised(e.StaleTurnError))
+
+
+@branch("finish_stop: the turn stops at a boundary", "finish_stop")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = _asking(r, team)
+    r.stop(team, ENGINEER, reason="enough")
+
+    def taken(_: Any) -> bool:
+        return r.agent(team, ENGINEER).state is AgentState.IDLE and turn.open_tool_calls() == []
+
+    return Case(turn.finish_stop, taken)
+
+
+@branch("finish_stop: refused, a stale turn", "finish_stop")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    turn.end()
+    return Case(turn.finish_stop, raised(e.StaleTurnError))
+
+
+@branch("renew_lease: the turn's lease", "renew_lease")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    return Case(turn.heartbeat, lambda renewed: renewed is True)
+
+
+@branch("renew_lease: nothing, the turn was fenced", "renew_lease")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.take_over(team, ENGINEER, reason="presumed dead")
+    return Case(turn.heartbeat, lambda renewed: renewed is False)
+
+
+# ---------------------------------------------------------------------- waits
+
+
+@branch("ask: a running agent, the question injected", "ask")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    start_running(r, team, DESIGNER)
+    turn = _asking(r, team)
+    return Case(
+        lambda: turn.ask(DESIGNER, "which colour?", tool_call_id="ask-1"),
+        lambda q: q.status is QuestionStatus.OPEN,
+    )
+
+
+@branch("ask: an idle agent, which wakes", "ask", published=1)
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer", "Designer"))
+    return Case(
+        lambda: turn.ask(DESIGNER, "which colour?", tool_call_id="ask-1"),
+        lambda q: q.status is QuestionStatus.OPEN,
+    )
+
+
+@branch("ask: refused, no such agent", "ask")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(
+        lambda: turn.ask("Nobody_9", "anyone?", tool_call_id="ask-1"), raised(e.AskRefusedError)
+    )
+
+
+@branch("ask: refused, itself", "ask")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(lambda: turn.ask(ENGINEER, "me?", tool_call_id="ask-1"), raised(e.AskRefusedError))
+
+
+@branch("ask: refused, a terminated agent", "ask")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    turn = _asking(r, team)
+    r.terminate(team, DESIGNER, reason="gone")
+    return Case(
+        lambda: turn.ask(DESIGNER, "which colour?", tool_call_id="ask-1"),
+        raised(e.AskRefusedError),
+    )
+
+
+@branch("ask: refused, it would close a cycle", "ask")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    turn = _asking(r, team)
+    _asking(r, team, DESIGNER, "ask-2").ask(ENGINEER, "which size?", tool_call_id="ask-2")
+    cycle = [ENGINEER, DESIGNER, ENGINEER]
+    return Case(
+        lambda: turn.ask(DESIGNER, "which colour?", tool_call_id="ask-1"),
+        lambda error: type(error) is e.AskRefusedError and error.cycle == cycle,
+    )
+
+
+@branch("ask: refused, not an open tool call", "ask")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(
+        lambda: turn.ask(LEAD, "which one?", tool_call_id="ask-9"),
+        raised(e.InvalidTranscriptEntryError),
+    )
+
+
+@branch("ask: refused, a stale turn", "ask")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = _asking(r, team)
+    r.take_over(team, ENGINEER, reason="presumed dead")
+    return Case(
+        lambda: turn.ask(LEAD, "which one?", tool_call_id="ask-1"), raised(e.StaleTurnError)
+    )
+
+
+@branch("wait_output: the lead waits for a working sub-agent", "wait_output")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    start_running(r, team, ENGINEER)
+    lead = _waiting_lead(r, team)
+    return Case(
+        lambda: lead.wait_output(ENGINEER, tool_call_id="wait-1"),
+        lambda q: q.waiting and q.status is QuestionStatus.OPEN,
+    )
+
+
+@branch("wait_output: the report is already in the mailbox", "wait_output")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    lead = _waiting_lead(r, team)
+    _report(r, team)
+    return Case(
+        lambda: lead.wait_output(ENGINEER, tool_call_id="wait-1"),
+        lambda q: q.status is QuestionStatus.ANSWERED,
+    )
+
+
+@branch("wait_output: refused, the sub-agent has nothing to work on", "wait_output")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    lead = _waiting_lead(r, team)
+    return Case(
+        lambda: lead.wait_output(ENGINEER, tool_call_id="wait-1"), raised(e.AskRefusedError)
+    )
+
+
+@branch("expire: nothing overdue", "overdue_questions", own_database=True)
+def _(r: Router) -> Case:
+    """The pass lists the overdue questions first: here one question is open, not overdue."""
+    _, question = _blocked(r, _team(r, "Engineer"))
+    return Case(
+        r.expire_questions,
+        lambda count: count == 0 and r.question(question).status is QuestionStatus.OPEN,
+    )
+
+
+@branch(
+    "expire: a blocking and a suspended asker, each in a call of its own",
+    *("overdue_questions", "expire_question", "expire_question"),
+    published=1,
+    own_database=True,
+)
+def _(r: Router) -> Case:
+    """The pass lists the overdue questions (one statement), then expires each in a call of
+    its own, so that one that fails leaves the others expired: 1 + 2 statements. The
+    suspended asker gets a continuation turn, the blocking one is woken."""
+    team = _team(r, "Engineer", "Designer")
+    _, suspended = _suspended(r, team)
+    designer = _asking(r, team, DESIGNER, "ask-2")
+    blocking = designer.ask(LEAD, "which colour?", tool_call_id="ask-2").id
+    for question in (suspended, blocking):
+        _overdue(r, question)
+
+    def taken(count: Any) -> bool:
+        statuses = {r.question(q).status for q in (suspended, blocking)}
+        return count == 2 and statuses == {QuestionStatus.EXPIRED}
+
+    return Case(r.expire_questions, taken)
+
+
+@branch(
+    "expire: the blocked call finds its own question overdue",
+    *("overdue_questions", "expire_question"),
+)
+def _(r: Router) -> Case:
+    """A blocked call past its question's deadline expires that question (listed by its id,
+    then expired): 1 + 1 statements; its own re-reads of the question are reads."""
+    turn = _asking(r, _team(r, "Engineer"))
+    question = turn.ask(LEAD, "which one?", tool_call_id="ask-1")
+    _overdue(r, question.id)
+    return Case(
+        lambda: turn.wait_for(question, block_seconds=5),
+        lambda waited: waited is WaitOutcome.RESOLVED,
+    )
+
+
+@branch("take_over: a running agent, a recovery turn", "take_over", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    start_running(r, team, ENGINEER)
+    return Case(
+        lambda: r.take_over(team, ENGINEER, reason="presumed dead"), lambda epoch: epoch == 2
+    )
+
+
+@branch("take_over: a blocked asker, left suspended", "take_over")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    _blocked(r, team)
+    return Case(
+        lambda: r.take_over(team, ENGINEER, reason="presumed dead"),
+        lambda _: r.agent(team, ENGINEER).suspended,
+    )
+
+
+@branch("take_over: refused, nothing runs", "take_over")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(lambda: r.take_over(team, ENGINEER, reason="presumed dead"), raised(e.TurnError))
+
+
+# ---------------------------------------------------------------------- background jobs
+
+
+def _job(r: Router, team: int, agent: str = ENGINEER) -> Any:
+    return r.track_background(team, agent, JOBS.signature("jobs.build"))
+
+
+@branch("start_job: recorded before its task is sent", "start_job")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(lambda: _job(r, team), lambda job: job.name == "jobs.build")
+
+
+@branch("start_job: refused, no such agent", "start_job")
+def _(r: Router) -> Case:
+    team = _team(r)
+    return Case(lambda: _job(r, team, "Nobody_9"), raised(e.UnknownAgentError))
+
+
+@branch("start_job: refused, a terminated agent", "start_job")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.terminate(team, ENGINEER, reason="gone")
+    return Case(lambda: _job(r, team), raised(e.AgentTerminatedError))
+
+
+@branch("finish_job: its notice wakes the agent, a batch window late", "finish_job", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    job = _job(r, team)
+    return Case(
+        lambda: r.finish_background(job.id, ok=True, result="built"),
+        lambda done: done.notice_message_id is not None,
+    )
+
+
+@branch("finish_job: another in the window pushes the turn back", "finish_job", published=1)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    first, second = _job(r, team), _job(r, team)
+    r.finish_background(first.id, ok=True, result="built")
+
+    def taken(done: Any) -> bool:
+        return done.notice_message_id is not None and r.agent(team, ENGINEER).epoch == 2
+
+    return Case(lambda: r.finish_background(second.id, ok=False, result="broke"), taken)
+
+
+@branch("finish_job: reported once, a second report does nothing", "finish_job")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    job = _job(r, team)
+    notice = r.finish_background(job.id, ok=True, result="built").notice_message_id
+    return Case(
+        lambda: r.finish_background(job.id, ok=True, result="built"),
+        lambda done: done.notice_message_id == notice,
+    )
+
+
+@branch("finish_job: its agent terminated, nothing reported", "finish_job")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    job = _job(r, team)
+    r.terminate(team, ENGINEER, reason="gone")
+    return Case(
+        lambda: r.finish_background(job.id, ok=True, result="built"),
+        lambda done: done.notice_message_id is None,
+    )
+
+
+@branch("finish_job: refused, no such job", "finish_job")
+def _(r: Router) -> Case:
+    return Case(lambda: r.finish_background(2**62, ok=True, result="built"), raised(e.RefusedError))
+
+
+# ---------------------------------------------------------------------- budgets
+
+
+@branch("charge_model_call: counted", "charge_model_call")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    return Case(turn.charge_model_call, lambda returned: returned is None)
+
+
+@branch(
+    "charge_model_call: refused, the budget spent now (the team stops)",
+    *("charge_model_call", "request_stop"),
+)
+def _(r: Router) -> Case:
+    """The first check to find the budget spent marks it so; the Router then stops the team's
+    active sub-agents (Engineer_1 itself, at its next boundary)."""
+    turn = start_running(r, _team(r, "Engineer", model_calls=1.0), ENGINEER)
+    turn.charge_model_call()
+    return Case(turn.charge_model_call, raised(e.BudgetExhaustedError))
+
+
+@branch("charge_model_call: refused, the team stopped already", "charge_model_call")
+def _(r: Router) -> Case:
+    turn = _spent(r, _team(r, "Engineer", model_calls=1.0))
+    return Case(turn.charge_model_call, raised(e.BudgetExhaustedError))
+
+
+@branch("record_usage: a model call's tokens", "record_usage")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    return Case(
+        lambda: turn.record_usage(model="m", prompt_tokens=10, completion_tokens=5),
+        lambda usage: usage.prompt_tokens == 10,
+    )
+
+
+@branch("charge_sub_agent: room for one more", "charge_sub_agent")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", sub_agents_created=2.0)
+    return Case(lambda: r.store.charge_sub_agent(team, "Designer"), lambda ok: ok is None)
+
+
+@branch("charge_sub_agent: refused, as many created as allowed", "charge_sub_agent")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", sub_agents_created=1.0)
+    return Case(lambda: r.store.charge_sub_agent(team, "Designer"), raised(e.BudgetExhaustedError))
+
+
+@branch("budget: a team's limits and use", "budget")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", turns=5.0)
+    return Case(lambda: r.store.budget(team), lambda budget: budget.limits[BudgetName.TURNS] == 5)
+
+
+@branch("set_limits: an operator's new limits", "budget", "set_limits")
+def _(r: Router) -> Case:
+    """The Router reads the budget first (was the team stopped?), then sets the limits."""
+    team = _team(r, "Engineer")
+    return Case(
+        lambda: set_limits(r, team, {BudgetName.TURNS: 50.0}, by="test"),
+        lambda budget: budget.limits[BudgetName.TURNS] == 50,
+    )
+
+
+@branch(
+    "set_limits: a stopped team may go on (its lead told)",
+    *("budget", "set_limits", "send"),
+    published=1,
+)
+def _(r: Router) -> Case:
+    """As above, then the lead gets a notice that wakes it: its turn task is published."""
+    team = _team(r, "Engineer", model_calls=1.0)
+    _spent(r, team)
+    return Case(
+        lambda: set_limits(r, team, {BudgetName.MODEL_CALLS: 10.0}, by="test"),
+        lambda budget: budget.exhausted is None,
+    )
+
+
+# ---------------------------------------------------------------------- the tests
+
+
+def _named(engine: sa.Engine) -> dict[str, str]:
+    """The named statements as the driver receives them, by name."""
+    return {
+        " ".join(str(query.compile(dialect=engine.dialect)).split()): name
+        for name, query in functions.queries().items()
+    }
+
+
+@pytest.fixture
+def pg_router(request: pytest.FixtureRequest) -> Iterator[Router]:
+    callspec = getattr(request.node, "callspec", None)
+    own = callspec is not None and BRANCHES[callspec.params["name"]].own_database
+    url = request.getfixturevalue("own_pg_schema_url" if own else "pg_schema_url")
+    router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+    yield router
+    router.close()
+
+
+@pytest.mark.parametrize("name", list(BRANCHES))
+def test_each_branch_of_a_transition_is_one_round_trip(pg_router: Router, name: str) -> None:
+    expected = BRANCHES[name]
+    case = expected.build(pg_router)
+    named = _named(pg_router.store.engine)
+    reread = " ".join(str(_WAIT_STATE.compile(dialect=pg_router.store.engine.dialect)).split())
+    with statements_in_autocommit(pg_router) as seen:
+        try:
+            result = case.act()
+        except AgentRouterError as error:
+            result = error
+    assert case.taken(result), result
+    calls: list[str] = []
+    marks = 0
+    for statement, alone in seen:
+        text = " ".join(statement.split())
+        if text in named:
+            calls.append(named[text])
+            assert alone, f"{named[text]} ran inside a transaction"
+        elif text.startswith(_MARK):
+            marks += 1
+            assert alone
+        else:
+            # A read of the Router's: it writes nothing and calls none of our functions; in a
+            # read session of its own, but for a blocked call's re-read of its question.
+            assert text.startswith("SELECT ") and not _CALL.search(text), text
+            assert not alone or text == reread, text
+    assert tuple(calls) == expected.calls
+    assert marks == expected.published
+
+
+def test_every_named_statement_has_its_branches() -> None:
+    """No statement that queries.sql names is left out above: a new transition gets its
+    cases here."""
+    reached = {call for expected in BRANCHES.values() for call in expected.calls}
+    assert reached == set(functions.queries())
+
+
+class _CountingWaker(InProcessWaker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.signals: list[int] = []
+
+    def notify(self, question_id: int, token: str) -> None:
+        self.signals.append(question_id)
+        super().notify(question_id, token)
+
+
+def test_a_wake_row_is_written_published_and_signalled_once(own_pg_schema_url: str) -> None:
+    """The answer's function writes the wake row marked published (one attempt), and its
+    signal is sent once after the commit; the sweeper's pass sends nothing more. A wake row
+    left unpublished (written before wake rows were written published) is still signalled and
+    marked by it. (A database of its own: the pass publishes whatever is unpublished in it.)"""
+    waker = _CountingWaker()
+    router = Router(
+        Settings(database_url=own_pg_schema_url), publisher=RecordingPublisher(), waker=waker
+    )
+    try:
+        team = _team(router, "Engineer")
+        _, question = _blocked(router, team)
+        router.send(team, **_answer(question))
+        with router.store.engine.connect() as conn:
+            wakes = conn.execute(
+                sa.select(OutboxRow.id, OutboxRow.published_at, OutboxRow.attempts).where(
+                    OutboxRow.team_id == team, OutboxRow.kind == OutboxKind.WAKE_WAITER
+                )
+            ).all()
+        assert [(w.published_at is not None, w.attempts) for w in wakes] == [(True, 1)]
+        assert waker.signals == [question]
+        assert router.publish_outbox() == 0 and waker.signals == [question]
+        with router.store.engine.begin() as conn:
+            conn.execute(
+                sa.update(OutboxRow)
+                .where(OutboxRow.id == wakes[0].id)
+                .values(published_at=None, attempts=0)
+            )
+        assert router.publish_outbox() == 1
+        assert waker.signals == [question, question]
+        assert wakes[0].id not in {entry.id for entry in router.store.reads.unpublished()}
+    finally:
+        router.close()
+
+
+def test_a_woken_call_rereads_its_question_in_one_round_trip(pg_router: Router) -> None:
+    """What a blocked call re-reads after a wake signal is one statement on a connection in
+    autocommit (no BEGIN before it, no ROLLBACK after it); the answer between the two reads is
+    one statement too."""
+    team = _team(pg_router, "Engineer")
+    _, question = _blocked(pg_router, team)
+    with statements_in_autocommit(pg_router) as seen:
+        assert pg_router.store.reads.wait_state(question)[0] is True
+        pg_router.send(team, **_answer(question))
+        assert pg_router.store.reads.wait_state(question)[0] is False
+    engine = pg_router.store.engine
+    reread = " ".join(str(_WAIT_STATE.compile(dialect=engine.dialect)).split())
+    answer = " ".join(str(functions.queries()["send"].compile(dialect=engine.dialect)).split())
+    assert [(" ".join(s.split()), alone) for s, alone in seen] == [
+        (reread, True),
+        (answer, True),
+        (reread, True),
+    ]
