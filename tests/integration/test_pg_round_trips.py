@@ -1035,6 +1035,17 @@ def _(r: Router) -> Case:
     return Case(lambda: _job(r, team), raised(e.AgentTerminatedError))
 
 
+@branch("start_job: refused, its task recorded already", "start_job")
+def _(r: Router) -> Case:
+    """The Router gives every job a new task id: the store is asked directly."""
+    team = _team(r, "Engineer")
+    task = _job(r, team).task_id
+    return Case(
+        lambda: r.store.start_job(team, ENGINEER, name="jobs.build", task_id=task),
+        raised(e.InvalidArgumentError),
+    )
+
+
 @branch("finish_job: its notice wakes the agent, a batch window late", "finish_job", published=1)
 def _(r: Router) -> Case:
     team = _team(r, "Engineer")
