@@ -181,7 +181,9 @@ def key(value: Any, what: str) -> str:
         raise errors.InvalidArgumentError(f"{what} must be a string, not {type(value).__name__}")
     if not value.strip() or len(value) > MAX_KEY_CHARS:
         raise errors.InvalidArgumentError(f"{what} must be 1-{MAX_KEY_CHARS} characters")
-    if any(unicodedata.category(c) in _HIDDEN_CATEGORIES for c in value):
+    if not value.isprintable():
+        # Printable as Python means it: no control, format, private-use or unassigned
+        # character, and no space but U+0020 (a no-break space reads as one).
         raise errors.InvalidArgumentError(f"{what} holds invisible or control characters")
     return value
 

@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 
 from agent_router import validation as check
 from agent_router.domain import MessageType
-from agent_router.errors import InvalidNameError, RefusedError, ReservedNameError
+from agent_router.errors import (
+    InvalidArgumentError,
+    InvalidNameError,
+    RefusedError,
+    ReservedNameError,
+)
 from agent_router.formats import Envelope, parse, render
 
 
@@ -85,3 +90,16 @@ def test_names_that_read_as_the_routers_own_are_refused(name: str) -> None:
 @pytest.mark.parametrize("name", ["Systems Engineer_1", "User Researcher", "Leader_2", "Jobs_1"])
 def test_names_that_only_contain_a_reserved_word_are_accepted(name: str) -> None:
     assert check.display_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "key", ["call\t1", "call\n1", "call\u00a01", "call\u30001", "call\u20281", "call\u200b1"]
+)
+def test_a_key_that_is_not_printable_is_refused(key: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="invisible or control"):
+        check.key(key, "tool_call_id")
+
+
+def test_printable_keys_are_accepted() -> None:
+    for key in ("call_1", 'it\'s "quoted" \\ here', "呼び出し 1", "🚀"):
+        assert check.key(key, "dedup_key") == key

@@ -26,16 +26,34 @@ BEGIN
     RETURN '{"events": [], "outbox": []}'::jsonb;
 END $$;
 
--- A text as Python's repr() writes it, for the names, keys and reasons that refusals quote
--- (printable text: no escapes but the backslash and the quote).
+-- A text as Python's repr() writes it, for the names, keys and tool call ids that refusals
+-- quote: in quotes, the backslash and the quote escaped, and escaped as repr() escapes them each
+-- character below U+0100 that Python does not print (the controls, U+00A0, U+00AD) and the line
+-- and paragraph separators, so that a quoted text is one line. Every other character is written
+-- as it is: the names and keys the router accepts are printable (validation), and which others
+-- Python escapes follows its own Unicode tables.
 CREATE OR REPLACE FUNCTION ar__repr(p text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    RETURN CASE
+DECLARE
+    q text := CASE
         WHEN strpos(p, '''') > 0 AND strpos(p, '"') = 0
             THEN '"' || replace(p, '\', '\\') || '"'
         ELSE '''' || replace(replace(p, '\', '\\'), '''', '\''') || ''''
     END;
+BEGIN
+    IF q !~ '[\x01-\x1f\x7f-\xa0\xad\u2028\u2029]' THEN
+        RETURN q;
+    END IF;
+    RETURN (SELECT string_agg(CASE
+                WHEN c = E'\t' THEN '\t'
+                WHEN c = E'\n' THEN '\n'
+                WHEN c = E'\r' THEN '\r'
+                WHEN ascii(c) < 32 OR ascii(c) BETWEEN 127 AND 160 OR ascii(c) = 173
+                    THEN '\x' || lpad(to_hex(ascii(c)), 2, '0')
+                WHEN ascii(c) IN (8232, 8233) THEN '\u' || to_hex(ascii(c))
+                ELSE c
+            END, '' ORDER BY n)
+            FROM regexp_split_to_table(q, '') WITH ORDINALITY AS s(c, n));
 END $$;
 
 -- Which state may follow which (an illegal move is a bug of the store, and raises): `idle`
