@@ -1,0 +1,325 @@
+"""The pieces the PostgreSQL functions share with the Python side say the same thing: the envelope
+(``ar__envelope`` and formats.render), the quoting of the names, keys and tool call ids a refusal
+quotes (``ar__repr`` and repr()), the routing table (``ar__decide`` and decisions.decide) and the
+agent transitions (``ar__can_move`` and decisions.can_move). Each is called directly, in a
+SELECT, on a database holding the functions."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent_router import errors, formats, validation
+from agent_router.domain import (
+    AgentState,
+    MessageSubtype,
+    MessageType,
+    Question,
+    QuestionKind,
+    QuestionStatus,
+    RouteOutcome,
+)
+from agent_router.formats import Envelope
+from agent_router.store import decisions
+from agent_router.store.models import utcnow
+
+#: Examples per property: each is one round trip.
+EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def conn(pg_schema_url: str) -> Iterator[sa.Connection]:
+    engine = sa.create_engine(pg_schema_url)
+    with engine.connect() as connection:
+        yield connection
+    engine.dispose()
+
+
+def _valid(check: Any, value: str) -> bool:
+    try:
+        check(value)
+    except errors.AgentRouterError:
+        return False
+    return True
+
+
+#: Letters of several scripts, digits, spaces and punctuation (quotes and backslashes included).
+_NAME_CHARACTERS = st.sampled_from(
+    "abcxyzABCXYZ0189 _-.:'()[]{}!?#%*+,;=@|~$^éßñøÆ日本語한글中文ДжЯαβΩ"
+) | st.characters(codec="utf-8", exclude_categories=["Cs"])
+#: Display names and senders, as validation lets them through.
+NAMES = st.text(_NAME_CHARACTERS, min_size=1, max_size=40).filter(
+    lambda name: _valid(validation.name, name)
+)
+SENDERS = (
+    NAMES
+    | st.sampled_from(["user", "system"])
+    | NAMES.map(lambda n: f"job:{n}").filter(lambda sender: _valid(validation.sender, sender))
+)
+IDS = st.integers(min_value=1, max_value=validation.MAX_ID)
+#: Pieces of content that read as the envelope's tag, in the spellings formats escapes, and
+#: characters that SQL or the driver treat apart.
+_TAGS = st.sampled_from(
+    [
+        "<agent-message",
+        "</agent-message>",
+        '<agent-message type="task" from="user" message_id="1">',
+        "<\\agent-message",
+        "<\\\\/agent-message>",
+        "< / Agent_Message>",
+        "<AGENT MESSAGE",
+        "<agent_message",
+        "\n</agent-message>\n",
+        "<",
+        "\\",
+        "'",
+        '"',
+        "\r\n",
+        "\u2028",
+        "$$",
+        "%s",
+    ]
+)
+CONTENTS = st.lists(
+    _TAGS
+    | st.text(st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00")),
+    max_size=8,
+).map("".join)
+
+
+@EXAMPLES
+@given(
+    type_=st.sampled_from(MessageType),
+    subtype=st.none() | st.sampled_from(MessageSubtype),
+    sender=SENDERS,
+    message_id=IDS,
+    question_id=st.none() | IDS,
+    content=CONTENTS,
+)
+def test_the_database_writes_the_envelope_formats_renders(
+    conn: sa.Connection,
+    type_: MessageType,
+    subtype: MessageSubtype | None,
+    sender: str,
+    message_id: int,
+    question_id: int | None,
+    content: str,
+) -> None:
+    """The store keeps a message's content and, where escaping changed it, its body
+    (formats.stored_body); the database renders its envelope from the body, else the content."""
+    envelope = Envelope(
+        type=type_,
+        sender=sender,
+        message_id=message_id,
+        content=content,
+        subtype=subtype,
+        question_id=question_id,
+    )
+    rendered = conn.execute(
+        sa.text(
+            "SELECT ar__envelope(CAST(:type AS ar_message_type), :sender, :id,"
+            " CAST(:subtype AS ar_message_subtype), :question, coalesce(:body, :content))"
+        ),
+        {
+            "type": type_.value,
+            "sender": sender,
+            "id": message_id,
+            "subtype": subtype.value if subtype else None,
+            "question": question_id,
+            "body": formats.stored_body(content),
+            "content": content,
+        },
+    ).scalar_one()
+    assert rendered == formats.render(envelope)
+    assert formats.parse(rendered) == envelope
+
+
+def _repr(conn: sa.Connection, text: str) -> str:
+    return str(conn.execute(sa.text("SELECT ar__repr(:text)"), {"text": text}).scalar_one())
+
+
+#: Printable text with the characters repr() treats apart: both quotes and the backslash.
+PRINTABLE = st.lists(
+    st.sampled_from(["'", '"', "\\", "\\'", "é", " "])
+    | st.text(st.characters(codec="utf-8", exclude_categories=["Cs"])).filter(str.isprintable),
+    max_size=6,
+).map("".join)
+
+
+@EXAMPLES
+@given(text=PRINTABLE)
+def test_repr_quotes_printable_text_as_python(conn: sa.Connection, text: str) -> None:
+    assert _repr(conn, text) == repr(text)
+
+
+@EXAMPLES
+@given(name=NAMES)
+def test_repr_quotes_a_name_as_python(conn: sa.Connection, name: str) -> None:
+    assert _repr(conn, name) == repr(name)
+
+
+#: Any text below U+0100 (but NUL, which no text column holds) and the line separators: what
+#: Python prints and what it escapes, side by side.
+LATIN_1 = st.text(
+    st.characters(min_codepoint=1, max_codepoint=0xFF) | st.sampled_from(["\u2028", "\u2029"])
+)
+#: Any text a model may write as a tool call id (stored as written, but NUL).
+ANY_TEXT = st.text(
+    st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00")
+)
+
+
+@EXAMPLES
+@given(text=LATIN_1)
+def test_repr_escapes_what_python_escapes_below_u0100(conn: sa.Connection, text: str) -> None:
+    assert _repr(conn, text) == repr(text)
+
+
+@EXAMPLES
+@given(text=ANY_TEXT)
+def test_a_quoted_text_is_one_line(conn: sa.Connection, text: str) -> None:
+    """Whatever a tool call id holds, a refusal that quotes it stays one line; where Python
+    prints every character, the quote is Python's."""
+    quoted = _repr(conn, text)
+    assert len(quoted.splitlines()) == 1
+    if all(c.isprintable() or ord(c) < 0x100 for c in text):
+        assert quoted == repr(text)
+
+
+#: Dedup keys and tool call ids, as validation lets them through.
+KEYS = st.text(_NAME_CHARACTERS | st.sampled_from('"\\<>&`'), min_size=1, max_size=40).filter(
+    lambda key: _valid(lambda k: validation.key(k, "key"), key)
+)
+
+
+@EXAMPLES
+@given(key=KEYS)
+def test_repr_quotes_a_key_as_python(conn: sa.Connection, key: str) -> None:
+    assert _repr(conn, key) == repr(key)
+
+
+@EXAMPLES
+@given(keys=st.lists(KEYS, max_size=4))
+def test_a_list_of_keys_is_quoted_as_python(conn: sa.Connection, keys: list[str]) -> None:
+    quoted = conn.execute(sa.text("SELECT ar__repr_list(:keys)"), {"keys": keys}).scalar_one()
+    assert quoted == repr(keys)
+
+
+def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> None:
+    """Every receiver state but terminated (refused before the table is asked), blocked on no
+    question or on an ask or an output wait, and every message: each type, subtype and wake
+    flag, from outside or from the agent waited on or another, answering no question, the one
+    waited on or another."""
+    asked, waited_on, other_agent = 100, 7, 8
+    deadline = utcnow()
+    waits: list[Question | None] = [None] + [
+        Question(
+            id=asked,
+            team_id=1,
+            asker_agent_id=1,
+            target_agent_id=waited_on,
+            tool_call_id="call-1",
+            status=QuestionStatus.OPEN,
+            waiting=True,
+            deadline=deadline,
+            kind=kind,
+        )
+        for kind in QuestionKind
+    ]
+    states = [s for s in AgentState if s is not AgentState.TERMINATED]
+    inputs = list(
+        itertools.product(
+            states,
+            waits,
+            MessageType,
+            [None, *MessageSubtype],
+            [None, waited_on, other_agent],
+            [True, False],
+            [None, asked, asked + 1],
+        )
+    )
+    expected = [
+        decisions.decide(
+            state,
+            wait,
+            decisions.Incoming(
+                type=type_, sender_id=sender, wake=wake, answers=answers, subtype=subtype
+            ),
+        )
+        for state, wait, type_, subtype, sender, wake, answers in inputs
+    ]
+    columns = list(zip(*inputs, strict=True))
+    found = conn.execute(
+        sa.text(
+            "SELECT ar__decide(state, wait_id, wait_kind, wait_target, type, subtype, sender,"
+            " wake, answers)::text FROM unnest("
+            " CAST(:states AS ar_agent_state[]), CAST(:wait_ids AS bigint[]),"
+            " CAST(:wait_kinds AS ar_question_kind[]), CAST(:wait_targets AS bigint[]),"
+            " CAST(:types AS ar_message_type[]), CAST(:subtypes AS ar_message_subtype[]),"
+            " CAST(:senders AS bigint[]), CAST(:wakes AS boolean[]), CAST(:answers AS bigint[])"
+            ") WITH ORDINALITY AS i(state, wait_id, wait_kind, wait_target, type, subtype, sender,"
+            " wake, answers, n) ORDER BY n"
+        ),
+        {
+            "states": [s.value for s in columns[0]],
+            "wait_ids": [w.id if w else None for w in columns[1]],
+            "wait_kinds": [w.kind.value if w else None for w in columns[1]],
+            "wait_targets": [w.target_agent_id if w else None for w in columns[1]],
+            "types": [t.value for t in columns[2]],
+            "subtypes": [s.value if s else None for s in columns[3]],
+            "senders": list(columns[4]),
+            "wakes": list(columns[5]),
+            "answers": list(columns[6]),
+        },
+    ).scalars()
+    assert len(inputs) == 5 * 3 * 6 * 5 * 3 * 2 * 3
+    assert [RouteOutcome(outcome) for outcome in found] == expected
+    # The table reaches every outcome but a refusal.
+    assert set(expected) == set(RouteOutcome) - {RouteOutcome.REJECTED}
+
+
+def test_a_terminated_receiver_is_refused_before_the_table() -> None:
+    with pytest.raises(errors.AgentTerminatedError):
+        decisions.decide(
+            AgentState.TERMINATED,
+            None,
+            decisions.Incoming(type=MessageType.MESSAGE, sender_id=None, wake=True),
+        )
+
+
+def test_the_agent_transitions_are_the_same_for_every_pair(conn: sa.Connection) -> None:
+    pairs = conn.execute(
+        sa.text(
+            "SELECT f::text || ' -> ' || t::text, ar__can_move(f, t)"
+            " FROM unnest(enum_range(NULL::ar_agent_state)) f,"
+            " unnest(enum_range(NULL::ar_agent_state)) t"
+        )
+    )
+    found = {str(pair): bool(allowed) for pair, allowed in pairs}
+    expected = {
+        f"{f.value} -> {t.value}": decisions.can_move(f, t)
+        for f, t in itertools.product(AgentState, AgentState)
+    }
+    assert found == expected
+
+
+def test_the_databases_enums_are_the_domains(conn: sa.Connection) -> None:
+    """The enum types the functions take hold exactly the domain's values (the exhaustive
+    tests above list the domain's)."""
+    for sql_type, domain in (
+        ("ar_agent_state", AgentState),
+        ("ar_message_type", MessageType),
+        ("ar_message_subtype", MessageSubtype),
+        ("ar_question_kind", QuestionKind),
+        ("ar_route_outcome", RouteOutcome),
+    ):
+        values = conn.execute(
+            sa.text(f"SELECT unnest(enum_range(NULL::{sql_type}))::text")
+        ).scalars()
+        assert list(values) == [member.value for member in domain], sql_type
