@@ -103,6 +103,13 @@ class PostgresStore(Store):
                 if faults.connection_lost(exc) and not conn.invalidated:
                     conn.invalidate()
                 raise faults.store_error(exc, committing=True) from exc
+            except BaseException:
+                # Interrupted while the call ran (a signal's exception: a time limit, Ctrl-C):
+                # the connection may be in the middle of its query. It is closed, never given
+                # back to the pool (nor rolled back, which would fail in its place), and the
+                # interruption reaches the caller; whether the call committed is unknown.
+                conn.invalidate()
+                raise
 
     def _call(self, query: str, /, **params: Any) -> dict[str, Any]:
         """Run the named statement (one transition); its result, once the events it wrote are
