@@ -95,7 +95,7 @@ class PostgresStore(Store):
             try:
                 yield conn.execution_options(isolation_level="AUTOCOMMIT")
             except SQLAlchemyError as exc:
-                if faults.sqlstate(exc) == _UNDEFINED_FUNCTION:
+                if faults.sqlstate(exc) == _UNDEFINED_FUNCTION and _functions_missing(conn):
                     raise errors.StoreError(
                         "the database holds none of this release's store functions: "
                         "run `agent-router db upgrade` (Router.create_schema() in tests)"
@@ -444,6 +444,16 @@ class PostgresStore(Store):
             max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
         )
         return _job(found["job"])
+
+
+def _functions_missing(conn: sa.Connection) -> bool:
+    """Whether the database lacks this release's functions. A call can also name no function
+    when a value is of a type none takes (an integer beyond bigint is sent as numeric): that
+    is an error of the call, not of the database."""
+    try:
+        return functions.installed(conn) != functions.version()
+    except SQLAlchemyError:
+        return True
 
 
 def _of(turn: TurnRecord) -> dict[str, Any]:
