@@ -20,6 +20,7 @@ each is one statement in autocommit."""
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from agent_router.outbox import RecordingPublisher
 from agent_router.store import functions
 from agent_router.store.models import OutboxRow
 from agent_router.store.reads import _WAIT_STATE
+from agent_router.store.values import SendRequest
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker
 
@@ -435,6 +437,21 @@ def _(r: Router) -> Case:
     )
 
 
+@branch("send_many: an answer among them resolves its asker", "send_many")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    _, question = _blocked(r, team)
+    start_running(r, team, DESIGNER)
+    batch = [_answer(question), {"to": DESIGNER, "content": "and you, draw"}]
+    for message in batch:
+        message.pop("sender", None)
+    both = [RouteOutcome.RESOLVED, RouteOutcome.INJECTED_INLINE]
+    return Case(
+        lambda: r.send_many(team, batch, sender=LEAD),
+        lambda deliveries: [d.outcome for d in deliveries] == both,
+    )
+
+
 @branch("send_many: refused whole, one receiver unknown", "send_many")
 def _(r: Router) -> Case:
     team = _team(r, "Engineer")
@@ -600,7 +617,42 @@ def _(r: Router) -> Case:
     team = r.create_team().id
     agent = r.create_agent(team, role="Engineer", runner="chat.engineer_turn").id
     r.send(team, to=ENGINEER, content="go")
-    return Case(lambda: r.claim(agent, builtin=True), raised(e.HostOwnedTurnError))
+    ledger = len(r.ledger(team))
+
+    def taken(error: Any) -> bool:
+        return (
+            type(error) is e.HostOwnedTurnError
+            and error.runner == "chat.engineer_turn"
+            and len(r.ledger(team)) == ledger
+            and r.agent(team, ENGINEER).state is AgentState.SCHEDULED
+        )
+
+    return Case(lambda: r.claim(agent, builtin=True), taken)
+
+
+@branch("claim: the team has no budget row (made from the defaults)", "claim")
+def _(r: Router) -> Case:
+    """A team created before budgets existed: the claim makes its row, then counts the turn."""
+    team = _team(r, "Engineer")
+    with r.store.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM ar_budgets WHERE team_id = :team"), {"team": team})
+    delivery = r.send(team, to=ENGINEER, content="go")
+    agent = r.agent(team, ENGINEER).id
+
+    def taken(turn: Any) -> bool:
+        return isinstance(turn, Turn) and r.store.budget(team).used[BudgetName.TURNS] == 1
+
+    return Case(lambda: r.claim(agent, delivery.epoch), taken)
+
+
+@branch("claim: past the warning threshold, warned already", "claim")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", turns=5.0)
+    for _ in range(4):
+        start_running(r, team, LEAD).end()
+    delivery = r.send(team, to=ENGINEER, content="go")
+    agent = r.agent(team, ENGINEER).id
+    return Case(lambda: r.claim(agent, delivery.epoch), lambda turn: isinstance(turn, Turn))
 
 
 @branch(
@@ -713,6 +765,14 @@ def _(r: Router) -> Case:
     )
 
 
+@branch("append: refused, a result whose id is not a string", "append")
+def _(r: Router) -> Case:
+    """The store quotes the id (repr) and asks the database, where no open call has it."""
+    turn = _asking(r, _team(r, "Engineer"))
+    bad: Any = 1
+    return Case(lambda: turn.append_tool_result(bad, "?"), raised(e.InvalidTranscriptEntryError))
+
+
 @branch("append: refused, a stale turn", "append")
 def _(r: Router) -> Case:
     turn = start_running(r, _team(r, "Engineer"), ENGINEER)
@@ -734,6 +794,30 @@ def _(r: Router) -> Case:
     turn.append_assistant(assistant("done"))
     r.send(team, to=ENGINEER, content="and this", sender=LEAD)
     return Case(turn.end, lambda end: end.follow_up)
+
+
+@branch("end: quiet mail pending, completed", "end")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    turn.append_assistant(assistant("done"))
+    r.send(team, to=ENGINEER, content="fyi", sender=LEAD, wake=False)
+    return Case(turn.end, lambda end: end.state is AgentState.COMPLETED and not end.follow_up)
+
+
+@branch("end: wake mail pending, the host's task follows up", "end", published=1)
+def _(r: Router) -> Case:
+    team = r.create_team().id
+    r.create_agent(team, role="Engineer", runner="chat.engineer_turn")
+    turn = start_running(r, team, ENGINEER)
+    turn.append_assistant(assistant("done"))
+    r.send(team, to=ENGINEER, content="and this", sender=LEAD)
+
+    def taken(end: Any) -> bool:
+        task = r.outbox(team)[-1].payload.get("task")
+        return bool(end.follow_up) and task == "chat.engineer_turn"
+
+    return Case(turn.end, taken)
 
 
 @branch("end: failed, its open tool calls interrupted", "end")
@@ -1296,3 +1380,117 @@ def test_a_woken_call_rereads_its_question_in_one_round_trip(pg_router: Router) 
         (answer, True),
         (reread, True),
     ]
+
+
+# ---------------------------------------------------------------------- the connection of a call
+
+
+@pytest.fixture
+def one_connection(pg_schema_url: str) -> Iterator[Router]:
+    """A router with a pool of one connection: every call runs on it, so its state after each
+    call is what is checked."""
+    router = Router(Settings(database_url=pg_schema_url, pool_size=1))
+    yield router
+    router.close()
+
+
+def _pooled(engine: sa.Engine) -> int:
+    """The connections idle in the engine's pool."""
+    pool: Any = engine.pool
+    return int(pool.checkedin())
+
+
+def _autocommit(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.connection.driver_connection.autocommit)  # type: ignore[union-attr]
+
+
+def test_the_connection_goes_back_to_the_pool_as_it_was_taken(one_connection: Router) -> None:
+    """A call runs in autocommit; the connection goes back to the pool out of it, so that the
+    next transaction (a read, the sweeper's scans) is one transaction."""
+    router, engine = one_connection, one_connection.store.engine
+    team = _team(router, "Engineer")
+    turn, question = _blocked(router, team)
+    router.send(team, to=ENGINEER, content="FYI", sender="user")
+    router.answer(question, "the OAuth one")
+    turn.append_assistant(assistant("done"))
+    assert turn.end().follow_up
+    assert _pooled(engine) == 1 and not _autocommit(engine)
+    with engine.connect() as conn:
+        ids = [conn.execute(sa.text("SELECT txid_current()")).scalar_one() for _ in range(2)]
+        conn.rollback()
+    assert ids[0] == ids[1]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        # Sent as numeric, a type no function takes: not a database lacking its functions.
+        ({"team_id": 2**70}, "UndefinedFunction('function ar_send(numeric"),
+        # Refused by the column inside the function.
+        ({"dedup_key": "k" * 300}, "StringDataRightTruncation"),
+    ],
+    ids=["an integer beyond bigint", "a key longer than its column"],
+)
+def test_a_database_error_in_a_call_is_the_stores_and_changes_nothing(
+    one_connection: Router, fields: dict[str, Any], error: str
+) -> None:
+    """A request the Router would have refused, given to the store directly, fails in the
+    database: a plain store error naming the driver's, not retried and not "commit unknown",
+    and the connection goes back to the pool as it was taken."""
+    router, engine = one_connection, one_connection.store.engine
+    team = _team(router, "Engineer")
+    before = router.messages(team)
+    request = {"team_id": team, "to": ENGINEER, "content": "hi", "sender": "user", **fields}
+    with pytest.raises(e.StoreError) as raised_:
+        router.store.route(SendRequest(type=MessageType.TASK, **request))
+    assert not isinstance(raised_.value, e.CommitUnknownError) and not raised_.value.retryable
+    assert error in str(raised_.value)
+    assert _pooled(engine) == 1 and not _autocommit(engine)
+    assert router.messages(team) == before
+    assert router.send(team, to=ENGINEER, content="hi").outcome is RouteOutcome.TRIGGERED_NEW_TURN
+
+
+class _InterruptedError(Exception):
+    pass
+
+
+def test_a_send_interrupted_inside_its_call_leaves_no_connection_mid_query(
+    one_connection: Router,
+) -> None:
+    """A signal's exception (a worker's time limit, Ctrl-C) raised while the call waits in the
+    database for the agent's lock: the exception reaches the caller, and the connection is
+    closed rather than given back to the pool in the middle of its query; the next send takes
+    a new connection. Whether the interrupted call committed is unknown, as with a commit whose
+    connection was lost: the server may still run it once the lock is released, and then only
+    once."""
+    router, engine = one_connection, one_connection.store.engine
+    team = _team(router, "Engineer")
+    agent = router.agent(team, ENGINEER).id
+    with engine.connect() as conn:
+        before = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+
+    def interrupt(*_: Any) -> None:
+        raise _InterruptedError
+
+    holder = sa.create_engine(router.settings.database_url)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with holder.connect() as lock:
+            lock.execute(
+                sa.text("SELECT 1 FROM ar_agents WHERE id = :id FOR UPDATE"), {"id": agent}
+            )
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(_InterruptedError):
+                router.send(team, to=ENGINEER, content="deploy")
+            lock.rollback()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        holder.dispose()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != before
+        assert not conn.connection.driver_connection.autocommit  # type: ignore[union-attr]
+    delivery = router.send(team, to=ENGINEER, content="deploy")
+    sent = [m.id for m in router.messages(team)]
+    assert delivery.message_id in sent and len(sent) <= 2
