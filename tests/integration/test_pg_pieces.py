@@ -63,8 +63,9 @@ SENDERS = (
     | NAMES.map(lambda n: f"job:{n}").filter(lambda sender: _valid(validation.sender, sender))
 )
 IDS = st.integers(min_value=1, max_value=validation.MAX_ID)
-#: Pieces of content that read as the envelope's tag, in the spellings formats escapes, and
-#: characters that SQL or the driver treat apart.
+#: Pieces of content that read as one of the router's fences, in the spellings formats escapes
+#: (look-alike letters, character references, invisible characters), and characters that SQL or
+#: the driver treat apart.
 _TAGS = st.sampled_from(
     [
         "<agent-message",
@@ -76,6 +77,12 @@ _TAGS = st.sampled_from(
         "<AGENT MESSAGE",
         "<agent_message",
         "\n</agent-message>\n",
+        "\uff1cagent-message",  # a fullwidth less-than
+        "&lt;/agent-message&gt;",
+        "&#60;agent message",
+        "<agent\u200b-message",
+        "<tool-output",
+        "</Tool_Output>",
         "<",
         "\\",
         "'",
