@@ -54,7 +54,7 @@ DESIGNER = "Designer_1"
 LEAD = "Team Leader"
 
 #: The statement that marks published turn tasks after a commit (Store.mark_published).
-_MARK = "UPDATE ar_outbox SET published_at"
+_MARK = "mark_published"
 #: A call of one of our functions, wherever it appears in a statement.
 _CALL = re.compile(r"\bar_[a-z_]+\(")
 
@@ -1295,12 +1295,12 @@ def test_each_branch_of_a_transition_is_one_round_trip(pg_router: Router, name: 
     marks = 0
     for statement, alone in seen:
         text = " ".join(statement.split())
-        if text in named:
-            calls.append(named[text])
-            assert alone, f"{named[text]} ran inside a transaction"
-        elif text.startswith(_MARK):
+        if named.get(text) == _MARK:
             marks += 1
             assert alone
+        elif text in named:
+            calls.append(named[text])
+            assert alone, f"{named[text]} ran inside a transaction"
         else:
             # A read of the Router's: it writes nothing and calls none of our functions; in a
             # read session of its own, but for a blocked call's re-read of its question.
@@ -1314,7 +1314,8 @@ def test_every_named_statement_has_its_branches() -> None:
     """No statement that queries.sql names is left out above: a new transition gets its
     cases here."""
     reached = {call for expected in BRANCHES.values() for call in expected.calls}
-    assert reached == set(functions.queries())
+    marked = any(expected.published for expected in BRANCHES.values())
+    assert reached | ({_MARK} if marked else set()) == set(functions.queries())
 
 
 class _CountingWaker(InProcessWaker):

@@ -351,6 +351,13 @@ class PostgresStore(Store):
         )
         return int(result["epoch"])
 
+    def mark_published(self, ids: Sequence[int]) -> None:
+        """Mark outbox rows published, after their publish: one statement in autocommit."""
+        if not ids:
+            return
+        with self._alone() as conn:
+            conn.execute(functions.queries()["mark_published"], {"ids": list(ids)})
+
     # ------------------------------------------------------------------ budgets and usage
 
     def _budget_params(self) -> dict[str, Any]:

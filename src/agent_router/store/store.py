@@ -67,18 +67,13 @@ AfterCommit = Callable[[list[OutboxEntry]], object]
 
 
 # Marking outbox rows published follows every send that enqueues a turn or wakes a waiter:
-# built once. On PostgreSQL its commit does not wait for the disk (synchronous_commit off, for
-# this transaction only: the row filter sets it): a mark lost in a server crash only makes the
-# sweeper publish the row again, and every published signal is fenced or re-checked.
+# built once.
 _MARK_PUBLISHED = (
     sa.update(OutboxRow)
     .where(
         OutboxRow.id.in_(sa.bindparam("b_ids", expanding=True)), OutboxRow.published_at.is_(None)
     )
     .values(published_at=sa.bindparam("b_now"), attempts=OutboxRow.attempts + 1)
-)
-_MARK_PUBLISHED_NO_WAIT = _MARK_PUBLISHED.where(
-    sa.func.set_config("synchronous_commit", "off", True) == "off"
 )
 
 
@@ -366,21 +361,11 @@ class Store:
             )
 
     def mark_published(self, ids: Sequence[int]) -> None:
+        """Mark outbox rows published, after their publish."""
         if not ids:
             return
-        params = {"b_ids": list(ids), "b_now": utcnow()}
-        if self.engine.dialect.name == "sqlite":
-            with self._tx() as tx:  # SQLite writes under BEGIN IMMEDIATE (make_engine)
-                tx.session.execute(_MARK_PUBLISHED, params)
-            return
-        # One statement is its own transaction: autocommit spares a BEGIN and a COMMIT round
-        # trip on every publish.
-        try:
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.execute(_MARK_PUBLISHED_NO_WAIT, params)
-        except SQLAlchemyError as exc:
-            # One autocommit statement: a connection lost during it leaves the mark unknown.
-            raise faults.store_error(exc, committing=True) from exc
+        with self._tx() as tx:  # SQLite writes under BEGIN IMMEDIATE (make_engine)
+            tx.session.execute(_MARK_PUBLISHED, {"b_ids": list(ids), "b_now": utcnow()})
 
     # ------------------------------------------------------------------ budgets and usage
 

@@ -117,3 +117,12 @@ SELECT ar_finish_job(:job, :ok, :result, :result_body, :batch_seconds, :max_wind
 -- name: take_over
 -- Fence a running agent whose turn is presumed dead, and recover it.
 SELECT ar_take_over(:agent, :reason, :expected_turn, :lease_check, :interrupted)
+
+-- name: mark_published
+-- Mark outbox rows published, after their publish. Its commit does not wait for the disk
+-- (synchronous_commit off, for this transaction only): a mark lost in a server crash only makes
+-- the sweeper publish the row again, and every published signal is fenced or re-checked.
+UPDATE ar_outbox
+SET published_at = (clock_timestamp() AT TIME ZONE 'UTC'), attempts = attempts + 1
+WHERE id = ANY (CAST(:ids AS bigint[])) AND published_at IS NULL
+  AND set_config('synchronous_commit', 'off', true) = 'off'
