@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Make PostgreSQL, Redis and RabbitMQ answer on 127.0.0.1 for the test suite: use them if they
 # answer, start them if installed, install them (Debian packages) if missing; install Chromium
-# and its driver (Debian packages) for the browser tests if missing. Fails loudly
-# otherwise: the suite never skips a real-service test. (RabbitMQ serves one test: the demo's
-# scenarios through a worker on an amqp:// broker; everything else uses Redis.)
+# and its driver (Debian packages) for the browser tests, and PgBouncer for the tests that run
+# through it, if missing. Fails loudly otherwise: the suite never skips a real-service test.
+# (RabbitMQ serves one test: the demo's scenarios through a worker on an amqp:// broker;
+# everything else uses Redis. PgBouncer is only installed: each test that needs one starts its
+# own, on a free port, in front of its own database.)
 set -euo pipefail
 
 PG_HOST=127.0.0.1
@@ -92,6 +94,19 @@ start_rabbitmq() {
   wait_for RabbitMQ amqp_up
 }
 
+install_pgbouncer() {
+  apt_install pgbouncer
+  # The package starts a system-wide PgBouncer on port 6432 where services start on install
+  # (systemd, or sysvinit without a policy-rc.d that forbids it). The tests start their own, so
+  # stop that one and keep it from starting at boot.
+  if [ -d /run/systemd/system ]; then
+    as_root systemctl disable --now pgbouncer.service >/dev/null 2>&1 || true
+  else
+    as_root /etc/init.d/pgbouncer stop >/dev/null 2>&1 || true
+    as_root update-rc.d pgbouncer disable >/dev/null 2>&1 || true
+  fi
+}
+
 pg_up || start_pg
 redis_up || start_redis
 amqp_up || start_rabbitmq
@@ -99,5 +114,7 @@ amqp_up || start_rabbitmq
 if ! have chromium || ! have chromedriver; then
   apt_install chromium chromium-driver
 fi
+# The PgBouncer tests run Debian's pgbouncer (in /usr/sbin, which a user's PATH may lack).
+[ -x /usr/sbin/pgbouncer ] || have pgbouncer || install_pgbouncer
 echo "services: PostgreSQL on $PG_HOST:$PG_PORT, Redis on 127.0.0.1:$REDIS_PORT and RabbitMQ on" \
   "127.0.0.1:$AMQP_PORT answer" >&2
