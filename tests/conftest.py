@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from agent_router import Router, Settings
+from agent_router.ops.chaos_processes import PrivatePgBouncer, private_pgbouncer
 from agent_router.outbox import RecordingPublisher
 
 PG_ADMIN_URL = os.environ.get(
@@ -21,6 +22,13 @@ PG_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("AGENT_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("AGENT_ROUTER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 BACKENDS = ("sqlite", "postgresql")
+#: Both databases, and PostgreSQL through a PgBouncer in transaction pooling (fewer server
+#: connections than the test's threads): a test, or a module's ``pytestmark``, that must hold
+#: behind a pooler too.
+with_pgbouncer = pytest.mark.parametrize("database_url", (*BACKENDS, "pgbouncer"), indirect=True)
+#: Server connections of the tests' PgBouncer per database: fewer than the threads and
+#: processes of any test that uses it, so that clients queue for server connections.
+PGBOUNCER_POOL = 2
 
 
 @contextlib.contextmanager
@@ -85,7 +93,26 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         url = f"sqlite:///{tmp_path / 'router.db'}"
         Router(Settings(database_url=url)).create_schema()
         return url
+    if request.param == "pgbouncer":
+        return str(request.getfixturevalue("pgbouncer_url"))
     return str(request.getfixturevalue("pg_schema_url"))
+
+
+@pytest.fixture
+def pgbouncer(tmp_path: Path) -> Iterator[PrivatePgBouncer]:
+    """A PgBouncer of the test's own (Debian's package, which ``scripts/services.sh`` installs)
+    in front of the test PostgreSQL server, on a free port: transaction pooling, PGBOUNCER_POOL
+    server connections per database; stopped afterwards. Missing, the test fails (never skips)."""
+    if PrivatePgBouncer.find_binary() is None:
+        pytest.fail("pgbouncer is required (Debian package pgbouncer; run scripts/services.sh)")
+    with private_pgbouncer(tmp_path, PG_ADMIN_URL, pool_size=PGBOUNCER_POOL) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def pgbouncer_url(pgbouncer: PrivatePgBouncer, own_pg_schema_url: str) -> str:
+    """A database of the test's own, with the schema, reached through :func:`pgbouncer`."""
+    return pgbouncer.url(own_pg_schema_url)
 
 
 @pytest.fixture

@@ -91,6 +91,16 @@ class Settings(BaseSettings):
         30.0, gt=0, description="How long a SQLite writer waits for the write lock."
     )
     pool_size: int = Field(10, gt=0, description="Database connection pool size (PostgreSQL).")
+    database_prepare: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Whether psycopg may prepare statements on the PostgreSQL server (a "
+        "statement run 5 times on a connection is prepared there). off: never, as a pooler "
+        "that hands each transaction another server connection needs (PgBouncer in transaction "
+        "pooling before 1.22, or without max_prepared_statements); on: always; auto: only on a "
+        "connection that reaches PostgreSQL itself, one the server reports the same process id "
+        "for as it gave the connection at its start (a pooler gives each client an id of its "
+        "own). See docs/deployment.md.",
+    )
     max_turn_seconds: float = Field(
         3600.0,
         gt=0,

@@ -31,6 +31,7 @@ from agent_router.ops.checks import check_team, tool_pairing_problems
 from agent_router.outbox import RecordingPublisher
 from agent_router.waker import InProcessWaker, RedisWaker
 
+from ..conftest import with_pgbouncer
 from .helpers import assistant, start_running, tool_call
 
 
@@ -59,6 +60,7 @@ def _answer(router: Router, team_id: int, to: str, qid: int, text: str = "the an
     )
 
 
+@with_pgbouncer
 def test_answer_returns_into_the_blocked_call(asks_router: Router) -> None:
     router = asks_router
     team = router.create_team()
@@ -80,6 +82,7 @@ def test_answer_returns_into_the_blocked_call(asks_router: Router) -> None:
     assert check_team(router, team.id).ok
 
 
+@with_pgbouncer
 def test_blocked_ask_suspends_and_the_answer_schedules_a_continuation(asks_router: Router) -> None:
     router = asks_router
     team = router.create_team()
@@ -101,6 +104,7 @@ def test_blocked_ask_suspends_and_the_answer_schedules_a_continuation(asks_route
     assert check_team(router, team.id).ok
 
 
+@with_pgbouncer
 def test_answer_racing_suspension_continues_exactly_once(router: Router) -> None:
     # The race is decided in the database; the waker plays no part, so one waker suffices.
     team = router.create_team()
@@ -164,6 +168,7 @@ def test_answer_racing_suspension_continues_exactly_once(router: Router) -> None
     assert suspended_runs > 0 and blocking_runs > 0, (suspended_runs, blocking_runs)
 
 
+@with_pgbouncer
 def test_concurrent_mutual_asks_one_waits_one_is_refused(router: Router) -> None:
     team = router.create_team()
     router.create_agent(team.id, role="UI Operator")
@@ -219,6 +224,7 @@ def test_concurrent_mutual_asks_one_waits_one_is_refused(router: Router) -> None
     assert report.ok, report.violations
 
 
+@with_pgbouncer
 def test_three_agent_cycle_is_refused_and_names_the_cycle(router: Router) -> None:
     team = router.create_team()
     for role in ("A", "B", "C"):
@@ -270,6 +276,7 @@ class _CountedWait:
             time.sleep(0.01)
 
 
+@with_pgbouncer
 def test_a_wake_signal_ends_the_wait_without_another_read(
     asks_router: Router, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,6 +292,7 @@ def test_a_wake_signal_ends_the_wait_without_another_read(
     assert router.agent(wait.team, "Engineer_1").state is AgentState.RUNNING
 
 
+@with_pgbouncer
 def test_a_signal_with_another_token_is_only_a_reason_to_read_again(
     asks_router: Router, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +309,7 @@ def test_a_signal_with_another_token_is_only_a_reason_to_read_again(
     assert wait.result == [WaitOutcome.RESOLVED] and wait.reads == [True, True]
 
 
+@with_pgbouncer
 def test_lost_wake_signal_costs_only_a_recheck(database_url: str, redis_url: str) -> None:
     settings = Settings(database_url=database_url, wake_recheck_seconds=0.3)
     waiter_side = Router(settings, publisher=RecordingPublisher(), waker=RedisWaker(redis_url))
@@ -323,6 +332,7 @@ def test_lost_wake_signal_costs_only_a_recheck(database_url: str, redis_url: str
         answer_side.close()
 
 
+@with_pgbouncer
 def test_question_past_its_deadline_resolves_expired(asks_router: Router) -> None:
     router = asks_router
     team = router.create_team()
@@ -342,6 +352,7 @@ def test_question_past_its_deadline_resolves_expired(asks_router: Router) -> Non
     assert report.ok, report.violations
 
 
+@with_pgbouncer
 def test_terminating_the_target_releases_the_asker(router: Router) -> None:
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")

@@ -13,7 +13,10 @@ from agent_router import AgentState, RouteOutcome, Router, Turn, TurnTrigger
 from agent_router.domain import OutboxKind
 from agent_router.ops.checks import check_team
 
+from ..conftest import with_pgbouncer
 from .helpers import assistant, start_running
+
+pytestmark = with_pgbouncer
 
 
 def _together(n: int, fn: Callable[[int], Any]) -> list[Any]:

@@ -20,7 +20,10 @@ from agent_router.domain import OutboxKind, QuestionStatus
 from agent_router.formats import parse
 from agent_router.outbox import RecordingPublisher
 
+from ..conftest import with_pgbouncer
 from .helpers import assistant, start_running, start_waiting, tool_call
+
+pytestmark = with_pgbouncer
 
 
 def test_public_api_walkthrough(router: Router) -> None:

@@ -1,6 +1,6 @@
 """The processes the chaos run starts, kills and restarts: a private Redis, a private PostgreSQL
-server (or, without its binaries, a private database on a shared server) and the
-``agent-router worker`` processes."""
+server (or, without its binaries, a private database on a shared server), optionally a private
+PgBouncer in front of it, and the ``agent-router worker`` processes."""
 
 from __future__ import annotations
 
@@ -149,6 +149,105 @@ def private_server(workdir: Path) -> Iterator[PrivatePostgres | None]:
         yield server
     finally:
         server.stop("immediate")
+
+
+class PrivatePgBouncer:
+    """A private PgBouncer (Debian's ``pgbouncer``) on its own port, in front of the PostgreSQL
+    server of ``server_url``: transaction pooling with ``pool_size`` server connections per
+    database and user, however many clients connect, so that a pool smaller than its clients is
+    what they get. Every database of that server is reachable through it (:meth:`url`).
+
+    Authentication is trust for the URL's user: PgBouncer lets it in without a password and logs
+    in to the server as that user, which the server (on trust for 127.0.0.1, like this machine's
+    and the private :class:`PrivatePostgres`) accepts. PgBouncer refuses to run as root: run as
+    root, it is started as the ``postgres`` user (it reads its files before it switches)."""
+
+    BINARY = "pgbouncer"
+
+    def __init__(self, workdir: Path, server_url: str, *, pool_size: int = 2) -> None:
+        self.port = _free_port()
+        self.server = sa.make_url(server_url)
+        self.pool_size = pool_size
+        self.config = workdir / "pgbouncer.ini"
+        self.users = workdir / "pgbouncer-users.txt"
+        self.log = workdir / "pgbouncer.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def find_binary(cls) -> Path | None:
+        """Where ``pgbouncer`` is (Debian installs it in /usr/sbin, outside a user's PATH)."""
+        found = shutil.which(cls.BINARY) or shutil.which(cls.BINARY, path="/usr/sbin:/usr/bin")
+        return Path(found) if found else None
+
+    def url(self, database_url: str) -> str:
+        """``database_url`` (a database of the same server) through this PgBouncer."""
+        through = sa.make_url(database_url).set(host="127.0.0.1", port=self.port)
+        return through.render_as_string(hide_password=False)
+
+    def start(self) -> None:
+        binary = self.find_binary()
+        if binary is None:
+            raise RuntimeError("pgbouncer is not installed (scripts/services.sh installs it)")
+        user = self.server.username or pwd.getpwuid(os.geteuid()).pw_name
+        self.users.write_text(f'"{user}" ""\n')
+        self.config.write_text(
+            "\n".join(
+                [
+                    "[databases]",
+                    f"* = host={self.server.host or '127.0.0.1'} port={self.server.port or 5432}",
+                    "[pgbouncer]",
+                    "listen_addr = 127.0.0.1",
+                    f"listen_port = {self.port}",
+                    "unix_socket_dir =",
+                    "auth_type = trust",
+                    f"auth_file = {self.users}",
+                    "pool_mode = transaction",
+                    f"default_pool_size = {self.pool_size}",
+                    "max_client_conn = 500",
+                    # After a failed login to the server (it is restarting), try again within a
+                    # second rather than the default 15 s, which every client would wait out.
+                    "server_login_retry = 1",
+                    "",
+                ]
+            )
+        )
+        command = [str(binary), str(self.config)]
+        if os.geteuid() == 0:
+            command[1:1] = ["-u", "postgres"]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited with {self.proc.returncode}: "
+                                   f"{self.log.read_text()[-2000:]}")  # fmt: skip
+            with suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("pgbouncer did not start listening")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: PgBouncer closes every connection and exits
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextmanager
+def private_pgbouncer(
+    workdir: Path, server_url: str, *, pool_size: int = 2
+) -> Iterator[PrivatePgBouncer]:
+    """A started :class:`PrivatePgBouncer`, stopped afterwards."""
+    bouncer = PrivatePgBouncer(workdir, server_url, pool_size=pool_size)
+    bouncer.start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
 
 
 @contextmanager

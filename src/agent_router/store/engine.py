@@ -1,4 +1,6 @@
-"""The database engine, set up for the store's locking (SQLite: ``BEGIN IMMEDIATE``)."""
+"""The database engine, set up for the store's locking (SQLite: ``BEGIN IMMEDIATE``) and, on
+PostgreSQL, for what the server connections between it and the database allow (prepared
+statements: the ``database_prepare`` setting)."""
 
 from __future__ import annotations
 
@@ -46,10 +48,51 @@ def make_engine(settings: Settings) -> Engine:
     # dies later, inside a transaction, makes the store run that transaction again
     # (store.faults.retrying).
     engine = sa.create_engine(
-        settings.database_url, pool_size=settings.pool_size, max_overflow=settings.pool_size
+        settings.database_url,
+        pool_size=settings.pool_size,
+        max_overflow=settings.pool_size,
+        connect_args=prepare_args(settings),
     )
     event.listen(engine, "checkout", _closed_by_server_check)
+    if settings.database_prepare == "auto":
+        event.listen(engine, "connect", _prepare_when_direct)
     return engine
+
+
+#: psycopg's own default: a statement run this many times on a connection is prepared.
+PREPARE_THRESHOLD = 5
+
+
+def prepare_args(settings: Settings) -> dict[str, Any]:
+    """psycopg's ``connect()`` arguments for ``settings.database_prepare``. A prepared statement
+    lives in one server session; behind a pooler that hands each transaction another server
+    connection, the next transaction finds it missing, or another client's statement under the
+    same name (``DuplicatePreparedStatement: prepared statement "_pg3_0" already exists``).
+    ``auto`` starts with preparing off too, so that nothing is prepared before
+    :func:`_prepare_when_direct` decided."""
+    if settings.database_prepare == "on":
+        return {"prepare_threshold": PREPARE_THRESHOLD}
+    return {"prepare_threshold": None}  # psycopg: None never prepares
+
+
+def _prepare_when_direct(dbapi_conn: Any, _record: Any) -> None:
+    if reaches_server_directly(dbapi_conn):
+        dbapi_conn.prepare_threshold = PREPARE_THRESHOLD
+
+
+def reaches_server_directly(dbapi_conn: Any) -> bool:
+    """Whether a psycopg connection talks to PostgreSQL itself rather than to a pooler: the
+    server process that runs its statements is the one whose id the connection was given at its
+    start (the cancel key's process id). A pooler gives each client a key of its own, since a
+    cancel request must reach whichever server connection runs that client's statement then
+    (PgBouncer in every pooling mode: a random id), so a pooled connection never passes. A plain
+    TCP proxy passes, rightly: its client keeps one server session. One round trip, on a new
+    connection only; never prepared itself."""
+    try:
+        server_pid = dbapi_conn.execute("SELECT pg_backend_pid()", prepare=False).fetchone()[0]
+    finally:
+        dbapi_conn.rollback()
+    return bool(server_pid == dbapi_conn.info.backend_pid)
 
 
 def _closed_by_server_check(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:

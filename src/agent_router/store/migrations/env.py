@@ -31,8 +31,14 @@ def run_offline() -> None:
 def run_online() -> None:
     connectable = config.attributes.get("connection")
     if connectable is None:
+        # Nothing prepared on the server: a migration runs its statements once, and a statement
+        # prepared on a pooler's server connection would stay there for another client to trip on.
+        connect_args = {} if url.startswith("sqlite") else {"prepare_threshold": None}
         engine = engine_from_config(
-            {"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool
+            {"sqlalchemy.url": url},
+            prefix="sqlalchemy.",
+            poolclass=pool.NullPool,
+            connect_args=connect_args,
         )
         with engine.connect() as connection:
             _run(connection)
