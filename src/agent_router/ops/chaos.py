@@ -15,6 +15,13 @@ Everything runs on a private Redis (another port) and a private PostgreSQL serve
 the run's directory, another port), so other users of the machine's services are not disturbed.
 Without PostgreSQL's server binaries the run uses a private database on the shared server and
 skips the server restart (``ChaosResult.pg_restarted`` says which).
+
+With ``pgbouncer_pool``, the workers (and their beat) reach the database through a private
+PgBouncer in transaction pooling with that many server connections, fewer than the workers'
+slots, and with preparing off (``database_prepare``), as a deployment behind PgBouncer before
+1.22 runs; the harness itself reads and writes PostgreSQL directly. The faults strike behind
+it: the workers' server connections are terminated, and the server restarts under PgBouncer,
+whose client connections stay open.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from agent_router.ops.chaos_processes import (
     PrivateRedis,
     Workers,
     private_database,
+    private_pgbouncer,
     private_server,
 )
 from agent_router.ops.checks import TeamReport, check_team
@@ -197,9 +205,12 @@ def run_chaos(
     profile: Profile,
     *,
     admin_url: str = "postgresql+psycopg://root@127.0.0.1:5432/test",
+    pgbouncer_pool: int | None = None,
     log: Any = print,
 ) -> ChaosResult:
-    """Run the chaos scenario on a private Redis and PostgreSQL database; returns the checks."""
+    """Run the chaos scenario on a private Redis and PostgreSQL database (the workers through a
+    private PgBouncer with ``pgbouncer_pool`` server connections, if given); returns the
+    checks."""
     rng = random.Random(profile.seed)
     with tempfile.TemporaryDirectory(prefix="agent-router-chaos-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
@@ -220,6 +231,13 @@ def run_chaos(
         try:
             router.create_schema()
             env = _worker_env(common, base)
+            if pgbouncer_pool is not None:
+                bouncer = stack.enter_context(
+                    private_pgbouncer(workdir, admin_url, pool_size=pgbouncer_pool)
+                )
+                log(f"workers through PgBouncer: transaction pooling, {pgbouncer_pool} server "
+                    f"connections for {3 * profile.concurrency} worker slots")  # fmt: skip
+                env = _worker_env(common, bouncer.url(base), prepare="off")
             workers = Workers(env, profile.concurrency, workdir)
             for i in range(3):
                 workers.start(i)
@@ -258,12 +276,15 @@ def _shared_settings(profile: Profile, redis_url: str) -> dict[str, Any]:
     }
 
 
-def _worker_env(common: dict[str, Any], database_url: str) -> dict[str, str]:
+def _worker_env(
+    common: dict[str, Any], database_url: str, *, prepare: str = "auto"
+) -> dict[str, str]:
     """The workers' environment: only the chaos run's AGENT_ROUTER_* variables, and the
     scripted chaos agents as their runtime."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
     env.update({f"AGENT_ROUTER_{k.upper()}": str(v) for k, v in common.items()})
     env["AGENT_ROUTER_DATABASE_URL"] = f"{database_url}?application_name={WORKER_APP_NAME}"
+    env["AGENT_ROUTER_DATABASE_PREPARE"] = prepare
     env["AGENT_ROUTER_RUNTIME_FACTORY"] = "agent_router.ops.chaos_agent:chaos_runtime"
     return env
 

@@ -342,6 +342,16 @@ def chaos(
             "where PostgreSQL's server binaries (initdb, pg_ctl) are missing.",
         ),
     ] = "postgresql+psycopg://root@127.0.0.1:5432/test",
+    pgbouncer_pool: Annotated[
+        int | None,
+        own_option(
+            "chaos",
+            "pgbouncer_pool",
+            "Put a private PgBouncer (Debian's pgbouncer) between the workers and PostgreSQL: "
+            "transaction pooling with this many server connections (the 3 workers have 12 "
+            "slots), the workers' preparing off.",
+        ),
+    ] = None,
 ) -> None:
     """Kill workers, restart Redis, cut database connections and restart a private PostgreSQL
     server while 6 scripted agents talk; then check from the database that nothing was lost,
@@ -358,7 +368,14 @@ def chaos(
         sends_per_agent=LONG_PROFILE.sends_per_agent if sends is None else sends,
         asks_per_agent=LONG_PROFILE.asks_per_agent if asks is None else asks,
     )
-    result = run_chaos(profile, admin_url=admin_url, log=lambda line: print(line, flush=True))
+    if pgbouncer_pool is not None and pgbouncer_pool < 1:
+        raise typer.BadParameter("at least 1 server connection", param_hint="--pgbouncer-pool")
+    result = run_chaos(
+        profile,
+        admin_url=admin_url,
+        pgbouncer_pool=pgbouncer_pool,
+        log=lambda line: print(line, flush=True),
+    )
     print(result.recovery_line())
     print(f"questions={result.questions} open_questions={result.open_questions}")
     for violation in result.report.violations[:20]:
