@@ -4,9 +4,13 @@ blocked, the workers' database backends terminated once, the PostgreSQL server r
 while asks are blocked; then nothing may be lost, duplicated or reordered, no turns may overlap,
 no tool call may dangle, no turn may have failed, and every question must be closed.
 
-The long profile (1,000+ messages, 100+ asks) is ``agent-router chaos --duration 600``."""
+The long profile (1,000+ messages, 100+ asks) is ``agent-router chaos --duration 600``. A
+shorter run puts the workers behind a private PgBouncer in transaction pooling with 4 server
+connections for their 12 slots (``agent-router chaos --pgbouncer-pool 4``)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -43,3 +47,31 @@ def test_nothing_is_lost_under_chaos(redis_url: str) -> None:
     assert result.late_takeovers == [], result.recovery_line()
     bound = CI_PROFILE.lease_seconds + CI_PROFILE.sweep_seconds + 5.0  # + restart and claim
     assert all(r.total <= bound for r in result.recoveries), result.recovery_line()
+
+
+#: Behind PgBouncer, about a minute of chaos: fewer messages and asks, the same faults and kills.
+PGBOUNCER_PROFILE = replace(
+    CI_PROFILE, sends_per_agent=40, asks_per_agent=8, duration=60.0, settle_seconds=45.0
+)
+#: Server connections for the 3 workers' 12 slots, their sweepers and their beat.
+PGBOUNCER_POOL = 4
+
+
+@pytest.mark.alone
+@pytest.mark.timeout(240)
+def test_nothing_is_lost_under_chaos_behind_pgbouncer(redis_url: str) -> None:
+    lines: list[str] = []
+    result = run_chaos(
+        PGBOUNCER_PROFILE, admin_url=PG_ADMIN_URL, pgbouncer_pool=PGBOUNCER_POOL, log=lines.append
+    )
+    questions = f"questions={result.questions} open_questions={result.open_questions}"
+    print("\n".join([*lines, result.recovery_line(), questions, result.summary()]))
+    assert any("through PgBouncer" in line for line in lines)
+    assert result.report.violations == []
+    assert result.open_questions == 0
+    assert result.report.failed_turns == 0, result.report.failures
+    assert result.ok
+    assert set(result.faults) == {"redis restart", "postgres backends", "postgres restart"}
+    assert result.kills >= 3
+    assert result.report.messages >= 6 * PGBOUNCER_PROFILE.sends_per_agent
+    assert result.late_takeovers == [], result.recovery_line()
