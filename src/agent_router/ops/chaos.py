@@ -43,6 +43,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from agent_router import errors
 from agent_router.budgeting import NO_LIMITS
 from agent_router.domain import (
@@ -56,6 +58,7 @@ from agent_router.domain import (
 from agent_router.ops.chaos_agent import ROLE, SUB_AGENTS, TASK_PREFIX
 from agent_router.ops.chaos_agent import now as utc_now
 from agent_router.ops.chaos_processes import (
+    PrivatePgBouncer,
     PrivatePostgres,
     PrivateRedis,
     Workers,
@@ -228,6 +231,7 @@ def run_chaos(
         router = Router(settings, publisher=CeleryPublisher(create_app(settings)))
         beat: subprocess.Popen[bytes] | None = None
         workers: Workers | None = None
+        bouncer: PrivatePgBouncer | None = None
         try:
             router.create_schema()
             env = _worker_env(common, base)
@@ -245,11 +249,16 @@ def run_chaos(
             beat = _start_beat(env, workdir)
             team_id, quotas = _start_team(router, profile)
             servers = (redis_server, pg_server)
-            result = _chaos_loop(router, team_id, quotas, profile, workers, servers, rng, log)
+            result = _chaos_loop(
+                router, team_id, quotas, profile, workers, servers, rng, log, bouncer, dbname
+            )
             if not _done(router, team_id, quotas):
                 quotas = _wrap_up(router, team_id, quotas)
                 log(f"time is up: each agent stops at what it has sent ({quotas})")
             _settle(router, team_id, quotas, profile, log)
+            if bouncer is not None:
+                with suppress(psycopg.Error):  # a diagnosis, never a fault of the run
+                    log(bouncer.waits_line(dbname))
             workers.stop_all()
             workers = None
             _check(router, team_id, result)
@@ -365,6 +374,8 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
     servers: tuple[PrivateRedis, PrivatePostgres | None],
     rng: random.Random,
     log: Any,
+    bouncer: PrivatePgBouncer | None,
+    dbname: str,
 ) -> ChaosResult:
     result = ChaosResult(report=TeamReport(), takeover_bound=profile.takeover_bound)
     started = time.monotonic()
@@ -382,6 +393,8 @@ def _chaos_loop(  # noqa: PLR0917 - one private call site
             next_kill = now + rng.uniform(*profile.kill_every)
         for when, i, code in workers.exits():
             result.events.append(f"{when - started:6.1f}s worker {i} exited ({code}): restarted")
+        if bouncer is not None:
+            bouncer.sample_waits(dbname)
         # Every message of the team is read for it: only while a fault waits for its share.
         waiting = any(f.reached is None for f in faults)
         progress = _progress(router, team_id, quotas) if waiting else 1.0

@@ -18,7 +18,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 
 
@@ -160,7 +162,8 @@ class PrivatePgBouncer:
     Authentication is trust for the URL's user: PgBouncer lets it in without a password and logs
     in to the server as that user, which the server (on trust for 127.0.0.1, like this machine's
     and the private :class:`PrivatePostgres`) accepts. PgBouncer refuses to run as root: run as
-    root, it is started as the ``postgres`` user (it reads its files before it switches)."""
+    root, it is started as the ``postgres`` user (it reads its files before it switches). The
+    URL's user is its admin too: :meth:`sample_waits` and :meth:`waits_line` read its console."""
 
     BINARY = "pgbouncer"
 
@@ -172,6 +175,8 @@ class PrivatePgBouncer:
         self.users = workdir / "pgbouncer-users.txt"
         self.log = workdir / "pgbouncer.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.most_waiting = 0  # the most clients seen waiting at once for a server connection
+        self.longest_wait = 0.0  # the longest wait seen, in seconds
 
     @classmethod
     def find_binary(cls) -> Path | None:
@@ -201,6 +206,7 @@ class PrivatePgBouncer:
                     "unix_socket_dir =",
                     "auth_type = trust",
                     f"auth_file = {self.users}",
+                    f"admin_users = {user}",
                     "pool_mode = transaction",
                     f"default_pool_size = {self.pool_size}",
                     "max_client_conn = 500",
@@ -226,6 +232,40 @@ class PrivatePgBouncer:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError("pgbouncer did not start listening")
+
+    def _console(self, command: str) -> list[dict[str, Any]]:
+        """``command`` (``SHOW POOLS``, ``SHOW STATS``) on PgBouncer's admin console."""
+        user = self.server.username or pwd.getpwuid(os.geteuid()).pw_name
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, dbname="pgbouncer", user=user, autocommit=True
+        ) as conn:
+            cursor = conn.execute(command)  # no parameters: the simple protocol it speaks
+            names = [column.name for column in cursor.description or ()]
+            return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+
+    def sample_waits(self, database: str) -> None:
+        """Note how many clients of ``database`` wait for a server connection now, and how
+        long the oldest has waited (a PgBouncer that cannot answer is skipped)."""
+        with suppress(psycopg.Error):  # the console is a diagnosis, never a fault of the run
+            for pool in self._console("SHOW POOLS"):
+                if pool["database"] == database:
+                    self.most_waiting = max(self.most_waiting, int(pool["cl_waiting"]))
+                    wait = int(pool["maxwait"]) + int(pool["maxwait_us"]) / 1e6
+                    self.longest_wait = max(self.longest_wait, wait)
+
+    def waits_line(self, database: str) -> str:
+        """``database``'s transactions through PgBouncer, their mean wait for a server
+        connection, and the most waiting clients and longest wait :meth:`sample_waits` saw."""
+        stats = next((r for r in self._console("SHOW STATS") if r["database"] == database), None)
+        if stats is None:
+            return f"PgBouncer: no transactions of {database}"
+        transactions = int(stats["total_xact_count"])
+        mean_ms = int(stats["total_wait_time"]) / 1000 / max(transactions, 1)
+        return (
+            f"PgBouncer ({self.pool_size} server connections): {transactions} transactions, "
+            f"mean wait for a server connection {mean_ms:.2f} ms; at most {self.most_waiting} "
+            f"clients waiting at once (sampled), the longest wait {self.longest_wait:.2f} s"
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
