@@ -56,6 +56,10 @@ class UnknownMessageError(RefusedError):
     """Raised when a message id does not exist."""
 
 
+class UnknownTurnError(RefusedError):
+    """Raised when a turn id does not exist (in that team)."""
+
+
 class AgentTerminatedError(RefusedError):
     """Raised when the target agent is terminated and takes no more messages."""
 

@@ -270,10 +270,15 @@ class LedgerRow(Base):
     # An event of an agent names it and its team; an event of a team alone (a refusal, a
     # budget's) is written only after its team was read, and a refusal of an unknown team
     # names none.
-    __table_args__ = (of_agent("agent_id"),)
+    __table_args__ = (
+        of_agent("agent_id"),
+        # A team's events in time order: the timeline's windows and its latest event read a
+        # range of it, whatever the size of the team's history.
+        sa.Index("ix_ar_ledger_team_time", "team_id", "created_at", "id"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    team_id: Mapped[int | None] = mapped_column(BigId, index=True)
+    team_id: Mapped[int | None] = mapped_column(BigId)
     agent_id: Mapped[int | None] = mapped_column(BigId)
     action: Mapped[LedgerAction] = mapped_column(LedgerActionType)
     outcome: Mapped[RouteOutcome | None] = mapped_column(RouteOutcomeType)

@@ -30,7 +30,7 @@ from agent_router.domain import (
     TurnRecord,
     TurnStatus,
 )
-from agent_router.store import budgets, faults, queries, values
+from agent_router.store import budgets, faults, queries, timeline, values
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -216,13 +216,19 @@ class Reads:
             return [(p, payload) for p, payload in rows]
 
     @faults.wrapped_read
-    def transcript_entries(self, agent_id: int) -> list[dict[str, Any]]:
-        """Transcript with provenance: each entry's payload plus its metadata and ids."""
+    def transcript_entries(
+        self, agent_id: int, *, start: int = 0, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Transcript with provenance: each entry's payload plus its metadata and ids; from
+        position ``start``, at most ``limit`` entries."""
         with self._sessions() as session:
             rows = session.scalars(
                 sa.select(TranscriptEntryRow)
-                .where(TranscriptEntryRow.agent_id == agent_id)
+                .where(
+                    TranscriptEntryRow.agent_id == agent_id, TranscriptEntryRow.position >= start
+                )
                 .order_by(TranscriptEntryRow.position)
+                .limit(limit)
             ).all()
             return [
                 {
@@ -497,6 +503,62 @@ class Reads:
                 sa.select(TurnRow.id, TurnRow.lease_expires_at).where(TurnRow.team_id == team_id)
             ).all()
             return {turn_id: lease for turn_id, lease in rows}
+
+    @faults.wrapped_read
+    def team_window(self, team_id: int, query: timeline.TimelineQuery) -> timeline.TimelineWindow:
+        """A window of the team's history, as the swimlane draws it (see
+        :mod:`agent_router.store.timeline`), from one snapshot."""
+        return self._read(timeline.window, team_id, query, statuses=self._statuses)
+
+    @faults.wrapped_read
+    def turn_events(self, team_id: int, turn_id: int) -> tuple[TurnRecord, list[LedgerEvent]]:
+        """A turn of the team, with the ledger events of its time (its claim to its end)."""
+        with self._sessions() as session:
+            turn = session.get(TurnRow, turn_id)
+            if turn is None or turn.team_id != team_id:
+                raise errors.UnknownTurnError(f"no turn {turn_id} in team {team_id}")
+            during = [LedgerRow.created_at >= turn.started_at - timeline.SLACK]
+            if turn.ended_at is not None:
+                during.append(LedgerRow.created_at <= turn.ended_at + timeline.SLACK)
+            events = _ledger_events(
+                session, LedgerRow.team_id == team_id, *during, LedgerRow.turn_id == turn_id
+            )
+            return values.turn(turn), events
+
+    @faults.wrapped_read
+    def routed_message(self, team_id: int, message_id: int) -> tuple[Message, list[LedgerEvent]]:
+        """A message of the team, with the ledger event that routed it."""
+        with self._sessions() as session:
+            row = session.get(MessageRow, message_id)
+            if row is None or row.team_id != team_id:
+                raise errors.UnknownMessageError(f"no message {message_id} in team {team_id}")
+            target = session.get(AgentRow, row.target_agent_id)
+            assert target is not None
+            events = _ledger_events(
+                session,
+                LedgerRow.team_id == team_id,
+                LedgerRow.created_at.between(
+                    row.created_at - timeline.SLACK, row.created_at + timeline.SLACK
+                ),
+                LedgerRow.message_id == message_id,
+            )
+            return values.message(row, target.display_name), events
+
+    @faults.wrapped_read
+    def team_summaries(self, *, offset: int, limit: int) -> tuple[int, list[timeline.TeamSummary]]:
+        """A page of the teams by id: how many teams there are, and each team's agents by state
+        and its latest event's time."""
+        return self._read(timeline.teams, offset=offset, limit=limit)
+
+    @faults.wrapped_read
+    def latest_event(self, team_id: int) -> int:
+        """The id of the team's latest event (0: none yet)."""
+        return self._read(timeline.latest_event, team_id)
+
+    @faults.wrapped_read
+    def activity(self, team_id: int, buckets: int) -> timeline.Activity:
+        """The team's whole history counted by time bucket (the timeline's overview)."""
+        return self._read(timeline.activity, team_id, buckets)
 
     @faults.wrapped_read
     def idle_connections(self) -> int:

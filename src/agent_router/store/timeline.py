@@ -1,0 +1,558 @@
+"""A team's history in windows of time: what the swimlane page and ``agent-router web`` draw.
+
+:func:`window` reads, in the caller's one session, a page of the team's agents (its lanes and
+the rows of its table, from the same snapshot) and what happened to them between two times:
+their turns, the messages they sent or received (routed or refused), and their questions (an ask
+and its answer, or a wait for a sub-agent's report, with both times). It also counts the whole
+team's messages and turns by time bucket (the overview strip, and the idle gaps the page
+compresses). Every part is bounded by the query (a page of agents, a window, a cap on messages),
+never by the size of the team, so that a team of tens of thousands of agents reads as fast as a
+small one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import ColumnElement, FunctionElement
+
+from agent_router import errors
+from agent_router.domain import (
+    AgentState,
+    AgentStatus,
+    LedgerAction,
+    MessageStatus,
+    MessageSubtype,
+    QuestionKind,
+    QuestionStatus,
+    RouteOutcome,
+    TurnRecord,
+)
+from agent_router.store import values
+from agent_router.store.models import (
+    AgentRow,
+    LedgerRow,
+    MessageRow,
+    QuestionRow,
+    TeamRow,
+    TurnRow,
+)
+from agent_router.validation import EXTERNAL_PREFIX, EXTERNAL_SENDERS
+
+#: Characters of a message's content that come with its arrow (the rest is read on demand).
+PREVIEW_CHARS = 60
+#: How far a ledger event's time may stray from its row's (a turn's start and end, a message's
+#: creation): each is written in the same transaction, a clock read or two apart.
+SLACK = timedelta(seconds=5)
+#: Ledger actions drawn as arrows: a routed message, and a send the router refused.
+ARROW_ACTIONS = (LedgerAction.ROUTE, LedgerAction.SEND_REJECTED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineQuery:
+    """Which part of a team's history to read. Times are seconds since the team was created."""
+
+    start: float = 0.0
+    end: float | None = None  # None: up to now
+    offset: int = 0  # agents (lanes) skipped, in the order of their ids
+    limit: int | None = None  # most agents returned; None: all
+    name: str | None = None  # only agents whose display name contains this
+    focus: str | None = None  # only this agent and those it exchanged messages with
+    max_arrows: int | None = None  # most messages returned; the window is then cut short
+    max_scan: int | None = None  # most ledger events read; the window is then cut short
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arrow:
+    """A message as the timeline draws it: routed (with its outcome), or refused."""
+
+    ledger_id: int
+    at: datetime
+    sender: str
+    sender_is_agent: bool  # False: the user, the system or a background job
+    target: str
+    type: str  # a MessageType value; for a refused send, the type it asked for
+    subtype: MessageSubtype | None
+    outcome: RouteOutcome
+    message_id: int | None  # None: refused, nothing stored
+    question_id: int | None
+    wake: bool | None
+    status: MessageStatus | None
+    preview: str  # the content's first characters; for a refused send, why it was refused
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wait:
+    """A question: an ask and its answer, or the lead's wait for a sub-agent's report."""
+
+    question_id: int
+    kind: QuestionKind
+    asker: str
+    target: str
+    status: QuestionStatus
+    asked_at: datetime
+    closed_at: datetime | None  # None: still open
+    answer_message_id: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineWindow:
+    team_id: int
+    started_at: datetime  # the team's creation: time 0 of the query's seconds
+    last_event_id: int  # the latest ledger event's id (0: none)
+    last_event_at: datetime | None
+    states: dict[AgentState, int]  # the whole team's agents by state
+    agents_total: int  # the team's agents
+    lanes_total: int  # those the name filter or the focus keeps
+    lanes: list[AgentStatus]  # the page's agents, by id
+    turns: list[TurnRecord]  # of the page's agents, overlapping the window
+    arrows: list[Arrow]  # to or from the page's agents, in the window, in time order
+    waits: list[Wait]  # asked by or of the page's agents, overlapping the window
+    complete_until: datetime | None  # the messages are cut at max_arrows: complete up to here
+
+
+@dataclass(frozen=True, kw_only=True)
+class Activity:
+    """A team's whole history, counted by time bucket: the overview of its timeline."""
+
+    team_id: int
+    started_at: datetime
+    bucket_seconds: float
+    #: (bucket, message type, messages) and (bucket, None, turn starts and ends).
+    counts: list[tuple[int, str | None, int]]
+    outside: list[str]  # senders that are not agents (user, system, job:...), by name
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeamSummary:
+    team_id: int
+    created_at: datetime
+    states: dict[AgentState, int]  # its agents by state
+    last_event_at: datetime | None
+
+
+def teams(session: Session, *, offset: int, limit: int) -> tuple[int, list[TeamSummary]]:
+    """How many teams there are, and a page of them by id with their agents by state and
+    their latest event's time."""
+    total = session.scalar(sa.select(sa.func.count()).select_from(TeamRow)) or 0
+    latest = (
+        sa.select(LedgerRow.created_at)
+        .where(LedgerRow.team_id == TeamRow.id)
+        .order_by(LedgerRow.created_at.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        sa.select(TeamRow.id, TeamRow.created_at, latest)
+        .order_by(TeamRow.id)
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    states: dict[int, dict[AgentState, int]] = {}
+    if rows:
+        for team_id, state, n in session.execute(
+            sa.select(AgentRow.team_id, AgentRow.state, sa.func.count())
+            .where(AgentRow.team_id.in_([r[0] for r in rows]))
+            .group_by(AgentRow.team_id, AgentRow.state)
+        ):
+            states.setdefault(team_id, {})[AgentState(state)] = n
+    return total, [
+        TeamSummary(team_id=i, created_at=at, states=states.get(i, {}), last_event_at=last)
+        for i, at, last in rows
+    ]
+
+
+class _SecondsSince(FunctionElement[float]):
+    """Seconds from a time parameter to a time column (a float)."""
+
+    type = sa.Float()
+    inherit_cache = True
+
+
+@compiles(_SecondsSince, "postgresql")
+def _seconds_since_pg(element: _SecondsSince, compiler: Any, **kw: Any) -> str:
+    column, origin = list(element.clauses)
+    return (
+        f"EXTRACT(EPOCH FROM ({compiler.process(column, **kw)} - "
+        f"CAST({compiler.process(origin, **kw)} AS timestamp)))"
+    )
+
+
+@compiles(_SecondsSince, "sqlite")
+def _seconds_since_sqlite(element: _SecondsSince, compiler: Any, **kw: Any) -> str:
+    column, origin = list(element.clauses)
+    return (
+        f"((julianday({compiler.process(column, **kw)}) - "
+        f"julianday({compiler.process(origin, **kw)})) * 86400.0)"
+    )
+
+
+#: The status rows of a page of agents (``Reads``' own: mailbox, questions, running turn).
+Statuses = Callable[[Session, Sequence[AgentRow], Any], list[AgentStatus]]
+
+
+def window(
+    session: Session, team_id: int, query: TimelineQuery, *, statuses: Statuses
+) -> TimelineWindow:
+    """The part of the team's history ``query`` names, read in ``session``: on PostgreSQL as
+    one REPEATABLE READ snapshot (SQLite's transaction holds the write lock), so that an agent's
+    row in the table, its lane and its turns all show the same moment."""
+    if session.get_bind().dialect.name == "postgresql":
+        # psycopg names the level in this transaction's BEGIN: no session state is left behind
+        # (a transaction-pooling PgBouncer hands the connection on).
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    team = session.get(TeamRow, team_id)
+    if team is None:
+        raise errors.UnknownTeamError(f"unknown team {team_id}")
+    t0 = team.created_at
+    start = t0 + timedelta(seconds=max(0.0, query.start))
+    end = None if query.end is None else t0 + timedelta(seconds=max(query.start, query.end))
+    last = session.execute(_latest(team_id, LedgerRow.id, LedgerRow.created_at)).first()
+    states = {
+        AgentState(state): n
+        for state, n in session.execute(
+            sa.select(AgentRow.state, sa.func.count())
+            .where(AgentRow.team_id == team_id)
+            .group_by(AgentRow.state)
+        )
+    }
+    focus = _focus_id(session, team_id, query)
+    filters = _lane_filter(team_id, query, focus, start, end)
+    kept = [AgentRow.team_id == team_id, *filters]
+    total = (session.scalar(sa.select(sa.func.count()).where(*kept)) or 0) if filters else None
+    rows = session.scalars(
+        sa.select(AgentRow)
+        .where(*kept)
+        .order_by(AgentRow.id)
+        .offset(query.offset)
+        .limit(query.limit)
+    ).all()
+    ids = [r.id for r in rows]
+    whole = query.limit is None and query.offset == 0 and not query.name and focus is None
+    arrows, complete_until = _arrows(
+        session, team_id, query, ids=None if whole else ids, focus=focus, start=start, end=end
+    )
+    return TimelineWindow(
+        team_id=team_id,
+        started_at=t0,
+        last_event_id=last.id if last else 0,
+        last_event_at=last.created_at if last else None,
+        states=states,
+        agents_total=sum(states.values()),
+        lanes_total=sum(states.values()) if total is None else total,
+        lanes=statuses(session, rows, sa.select(AgentRow.id).where(AgentRow.id.in_(ids)))
+        if rows
+        else [],
+        turns=_turns(session, ids, start, end),
+        arrows=arrows,
+        waits=_waits(session, team_id, ids if focus is None else [focus], start, end),
+        complete_until=complete_until,
+    )
+
+
+def latest_event(session: Session, team_id: int) -> int:
+    """The id of the team's latest event (0: none yet)."""
+    return int(session.scalar(_latest(team_id, LedgerRow.id)) or 0)
+
+
+def _latest(team_id: int, *columns: Any) -> sa.Select[Any]:
+    """``columns`` of the team's latest ledger event (the end of its time index)."""
+    return (
+        sa.select(*columns)
+        .where(LedgerRow.team_id == team_id)
+        .order_by(LedgerRow.created_at.desc(), LedgerRow.id.desc())
+        .limit(1)
+    )
+
+
+def _lane_filter(
+    team_id: int, query: TimelineQuery, focus: int | None, start: datetime, end: datetime | None
+) -> list[ColumnElement[bool]]:
+    """What keeps an agent of the team in the lanes: its name, or being the focused agent or
+    one it exchanged messages with in the window."""
+    kept: list[ColumnElement[bool]] = []
+    if query.name:
+        kept.append(AgentRow.display_name.icontains(query.name, autoescape=True))
+    if focus is not None:
+        during = _during(MessageRow.created_at, start, end)
+        partners: Any = sa.union(
+            sa.select(MessageRow.target_agent_id).where(
+                MessageRow.team_id == team_id, MessageRow.source_agent_id == focus, *during
+            ),
+            sa.select(MessageRow.source_agent_id).where(
+                MessageRow.team_id == team_id,
+                MessageRow.target_agent_id == focus,
+                MessageRow.source_agent_id.is_not(None),
+                *during,
+            ),
+        )
+        kept.append(sa.or_(AgentRow.id == focus, AgentRow.id.in_(partners)))
+    return kept
+
+
+def _focus_id(session: Session, team_id: int, query: TimelineQuery) -> int | None:
+    if query.focus is None:
+        return None
+    focus = session.scalar(
+        sa.select(AgentRow.id).where(
+            AgentRow.team_id == team_id, AgentRow.display_name == query.focus
+        )
+    )
+    if focus is None:
+        raise errors.UnknownAgentError(f"unknown agent {query.focus!r} in team {team_id}")
+    return focus
+
+
+def _during(column: Any, start: datetime, end: datetime | None) -> list[ColumnElement[bool]]:
+    return [column >= start] + ([column <= end] if end is not None else [])
+
+
+def _arrows(
+    session: Session,
+    team_id: int,
+    query: TimelineQuery,
+    *,
+    ids: list[int] | None,
+    focus: int | None,
+    start: datetime,
+    end: datetime | None,
+) -> tuple[list[Arrow], datetime | None]:
+    """Messages routed or refused in the window between the agents ``ids`` (``None``: all),
+    or from outside senders to them, and to or from ``focus`` if given, in time order. The
+    window is read at most ``max_scan`` ledger events deep and cut at ``max_arrows`` messages:
+    then also the time up to which the messages are complete, where the next window starts."""
+    complete_until = None
+    if query.max_scan is not None:
+        # The time of the max_scan-th event of the window (a range of the team's time index,
+        # whatever the team's size); at least a millisecond past the start, so that the next
+        # window always moves on.
+        boundary = session.scalar(
+            sa.select(LedgerRow.created_at)
+            .where(LedgerRow.team_id == team_id, *_during(LedgerRow.created_at, start, end))
+            .order_by(LedgerRow.created_at, LedgerRow.id)
+            .offset(query.max_scan - 1)
+            .limit(1)
+        )
+        if boundary is not None:
+            end = complete_until = max(boundary, start + timedelta(milliseconds=1))
+    target = sa.orm.aliased(AgentRow)
+    stmt = (
+        sa.select(
+            LedgerRow.id,
+            LedgerRow.created_at,
+            LedgerRow.action,
+            LedgerRow.outcome,
+            # Only a refusal's detail is read: it names the sender and the target.
+            sa.case(
+                (LedgerRow.action == LedgerAction.SEND_REJECTED, LedgerRow.detail),
+                else_=sa.null(),
+            ),
+            LedgerRow.message_id,
+            target.display_name,
+            MessageRow.source_name,
+            MessageRow.source_agent_id,
+            MessageRow.type,
+            MessageRow.subtype,
+            MessageRow.question_id,
+            MessageRow.wake,
+            MessageRow.status,
+            sa.func.substr(MessageRow.content, 1, PREVIEW_CHARS),
+        )
+        .outerjoin(MessageRow, MessageRow.id == LedgerRow.message_id)
+        .outerjoin(target, target.id == LedgerRow.agent_id)
+        .where(
+            LedgerRow.team_id == team_id,
+            LedgerRow.action.in_(ARROW_ACTIONS),
+            *_during(LedgerRow.created_at, start, end),
+        )
+        .order_by(LedgerRow.created_at, LedgerRow.id)
+    )
+    if ids is not None:
+        # A refusal names its sender only in its detail: those of the window are kept here
+        # and sorted out below, by name.
+        routed = sa.and_(
+            LedgerRow.agent_id.in_(ids),
+            sa.or_(MessageRow.source_agent_id.in_(ids), MessageRow.source_agent_id.is_(None)),
+        )
+        if focus is not None:
+            routed = sa.and_(
+                routed,
+                sa.or_(LedgerRow.agent_id == focus, MessageRow.source_agent_id == focus),
+            )
+        stmt = stmt.where(sa.or_(routed, LedgerRow.action == LedgerAction.SEND_REJECTED))
+    if query.max_arrows is not None:
+        stmt = stmt.limit(query.max_arrows + 1)
+    rows = session.execute(stmt).all()
+    if query.max_arrows is not None and len(rows) > query.max_arrows:
+        rows = rows[: query.max_arrows]
+        complete_until = rows[-1][1] if rows else start
+    arrows = [_arrow(row) for row in rows]
+    if ids is not None:
+        names = dict(
+            session.execute(
+                sa.select(AgentRow.id, AgentRow.display_name).where(AgentRow.id.in_(ids))
+            ).all()
+        )
+        shown = set(names.values())
+        about = names.get(focus) if focus is not None else None
+        arrows = [
+            a
+            for a in arrows
+            if a.message_id is not None
+            or (
+                (a.sender in shown or a.target in shown)
+                and (about is None or about in (a.sender, a.target))
+            )
+        ]
+    return arrows, complete_until
+
+
+def _arrow(row: Any) -> Arrow:
+    """The arrow of one row of :func:`_arrows`' statement."""
+    (
+        ledger_id,
+        at,
+        action,
+        outcome,
+        detail,
+        message_id,
+        target,
+        sender,
+        sender_id,
+        msg_type,
+        subtype,
+        question_id,
+        wake,
+        status,
+        preview,
+    ) = row
+    refused = action is LedgerAction.SEND_REJECTED
+    detail = detail or {}
+    sender = str(sender if sender is not None else detail.get("sender", "?"))
+    return Arrow(
+        ledger_id=ledger_id,
+        at=at,
+        sender=sender,
+        sender_is_agent=sender_id is not None
+        if not refused
+        else not (sender in EXTERNAL_SENDERS or sender.startswith(EXTERNAL_PREFIX)),
+        target=str(detail.get("to") or target or "?") if refused else str(target or "?"),
+        type=msg_type.value if msg_type is not None else str(detail.get("type") or "message"),
+        subtype=subtype,
+        outcome=RouteOutcome.REJECTED if refused or outcome is None else outcome,
+        message_id=None if refused else message_id,
+        question_id=question_id,
+        wake=wake,
+        status=status,
+        preview=str(detail.get("error") or detail.get("reason") or "")
+        if refused
+        else preview or "",
+    )
+
+
+def _turns(
+    session: Session, ids: list[int], start: datetime, end: datetime | None
+) -> list[TurnRecord]:
+    if not ids:
+        return []
+    stmt = sa.select(TurnRow).where(
+        TurnRow.agent_id.in_(ids),
+        sa.or_(TurnRow.ended_at.is_(None), TurnRow.ended_at >= start),
+        *([TurnRow.started_at <= end] if end is not None else []),
+    )
+    return [values.turn(r) for r in session.scalars(stmt.order_by(TurnRow.started_at, TurnRow.id))]
+
+
+def _waits(
+    session: Session, team_id: int, ids: list[int], start: datetime, end: datetime | None
+) -> list[Wait]:
+    if not ids:
+        return []
+    asker = sa.orm.aliased(AgentRow)
+    target = sa.orm.aliased(AgentRow)
+    rows = session.execute(
+        sa.select(QuestionRow, asker.display_name, target.display_name)
+        .join(asker, asker.id == QuestionRow.asker_agent_id)
+        .join(target, target.id == QuestionRow.target_agent_id)
+        .where(
+            QuestionRow.team_id == team_id,
+            sa.or_(QuestionRow.asker_agent_id.in_(ids), QuestionRow.target_agent_id.in_(ids)),
+            sa.or_(QuestionRow.closed_at.is_(None), QuestionRow.closed_at >= start),
+            *([QuestionRow.created_at <= end] if end is not None else []),
+        )
+        .order_by(QuestionRow.id)
+    ).all()
+    return [
+        Wait(
+            question_id=q.id,
+            kind=q.kind,
+            asker=asker_name,
+            target=target_name,
+            status=q.status,
+            asked_at=q.created_at,
+            closed_at=q.closed_at,
+            answer_message_id=q.answer_message_id,
+        )
+        for q, asker_name, target_name in rows
+    ]
+
+
+def _outside(session: Session, team_id: int) -> list[str]:
+    return sorted(
+        session.scalars(
+            sa.select(MessageRow.source_name)
+            .where(MessageRow.team_id == team_id, MessageRow.source_agent_id.is_(None))
+            .distinct()
+        )
+    )
+
+
+def activity(session: Session, team_id: int, buckets: int) -> Activity:
+    """The team's messages by type, and its turns' starts and ends, counted in ``buckets``
+    buckets from its creation to its latest event."""
+    team = session.get(TeamRow, team_id)
+    if team is None:
+        raise errors.UnknownTeamError(f"unknown team {team_id}")
+    t0 = team.created_at
+    last = session.scalar(_latest(team_id, LedgerRow.created_at))
+    span = (last - t0).total_seconds() if last is not None else 0.0
+    width = max(span, 0.001) / max(buckets, 1)
+    return Activity(
+        team_id=team_id,
+        started_at=t0,
+        bucket_seconds=width,
+        counts=_counts(session, team_id, t0, width),
+        outside=_outside(session, team_id),
+    )
+
+
+def _counts(
+    session: Session, team_id: int, t0: datetime, width: float
+) -> list[tuple[int, str | None, int]]:
+    counts: dict[tuple[int, str | None], int] = {}
+
+    def add(stmt: sa.Executable) -> None:
+        for bucket, kind, n in session.execute(stmt):
+            key = (max(0, int(bucket)), None if kind is None else str(kind))
+            counts[key] = counts.get(key, 0) + int(n)
+
+    message_bucket = sa.cast(_SecondsSince(MessageRow.created_at, t0) / width, sa.Integer)
+    add(
+        sa.select(message_bucket, MessageRow.type, sa.func.count())
+        .where(MessageRow.team_id == team_id)
+        .group_by(message_bucket, MessageRow.type)
+    )
+    for column in (TurnRow.started_at, TurnRow.ended_at):
+        turn_bucket = sa.cast(_SecondsSince(column, t0) / width, sa.Integer)
+        add(
+            sa.select(turn_bucket, sa.null(), sa.func.count())
+            .where(TurnRow.team_id == team_id, column.is_not(None))
+            .group_by(turn_bucket)
+        )
+    return sorted(((b, k, n) for (b, k), n in counts.items()), key=lambda r: (r[0], r[1] or ""))
