@@ -310,3 +310,30 @@ class Settings(BaseSettings):
         le=1,
         description="Share of a budget after which the team's agents get one notice to wrap up.",
     )
+    web_token: str | None = Field(
+        None,
+        description="Token that `agent-router web` asks of every request (Authorization: "
+        "Bearer, or a cookie set by opening /?token=... once); required when it listens on "
+        "anything but loopback. At least 16 characters, e.g. from "
+        "`python -c 'import secrets; print(secrets.token_urlsafe())'`.",
+    )
+    web_hosts: str | None = Field(
+        None,
+        description="Comma-separated host names `agent-router web` answers to besides "
+        "127.0.0.1, localhost and [::1] (and the address it listens on): the Host header of "
+        "any other request is refused, so that a page of another site cannot read the UI "
+        "through DNS rebinding.",
+    )
+    web_threads: int = Field(
+        8,
+        gt=0,
+        le=256,
+        description="Threads of `agent-router web` that answer requests. Connections are "
+        "read whole before a thread takes them: slow or idle ones hold no thread.",
+    )
+    web_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="`agent-router web` closes a connection idle for this long (one that "
+        "sends its request slowly included).",
+    )

@@ -1,24 +1,39 @@
-"""``agent-router timeline``: the swimlane page opened from a file in a real headless Chromium
-(lanes, turn bars, message arrows, the ask linked to its answer, click-to-read, no network), and
-the Mermaid diagram of the same story."""
+"""``agent-router timeline``: the swimlane page opened from a file in a real headless Chromium.
+
+A small team with every kind of arrow (each kind its own colour, the outcome its tip; an ask
+linked to its answer, highlighted together on a click, with the wait); a team of 30 agents and
+about 2,000 messages over 80 s, whose whole activity fits the first screen at 1400x900 (idle
+gaps compressed, bursts bundled), zoomed, filtered by kind and focused on one agent; hostile
+names and contents drawn as text with no script of theirs run; and the Mermaid diagram, split
+in parts past Mermaid's limit."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from selenium.webdriver.common.by import By
 
 from agent_router import MessageType, Router, Settings
 from agent_router.outbox import RecordingPublisher
+from tests.acceptance.test_web import HOSTILE_CONTENT, HOSTILE_NAMES, HOSTILE_PAGE, hostile_team
 from tests.integration.helpers import assistant, start_running, start_waiting
 from tests.support.browser import chromium, page_errors, screenshot
+from tests.support.teams import BusyTeam, busy_team
 
 CLI = str(Path(sys.executable).parent / "agent-router")
+KIND_COLOURS = """
+return Object.fromEntries([...document.querySelectorAll("g.arrow line.msg")]
+  .map((l) => [l.dataset.kind, l.getAttribute("stroke")]));
+"""
 
 
 @pytest.fixture
@@ -51,51 +66,108 @@ def story(tmp_path: Path) -> Iterator[tuple[str, int]]:
     router.close()
 
 
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BusyTeam]]:
+    """A team of 30 agents routing about 2,000 messages over 80 s, for the tests that read it."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('busy') / 'team.db'}"
+    router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+    router.create_schema()
+    team = busy_team(router, agents=30, messages=2000, seconds=80.0)
+    router.close()
+    yield url, team
+
+
 def timeline(url: str, team: int, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
     return subprocess.run(
         [CLI, "timeline", str(team), "--database-url", url, *args],
-        check=False, capture_output=True, text=True, timeout=60, env=env,
+        check=False, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
+
+
+def page_of(url: str, team: int, tmp_path: Path) -> Path:
+    page = tmp_path / f"team-{team}.html"
+    proc = timeline(url, team, "-o", str(page))
+    assert proc.returncode == 0, proc.stderr
+    return page
+
+
+def embedded(driver: Any) -> dict[str, Any]:
+    """The data the page was written with, as the page itself parses it."""
+    data: dict[str, Any] = driver.execute_script(
+        "return JSON.parse(document.getElementById('timeline-data').textContent)"
+    )
+    return data
+
+
+def click(driver: Any, css: str) -> None:
+    driver.execute_script(
+        "document.querySelector(arguments[0])"
+        ".dispatchEvent(new MouseEvent('click', {bubbles: true}))",
+        css,
+    )
+
+
+def waited(detail: str) -> float:
+    """The wait the side panel tells, in seconds."""
+    found = re.search(r"waited (\d+(?:\.\d+)?) (ms|s)\b", detail)
+    assert found, detail
+    return float(found.group(1)) / (1000 if found.group(2) == "ms" else 1)
 
 
 def test_swimlane_page_in_a_browser(story: tuple[str, int], tmp_path: Path) -> None:
     url, team = story
-    page = tmp_path / "team.html"
-    proc = timeline(url, team, "-o", str(page))
-    assert proc.returncode == 0, proc.stderr
+    page = page_of(url, team, tmp_path)
     text = page.read_text()
-    # Self-contained: nothing is fetched when the page is viewed.
+    # Self-contained: nothing is fetched when the page is viewed, and its policy says so.
     assert "<script src" not in text and "<link" not in text and "@import" not in text
+    assert "default-src 'none'" in text
 
     with chromium() as driver:
         driver.get(page.as_uri())
         lanes = [
-            g.get_attribute("data-agent") for g in driver.find_elements(By.CSS_SELECTOR, "g.lane")
+            g.get_attribute("data-agent")
+            for g in driver.find_elements(By.CSS_SELECTOR, "g.lane[data-agent]")
         ]
         assert lanes == ["user", "Team Leader", "UI Operator_1", "Full-Stack Engineer_1"]
         turns = driver.find_elements(By.CSS_SELECTOR, "rect.turn")
         assert {t.get_attribute("data-trigger") for t in turns} == {"new"}
         assert len(turns) == 2  # the UI Operator's (ended) and the Full-Stack Engineer's
-        arrows = driver.find_elements(By.CSS_SELECTOR, "line.msg")
-        outcomes = {a.get_attribute("data-outcome") for a in arrows}
-        assert outcomes == {
+        arrows = driver.find_elements(By.CSS_SELECTOR, "g.arrow")
+        assert {a.get_attribute("data-outcome") for a in arrows} == {
             "triggered_new_turn", "injected_inline", "coalesced", "resolved", "queued", "rejected"
         }  # fmt: skip
-        assert len(driver.find_elements(By.CSS_SELECTOR, "path.qa-link")) == 1
-        # Colours come from the outcome: two arrows of different outcomes differ.
-        colours = {a.get_attribute("data-outcome"): a.get_attribute("stroke") for a in arrows}
-        assert colours["resolved"] != colours["rejected"]
+        assert {a.get_attribute("data-kind") for a in arrows} == {"message", "ask", "answer"}
+        # The colour tells the kind: each kind its own; the outcome is the tip.
+        colours = driver.execute_script(KIND_COLOURS)
+        assert len(set(colours.values())) == len(colours) == 3
+        tips = {
+            line.get_attribute("data-outcome"): line.get_attribute("marker-end")
+            for line in driver.find_elements(By.CSS_SELECTOR, "line.msg[data-kind='message']")
+        }
+        assert tips["queued"] != tips["coalesced"] != tips["rejected"]
 
-        # Clicking the answer shows its ledger line and its content.
-        answer = next(a for a in arrows if a.get_attribute("data-outcome") == "resolved")
-        hits = driver.find_elements(By.CSS_SELECTOR, "line.msg-hit")
-        hits[arrows.index(answer)].click()
+        # Clicking the ask highlights its answer and the asker's wait, and says how long.
+        data = embedded(driver)
+        [question] = data["questions"]
+        ask = f"g.arrow[data-kind='ask'][data-question='{question['id']}']"
+        click(driver, ask)
+        selected = driver.find_elements(By.CSS_SELECTOR, "#swimlane-svg .sel")
+        kinds = {s.get_attribute("data-kind") for s in selected if s.get_attribute("data-kind")}
+        assert kinds == {"ask", "answer"}
+        assert driver.find_elements(By.CSS_SELECTOR, ".wait.sel")
+        answer = driver.find_element(By.CSS_SELECTOR, "line.msg[data-kind='answer']")
+        assert "sel" in answer.get_attribute("class")
+        others = driver.find_element(By.CSS_SELECTOR, "g.arrow[data-kind='message']")
+        assert float(others.value_of_css_property("opacity")) < 0.5
         detail = driver.find_element(By.ID, "detail").text
-        assert "Team Leader -> Full-Stack Engineer_1 (answer)" in detail
-        assert "Use auth v2." in detail and "resolved" in detail
-        turns[0].click()
-        assert "turn" in driver.find_element(By.ID, "detail").text
+        assert waited(detail) == pytest.approx(question["wait"], abs=0.001)
+        assert "which auth module?" in detail and "Use auth v2." in detail
+        assert "Full-Stack Engineer_1 → Team Leader" in detail
+
+        # A turn: its ledger lines.
+        click(driver, "rect.turn")
+        assert "> turn" in driver.find_element(By.ID, "detail").text
 
         loaded = driver.execute_script("return performance.getEntriesByType('resource').length")
         assert loaded == 0
@@ -103,10 +175,147 @@ def test_swimlane_page_in_a_browser(story: tuple[str, int], tmp_path: Path) -> N
         screenshot(driver, "timeline_swimlane")
 
 
+LAYOUT = """
+const svg = document.getElementById("swimlane-svg");
+const lanes = [...document.querySelectorAll("g.lane")];
+const last = lanes[lanes.length - 1].getBoundingClientRect();
+return {
+  lanes: lanes.map((g) => g.dataset.agent),
+  lastLaneBottom: last.bottom, height: window.innerHeight,
+  width: svg.getBoundingClientRect().right, windowWidth: window.innerWidth,
+  breaks: document.querySelectorAll("g.break").length,
+  bundles: [...document.querySelectorAll("g.arrow.bundle")].map((g) => Number(g.dataset.count)),
+  messages: [...document.querySelectorAll("g.arrow")]
+    .reduce((n, g) => n + Number(g.dataset.count), 0),
+  kinds: [...new Set([...document.querySelectorAll("g.arrow")].map((g) => g.dataset.kind))],
+  from: Number(svg.dataset.from), to: Number(svg.dataset.to),
+  arrows: [...document.querySelectorAll("g.arrow")].map((g) => [g.dataset.from, g.dataset.to]),
+};
+"""
+
+
+def test_a_team_of_thirty_on_one_screen(busy: tuple[str, BusyTeam], tmp_path: Path) -> None:
+    url, team = busy
+    page = page_of(url, team.team_id, tmp_path)
+    with chromium() as driver:
+        driver.get(page.as_uri())
+        data = embedded(driver)
+        layout = driver.execute_script(LAYOUT)
+        # The first screen holds every lane, and the whole team's 80 s, across its width.
+        assert layout["lanes"] == ["system", "user", *team.agents]
+        assert layout["lastLaneBottom"] <= layout["height"]
+        assert layout["width"] <= layout["windowWidth"]
+        assert (layout["from"], layout["to"]) == (0, data["end"])
+        assert layout["messages"] == len(data["messages"]) == team.messages
+        # The idle stretches between the waves are compressed, each with a marked break.
+        assert layout["breaks"] >= 2
+        # Bursts between one pair are bundles with their count.
+        assert layout["bundles"] and max(layout["bundles"]) >= 5
+        # Each kind in its own colour.
+        assert sorted(layout["kinds"]) == sorted(
+            ["task", "ask", "answer", "report", "message", "notice"]
+        )
+        colours = driver.execute_script(KIND_COLOURS)
+        assert len(set(colours.values())) == 6
+        # The overview strip counts every message of the team, by kind.
+        counted = sum(sum(row[1]) for row in data["overview"]["counts"])
+        assert counted == len([m for m in data["messages"] if m["message_id"] is not None])
+        screenshot(driver, "timeline_team_of_30")
+
+        # Click an ask: its answer is highlighted with it, and the wait is told.
+        question = max(data["questions"], key=lambda q: q["wait"])
+        click(driver, f"g.arrow[data-kind='ask'][data-question='{question['id']}']")
+        selected = driver.find_elements(By.CSS_SELECTOR, "g.arrow.sel, .sel[data-kind]")
+        assert {s.get_attribute("data-kind") for s in selected} >= {"ask", "answer"}
+        detail = driver.find_element(By.ID, "detail").text
+        assert waited(detail) == pytest.approx(question["wait"], abs=0.01)
+        screenshot(driver, "timeline_team_of_30_ask")
+
+        # Zoom in: a narrower window; the whole team again.
+        driver.find_element(By.CSS_SELECTOR, "button[title^='Zoom in']").click()
+        zoomed = wait_until(driver, lambda p: p["messages"] < layout["messages"])
+        assert zoomed["to"] - zoomed["from"] < (layout["to"] - layout["from"]) / 1.9
+        driver.find_element(By.CSS_SELECTOR, "button[title^='Show the team']").click()
+        wait_until(driver, lambda p: p["messages"] == layout["messages"])
+
+        # Filter by kind: the reports go, the rest stays.
+        driver.find_element(By.CSS_SELECTOR, ".kind-chip[data-kind='report']").click()
+        filtered = wait_until(driver, lambda p: "report" not in p["kinds"])
+        assert len(filtered["kinds"]) == 5
+        driver.find_element(By.CSS_SELECTOR, ".kind-chip[data-kind='report']").click()
+        wait_until(driver, lambda p: "report" in p["kinds"])
+
+        # Filter by agent name.
+        box = driver.find_element(By.CSS_SELECTOR, ".sl-filter")
+        box.send_keys("qa engineer")
+        named = wait_until(driver, lambda p: len(p["lanes"]) < 10)
+        assert [n for n in named["lanes"] if n not in ("system", "user")] == [
+            n for n in team.agents if n.startswith("QA Engineer")
+        ]
+        box.clear()
+        box.send_keys(" ")
+        wait_until(driver, lambda p: len(p["lanes"]) == len(layout["lanes"]))
+
+        # Focus one agent: its lane, its partners' lanes, its own messages only.
+        focus = "Backend Engineer_2"
+        click(driver, f"g.lane[data-agent='{focus}'] .lane-label")
+        focused = wait_until(driver, lambda p: len(p["lanes"]) < len(layout["lanes"]))
+        partners = {
+            m["from"] if m["to"] == focus else m["to"]
+            for m in data["messages"]
+            if focus in (m["from"], m["to"])
+        }
+        assert set(focused["lanes"]) == partners | {focus}
+        assert focused["arrows"] and all(focus in pair for pair in focused["arrows"])
+        assert driver.find_element(By.CSS_SELECTOR, ".focus-chip").text == f"focus: {focus} ✕"
+        screenshot(driver, "timeline_team_of_30_focus")
+        driver.find_element(By.CSS_SELECTOR, ".focus-chip").click()
+        wait_until(driver, lambda p: p["lanes"] == layout["lanes"])
+        assert page_errors(driver) == []
+
+
+def wait_until(driver: Any, check: Any, timeout: float = 10.0) -> dict[str, Any]:
+    """The page's layout once ``check`` holds for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        layout: dict[str, Any] = driver.execute_script(LAYOUT)
+        if check(layout):
+            return layout
+        time.sleep(0.1)
+    pytest.fail("the page did not change as expected")
+
+
+def test_hostile_names_and_contents_in_the_exported_page(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'hostile.db'}"
+    router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+    router.create_schema()
+    team = hostile_team(router)
+    contents = sorted(m.content for m in router.messages(team))
+    router.close()
+    page = page_of(url, team, tmp_path)
+    text = page.read_text()
+    # Nothing of the contents can end the data's script element or start another.
+    data_element = text.split('id="timeline-data">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in data_element and "\u2028" not in data_element
+    with chromium() as driver:
+        driver.get(page.as_uri())
+        shown = driver.execute_script(HOSTILE_PAGE)
+        assert shown["pwned"] is None and shown["title"] == f"agent-router team {team}"
+        assert shown["lanes"] == ["job:__proto__", "Team Leader", *HOSTILE_NAMES]
+        assert shown["messages"] == len(contents)
+        assert shown["protoPolluted"] is False
+        # The data reads back exactly as it was stored.
+        assert sorted(m["content"] for m in embedded(driver)["messages"]) == contents
+        for content in HOSTILE_CONTENT:
+            assert content in contents
+        assert page_errors(driver) == []
+
+
 def test_mermaid_sequence_diagram(story: tuple[str, int]) -> None:
     url, team = story
     proc = timeline(url, team, "--format", "mermaid")
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # one diagram, well under Mermaid's limit: nothing to say
     lines = proc.stdout.splitlines()
     assert lines[0] == "sequenceDiagram"
     assert "    actor P_user as user" in lines
@@ -120,9 +329,56 @@ def test_mermaid_sequence_diagram(story: tuple[str, int]) -> None:
     assert lines.count("    deactivate P_UI_Operator_1") == 1
 
 
+def test_mermaid_past_its_limit_is_summarised_and_split(
+    busy: tuple[str, BusyTeam], tmp_path: Path
+) -> None:
+    url, team = busy
+    proc = timeline(url, team.team_id, "--format", "mermaid")
+    assert proc.returncode == 0, proc.stderr
+    [said] = proc.stderr.splitlines()
+    assert "past Mermaid's 50,000-character limit" in said and "parts" in said
+    parts = re.split(r"\n(?=%% part )", proc.stdout)
+    assert len(parts) >= 2
+    arrows = 0
+    for i, part in enumerate(parts, start=1):
+        assert len(part) <= 50_000
+        lines = part.splitlines()
+        assert lines[0].startswith(f"%% part {i} of {len(parts)}: ")
+        assert lines[1] == "sequenceDiagram"
+        declared = {re.split(r"\s+", line.strip())[1] for line in lines if " as " in line}
+        used = set(re.findall(r"P_\w+", "\n".join(lines[2:]))) - {"P_"}
+        assert used <= declared  # each part declares its own participants
+        for line in lines:
+            found = re.match(r"\s+P_\w+(?:->>|-x)P_\w+: (?:(\d+) x )?", line)
+            if found:
+                arrows += int(found.group(1) or 1)
+    # Summarised, not cut: every message is in an arrow.
+    assert arrows == team.messages
+
+    out = tmp_path / "team.mmd"
+    written = timeline(url, team.team_id, "--format", "mermaid", "-o", str(out))
+    assert written.returncode == 0, written.stderr
+    files = sorted(tmp_path.glob("team-*.mmd"))
+    assert [f.name for f in files] == [f"team-{i}.mmd" for i in range(1, len(parts) + 1)]
+    assert [f.read_text() for f in files] == [p if p.endswith("\n") else p + "\n" for p in parts]
+
+
 def test_unknown_team_is_one_line(story: tuple[str, int]) -> None:
     url, _ = story
     proc = timeline(url, 999)
     assert proc.returncode == 1
     [line] = proc.stderr.splitlines()
     assert line.startswith("agent-router: error:") and "999" in line
+
+
+def test_timeline_json_is_the_page_data(story: tuple[str, int], tmp_path: Path) -> None:
+    """The page's data parses back (through the script escaping) to what team_timeline built."""
+    url, team = story
+    from agent_router.ops.timeline import team_timeline
+
+    router = Router(Settings(database_url=url))
+    expected = json.loads(json.dumps(team_timeline(router, team), default=str))
+    router.close()
+    text = page_of(url, team, tmp_path).read_text()
+    raw = text.split('id="timeline-data">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(raw) == expected

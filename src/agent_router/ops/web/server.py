@@ -1,32 +1,85 @@
-"""``agent-router web``: a read-only UI over the router's database. The page polls JSON:
+"""``agent-router web``: a read-only live page over the router's database, safe to leave running.
 
-- ``GET /api/teams``: every team with its agents' states;
-- ``GET /api/teams/N``: a team's agents (state, epoch, mailbox, questions, turns and messages);
-- ``GET /api/teams/N/timeline``: the swimlane data (see :mod:`agent_router.ops.timeline`);
-- ``GET /api/teams/N/agents/NAME/transcript``: an agent's transcript with each entry's provenance.
+The page (``/``, with its script and style under ``/static/``) reads JSON:
 
-Nothing here writes: every request is a read of the database through the Router's store. The
-standard library's threading HTTP server serves it (one thread a request); by default it listens
-on 127.0.0.1 only.
+- ``GET /api/teams?offset=&limit=``: a page of the teams, each with its agents by state and its
+  latest activity;
+- ``GET /api/teams/N``: the id of the team's latest event (what the page polls);
+- ``GET /api/teams/N/view?from=&to=&offset=&limit=&agent=&focus=``: a page of the team's agents
+  (its table and its lanes, from one snapshot) and, between two times, their turns, messages and
+  questions (:func:`agent_router.ops.timeline.view`); the messages are cut at a cap, and the
+  response says up to when they are complete;
+- ``GET /api/teams/N/overview``: the whole team by time bucket, its idle gaps and its outside
+  senders (:func:`agent_router.ops.timeline.overview`);
+- ``GET /api/teams/N/messages/ID``, ``GET /api/teams/N/turns/ID``: one message's content and
+  ledger line, one turn's ledger lines;
+- ``GET /api/teams/N/agents/NAME/transcript?start=&limit=``: entries of an agent's transcript,
+  with each entry's provenance.
+
+Nothing here writes. What keeps it safe to leave running:
+
+- only requests whose ``Host`` header names this server (127.0.0.1, localhost, [::1], the
+  address it listens on, and the names it is given) are answered, so that a page of another
+  site cannot read it through DNS rebinding;
+- with a token (required when listening on anything but loopback), every request must carry it:
+  ``Authorization: Bearer TOKEN``, or the cookie that opening ``/?token=TOKEN`` once sets (team
+  ids are sequential: the token is what keeps a team from being read by whoever guesses one);
+- waitress serves it: its event loop reads each request whole before one of a fixed number of
+  threads answers it, and closes connections idle past a timeout, so slow or half-open
+  connections hold no thread;
+- a malformed id or parameter is a 4xx with one line of our own; a database error is a 503 that
+  says only that; no response carries a driver's text or a traceback;
+- responses forbid caching, framing and content sniffing, and the page's scripts run under a
+  Content-Security-Policy that allows its own files only.
 """
 
 from __future__ import annotations
 
+import hmac
+import http.cookies
+import ipaddress
 import json
 import logging
+import math
 import re
+import threading
 import urllib.parse
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 
 from agent_router import errors
-from agent_router.ops.timeline import team_timeline
+from agent_router.ops import timeline
+from agent_router.ops.explain import describe
 from agent_router.router import Router
+from agent_router.store.timeline import TimelineQuery
+from agent_router.validation import MAX_ID, MAX_NAME_CHARS
 
 logger = logging.getLogger(__name__)
+
+#: Host names a server on loopback always answers to.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+#: Open connections waitress keeps at most (each costs a socket, not a thread).
+CONNECTION_LIMIT = 1000
+#: Agents (lanes) of one page at most, and by default.
+MAX_LANES = 500
+DEFAULT_LANES = 60
+#: Messages of one window at most, and by default.
+MAX_ARROWS = 20_000
+DEFAULT_ARROWS = 2500
+#: Ledger events one window reads at most: a window of a huge team comes in pieces.
+SCAN_EVENTS = 20_000
+#: Teams of one page at most.
+MAX_TEAMS = 500
+#: Transcript entries of one page at most.
+MAX_ENTRIES = 1000
+#: The longest a window may reach, in seconds (about 30 years): past it a time is malformed.
+MAX_SECONDS = 1e9
+#: Overviews kept, by team and latest event.
+OVERVIEW_CACHE = 32
 
 _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -34,107 +87,394 @@ _STATIC = {
     "/static/swimlane.css": ("swimlane.css", "text/css; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
 }
-
-
-def teams(router: Router) -> list[dict[str, Any]]:
-    by_team: dict[int, list[dict[str, Any]]] = {}
-    for s in router.store.reads.agent_statuses(None):
-        by_team.setdefault(s.agent.team_id, []).append(
-            {"name": s.agent.display_name, "state": s.agent.state.value}
-        )
-    return [{"team_id": t, "agents": agents} for t, agents in sorted(by_team.items())]
-
-
-def team(router: Router, team_id: int) -> dict[str, Any]:
-    data = team_timeline(router, team_id)
-    agents = []
-    for s in router.store.reads.agent_statuses(team_id):
-        name = s.agent.display_name
-        agents.append(
-            {
-                "name": name,
-                "role": s.agent.role,
-                "state": s.agent.state.value,
-                "suspended": s.agent.suspended,
-                "epoch": s.agent.epoch,
-                "mailbox": s.agent.mailbox_depth,
-                "open_questions": list(s.open_questions),
-                "questions_to_answer": list(s.questions_to_answer),
-                "turn_id": s.turn_id,
-                "turns": sum(1 for t in data["turns"] if t["agent"] == name),
-                "sent": sum(1 for m in data["messages"] if m["from"] == name),
-                "received": sum(1 for m in data["messages"] if m["to"] == name),
-            }
-        )
-    return {"team_id": team_id, "agents": agents, "last_event_id": data["last_event_id"]}
-
-
-def transcript(router: Router, team_id: int, name: str) -> dict[str, Any]:
-    agent = router.store.reads.agent(team_id, name)
-    return {
-        "team_id": team_id,
-        "agent": agent.display_name,
-        "state": agent.state.value,
-        "entries": router.store.reads.transcript_entries(agent.id),
-    }
-
-
-_ROUTES: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
-    (re.compile(r"/api/teams"), teams),
-    (re.compile(r"/api/teams/(\d+)"), lambda r, t: team(r, int(t))),
-    (re.compile(r"/api/teams/(\d+)/timeline"), lambda r, t: team_timeline(r, int(t))),
+_HEADERS = [
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
     (
-        re.compile(r"/api/teams/(\d+)/agents/([^/]+)/transcript"),
-        lambda r, t, n: transcript(r, int(t), urllib.parse.unquote(n)),
+        "Content-Security-Policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     ),
+]
+_DIGITS = re.compile(r"[0-9]{1,30}")
+
+
+class BadRequestError(errors.InvalidArgumentError):
+    """Raised when a request's path or query parameter is malformed."""
+
+
+class _MissingTokenError(Exception):
+    """The request carries no token, or the wrong one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Access:
+    """Who may read the page: the Host names it answers to, and the token it asks for."""
+
+    hosts: frozenset[str]
+    token: str | None
+    cookie: str  # the token's cookie name (one per port: browsers share cookies across ports)
+
+
+def access(host: str, port: int, *, token: str | None, names: Iterable[str] = ()) -> Access:
+    """The access rules of a server listening on ``host``: the loopback names, the address
+    itself (unless it is a wildcard), and ``names``; a token is required unless ``host`` is
+    loopback. Raises :class:`~agent_router.errors.ConfigurationError` for a missing or short
+    token."""
+    if token is not None and len(token) < 16:
+        raise errors.ConfigurationError("the web token must be at least 16 characters long")
+    if token is None and not is_loopback(host):
+        raise errors.ConfigurationError(
+            f"agent-router web listening on {host} needs a token (--token or "
+            "AGENT_ROUTER_WEB_TOKEN): whoever reaches the port could read every team"
+        )
+    hosts = set(LOOPBACK_HOSTS) | {_host_name(n) for n in names if n.strip()}
+    if host not in ("0.0.0.0", "::", ""):
+        hosts.add(_host_name(f"[{host}]" if ":" in host else host))
+    return Access(hosts=frozenset(hosts), token=token, cookie=f"agent_router_web_{port}")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(host: str) -> str:
+    """A Host header without its port, lower-cased (``[::1]:8765`` -> ``[::1]``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+# ------------------------------------------------------------------------------ the views
+
+
+def _integer(params: dict[str, str], name: str, default: int, maximum: int) -> int:
+    value = params.get(name)
+    if value is None or value == "":
+        return default
+    if not _DIGITS.fullmatch(value) or int(value) > maximum:
+        raise BadRequestError(f"{name} must be an integer from 0 to {maximum}")
+    return int(value)
+
+
+def _seconds(params: dict[str, str], name: str) -> float | None:
+    value = params.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise BadRequestError(f"{name} must be a number of seconds") from None
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SECONDS):
+        raise BadRequestError(f"{name} must be a number of seconds from 0 to {MAX_SECONDS:g}")
+    return seconds
+
+
+def _text(params: dict[str, str], name: str) -> str | None:
+    value = params.get(name)
+    if not value:
+        return None
+    if len(value) > MAX_NAME_CHARS or any(ord(c) < 32 for c in value):
+        raise BadRequestError(f"{name} must be 1-{MAX_NAME_CHARS} printable characters")
+    return value
+
+
+def _id(text: str, what: str, unknown: type[errors.RefusedError]) -> int:
+    """An id from a path: digits only; one past the largest id names nothing (404)."""
+    if not _DIGITS.fullmatch(text):
+        raise BadRequestError(f"{what} id must be a positive integer")
+    value = int(text)
+    if not 1 <= value <= MAX_ID:
+        raise unknown(f"unknown {what} {value}")
+    return value
+
+
+class Views:
+    """The JSON views, over one router. Each is a read; none writes."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._overviews: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def teams(self, params: dict[str, str]) -> dict[str, Any]:
+        offset = _integer(params, "offset", 0, MAX_ID)
+        limit = _integer(params, "limit", 50, MAX_TEAMS)
+        total, teams = self.router.store.reads.team_summaries(offset=offset, limit=limit)
+        return {
+            "offset": offset,
+            "limit": limit,
+            "total": total,
+            "items": [
+                {
+                    "team_id": t.team_id,
+                    "created_at": f"{t.created_at.isoformat()}Z",
+                    "agents": sum(t.states.values()),
+                    "states": {s.value: n for s, n in sorted(t.states.items())},
+                    "last_event_at": f"{t.last_event_at.isoformat()}Z" if t.last_event_at else None,
+                }
+                for t in teams
+            ],
+        }
+
+    def team(self, params: dict[str, str], team: str) -> dict[str, Any]:
+        """What the page polls: the id of the team's latest event (cheap: one index probe)."""
+        team_id = _id(team, "team", errors.UnknownTeamError)
+        self.router.team(team_id)  # an unknown team is a 404
+        return {"team_id": team_id, "last_event_id": self.router.store.reads.latest_event(team_id)}
+
+    def view(self, params: dict[str, str], team: str) -> dict[str, Any]:
+        start = _seconds(params, "from") or 0.0
+        end = _seconds(params, "to")
+        if end is not None and end < start:
+            raise BadRequestError("to must not be before from")
+        query = TimelineQuery(
+            start=start,
+            end=end,
+            offset=_integer(params, "offset", 0, MAX_ID),
+            limit=_integer(params, "limit", DEFAULT_LANES, MAX_LANES) or DEFAULT_LANES,
+            name=_text(params, "agent"),
+            focus=_text(params, "focus"),
+            max_arrows=_integer(params, "max", DEFAULT_ARROWS, MAX_ARROWS) or DEFAULT_ARROWS,
+            max_scan=SCAN_EVENTS,
+        )
+        return timeline.view(self.router, _id(team, "team", errors.UnknownTeamError), query)
+
+    def overview(self, params: dict[str, str], team: str) -> dict[str, Any]:
+        team_id = _id(team, "team", errors.UnknownTeamError)
+        latest = self.router.store.reads.latest_event(team_id)
+        key = (team_id, latest)
+        with self._lock:
+            if key in self._overviews:
+                self._overviews.move_to_end(key)
+                return self._overviews[key]
+        data = timeline.overview(self.router, team_id)
+        with self._lock:
+            self._overviews[key] = data
+            while len(self._overviews) > OVERVIEW_CACHE:
+                self._overviews.popitem(last=False)
+        return data
+
+    def message(self, params: dict[str, str], team: str, message: str) -> dict[str, Any]:
+        team_id = _id(team, "team", errors.UnknownTeamError)
+        msg, events = self.router.store.reads.routed_message(
+            team_id, _id(message, "message", errors.UnknownMessageError)
+        )
+        return {
+            "message_id": msg.id,
+            "from": msg.source_name,
+            "to": msg.target_name,
+            "type": msg.type.value,
+            "subtype": msg.subtype.value if msg.subtype else None,
+            "status": msg.status.value,
+            "drop_reason": msg.drop_reason,
+            "content": msg.content,
+            "lines": [f"ledger #{e.id}: {describe(e, {msg.id: msg})}" for e in events],
+        }
+
+    def turn(self, params: dict[str, str], team: str, turn: str) -> dict[str, Any]:
+        team_id = _id(team, "team", errors.UnknownTeamError)
+        record, events = self.router.store.reads.turn_events(
+            team_id, _id(turn, "turn", errors.UnknownTurnError)
+        )
+        return {"id": record.id, "lines": [describe(e, {}) for e in events]}
+
+    def transcript(self, params: dict[str, str], team: str, name: str) -> dict[str, Any]:
+        team_id = _id(team, "team", errors.UnknownTeamError)
+        agent = self.router.agent(team_id, name)
+        start = _integer(params, "start", 0, MAX_ID)
+        limit = _integer(params, "limit", 200, MAX_ENTRIES) or 200
+        return {
+            "team_id": team_id,
+            "agent": agent.display_name,
+            "state": agent.state.value,
+            "start": start,
+            "limit": limit,
+            "entries": self.router.store.reads.transcript_entries(
+                agent.id, start=start, limit=limit
+            ),
+        }
+
+
+_ROUTES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"/api/teams"), "teams"),
+    (re.compile(r"/api/teams/([^/]*)"), "team"),
+    (re.compile(r"/api/teams/([^/]*)/view"), "view"),
+    (re.compile(r"/api/teams/([^/]*)/overview"), "overview"),
+    (re.compile(r"/api/teams/([^/]*)/messages/([^/]*)"), "message"),
+    (re.compile(r"/api/teams/([^/]*)/turns/([^/]*)"), "turn"),
+    (re.compile(r"/api/teams/([^/]*)/agents/([^/]*)/transcript"), "transcript"),
 ]
 
 
-def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "agent-router-web"
+# ------------------------------------------------------------------------------ the app
 
-        def do_GET(self) -> None:
-            path = urllib.parse.urlsplit(self.path).path
-            if path in _STATIC:
-                name, kind = _STATIC[path]
-                body = resources.files("agent_router.ops.web").joinpath("static", name)
-                self._send(HTTPStatus.OK, body.read_bytes(), kind)
-                return
-            for pattern, view in _ROUTES:
-                match = pattern.fullmatch(path)
-                if match:
-                    self._json(view, router, *match.groups())
-                    return
-            self._send(HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json")
 
-        def _json(self, view: Callable[..., Any], *args: Any) -> None:
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+class WebApp:
+    """The WSGI application: access rules first, then the page's files or a JSON view."""
+
+    def __init__(self, router: Router, rules: Access) -> None:
+        self.views = Views(router)
+        self.rules = rules
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterator[bytes]:
+        try:
+            status, headers, body = self._respond(environ)
+        except Exception:  # the last resort: nothing of the error leaves the server
+            logger.exception("web request failed", extra={"action": "web"})
+            status, headers, body = _json(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error")
+        start_response(f"{status.value} {status.phrase}", headers + _HEADERS)
+        return iter([] if environ.get("REQUEST_METHOD") == "HEAD" else [body])
+
+    def _respond(self, environ: dict[str, Any]) -> tuple[HTTPStatus, list[tuple[str, str]], bytes]:
+        host = _host_name(environ.get("HTTP_HOST", ""))
+        if host not in self.rules.hosts:
+            return _json(HTTPStatus.BAD_REQUEST, "this server does not answer to that Host")
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            status, headers, body = _json(HTTPStatus.METHOD_NOT_ALLOWED, "read-only: GET only")
+            return status, [*headers, ("Allow", "GET, HEAD")], body
+        raw_path = _raw_path(environ)
+        params = _params(environ.get("QUERY_STRING", ""))
+        if self.rules.token is not None:
+            given = params.get("token")
+            if given is not None and environ.get("REQUEST_METHOD") == "GET":
+                return self._enter(given, environ)
             try:
-                payload, status = view(*args), HTTPStatus.OK
-            except errors.RefusedError as exc:  # an unknown team or agent
-                payload, status = {"error": str(exc)}, HTTPStatus.NOT_FOUND
-            except Exception as exc:
-                logger.warning("web read failed", exc_info=True, extra={"action": "web"})
-                payload, status = {"error": f"{type(exc).__name__}: {exc}"}, HTTPStatus(500)
-            body = json.dumps(payload, default=str).encode()
-            self._send(status, body, "application/json")
+                self._check_token(environ)
+            except _MissingTokenError:
+                return _json(
+                    HTTPStatus.UNAUTHORIZED,
+                    "a token is required: open /?token=TOKEN once, or send "
+                    "Authorization: Bearer TOKEN",
+                )
+        if raw_path in _STATIC:
+            name, kind = _STATIC[raw_path]
+            body = resources.files("agent_router.ops.web").joinpath("static", name).read_bytes()
+            return HTTPStatus.OK, [("Content-Type", kind)], body
+        for pattern, name in _ROUTES:
+            match = pattern.fullmatch(raw_path)
+            if match:
+                try:
+                    args = [urllib.parse.unquote(g, errors="strict") for g in match.groups()]
+                except UnicodeDecodeError:
+                    return _json(HTTPStatus.BAD_REQUEST, "the path is not UTF-8")
+                return self._view(name, params, args)
+        return _json(HTTPStatus.NOT_FOUND, "not found")
 
-        def _send(self, status: HTTPStatus, body: bytes, kind: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
+    def _check_token(self, environ: dict[str, Any]) -> None:
+        expected = (self.rules.token or "").encode()
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].encode(), expected):
+            return
+        cookies = http.cookies.SimpleCookie()
+        try:
+            cookies.load(environ.get("HTTP_COOKIE", ""))
+        except http.cookies.CookieError:
+            raise _MissingTokenError from None
+        cookie = cookies.get(self.rules.cookie)
+        if cookie is not None and hmac.compare_digest(cookie.value.encode(), expected):
+            return
+        raise _MissingTokenError
 
-        def log_message(self, format: str, *args: Any) -> None:
-            logger.debug(format, *args, extra={"action": "web"})
+    def _enter(
+        self, given: str, environ: dict[str, Any]
+    ) -> tuple[HTTPStatus, list[tuple[str, str]], bytes]:
+        """``?token=``: the right one sets the cookie and sends the browser to the same
+        address without it (out of the history and the address bar)."""
+        if not hmac.compare_digest(given.encode(), (self.rules.token or "").encode()):
+            return _json(HTTPStatus.UNAUTHORIZED, "wrong token")
+        rest = [
+            (k, v)
+            for k, v in urllib.parse.parse_qsl(environ.get("QUERY_STRING", ""))
+            if k != "token"
+        ]
+        location = _raw_path(environ) + ("?" + urllib.parse.urlencode(rest) if rest else "")
+        cookie = f"{self.rules.cookie}={given}; Path=/; HttpOnly; SameSite=Strict"
+        return (
+            HTTPStatus.SEE_OTHER,
+            [("Location", location), ("Set-Cookie", cookie), ("Content-Length", "0")],
+            b"",
+        )
 
-    return Handler
+    def _view(
+        self, name: str, params: dict[str, str], args: list[str]
+    ) -> tuple[HTTPStatus, list[tuple[str, str]], bytes]:
+        try:
+            payload = getattr(self.views, name)(params, *args)
+        except (
+            errors.UnknownTeamError,
+            errors.UnknownAgentError,
+            errors.UnknownMessageError,
+            errors.UnknownTurnError,
+        ) as exc:
+            return _json(HTTPStatus.NOT_FOUND, _line(exc))
+        except errors.RefusedError as exc:  # a malformed id, name or parameter
+            return _json(HTTPStatus.BAD_REQUEST, _line(exc))
+        except errors.StoreError:
+            logger.warning("web read failed", exc_info=True, extra={"action": "web"})
+            return _json(HTTPStatus.SERVICE_UNAVAILABLE, "the database cannot be read now")
+        body = json.dumps(payload, default=str).encode()
+        return HTTPStatus.OK, [("Content-Type", "application/json")], body
 
 
-def make_server(router: Router, host: str, port: int) -> ThreadingHTTPServer:
-    """The server, bound and ready; ``serve_forever()`` runs it."""
-    server = ThreadingHTTPServer((host, port), make_handler(router))
-    server.daemon_threads = True
-    return server
+def _line(exc: BaseException) -> str:
+    """One line of our own error's text."""
+    return " ".join(str(exc).split())[:300]
+
+
+def _json(status: HTTPStatus, error: str) -> tuple[HTTPStatus, list[tuple[str, str]], bytes]:
+    body = json.dumps({"error": error}).encode()
+    return status, [("Content-Type", "application/json")], body
+
+
+def _raw_path(environ: dict[str, Any]) -> str:
+    """The request's path as it was sent (percent-escaped): a name holding ``/`` is one path
+    segment, and the escapes are decoded as UTF-8 per segment."""
+    uri = environ.get("REQUEST_URI")
+    if uri:
+        return urllib.parse.urlsplit(uri).path or "/"
+    return urllib.parse.quote(environ.get("PATH_INFO", "/").encode("latin-1"), safe="/")
+
+
+def _params(query: str) -> dict[str, str]:
+    """A query string's parameters (the last of a repeated one). Malformed percent-escapes
+    are refused by the views that read them, not here."""
+    return dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+
+
+def make_server(
+    router: Router,
+    host: str,
+    port: int,
+    *,
+    rules: Access,
+    threads: int = 8,
+    timeout_seconds: float = 30.0,
+) -> Any:
+    """The server, bound and ready: ``run()`` serves until ``close()``. ``effective_port`` is
+    the port it listens on (for port 0)."""
+    from waitress.server import create_server
+
+    return create_server(
+        WebApp(router, rules),
+        host=host,
+        port=port,
+        threads=threads,
+        channel_timeout=timeout_seconds,
+        cleanup_interval=max(1.0, min(timeout_seconds / 2, 30.0)),
+        connection_limit=CONNECTION_LIMIT,
+        ident="agent-router-web",
+        expose_tracebacks=False,
+        clear_untrusted_proxy_headers=True,
+    )

@@ -1,71 +1,152 @@
-// The live page of `agent-router web`: the teams, a team's agents and its swimlane (polled
-// every second and redrawn when the ledger grew), an agent's transcript with provenance.
+// The live page of `agent-router web`: the teams (a page at a time), a team's swimlane and its
+// agents' table, both drawn from one response of the server (the same snapshot, so a row and its
+// lane always agree), and an agent's transcript with the provenance of each entry. The page
+// polls the team's latest event every second and reloads what it shows when it changed.
+// Everything the server sends is set as text, never as markup.
 "use strict";
 (function () {
-  var POLL_MS = 1000;
-  var shown = { team: null, lastEvent: -1, agent: null };
+  var POLL_MS = 1000, LANES = 60, MAX_ARROWS = 2500, TEAMS = 50, ENTRIES = 200;
+  var shown = { team: null, controller: null, lastEvent: -1, polls: 0, teamsOffset: 0,
+    entriesStart: 0, agent: null };
 
   function get(url) {
-    return fetch(url, { cache: "no-store" }).then(function (r) {
-      if (!r.ok) throw new Error(url + ": HTTP " + r.status);
-      return r.json();
+    return fetch(url, { cache: "no-store", credentials: "same-origin" }).then(function (r) {
+      return r.json().catch(function () { return {}; }).then(function (body) {
+        if (!r.ok) throw new Error((body && body.error) || url + ": HTTP " + r.status);
+        return body;
+      });
     });
   }
 
-  function text(tag, content, attrs) {
-    var node = document.createElement(tag);
-    node.textContent = content;
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
-    return node;
+  function node(tag, text, attrs, parent) {
+    var n = document.createElement(tag);
+    if (text !== null && text !== undefined) n.textContent = String(text);
+    (attrs || []).forEach(function (pair) { n.setAttribute(pair[0], String(pair[1])); });
+    if (parent) parent.appendChild(n);
+    return n;
   }
 
-  function teamFromHash() {
-    var m = /^#\/team\/(\d+)/.exec(location.hash);
-    return m ? Number(m[1]) : null;
-  }
-
-  function drawTeams(teams) {
-    var nav = document.getElementById("teams");
-    nav.innerHTML = "";
-    teams.forEach(function (t) {
-      var running = t.agents.filter(function (a) { return a.state === "running"; }).length;
-      var a = text("a", "team " + t.team_id + " (" + t.agents.length + " agents, " + running +
-        " running)", { href: "#/team/" + t.team_id, "data-team": t.team_id });
-      nav.appendChild(a);
-    });
-    if (shown.team === null && teams.length && !teamFromHash()) {
-      location.hash = "#/team/" + teams[teams.length - 1].team_id;
+  function route() {
+    var m = /^#\/team\/(\d+)(?:\/agent\/([^/]+))?$/.exec(location.hash);
+    if (!m) return { team: null, agent: null };
+    var agent = null;
+    if (m[2]) {
+      try { agent = decodeURIComponent(m[2]); } catch (e) { agent = null; }
     }
+    return { team: Number(m[1]), agent: agent };
   }
 
-  function drawAgents(team) {
-    var body = document.querySelector("#agents tbody");
-    body.innerHTML = "";
-    team.agents.forEach(function (a) {
-      var row = document.createElement("tr");
-      row.setAttribute("data-agent", a.name);
-      row.setAttribute("data-state", a.state);
-      var name = text("a", a.name, { href: "#/team/" + team.team_id + "/agent/" +
-        encodeURIComponent(a.name) });
-      var cell = document.createElement("td");
-      cell.appendChild(name);
-      row.appendChild(cell);
-      [a.role, a.state + (a.suspended ? " (suspended)" : ""), a.epoch, a.mailbox,
-        a.open_questions.join(",") || "-", a.questions_to_answer.join(",") || "-", a.turns,
-        a.sent, a.received].forEach(function (v) { row.appendChild(text("td", String(v))); });
-      body.appendChild(row);
+  function setStatus(text) { document.getElementById("status").textContent = text; }
+
+  // ------------------------------------------------------------------ the teams
+
+  function ago(iso) {
+    if (!iso) return "-";
+    var seconds = (Date.now() - Date.parse(iso)) / 1000;
+    if (seconds < 0) seconds = 0;
+    if (seconds < 90) return Math.round(seconds) + " s ago";
+    if (seconds < 5400) return Math.round(seconds / 60) + " min ago";
+    if (seconds < 48 * 3600) return Math.round(seconds / 3600) + " h ago";
+    return new Date(iso).toLocaleString();
+  }
+
+  function drawTeams(page) {
+    var body = document.querySelector("#teams tbody");
+    body.textContent = "";
+    page.items.forEach(function (t) {
+      var row = node("tr", null, [["data-team", t.team_id]], body);
+      var cell = node("td", null, null, row);
+      node("a", "team " + t.team_id, [["href", "#/team/" + t.team_id]], cell);
+      node("td", t.agents.toLocaleString(), null, row);
+      var states = Object.keys(t.states).map(function (s) { return t.states[s] + " " + s; });
+      node("td", states.join(", "), null, row);
+      node("td", ago(t.last_event_at), [["title", t.last_event_at || ""]], row);
     });
+    var pager = document.getElementById("teams-pager");
+    pager.textContent = "";
+    if (page.total > page.items.length || page.offset > 0) {
+      var prev = node("button", "‹", [["type", "button"]], pager);
+      prev.disabled = page.offset === 0;
+      prev.addEventListener("click", function () {
+        shown.teamsOffset = Math.max(0, page.offset - TEAMS); refresh();
+      });
+      node("span", "teams " + (page.offset + 1) + "–" + (page.offset + page.items.length) +
+        " of " + page.total, null, pager);
+      var next = node("button", "›", [["type", "button"]], pager);
+      next.disabled = page.offset + page.items.length >= page.total;
+      next.addEventListener("click", function () { shown.teamsOffset = page.offset + TEAMS; refresh(); });
+    }
+    document.getElementById("no-teams").hidden = page.total > 0;
+  }
+
+  // ------------------------------------------------------------------ a team
+
+  function remote(teamId) {
+    var base = "/api/teams/" + teamId;
+    return {
+      live: true,
+      view: function (p) {
+        var q = new URLSearchParams();
+        q.set("from", String(p.from || 0));
+        if (p.to !== null && p.to !== undefined) q.set("to", String(p.to));
+        q.set("offset", String(p.offset || 0));
+        q.set("limit", String(LANES));
+        q.set("max", String(MAX_ARROWS));
+        if (p.agent) q.set("agent", p.agent);
+        if (p.focus) q.set("focus", p.focus);
+        return get(base + "/view?" + q.toString());
+      },
+      overview: function () { return get(base + "/overview"); },
+      message: function (m) {
+        if (m.message_id === null) return Promise.resolve({ content: m.preview, lines: [] });
+        return get(base + "/messages/" + m.message_id);
+      },
+      turn: function (t) { return get(base + "/turns/" + t.id); }
+    };
+  }
+
+  // The table of the agents the lanes show, from the same response.
+  function drawAgents(data) {
+    var body = document.querySelector("#agents tbody");
+    body.textContent = "";
+    var turns = new Map(), sent = new Map(), received = new Map();
+    var bump = function (map, key) { map.set(key, (map.get(key) || 0) + 1); };
+    data.turns.forEach(function (t) { bump(turns, t.agent); });
+    data.messages.forEach(function (m) { bump(sent, m.from); bump(received, m.to); });
+    data.lanes.items.forEach(function (a) {
+      var row = node("tr", null, [["data-agent", a.name], ["data-state", a.state]], body);
+      var cell = node("td", null, null, row);
+      node("a", a.name, [["href", "#/team/" + data.team_id + "/agent/" +
+        encodeURIComponent(a.name)]], cell);
+      [a.role, a.state + (a.suspended ? " (suspended)" : ""), a.epoch, a.mailbox,
+        a.open_questions.join(", ") || "-", a.questions_to_answer.join(", ") || "-",
+        turns.get(a.name) || 0, sent.get(a.name) || 0, received.get(a.name) || 0
+      ].forEach(function (v) { node("td", v, null, row); });
+    });
+    var states = Object.keys(data.states).map(function (s) { return data.states[s] + " " + s; });
+    document.getElementById("team-summary").textContent = data.agents_total.toLocaleString() +
+      " agents (" + states.join(", ") + ")";
+  }
+
+  function openTeam(teamId) {
+    var box = document.getElementById("swimlane");
+    box.textContent = "";
+    var holder = node("div", null, null, box);  // a fresh node: the old controller detaches
+    shown.team = teamId;
+    shown.lastEvent = -1;
+    shown.controller = Swimlane.mount(holder, remote(teamId), { onData: function (data) {
+      shown.lastEvent = data.last_event_id;
+      drawAgents(data);
+    } });
   }
 
   function drawTranscript(data) {
     var box = document.getElementById("transcript");
-    box.innerHTML = "";
-    box.appendChild(text("h2", data.agent + " (" + data.state + "): transcript"));
+    box.textContent = "";
+    node("h2", data.agent + " (" + data.state + "): transcript", null, box);
     data.entries.forEach(function (e) {
       var p = e.payload || {}, meta = e.meta || {};
-      var entry = document.createElement("div");
-      entry.className = "entry";
-      entry.setAttribute("data-position", e.position);
+      var entry = node("div", null, [["class", "entry"], ["data-position", e.position]], box);
       var head = "[" + e.position + "] " + (p.role || "?") + "  turn " +
         (e.turn_id === null ? "-" : e.turn_id);
       if (e.message_id !== null) {
@@ -75,44 +156,64 @@
       }
       if (meta.synthetic) head += "  synthetic " + meta.synthetic;
       if (p.tool_call_id) head += "  result of " + p.tool_call_id;
-      entry.appendChild(text("div", head, { class: "head" }));
+      node("div", head, [["class", "head"]], entry);
       (p.tool_calls || []).forEach(function (c) {
         var fn = c["function"] || {};
-        entry.appendChild(text("pre", "call " + c.id + ": " + fn.name + "(" + fn.arguments + ")"));
+        node("pre", "call " + c.id + ": " + fn.name + "(" + fn.arguments + ")", null, entry);
       });
-      if (p.content) entry.appendChild(text("pre", String(p.content)));
-      box.appendChild(entry);
+      if (p.content) node("pre", String(p.content), null, entry);
     });
+    var pager = node("div", null, [["class", "pager"]], box);
+    if (data.start > 0) {
+      node("button", "‹ earlier", [["type", "button"]], pager).addEventListener("click", function () {
+        shown.entriesStart = Math.max(0, data.start - data.limit); refresh();
+      });
+    }
+    if (data.entries.length >= data.limit) {
+      node("button", "later ›", [["type", "button"]], pager).addEventListener("click", function () {
+        shown.entriesStart = data.start + data.limit; refresh();
+      });
+    }
   }
 
+  // ------------------------------------------------------------------ polling
+
   function refresh() {
-    var teamId = teamFromHash();
-    var agentMatch = /\/agent\/([^/]+)$/.exec(location.hash);
-    var agent = agentMatch ? decodeURIComponent(agentMatch[1]) : null;
-    var jobs = [get("/api/teams").then(drawTeams)];
-    document.getElementById("team-view").hidden = teamId === null;
-    if (teamId !== null) {
-      if (teamId !== shown.team) { shown.lastEvent = -1; shown.team = teamId; }
-      document.getElementById("where").textContent = "· team " + teamId;
-      jobs.push(get("/api/teams/" + teamId).then(function (team) {
-        drawAgents(team);
-        if (team.last_event_id === shown.lastEvent) return null;
-        return get("/api/teams/" + teamId + "/timeline").then(function (data) {
-          shown.lastEvent = data.last_event_id;
-          Swimlane.draw(document.getElementById("swimlane"), data);
-        });
-      }));
-      if (agent !== null) {
-        jobs.push(get("/api/teams/" + teamId + "/agents/" + encodeURIComponent(agent) +
-          "/transcript").then(drawTranscript));
+    var where = route();
+    var jobs = [];
+    document.getElementById("team-view").hidden = where.team === null;
+    document.getElementById("teams-view").hidden = where.team !== null;
+    document.getElementById("where").textContent = where.team === null ? "· teams" :
+      "· team " + where.team;
+    document.title = where.team === null ? "agent-router" : "agent-router · team " + where.team;
+    if (where.team === null) {
+      shown.team = null;
+      jobs.push(get("/api/teams?offset=" + shown.teamsOffset + "&limit=" + TEAMS).then(drawTeams));
+    } else {
+      if (where.team !== shown.team) openTeam(where.team);
+      else {
+        shown.polls += 1;
+        jobs.push(get("/api/teams/" + where.team).then(function (t) {
+          // Reload when the ledger moved, and every ten polls whatever it says: an event that
+          // commits after a later one is only seen then.
+          if (t.last_event_id !== shown.lastEvent || shown.polls % 10 === 0) {
+            return shown.controller.refresh();
+          }
+          return null;
+        }));
+      }
+      if (where.agent !== shown.agent) { shown.agent = where.agent; shown.entriesStart = 0; }
+      if (where.agent !== null) {
+        jobs.push(get("/api/teams/" + where.team + "/agents/" + encodeURIComponent(where.agent) +
+          "/transcript?start=" + shown.entriesStart + "&limit=" + ENTRIES).then(drawTranscript));
       } else {
-        document.getElementById("transcript").innerHTML = "";
+        document.getElementById("transcript").textContent = "";
       }
     }
     return Promise.all(jobs).then(function () {
-      document.getElementById("status").textContent = "updated " + new Date().toLocaleTimeString();
+      setStatus("updated " + new Date().toLocaleTimeString());
     }, function (err) {
-      document.getElementById("status").textContent = String(err);
+      setStatus(String(err && err.message || err));
     });
   }
 

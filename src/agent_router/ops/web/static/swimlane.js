@@ -1,23 +1,64 @@
-// The swimlane of one team, drawn as SVG from the data agent_router.ops.timeline builds:
-// a lane per agent, turns as bars coloured by trigger, messages as arrows coloured by routing
-// outcome, asks linked to their answers. Hover shows a line, click the whole record.
+// The swimlane of one team, drawn as SVG from what agent_router.ops.timeline builds: a lane per
+// agent (and per outside sender), turns as bars, messages as arrows coloured by their kind with
+// the routing outcome as their tip, an ask and its answer linked by the asker's wait. Idle gaps
+// are compressed with a marked break; an overview strip shows the whole team and the window
+// shown; zoom and pan (buttons, ctrl+wheel, drag, W/A/S/D), filters by agent and by kind, and a
+// view focused on one agent and its partners. Bursts between one pair are one bundle with a
+// count. Click anything to read it in the side panel.
+//
 // No library and no network: the same file is inlined in the page `agent-router timeline`
-// writes and served by `agent-router web`.
+// writes (over Swimlane.local: every message is in the page) and served by `agent-router web`
+// (over a source that asks the server for each window and page of lanes). Names and contents
+// are only ever text (textContent, setAttribute), and every map keyed by a name is a Map, so
+// no name or content can become markup or a property of an object's prototype.
 "use strict";
 var Swimlane = (function () {
   var SVG = "http://www.w3.org/2000/svg";
-  var TRIGGER_COLOURS = {
-    new: "#4c9a2a", follow_up: "#e0a100", continuation: "#2a6fdb", recovery: "#c0392b"
-  };
-  var OUTCOME_COLOURS = {
-    triggered_new_turn: "#2e8b57", injected_inline: "#b03fb0", coalesced: "#1aa3b8",
-    queued: "#999999", resolved: "#2a50c8", rejected: "#d62728"
-  };
-  var LANE_H = 44, LABEL_W = 170, TOP = 24, PAD = 30;
+  var KINDS = ["task", "ask", "answer", "report", "message", "notice"];
+  var KIND_COLOURS = new Map([
+    ["task", "#1f5fbf"], ["ask", "#e08a00"], ["answer", "#12946b"],
+    ["report", "#8e44ad"], ["message", "#5f6b7a"], ["notice", "#c2185b"]
+  ]);
+  var OUTCOMES = new Map([
+    ["triggered_new_turn", "woke it: a new turn"],
+    ["injected_inline", "read by its running turn"],
+    ["coalesced", "joined its scheduled turn"],
+    ["queued", "queued, no wake-up"],
+    ["resolved", "became the result its asker waited for"],
+    ["rejected", "refused"]
+  ]);
+  var TRIGGERS = new Map([
+    ["new", ["#dbe8d4", "#6f9c5a"]], ["follow_up", ["#f4e7c0", "#c09a2c"]],
+    ["continuation", ["#d6e2f5", "#5f82c4"]], ["recovery", ["#f5d0cc", "#c45a4d"]]
+  ]);
+  var STATES = new Map([
+    ["running", "#2e9d46"], ["waiting", "#e08a00"], ["scheduled", "#1f5fbf"],
+    ["idle", "#9aa3ad"], ["completed", "#5f6b7a"], ["terminated", "#c0392b"]
+  ]);
+  var GAP_PX = 26, BUNDLE_PX = 9, MIN_LANE = 15, MAX_LANE = 38, AXIS_H = 22, OVERVIEW_H = 44;
+  var MIN_GAP_SECONDS = 1.0, GAP_SHARE = 1 / 40, LABEL_FONT = "12px system-ui, sans-serif";
+  // Most messages one window holds, and most pieces it is read in (the live page).
+  var MAX_LOADED = 20000, MAX_PIECES = 60;
+
+  // ------------------------------------------------------------------ small helpers
 
   function el(name, attrs, parent) {
     var node = document.createElementNS(SVG, name);
-    Object.keys(attrs).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+    if (attrs) attrs.forEach(function (v, k) { node.setAttribute(k, v); });
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+
+  function attrs(obj) {  // a Map of attributes from literal pairs (no prototype lookups)
+    var m = new Map();
+    for (var i = 0; i < obj.length; i += 2) m.set(obj[i], String(obj[i + 1]));
+    return m;
+  }
+
+  function html(tag, text, cls, parent) {
+    var node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = text;
+    if (cls) node.className = cls;
     if (parent) parent.appendChild(node);
     return node;
   }
@@ -28,113 +69,927 @@ var Swimlane = (function () {
     node.appendChild(t);
   }
 
-  function legend(box) {
-    if (!box) return;
-    var html = "<b>turns:</b> ";
-    Object.keys(TRIGGER_COLOURS).forEach(function (k) {
-      html += '<span><i style="background:' + TRIGGER_COLOURS[k] + '"></i>' + k + "</span>";
-    });
-    html += " <b>messages:</b> ";
-    Object.keys(OUTCOME_COLOURS).forEach(function (k) {
-      html += '<span><i style="background:' + OUTCOME_COLOURS[k] + '"></i>' + k + "</span>";
-    });
-    html += '<span><i style="border-top:2px dashed #7a3fb0;height:0"></i>ask / answer</span>';
-    box.innerHTML = html;
+  function fmtT(t) {
+    if (t === null || t === undefined) return "-";
+    if (t < 60) return (t < 10 ? t.toFixed(3) : t.toFixed(2)) + " s";
+    var m = Math.floor(t / 60), s = t - 60 * m;
+    return m + " min " + s.toFixed(1) + " s";
   }
 
-  function show(detail, text, node) {
-    if (!detail) return;
-    detail.textContent = text;
-    var old = document.querySelectorAll(".selected");
-    for (var i = 0; i < old.length; i++) old[i].classList.remove("selected");
-    if (node) node.classList.add("selected");
+  function fmtD(d) {  // a duration
+    if (d < 1) return Math.round(d * 1000) + " ms";
+    if (d < 60) return d.toFixed(d < 10 ? 2 : 1) + " s";
+    return Math.floor(d / 60) + " min " + Math.round(d % 60) + " s";
   }
 
-  function turnText(turn) {
-    return "turn " + turn.id + " of " + turn.agent + " (" + turn.trigger + ", epoch " +
-      turn.epoch + "): " + turn.how + "\n\n" + turn.lines.join("\n");
-  }
+  function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
 
-  function messageText(m) {
-    return "message " + (m.message_id === null ? "-" : m.message_id) + ": " + m.from + " -> " +
-      m.to + " (" + m.type + (m.subtype ? "/" + m.subtype : "") + ")\n" +
-      "outcome " + m.outcome + (m.question_id !== null ? ", question " + m.question_id : "") +
-      (m.status ? ", " + m.status : "") + "\n\nledger #" + m.ledger_id + ": " + m.line +
-      "\n\n" + m.content;
-  }
+  function kindName(k) { return k === "report" ? "report" : k; }
 
-  function draw(container, data, options) {
-    options = options || {};
-    var detail = options.detail || document.getElementById("detail");
-    legend(options.legend || document.getElementById("legend"));
-    var lanes = data.lanes, index = {};
-    lanes.forEach(function (lane, i) { index[lane.name] = i; });
-    var end = Math.max(data.end, 0.001);
-    var width = Math.max(900, Math.min(12000, Math.round(end * 140) + LABEL_W + 2 * PAD));
-    var scale = (width - LABEL_W - 2 * PAD) / end;
-    var height = TOP + lanes.length * LANE_H + 10;
-    var x = function (t) { return LABEL_W + PAD + t * scale; };
-    var y = function (name) { return TOP + (index[name] === undefined ? 0 : index[name]) * LANE_H; };
-
-    container.innerHTML = "";
-    var svg = el("svg", { width: width, height: height, id: "swimlane-svg",
-      "data-team": data.team_id, "data-last-event": data.last_event_id }, container);
-    var defs = el("defs", {}, svg);
-    Object.keys(OUTCOME_COLOURS).forEach(function (k) {
-      var marker = el("marker", { id: "head-" + k, viewBox: "0 0 10 10", refX: 9, refY: 5,
-        markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, defs);
-      el("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: OUTCOME_COLOURS[k] }, marker);
-    });
-    for (var s = 0; s <= end; s += Math.max(1, Math.ceil(end / 12))) {
-      var tick = el("text", { x: x(s), y: 14, class: "axis" }, svg);
-      tick.textContent = s + "s";
+  var measureCtx = null;
+  function textWidth(text) {
+    if (!measureCtx) {
+      measureCtx = document.createElement("canvas").getContext("2d");
+      measureCtx.font = LABEL_FONT;
     }
-    lanes.forEach(function (lane, i) {
-      var g = el("g", { class: "lane", "data-agent": lane.name }, svg);
-      el("rect", { x: 0, y: y(lane.name), width: width, height: LANE_H,
-        class: "lane-band" + (i % 2 ? " odd" : "") }, g);
-      var label = el("text", { x: 6, y: y(lane.name) + LANE_H / 2 + 4,
-        class: "lane-label" + (lane.outside ? " outside" : "") }, g);
-      label.textContent = lane.name + (lane.state ? " · " + lane.state : "");
-      titled(label, lane.name + (lane.role ? " (" + lane.role + ")" : ""));
+    return measureCtx.measureText(text).width;
+  }
+
+  // A name shortened in its middle to fit `width` pixels (the numbered end stays: "..._12").
+  function fit(text, width) {
+    if (textWidth(text) <= width) return text;
+    var keep = text.length;
+    while (keep > 2) {
+      keep -= 1;
+      var head = Math.ceil(keep * 0.6), tail = keep - head;
+      var s = text.slice(0, head) + "…" + (tail ? text.slice(text.length - tail) : "");
+      if (textWidth(s) <= width) return s;
+    }
+    return text.slice(0, 1) + "…";
+  }
+
+  // ------------------------------------------------------------------ time axis with breaks
+
+  // Idle gaps of the overview, clipped to [a, b], worth compressing in that window.
+  function breaksIn(gaps, a, b) {
+    var shortest = Math.max(MIN_GAP_SECONDS, (b - a) * GAP_SHARE), out = [];
+    (gaps || []).forEach(function (g) {
+      var s = Math.max(g[0], a), e = Math.min(g[1], b);
+      if (e - s >= shortest) out.push([s, e]);
     });
-    data.turns.forEach(function (turn) {
-      var stop = turn.end === null ? data.end : turn.end;
-      var bar = el("rect", { x: x(turn.start), y: y(turn.agent) + 10,
-        width: Math.max(4, x(stop) - x(turn.start)), height: LANE_H - 20, rx: 3,
-        fill: TRIGGER_COLOURS[turn.trigger] || "#777", "data-turn": turn.id,
-        "data-trigger": turn.trigger,
-        class: "turn " + turn.how }, svg);
-      titled(bar, turnText(turn).split("\n")[0]);
-      bar.addEventListener("click", function () { show(detail, turnText(turn), bar); });
-      bar.addEventListener("mouseenter", function () { show(detail, turnText(turn)); });
+    var idle = out.reduce(function (sum, g) { return sum + g[1] - g[0]; }, 0);
+    return idle >= (b - a) * 0.999 ? [] : out;
+  }
+
+  // Piecewise-linear time -> x: active time to scale, each break GAP_PX wide.
+  function scale(a, b, breaks, x0, width) {
+    var idle = breaks.reduce(function (s, g) { return s + g[1] - g[0]; }, 0);
+    var active = Math.max(b - a - idle, 1e-6);
+    var px = Math.max(width - breaks.length * GAP_PX, 10) / active;
+    var segs = [], t = a, x = x0;
+    breaks.forEach(function (g) {
+      segs.push({ t0: t, t1: g[0], x0: x, x1: x + (g[0] - t) * px, gap: false });
+      x += (g[0] - t) * px;
+      segs.push({ t0: g[0], t1: g[1], x0: x, x1: x + GAP_PX, gap: true });
+      x += GAP_PX;
+      t = g[1];
     });
-    var asks = {};
-    data.messages.forEach(function (m) {
-      var x1 = x(m.t), y1 = y(m.from) + LANE_H / 2, y2 = y(m.to) + LANE_H / 2;
-      if (y1 === y2) y2 += 1;
-      var colour = OUTCOME_COLOURS[m.outcome] || "#555";
-      var attrs = { x1: x1, y1: y1, x2: x1 + 6, y2: y2 + (y2 > y1 ? -8 : 8) };
-      var line = el("line", Object.assign({ stroke: colour, class: "msg",
-        "marker-end": "url(#head-" + m.outcome + ")", "data-message": m.message_id,
-        "data-outcome": m.outcome, "data-type": m.type }, attrs), svg);
-      var hit = el("line", Object.assign({ class: "msg-hit" }, attrs), svg);
-      titled(hit, m.from + " -> " + m.to + ": " + m.type + " " + m.outcome);
-      var pick = function () { show(detail, messageText(m), line); };
-      hit.addEventListener("click", pick);
-      hit.addEventListener("mouseenter", function () { show(detail, messageText(m)); });
-      if (m.question_id !== null) {
-        if (m.type === "ask") asks[m.question_id] = { x: x1, y: y2 };
-        else if (asks[m.question_id]) {
-          var a = asks[m.question_id], b = { x: x1, y: y1 };
-          var mid = Math.min(a.y, b.y) - 14;
-          el("path", { d: "M " + a.x + " " + a.y + " C " + a.x + " " + mid + ", " + b.x + " " +
-            mid + ", " + b.x + " " + b.y, class: "qa-link", "data-question": m.question_id }, svg);
+    segs.push({ t0: t, t1: b, x0: x, x1: x + (b - t) * px, gap: false });
+    function toX(v) {
+      if (v <= a) return x0 - (a - v) * px;
+      for (var i = 0; i < segs.length; i++) {
+        var s = segs[i];
+        if (v <= s.t1 || i === segs.length - 1) {
+          var span = s.t1 - s.t0;
+          return span <= 0 ? s.x0 : s.x0 + (v - s.t0) / span * (s.x1 - s.x0);
         }
       }
-    });
-    return svg;
+      return x0 + width;
+    }
+    function toT(x) {
+      for (var i = 0; i < segs.length; i++) {
+        var s = segs[i];
+        if (x <= s.x1 || i === segs.length - 1) {
+          var w = s.x1 - s.x0;
+          return w <= 0 ? s.t0 : s.t0 + (x - s.x0) / w * (s.t1 - s.t0);
+        }
+      }
+      return b;
+    }
+    return { x: toX, t: toT, segs: segs, pxPerSecond: px };
   }
 
-  return { draw: draw, TRIGGER_COLOURS: TRIGGER_COLOURS, OUTCOME_COLOURS: OUTCOME_COLOURS };
+  function tickText(t, step) {
+    var decimals = step >= 1 ? 0 : step >= 0.1 ? 1 : step >= 0.01 ? 2 : 3;
+    if (t >= 60 && step >= 1) return Math.floor(t / 60) + ":" + String(Math.round(t % 60)).padStart(2, "0");
+    return t.toFixed(decimals) + " s";
+  }
+
+  function niceStep(seconds) {
+    var steps = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60,
+      120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400];
+    for (var i = 0; i < steps.length; i++) if (steps[i] >= seconds) return steps[i];
+    return steps[steps.length - 1];
+  }
+
+  // ------------------------------------------------------------------ the local source
+
+  // Every message is in `data` (the exported page): windows, filters and focus are computed here,
+  // as the server computes them for the live page.
+  function local(data) {
+    var agents = data.lanes.items;
+    function view(p) {
+      var from = p.from || 0, to = p.to === null || p.to === undefined ? data.end : p.to;
+      var inWindow = function (t) { return t >= from && t <= to; };
+      var keep = agents;
+      if (p.agent) {
+        var needle = p.agent.toLowerCase();
+        keep = keep.filter(function (a) { return a.name.toLowerCase().indexOf(needle) >= 0; });
+      }
+      var messages = data.messages.filter(function (m) { return inWindow(m.t); });
+      if (p.focus) {
+        if (!agents.some(function (a) { return a.name === p.focus; })) {
+          return Promise.reject(new Error("unknown agent " + p.focus));
+        }
+        var partners = new Set([p.focus]);
+        messages = messages.filter(function (m) { return m.from === p.focus || m.to === p.focus; });
+        messages.forEach(function (m) { partners.add(m.from); partners.add(m.to); });
+        keep = keep.filter(function (a) { return partners.has(a.name); });
+      } else if (p.agent) {  // the messages among the agents kept (and from outside to them)
+        var names = new Set(keep.map(function (a) { return a.name; }));
+        messages = messages.filter(function (m) {
+          if (m.message_id === null) return names.has(m.from) || names.has(m.to);
+          return names.has(m.to) && (names.has(m.from) || !m.from_agent);
+        });
+      }
+      var lanes = new Set(keep.map(function (a) { return a.name; }));
+      return Promise.resolve({
+        team_id: data.team_id, started_at: data.started_at, end: data.end,
+        last_event_id: data.last_event_id, agents_total: data.agents_total, states: data.states,
+        lanes: { offset: 0, limit: null, total: keep.length, items: keep },
+        window: { from: from, to: to, complete_to: to },
+        turns: data.turns.filter(function (t) {
+          return lanes.has(t.agent) && t.start <= to && (t.end === null || t.end >= from);
+        }),
+        messages: messages,
+        questions: data.questions.filter(function (q) {
+          var about = p.focus ? q.asker === p.focus || q.target === p.focus :
+            lanes.has(q.asker) || lanes.has(q.target);
+          return about && q.asked <= to && (q.closed === null || q.closed >= from);
+        })
+      });
+    }
+    var byMessage = new Map(), byTurn = new Map();
+    data.messages.forEach(function (m) { if (m.message_id !== null) byMessage.set(m.message_id, m); });
+    data.turns.forEach(function (t) { byTurn.set(t.id, t); });
+    return {
+      live: false,
+      view: view,
+      overview: function () { return Promise.resolve(data.overview); },
+      message: function (m) {
+        var full = byMessage.get(m.message_id) || m;
+        return Promise.resolve({ content: full.content, lines: full.line ? [full.line] : [] });
+      },
+      turn: function (t) { return Promise.resolve({ lines: (byTurn.get(t.id) || t).lines || [] }); }
+    };
+  }
+
+  // ------------------------------------------------------------------ the controller
+
+  function mount(container, source, options) {
+    options = options || {};
+    var state = {
+      from: 0, to: null, focus: null, agent: "", offset: 0, hidden: new Set(),
+      data: null, overview: null, selected: null, request: 0
+    };
+    container.textContent = "";
+    container.classList.add("swimlane");
+    var toolbar = html("div", null, "sl-toolbar", container);
+    var main = html("div", null, "sl-main", container);
+    var chart = html("div", null, "sl-chart", main);
+    var detail = html("aside", null, "sl-detail", main);
+    detail.id = "detail";
+    detail.setAttribute("aria-live", "polite");
+    html("p", "Click a message, a turn or a lane's name. Ctrl+wheel or W/S zooms, drag or A/D " +
+      "pans, the strip above picks a window.", "hint", detail);
+    var overviewSvg = el("svg", attrs(["class", "sl-overview", "height", OVERVIEW_H]), chart);
+    var lanesBox = html("div", null, "sl-lanes", chart);
+    var notice = html("div", null, "sl-notice", chart);
+    var legend = html("div", null, "sl-legend", container);
+    var svg = null, geometry = null, labelsEnd = new Map();
+
+    // -- toolbar
+    function button(text, title, action) {
+      var b = html("button", text, null, toolbar);
+      b.type = "button";
+      b.title = title;
+      b.addEventListener("click", action);
+      return b;
+    }
+    button("Whole team", "Show the team's whole history (0)", function () { setWindow(0, null); });
+    button("−", "Zoom out (S)", function () { zoom(2); });
+    button("+", "Zoom in (W)", function () { zoom(0.5); });
+    button("◀", "Pan left (A)", function () { pan(-0.4); });
+    button("▶", "Pan right (D)", function () { pan(0.4); });
+    var filter = html("input", null, "sl-filter", toolbar);
+    filter.type = "search";
+    filter.placeholder = "filter agents";
+    filter.setAttribute("aria-label", "filter agents by name");
+    var filterTimer = null;
+    filter.addEventListener("input", function () {
+      clearTimeout(filterTimer);
+      filterTimer = setTimeout(function () {
+        state.agent = filter.value.trim();
+        state.offset = 0;
+        load();
+      }, 200);
+    });
+    var kinds = html("span", null, "sl-kinds", toolbar);
+    KINDS.forEach(function (k) {
+      var chip = html("button", kindName(k), "kind-chip", kinds);
+      chip.type = "button";
+      chip.dataset.kind = k;
+      chip.title = "Show or hide " + k + " messages";
+      chip.style.setProperty("--kind", KIND_COLOURS.get(k));
+      chip.addEventListener("click", function () {
+        if (state.hidden.has(k)) state.hidden.delete(k); else state.hidden.add(k);
+        chip.classList.toggle("off", state.hidden.has(k));
+        draw();
+      });
+    });
+    var focusChip = html("button", null, "focus-chip", toolbar);
+    focusChip.type = "button";
+    focusChip.hidden = true;
+    focusChip.title = "Show every agent again";
+    focusChip.addEventListener("click", function () { setFocus(null); });
+    var pager = html("span", null, "sl-pager", toolbar);
+    var status = html("span", null, "sl-status", toolbar);
+
+    drawLegend(legend);
+
+    // -- loading
+    function params() {
+      return { from: state.from, to: state.to, focus: state.focus, agent: state.agent,
+        offset: state.offset };
+    }
+
+    // The window is read in pieces: each answer is complete up to its `complete_to`, and the
+    // next piece starts there, until the window is whole (or MAX_LOADED messages are in).
+    function load() {
+      var generation = ++state.request, p = params();
+      status.textContent = "loading…";
+      function piece(from, merged, pieces) {
+        return source.view(Object.assign({}, p, { from: from })).then(function (data) {
+          if (generation !== state.request) return;  // a newer request is under way
+          data = merged ? merge(merged, data) : data;
+          state.data = data;
+          draw();
+          if (options.onData) options.onData(data);
+          var w = data.window, more = w.complete_to < w.to - 1e-9;
+          if (more && w.complete_to > from && data.messages.length < MAX_LOADED && pieces < MAX_PIECES) {
+            status.textContent = "loading… " + fmtT(w.complete_to) + " of " + fmtT(w.to);
+            return piece(w.complete_to, data, pieces + 1);
+          }
+          status.textContent = "";
+        });
+      }
+      return piece(p.from, null, 1).catch(function (err) {
+        if (generation !== state.request) return;
+        status.textContent = String(err && err.message || err);
+        if (state.focus) setFocus(null);
+      });
+    }
+
+    function merge(before, after) {  // a later piece of the same window onto the earlier ones
+      var byId = function (list) {
+        var m = new Map();
+        list.forEach(function (x) { m.set(x.id, x); });
+        return m;
+      };
+      var messages = byId(before.messages), turns = byId(before.turns), questions = byId(before.questions);
+      after.messages.forEach(function (x) { messages.set(x.id, x); });
+      after.turns.forEach(function (x) { turns.set(x.id, x); });
+      after.questions.forEach(function (x) { questions.set(x.id, x); });
+      return Object.assign({}, after, {
+        window: { from: before.window.from, to: after.window.to, complete_to: after.window.complete_to },
+        messages: Array.from(messages.values()).sort(function (a, b) { return a.t - b.t || a.id - b.id; }),
+        turns: Array.from(turns.values()),
+        questions: Array.from(questions.values())
+      });
+    }
+
+    function loadOverview() {
+      return source.overview().then(function (ov) {
+        state.overview = ov;
+        draw();
+      }, function () { /* the strip stays empty; the lanes do not need it */ });
+    }
+
+    function end() {  // the team's latest event, in seconds
+      var e = state.data ? state.data.end : state.overview ? state.overview.end : 0;
+      return Math.max(e, 0.001);
+    }
+
+    function windowNow() {
+      var e = end();
+      var a = Math.max(0, Math.min(state.from, e));
+      var b = state.to === null ? e : Math.min(Math.max(state.to, a + 0.001), Math.max(e, state.to));
+      return [a, b];
+    }
+
+    function setWindow(a, b) {
+      var e = end();
+      if (b !== null) {
+        var width = Math.max(b - a, 0.002);
+        a = Math.max(0, Math.min(a, e - width));
+        b = a + width;
+        if (b >= e && a <= 0) { a = 0; b = null; }
+      }
+      state.from = a;
+      state.to = b;
+      draw();
+      schedule();
+    }
+
+    var scheduled = null;
+    function schedule() {  // a window changes many times in a drag: ask once it settles
+      clearTimeout(scheduled);
+      scheduled = setTimeout(load, source.live ? 150 : 0);
+    }
+
+    function zoom(factor, at) {
+      var w = windowNow(), a = w[0], b = w[1];
+      var c = at === undefined ? (a + b) / 2 : at;
+      setWindow(c - (c - a) * factor, c + (b - c) * factor);
+    }
+
+    function pan(share) {
+      var w = windowNow(), d = (w[1] - w[0]) * share;
+      setWindow(w[0] + d, w[1] + d);
+    }
+
+    function setFocus(name) {
+      select(null);
+      detail.textContent = "";
+      if (name) {
+        html("h3", "focus: " + name, null, detail);
+        html("p", "Its lane, and the lanes of the agents it exchanged messages with in the " +
+          "window shown; only its own messages. ✕ above, or Esc, shows every agent again.",
+          null, detail);
+      }
+      state.focus = name;
+      state.offset = 0;
+      focusChip.hidden = !name;
+      focusChip.textContent = name ? "focus: " + name + " ✕" : "";
+      load();
+    }
+
+    // -- drawing
+    function draw() {
+      var data = state.data;
+      if (!data) return;
+      var w = windowNow(), a = w[0], b = w[1];
+      var breaks = breaksIn(state.overview ? state.overview.gaps : [], a, b);
+      var agents = data.lanes.items;
+      var names = new Set(agents.map(function (l) { return l.name; }));
+      // Every outside sender has a lane; focused or filtered, only those that sent to the lanes.
+      var narrowed = state.focus || state.agent;
+      var outside = new Set(state.overview && !narrowed ? state.overview.outside : []);
+      data.messages.forEach(function (m) { if (!m.from_agent) outside.add(m.from); });
+      names.forEach(function (n) { outside.delete(n); });
+      var lanes = Array.from(outside).sort().map(function (n) { return { name: n, outside: true }; })
+        .concat(agents.map(function (l) { return Object.assign(Object.create(null), l); }));
+      var index = new Map();
+      lanes.forEach(function (l, i) { index.set(l.name, i); });
+      var others = data.messages.some(function (m) { return !index.has(m.from) || !index.has(m.to); });
+      if (others) {
+        var rest = Math.max(data.agents_total - agents.length, 0);
+        index.set("\u0000others", lanes.length);
+        lanes.push({ name: "\u0000others", others: true, label: plural(rest, "other agent") });
+      }
+      var labelW = Math.min(230, Math.max(110, 26 + lanes.reduce(function (m, l) {
+        return Math.max(m, textWidth(l.label || l.name));
+      }, 0)));
+      var width = Math.max(lanesBox.clientWidth || 900, 480);
+      var top = lanesBox.getBoundingClientRect().top + window.scrollY;
+      var room = window.innerHeight - top - legend.offsetHeight - notice.offsetHeight - 30;
+      var laneH = Math.max(MIN_LANE, Math.min(MAX_LANE, Math.floor((room - AXIS_H) / Math.max(lanes.length, 1))));
+      var plotX = labelW + 8, plotW = width - plotX - 14;
+      var sc = scale(a, b, breaks, plotX, plotW);
+      var height = AXIS_H + lanes.length * laneH + 6;
+      var laneY = function (name) {
+        var i = index.has(name) ? index.get(name) : index.get("\u0000others");
+        return AXIS_H + i * laneH;
+      };
+      geometry = { sc: sc, a: a, b: b, plotX: plotX, plotW: plotW, laneH: laneH };
+
+      lanesBox.textContent = "";
+      svg = el("svg", attrs(["id", "swimlane-svg", "width", width, "height", height,
+        "data-team", data.team_id, "data-last-event", data.last_event_id,
+        "data-from", a, "data-to", b]), lanesBox);
+      var defs = el("defs", null, svg);
+      KINDS.forEach(function (k) { markers(defs, k); });
+      var clip = el("clipPath", attrs(["id", "sl-plot"]), defs);
+      el("rect", attrs(["x", plotX, "y", 0, "width", plotW, "height", height]), clip);
+
+      // lanes
+      lanes.forEach(function (lane, i) {
+        var y = AXIS_H + i * laneH;
+        var g = el("g", attrs(["class", "lane" + (lane.outside ? " outside" : "") +
+          (lane.others ? " others" : "") + (lane.lead ? " lead" : "") +
+          (state.focus === lane.name ? " focused" : "")]), svg);
+        if (!lane.others) g.setAttribute("data-agent", lane.name);
+        if (lane.state) g.setAttribute("data-state", lane.state);
+        el("rect", attrs(["x", 0, "y", y, "width", width, "height", laneH,
+          "class", "lane-band" + (i % 2 ? " odd" : "")]), g);
+        if (lane.state) {
+          var dot = el("circle", attrs(["cx", 9, "cy", y + laneH / 2, "r", 4,
+            "fill", STATES.get(lane.state) || "#999", "class", "state-dot"]), g);
+          titled(dot, lane.state + (lane.suspended ? " (suspended)" : ""));
+        }
+        var label = el("text", attrs(["x", 18, "y", y + laneH / 2 + 4, "class", "lane-label"]), g);
+        label.textContent = fit(lane.label || lane.name, labelW - 22);
+        titled(label, lane.others ? "messages to or from agents not shown here" :
+          lane.name + (lane.role ? " (" + lane.role + (lane.state ? ", " + lane.state : "") + ")" : "") +
+          (lane.outside ? " — not an agent" : " — click to focus"));
+        if (!lane.others && !lane.outside) {
+          label.addEventListener("click", function () {
+            setFocus(state.focus === lane.name ? null : lane.name);
+          });
+        }
+      });
+      el("line", attrs(["x1", plotX - 4, "y1", AXIS_H, "x2", plotX - 4, "y2", height, "class", "label-rule"]), svg);
+
+      var plot = el("g", attrs(["clip-path", "url(#sl-plot)"]), svg);
+      drawAxis(svg, sc, a, b, breaks, height);
+      drawBreaks(plot, sc, breaks, height);
+
+      // turns
+      data.turns.forEach(function (turn) {
+        if (!index.has(turn.agent)) return;
+        var stop = turn.end === null ? b : turn.end;
+        var x1 = sc.x(Math.max(turn.start, a - 1)), x2 = sc.x(Math.min(stop, b + 1));
+        var colours = TRIGGERS.get(turn.trigger) || ["#e4e4e4", "#888"];
+        var bar = el("rect", attrs(["x", x1, "y", laneY(turn.agent) + 3,
+          "width", Math.max(3, x2 - x1), "height", Math.max(4, laneH - 9), "rx", 2,
+          "fill", colours[0], "stroke", colours[1], "data-turn", turn.id,
+          "data-trigger", turn.trigger, "class", "turn " + turn.how]), plot);
+        titled(bar, "turn " + turn.id + " of " + turn.agent + " (" + turn.trigger + "): " +
+          turn.how + ", " + fmtT(turn.start) + " – " + (turn.end === null ? "now" : fmtT(turn.end)));
+        bar.addEventListener("click", function (ev) { ev.stopPropagation(); showTurn(turn, bar); });
+      });
+
+      // waits: an ask (or a wait for a report) on the asker's lane, until its answer
+      var asks = new Map(), answers = new Map();
+      data.messages.forEach(function (m) {
+        if (m.question_id === null) return;
+        if (m.kind === "ask") asks.set(m.question_id, m);
+        else if (m.kind === "answer" || m.outcome === "resolved") answers.set(m.question_id, m);
+      });
+      var questions = new Map();
+      data.questions.forEach(function (q) {
+        questions.set(q.id, q);
+        if (!index.has(q.asker) || (q.kind === "ask" && state.hidden.has("ask"))) return;
+        var x1 = sc.x(Math.max(q.asked, a)), x2 = sc.x(Math.min(q.closed === null ? b : q.closed, b));
+        var y = laneY(q.asker) + laneH - 6;
+        var band = el("rect", attrs(["x", x1, "y", y, "width", Math.max(2, x2 - x1), "height", 5,
+          "class", "wait " + q.kind + (q.closed === null ? " open" : ""),
+          "data-question", q.id, "data-wait", q.wait === null ? "" : q.wait]), plot);
+        titled(band, waitText(q));
+        band.addEventListener("click", function (ev) { ev.stopPropagation(); showQuestion(q); });
+        if (q.wait !== null && x2 - x1 > 34) {
+          var label = el("text", attrs(["x", (x1 + x2) / 2, "y", y - 1, "class", "wait-label",
+            "data-question", q.id]), plot);
+          label.textContent = fmtD(q.wait);
+        }
+      });
+
+      // arrows, bundled per pair and kind when they crowd
+      var shown = data.messages.filter(function (m) { return !state.hidden.has(m.kind); });
+      var groups = new Map(), bundles = [];
+      shown.forEach(function (m) {
+        if (m.question_id !== null && (m.kind === "ask" || m.kind === "answer")) {
+          bundles.push([m]);  // an ask and its answer are always drawn alone: they link
+          return;
+        }
+        var key = m.from + "\u0000" + m.to + "\u0000" + m.kind;
+        var open = groups.get(key), x = sc.x(m.t);
+        if (open && x - open.x <= BUNDLE_PX) { open.list.push(m); return; }
+        var bundle = { x: x, list: [m] };
+        groups.set(key, bundle);
+        bundles.push(bundle.list);
+      });
+      // Crowded, the lines between the lanes fade and their ends (where a message left, where
+      // it arrived, in its kind's colour) carry the picture; zoomed in, they are drawn whole.
+      var dense = bundles.length / Math.max(plotW, 1) > 0.12;
+      svg.classList.toggle("dense", dense);
+      labelsEnd = new Map();
+      bundles.sort(function (p, q) { return p[0].t - q[0].t; });
+      bundles.forEach(function (list) { drawArrow(plot, list, sc, laneY, laneH, questions); });
+
+      // what is not loaded: past the cap, the messages stop at complete_to
+      if (data.window && data.window.complete_to < b - 1e-6) {
+        var cx = sc.x(Math.max(data.window.complete_to, a));
+        el("rect", attrs(["x", cx, "y", AXIS_H, "width", Math.max(0, plotX + plotW - cx),
+          "height", height - AXIS_H, "class", "not-loaded"]), plot);
+        notice.textContent = "Messages after " + fmtT(data.window.complete_to) +
+          " are not loaded in this window (" + data.messages.length +
+          " shown): zoom in to read them; the strip above counts them all.";
+      } else {
+        notice.textContent = "";
+      }
+
+      svg.addEventListener("click", function (ev) {
+        if (ev.target === svg || ev.target.classList.contains("lane-band")) select(null);
+      });
+      bindPointer(svg);
+      drawOverview();
+      drawPager(data);
+      reselect();
+    }
+
+    function drawArrow(plot, list, sc, laneY, laneH, questions) {
+      var m = list[0], n = list.length;
+      var x = sc.x(m.t), y1 = laneY(m.from) + laneH / 2, y2 = laneY(m.to) + laneH / 2;
+      var down = y2 >= y1, tip = y2 + (down ? -3 : 3);
+      if (Math.abs(y2 - y1) < 2) { tip = y1 + 8; }  // to its own lane: a short tick
+      var colour = KIND_COLOURS.get(m.kind) || "#555";
+      var outcome = dominant(list);
+      var g = el("g", attrs(["class", "arrow" + (n > 1 ? " bundle" : ""), "data-kind", m.kind,
+        "data-outcome", outcome, "data-count", n, "data-from", m.from, "data-to", m.to]), plot);
+      if (m.question_id !== null) g.setAttribute("data-question", m.question_id);
+      if (n === 1 && m.message_id !== null) g.setAttribute("data-message", m.message_id);
+      var width = n > 1 ? Math.min(5, 1.6 + Math.log2(n)) : 1.6;
+      var line = el("line", attrs(["x1", x, "y1", y1, "x2", x + 3, "y2", tip, "stroke", colour,
+        "stroke-width", width, "class", "msg " + outcome, "data-kind", m.kind,
+        "data-outcome", outcome, "marker-end", "url(#tip-" + m.kind + "-" + tipShape(outcome) + ")"]), g);
+      if (n === 1 && m.message_id !== null) line.setAttribute("data-message", m.message_id);
+      if (m.question_id !== null) line.setAttribute("data-question", m.question_id);
+      el("circle", attrs(["cx", x, "cy", y1, "r", n > 1 ? 2.6 : 1.8, "fill", colour, "class", "origin"]), g);
+      var free = labelsEnd.get(m.from) || -Infinity;
+      if (n > 2 && x + 4 > free) {  // by the sender: "this lane sent n of them here"
+        var count = el("text", attrs(["x", x + 4, "y", y1 + (down ? -2 : 10), "class", "count"]), g);
+        count.textContent = "×" + n;
+        labelsEnd.set(m.from, x + 8 + 7 * String(n).length);
+      }
+      var hit = el("line", attrs(["x1", x, "y1", y1, "x2", x + 3, "y2", tip, "class", "msg-hit"]), g);
+      titled(hit, n > 1 ? n + " " + m.kind + "s " + m.from + " → " + m.to + " (" +
+        fmtT(m.t) + " – " + fmtT(list[n - 1].t) + ")" : m.kind + " " + m.from + " → " + m.to +
+        ": " + (OUTCOMES.get(m.outcome) || m.outcome) + " — " + m.preview);
+      g.addEventListener("click", function (ev) {
+        ev.stopPropagation();
+        if (n > 1) showBundle(list, g);
+        else if (m.question_id !== null && questions.has(m.question_id)) showQuestion(questions.get(m.question_id), m);
+        else showMessage(m, g);
+      });
+    }
+
+    function dominant(list) {
+      var counts = new Map(), best = list[0].outcome;
+      list.forEach(function (m) {
+        counts.set(m.outcome, (counts.get(m.outcome) || 0) + 1);
+        if (counts.get(m.outcome) > counts.get(best)) best = m.outcome;
+      });
+      return best;
+    }
+
+    function drawAxis(parent, sc, a, b, breaks, height) {
+      var axis = el("g", attrs(["class", "axis"]), parent);
+      var pxPerS = sc.pxPerSecond, step = niceStep(90 / pxPerS);
+      sc.segs.forEach(function (s) {
+        if (s.gap) return;
+        for (var t = Math.ceil(s.t0 / step) * step; t <= s.t1 + 1e-9; t += step) {
+          var x = sc.x(t);
+          if (x < geometry.plotX - 1 || x > geometry.plotX + geometry.plotW + 1) continue;
+          if (breaks.some(function (g) { return Math.abs(x - sc.x(g[0])) < 42 || Math.abs(x - sc.x(g[1])) < 6; })) continue;
+          el("line", attrs(["x1", x, "y1", AXIS_H - 5, "x2", x, "y2", height, "class", "tick"]), axis);
+          var label = el("text", attrs(["x", x + 2, "y", AXIS_H - 8, "class", "tick-label"]), axis);
+          label.textContent = tickText(Math.round(t / step) * step, step);
+        }
+      });
+    }
+
+    function drawBreaks(parent, sc, breaks, height) {
+      breaks.forEach(function (g) {
+        var x1 = sc.x(g[0]), x2 = sc.x(g[1]);
+        var group = el("g", attrs(["class", "break", "data-from", g[0], "data-to", g[1]]), parent);
+        el("rect", attrs(["x", x1, "y", AXIS_H, "width", x2 - x1, "height", height - AXIS_H,
+          "class", "break-band"]), group);
+        var zig = "M " + (x1 + 8) + " " + AXIS_H;
+        for (var y = AXIS_H, i = 0; y < height; y += 8, i++) zig += " L " + (x1 + (i % 2 ? 8 : 16)) + " " + (y + 8);
+        el("path", attrs(["d", zig, "class", "break-mark"]), group);
+        var label = el("text", attrs(["x", (x1 + x2) / 2, "y", AXIS_H - 8, "class", "break-label"]), svg);
+        label.textContent = "+" + fmtD(g[1] - g[0]);
+        titled(group, "idle for " + fmtD(g[1] - g[0]) + " (" + fmtT(g[0]) + " – " + fmtT(g[1]) +
+          "), compressed");
+        group.addEventListener("click", function (ev) {
+          ev.stopPropagation();
+          select(null);
+          detail.textContent = "";
+          html("h3", "Idle " + fmtD(g[1] - g[0]), null, detail);
+          html("p", "Nothing happened from " + fmtT(g[0]) + " to " + fmtT(g[1]) +
+            ": the stretch is drawn " + GAP_PX + " px wide. Zoom into it to see it to scale.",
+            null, detail);
+        });
+      });
+    }
+
+    function drawOverview() {
+      var ov = state.overview;
+      overviewSvg.textContent = "";
+      var width = Math.max(lanesBox.clientWidth || 900, 480);
+      overviewSvg.setAttribute("width", width);
+      var x0 = geometry ? geometry.plotX : 120, w = width - x0 - 14;
+      var e = end();
+      var label = el("text", attrs(["x", 4, "y", 16, "class", "ov-label"]), overviewSvg);
+      label.textContent = "whole team";
+      var sub = el("text", attrs(["x", 4, "y", 30, "class", "ov-sub"]), overviewSvg);
+      sub.textContent = fmtT(e);
+      el("rect", attrs(["x", x0, "y", 2, "width", w, "height", OVERVIEW_H - 4, "class", "ov-bg"]), overviewSvg);
+      if (ov) {
+        (ov.gaps || []).forEach(function (g) {
+          el("rect", attrs(["x", x0 + g[0] / e * w, "y", 2, "width", Math.max(1, (g[1] - g[0]) / e * w),
+            "height", OVERVIEW_H - 4, "class", "ov-gap"]), overviewSvg);
+        });
+        var cols = Math.max(1, Math.floor(w / 2)), sums = [], peak = 1;
+        for (var c = 0; c < cols; c++) sums.push(new Array(KINDS.length + 1).fill(0));
+        ov.counts.forEach(function (row) {
+          var t = row[0] * ov.bucket, c2 = Math.min(cols - 1, Math.floor(t / e * cols));
+          if (c2 < 0) return;
+          row[1].forEach(function (n, k) { sums[c2][k] += n; });
+        });
+        sums.forEach(function (s) { peak = Math.max(peak, s.reduce(function (x, y) { return x + y; }, 0)); });
+        var h = OVERVIEW_H - 6;
+        sums.forEach(function (s, c3) {
+          var y = OVERVIEW_H - 3;
+          KINDS.forEach(function (k, i) {
+            if (!s[i] || state.hidden.has(k)) return;
+            var bar = Math.max(1, Math.sqrt(s[i] / peak) * h * (s[i] / Math.max(1, s.reduce(function (x, z) { return x + z; }, 0))));
+            y -= bar;
+            el("rect", attrs(["x", x0 + c3 * w / cols, "y", y, "width", Math.max(1, w / cols), "height", bar,
+              "fill", KIND_COLOURS.get(k), "class", "ov-bar"]), overviewSvg);
+          });
+        });
+      }
+      var win = windowNow();
+      var bx1 = x0 + win[0] / e * w, bx2 = x0 + win[1] / e * w;
+      el("rect", attrs(["x", x0, "y", 2, "width", Math.max(0, bx1 - x0), "height", OVERVIEW_H - 4, "class", "ov-shade"]), overviewSvg);
+      el("rect", attrs(["x", bx2, "y", 2, "width", Math.max(0, x0 + w - bx2), "height", OVERVIEW_H - 4, "class", "ov-shade"]), overviewSvg);
+      el("rect", attrs(["x", bx1, "y", 1, "width", Math.max(2, bx2 - bx1), "height", OVERVIEW_H - 2, "class", "ov-brush"]), overviewSvg);
+      overviewSvg.onmousedown = function (ev) {
+        var box = overviewSvg.getBoundingClientRect();
+        var toT = function (cx) { return Math.max(0, Math.min(e, (cx - box.left - x0) / w * e)); };
+        var start = toT(ev.clientX), moved = false;
+        var guide = el("rect", attrs(["y", 1, "height", OVERVIEW_H - 2, "class", "ov-drag"]), overviewSvg);
+        function move(e2) {
+          moved = true;
+          var t = toT(e2.clientX), lo = Math.min(start, t), hi = Math.max(start, t);
+          guide.setAttribute("x", x0 + lo / e * w);
+          guide.setAttribute("width", Math.max(1, (hi - lo) / e * w));
+        }
+        function up(e2) {
+          document.removeEventListener("mousemove", move);
+          document.removeEventListener("mouseup", up);
+          var t = toT(e2.clientX);
+          if (moved && Math.abs(t - start) > e / 2000) setWindow(Math.min(start, t), Math.max(start, t));
+          else { var half = (win[1] - win[0]) / 2; setWindow(t - half, t + half); }
+        }
+        document.addEventListener("mousemove", move);
+        document.addEventListener("mouseup", up);
+        ev.preventDefault();
+      };
+    }
+
+    function drawPager(data) {
+      pager.textContent = "";
+      var lanes = data.lanes;
+      if (lanes.limit === null || (lanes.offset === 0 && lanes.total <= lanes.items.length)) return;
+      var first = lanes.total ? lanes.offset + 1 : 0, last = lanes.offset + lanes.items.length;
+      var prev = html("button", "‹", null, pager);
+      prev.type = "button";
+      prev.title = "Previous agents";
+      prev.disabled = lanes.offset === 0;
+      prev.addEventListener("click", function () { state.offset = Math.max(0, lanes.offset - lanes.limit); load(); });
+      html("span", "agents " + first.toLocaleString() + "–" + last.toLocaleString() + " of " +
+        lanes.total.toLocaleString(), "pager-text", pager);
+      var next = html("button", "›", null, pager);
+      next.type = "button";
+      next.title = "Next agents";
+      next.disabled = last >= lanes.total;
+      next.addEventListener("click", function () { state.offset = lanes.offset + lanes.limit; load(); });
+    }
+
+    // -- pointer: drag pans, ctrl+wheel zooms, shift+wheel pans, double-click zooms in
+    function bindPointer(node) {
+      node.addEventListener("wheel", function (ev) {
+        if (!geometry) return;
+        if (ev.ctrlKey || ev.metaKey) {
+          ev.preventDefault();
+          zoom(ev.deltaY > 0 ? 1.25 : 0.8, geometry.sc.t(ev.offsetX));
+        } else if (ev.shiftKey || Math.abs(ev.deltaX) > Math.abs(ev.deltaY)) {
+          ev.preventDefault();
+          pan((ev.deltaX || ev.deltaY) > 0 ? 0.15 : -0.15);
+        }
+      }, { passive: false });
+      node.addEventListener("dblclick", function (ev) {
+        if (geometry && ev.offsetX > geometry.plotX) zoom(0.5, geometry.sc.t(ev.offsetX));
+      });
+      node.addEventListener("mousedown", function (ev) {
+        if (!geometry || ev.offsetX < geometry.plotX || ev.button !== 0) return;
+        var x0 = ev.clientX, w = windowNow(), moved = false;
+        function move(e2) {
+          if (Math.abs(e2.clientX - x0) < 4 && !moved) return;
+          moved = true;
+          node.classList.add("panning");
+        }
+        function up(e2) {
+          document.removeEventListener("mousemove", move);
+          document.removeEventListener("mouseup", up);
+          node.classList.remove("panning");
+          if (!moved) return;
+          var t1 = geometry.sc.t(x0 - node.getBoundingClientRect().left);
+          var t2 = geometry.sc.t(e2.clientX - node.getBoundingClientRect().left);
+          setWindow(w[0] - (t2 - t1), w[1] - (t2 - t1));
+        }
+        document.addEventListener("mousemove", move);
+        document.addEventListener("mouseup", up);
+      });
+    }
+
+    document.addEventListener("keydown", function (ev) {
+      var tag = (ev.target && ev.target.tagName) || "";
+      if (tag === "INPUT" || tag === "TEXTAREA" || ev.ctrlKey || ev.metaKey || ev.altKey) return;
+      if (!container.isConnected) return;
+      var k = ev.key.toLowerCase();
+      if (k === "w") zoom(0.5);
+      else if (k === "s") zoom(2);
+      else if (k === "a") pan(-0.25);
+      else if (k === "d") pan(0.25);
+      else if (k === "0") setWindow(0, null);
+      else if (k === "escape") { select(null); if (state.focus) setFocus(null); }
+    });
+
+    // -- selection and the side panel
+    function select(selector) {
+      state.selected = selector;
+      if (!svg) return;
+      svg.querySelectorAll(".sel").forEach(function (n) { n.classList.remove("sel"); });
+      svg.classList.toggle("has-sel", !!selector);
+      if (selector) svg.querySelectorAll(selector).forEach(function (n) { n.classList.add("sel"); });
+    }
+
+    function reselect() {  // after a redraw: the selection again, if it is still drawn
+      if (state.selected && svg.querySelector(state.selected)) select(state.selected);
+      else select(null);
+    }
+
+    function heading(text) {
+      detail.textContent = "";
+      return html("h3", text, null, detail);
+    }
+
+    function field(name, value) {
+      var row = html("div", null, "field", detail);
+      html("span", name, "name", row);
+      html("span", value, "value", row);
+      return row;
+    }
+
+    function content(promise, target) {
+      var pre = html("pre", "…", "content", target || detail);
+      promise.then(function (full) { pre.textContent = full; }, function (err) {
+        pre.textContent = "(could not be read: " + (err && err.message || err) + ")";
+      });
+      return pre;
+    }
+
+    function showMessage(m, node) {
+      select('[data-message="' + (m.message_id === null ? "none" : m.message_id) + '"]');
+      if (m.message_id === null && node) { select(null); node.classList.add("sel"); svg.classList.add("has-sel"); }
+      heading(m.kind + " · " + m.from + " → " + m.to);
+      field("at", fmtT(m.t));
+      field("type", m.type + (m.subtype ? " / " + m.subtype : ""));
+      field("outcome", m.outcome + ": " + (OUTCOMES.get(m.outcome) || ""));
+      if (m.status) field("status", m.status);
+      if (m.message_id !== null) field("message", "#" + m.message_id);
+      var lines = html("div", null, "lines", detail);
+      content(source.message(m).then(function (full) {
+        (full.lines || []).forEach(function (l) { html("div", l, "line", lines); });
+        return full.content;
+      }));
+    }
+
+    function waitText(q) {
+      var who = q.kind === "output" ? q.asker + " waited for " + q.target + "'s report" :
+        q.asker + " asked " + q.target;
+      return "question " + q.id + ": " + who + (q.wait !== null ? ", waited " + fmtD(q.wait) +
+        " (" + q.status + ")" : ", still " + q.status);
+    }
+
+    function showQuestion(q, clicked) {
+      select('[data-question="' + q.id + '"]');
+      heading("question " + q.id + " · " + q.asker + " → " + q.target);
+      var wait = field("wait", q.wait !== null ? "waited " + fmtD(q.wait) + " (" + q.status + ")" :
+        "waiting since " + fmtT(q.asked) + " (" + q.status + ")");
+      wait.classList.add("wait-field");
+      field("asked", fmtT(q.asked) + (q.kind === "output" ? " (waits for a report)" : ""));
+      field("answered", q.closed === null ? "not yet" : fmtT(q.closed));
+      var ask = null, answer = null;
+      state.data.messages.forEach(function (m) {
+        if (m.question_id !== q.id) return;
+        if (m.kind === "ask") ask = m; else if (!answer) answer = m;
+      });
+      [["ask", ask], ["answer", answer]].forEach(function (pair) {
+        var m = pair[1];
+        if (!m) return;
+        html("h4", pair[0] + " · " + m.from + " → " + m.to + " at " + fmtT(m.t) + " (" + m.outcome + ")", null, detail);
+        content(source.message(m).then(function (full) { return full.content; }));
+      });
+      if (clicked) detail.dataset.clicked = clicked.kind;
+    }
+
+    function showBundle(list, node) {
+      select(null);
+      node.classList.add("sel");
+      svg.classList.add("has-sel");
+      var m = list[0];
+      heading(list.length + " " + m.kind + "s · " + m.from + " → " + m.to);
+      field("from", fmtT(m.t) + " to " + fmtT(list[list.length - 1].t));
+      var outcomes = new Map();
+      list.forEach(function (x) { outcomes.set(x.outcome, (outcomes.get(x.outcome) || 0) + 1); });
+      field("outcomes", Array.from(outcomes, function (e) { return e[1] + " " + e[0]; }).join(", "));
+      var ul = html("ol", null, "bundle-list", detail);
+      list.slice(0, 200).forEach(function (x) {
+        var li = html("li", fmtT(x.t) + " · " + x.outcome + " · " + x.preview, null, ul);
+        li.addEventListener("click", function () { showMessage(x, null); });
+      });
+      if (list.length > 200) html("p", (list.length - 200) + " more: zoom in to read them one by one.", null, detail);
+    }
+
+    function showTurn(turn, node) {
+      select('[data-turn="' + turn.id + '"]');
+      heading("turn " + turn.id + " · " + turn.agent);
+      field("trigger", turn.trigger + ", epoch " + turn.epoch);
+      field("time", fmtT(turn.start) + " – " + (turn.end === null ? "now" : fmtT(turn.end)) +
+        (turn.end === null ? "" : " (" + fmtD(turn.end - turn.start) + ")"));
+      field("how", turn.how);
+      var lines = html("div", "…", "lines", detail);
+      source.turn(turn).then(function (full) {
+        lines.textContent = "";
+        (full.lines || []).forEach(function (l) { html("div", l, "line", lines); });
+      });
+    }
+
+    window.addEventListener("resize", function () { if (container.isConnected) draw(); });
+
+    var controller = {
+      refresh: function () { return Promise.all([load(), loadOverview()]); },
+      reload: load,
+      reloadOverview: loadOverview,
+      setWindow: setWindow,
+      focus: setFocus,
+      state: state
+    };
+    controller.ready = controller.refresh();
+    return controller;
+  }
+
+  // Markers: one tip per kind and outcome shape (filled, hollow for no wake-up, a cross for a
+  // refusal, a bar for the result of a wait).
+  function tipShape(outcome) {
+    if (outcome === "queued") return "open";
+    if (outcome === "rejected") return "cross";
+    if (outcome === "resolved") return "bar";
+    return "full";
+  }
+
+  function markers(defs, kind) {
+    var colour = KIND_COLOURS.get(kind);
+    [["full", "M 0 0 L 10 5 L 0 10 z", colour, "none"],
+      ["open", "M 0 0 L 10 5 L 0 10 z", "#fff", colour],
+      ["cross", "M 0 0 L 10 10 M 10 0 L 0 10", "none", colour],
+      ["bar", "M 0 0 L 10 5 L 0 10 z M 10 -1 L 10 11", colour, colour]].forEach(function (s) {
+      var marker = el("marker", attrs(["id", "tip-" + kind + "-" + s[0], "viewBox", "-1 -2 12 14",
+        "refX", 9, "refY", 5, "markerWidth", 8, "markerHeight", 8, "orient", "auto",
+        "markerUnits", "userSpaceOnUse"]), defs);
+      el("path", attrs(["d", s[1], "fill", s[2], "stroke", s[3], "stroke-width", 1.6]), marker);
+    });
+  }
+
+  function drawLegend(box) {
+    box.textContent = "";
+    html("b", "messages by kind", null, box);
+    KINDS.forEach(function (k) {
+      var item = html("span", null, "legend-item", box);
+      var swatch = html("i", null, "line", item);
+      swatch.style.background = KIND_COLOURS.get(k);
+      item.appendChild(document.createTextNode(kindName(k)));
+    });
+    html("b", "tip: outcome", null, box);
+    [["▶", "delivered (new turn, read inline, joined a turn)"], ["▷", "queued, no wake-up"],
+      ["▶|", "answered a wait"], ["✕", "refused"]].forEach(function (o) {
+      var item = html("span", null, "legend-item", box);
+      html("span", o[0], "glyph", item);
+      item.appendChild(document.createTextNode(o[1]));
+    });
+    html("b", "turns", null, box);
+    TRIGGERS.forEach(function (c, k) {
+      var item = html("span", null, "legend-item", box);
+      var swatch = html("i", null, null, item);
+      swatch.style.background = c[0];
+      swatch.style.border = "1px solid " + c[1];
+      item.appendChild(document.createTextNode(k.replace("_", "-")));
+    });
+    var wait = html("span", null, "legend-item", box);
+    html("i", null, "wait-swatch", wait);
+    wait.appendChild(document.createTextNode("an asker's wait"));
+    var br = html("span", null, "legend-item", box);
+    html("span", "//", "glyph", br);
+    br.appendChild(document.createTextNode("idle time, compressed"));
+  }
+
+  return {
+    mount: mount, local: local, KINDS: KINDS, KIND_COLOURS: KIND_COLOURS,
+    breaksIn: breaksIn, scale: scale, fit: fit
+  };
 })();
