@@ -157,7 +157,7 @@ def test_swimlane_page_in_a_browser(story: tuple[str, int], tmp_path: Path) -> N
         assert kinds == {"ask", "answer"}
         assert driver.find_elements(By.CSS_SELECTOR, ".wait.sel")
         answer = driver.find_element(By.CSS_SELECTOR, "line.msg[data-kind='answer']")
-        assert "sel" in answer.get_attribute("class")
+        assert "sel" in (answer.get_attribute("class") or "").split()
         others = driver.find_element(By.CSS_SELECTOR, "g.arrow[data-kind='message']")
         assert float(others.value_of_css_property("opacity")) < 0.5
         detail = driver.find_element(By.ID, "detail").text
