@@ -382,3 +382,32 @@ def test_timeline_json_is_the_page_data(story: tuple[str, int], tmp_path: Path) 
     text = page_of(url, team, tmp_path).read_text()
     raw = text.split('id="timeline-data">', 1)[1].split("</script>", 1)[0]
     assert json.loads(raw) == expected
+
+
+def test_long_lane_labels_fit(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'long.db'}"
+    router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+    router.create_schema()
+    team = router.create_team().id
+    role = "Senior Distributed Systems Reliability Engineer for Payments and Billing"
+    name = router.create_agent(team, role=role).display_name
+    router.send(team, to=name, content="Check the ledger.", sender="Team Leader")
+    router.close()
+    with chromium() as driver:
+        driver.get(page_of(url, team, tmp_path).as_uri())
+        label = driver.execute_script(
+            """
+            const g = [...document.querySelectorAll("g.lane")].find(
+              (l) => l.dataset.agent === arguments[0]);
+            const text = g.querySelector(".lane-label");
+            const rule = document.querySelector(".label-rule");
+            return {text: text.firstChild.nodeValue, title: text.querySelector("title").textContent,
+                    right: text.getBBox().x + text.getBBox().width,
+                    column: Number(rule.getAttribute("x1"))};
+            """,
+            name,
+        )
+        # Shortened in the middle, its number kept, within the label column; whole in its title.
+        assert label["text"] != name and "…" in label["text"]
+        assert label["text"].endswith("_1") and label["right"] <= label["column"]
+        assert label["title"].startswith(name)

@@ -207,7 +207,7 @@ class Views:
 
     def teams(self, params: dict[str, str]) -> dict[str, Any]:
         offset = _integer(params, "offset", 0, MAX_ID)
-        limit = _integer(params, "limit", 50, MAX_TEAMS)
+        limit = _integer(params, "limit", 50, MAX_TEAMS) or 50
         total, teams = self.router.store.reads.team_summaries(offset=offset, limit=limit)
         return {
             "offset": offset,
@@ -334,7 +334,8 @@ class WebApp:
         except Exception:  # the last resort: nothing of the error leaves the server
             logger.exception("web request failed", extra={"action": "web"})
             status, headers, body = _json(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error")
-        start_response(f"{status.value} {status.phrase}", headers + _HEADERS)
+        length = [("Content-Length", str(len(body)))]
+        start_response(f"{status.value} {status.phrase}", headers + length + _HEADERS)
         return iter([] if environ.get("REQUEST_METHOD") == "HEAD" else [body])
 
     def _respond(self, environ: dict[str, Any]) -> tuple[HTTPStatus, list[tuple[str, str]], bytes]:
@@ -403,7 +404,7 @@ class WebApp:
         cookie = f"{self.rules.cookie}={given}; Path=/; HttpOnly; SameSite=Strict"
         return (
             HTTPStatus.SEE_OTHER,
-            [("Location", location), ("Set-Cookie", cookie), ("Content-Length", "0")],
+            [("Location", location), ("Set-Cookie", cookie)],
             b"",
         )
 
