@@ -190,6 +190,23 @@ def test_live_page_follows_the_demo(database: str, web_server: str, tmp_path: Pa
         assert page["states"] == page["laneStates"]
         screenshot(driver, "web_team_swimlane")
 
+        # UI Operator_1 asked Full-Stack Engineer_1: a click on the ask lights its answer and
+        # the asker's wait, and the side panel tells how long it waited.
+        [question] = [q for q in final["questions"] if q["asker"] == "UI Operator_1"]
+        driver.execute_script(
+            "document.querySelector(`g.arrow[data-kind='ask'][data-question='${arguments[0]}']`)"
+            ".dispatchEvent(new MouseEvent('click', {bubbles: true}))",
+            question["id"],
+        )
+        lit = driver.execute_script(
+            "return [...document.querySelectorAll('#swimlane-svg .sel')]"
+            ".map((n) => n.dataset.kind || n.getAttribute('class'))"
+        )
+        assert {"ask", "answer"} <= set(lit) and any("wait" in n for n in lit)
+        detail = driver.find_element(By.ID, "detail").text
+        assert "waited" in detail and "Full-Stack Engineer_1" in detail
+        screenshot(driver, "web_team_ask")
+
         # An agent's transcript, with where each entry came from.
         driver.execute_script(
             "[...document.querySelectorAll('#agents a')]"
