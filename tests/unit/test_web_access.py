@@ -46,6 +46,10 @@ def test_a_token_is_required_off_loopback_and_must_be_long() -> None:
         access("0.0.0.0", 8765, token=None)
     with pytest.raises(errors.ConfigurationError, match="16 characters"):
         access("127.0.0.1", 8765, token="short")
+    # A token goes into a header, a cookie and a query string as it is.
+    for unsafe in ("0123456789abcdef; Path=/x", "0123456789abcdef\r\nX: y", "0123456789 abcdef+"):
+        with pytest.raises(errors.ConfigurationError, match="letters, digits"):
+            access("127.0.0.1", 8765, token=unsafe)
     rules = access("0.0.0.0", 8765, token=TOKEN, names=["Router.Internal", " "])
     assert rules.hosts == {"127.0.0.1", "localhost", "[::1]", "router.internal"}
     assert access("10.1.2.3", 80, token=TOKEN).hosts >= {"10.1.2.3"}

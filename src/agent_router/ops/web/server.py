@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 #: Open connections waitress keeps at most (each costs a socket, not a thread).
 CONNECTION_LIMIT = 1000
+#: Bytes of a request's headers, and of its body, that waitress reads at most.
+MAX_HEADERS = 64 * 1024
+MAX_BODY = 1024
 #: Agents (lanes) of one page at most, and by default.
 MAX_LANES = 500
 DEFAULT_LANES = 60
@@ -99,6 +102,8 @@ _HEADERS = [
     ),
 ]
 _DIGITS = re.compile(r"[0-9]{1,30}")
+#: A token travels in a header, a cookie and a query string: characters none of them escape.
+_TOKEN = re.compile(r"[A-Za-z0-9._~-]{16,}")
 
 
 class BadRequestError(errors.InvalidArgumentError):
@@ -123,8 +128,10 @@ def access(host: str, port: int, *, token: str | None, names: Iterable[str] = ()
     itself (unless it is a wildcard), and ``names``; a token is required unless ``host`` is
     loopback. Raises :class:`~agent_router.errors.ConfigurationError` for a missing or short
     token."""
-    if token is not None and len(token) < 16:
-        raise errors.ConfigurationError("the web token must be at least 16 characters long")
+    if token is not None and not _TOKEN.fullmatch(token):
+        raise errors.ConfigurationError(
+            "the web token must be at least 16 characters long, of letters, digits and . _ ~ -"
+        )
     if token is None and not is_loopback(host):
         raise errors.ConfigurationError(
             f"agent-router web listening on {host} needs a token (--token or "
@@ -475,6 +482,9 @@ def make_server(
         channel_timeout=timeout_seconds,
         cleanup_interval=max(1.0, min(timeout_seconds / 2, 30.0)),
         connection_limit=CONNECTION_LIMIT,
+        # Every request is a GET: a body is never read, and a big one is not buffered either.
+        max_request_body_size=MAX_BODY,
+        max_request_header_size=MAX_HEADERS,
         ident="agent-router-web",
         expose_tracebacks=False,
         clear_untrusted_proxy_headers=True,

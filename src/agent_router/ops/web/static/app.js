@@ -7,7 +7,7 @@
 (function () {
   var POLL_MS = 1000, LANES = 60, MAX_ARROWS = 2500, TEAMS = 50, ENTRIES = 200;
   var shown = { team: null, controller: null, lastEvent: -1, polls: 0, teamsOffset: 0,
-    entriesStart: 0, agent: null };
+    entriesStart: 0, agent: null, movedAt: 0 };
 
   function get(url) {
     return fetch(url, { cache: "no-store", credentials: "same-origin" }).then(function (r) {
@@ -194,9 +194,13 @@
       else {
         shown.polls += 1;
         jobs.push(get("/api/teams/" + where.team).then(function (t) {
-          // Reload when the ledger moved, and every ten polls whatever it says: an event that
-          // commits after a later one is only seen then.
-          if (t.last_event_id !== shown.lastEvent || shown.polls % 10 === 0) {
+          // Reload when the ledger moved; and, for a minute after it last moved, every ten
+          // polls whatever it says: an event committed after a later one is only seen then.
+          if (t.last_event_id !== shown.lastEvent) {
+            shown.movedAt = Date.now();
+            return shown.controller.update();
+          }
+          if (shown.polls % 10 === 0 && Date.now() - shown.movedAt < 60000) {
             return shown.controller.refresh();
           }
           return null;

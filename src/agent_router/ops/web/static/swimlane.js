@@ -315,8 +315,12 @@ var Swimlane = (function () {
 
     // The window is read in pieces: each answer is complete up to its `complete_to`, and the
     // next piece starts there, until the window is whole (or MAX_LOADED messages are in).
-    function load() {
+    // `since`: only what happened from then on, onto what is shown (the live page following
+    // the end of a team: its ended turns and answered questions do not change any more, and a
+    // running turn or an open question overlaps every later window).
+    function load(since) {
       var generation = ++state.request, p = params();
+      var onto = since === undefined ? null : state.data;
       status.textContent = "loading…";
       function piece(from, merged, pieces) {
         return source.view(Object.assign({}, p, { from: from })).then(function (data) {
@@ -333,7 +337,7 @@ var Swimlane = (function () {
           status.textContent = "";
         });
       }
-      return piece(p.from, null, 1).catch(function (err) {
+      return piece(onto ? since : p.from, onto, 1).catch(function (err) {
         if (generation !== state.request) return;
         status.textContent = String(err && err.message || err);
         if (state.focus) setFocus(null);
@@ -922,8 +926,22 @@ var Swimlane = (function () {
 
     window.addEventListener("resize", function () { if (container.isConnected) draw(); });
 
+    var overviewAt = 0;
     var controller = {
       refresh: function () { return Promise.all([load(), loadOverview()]); },
+      // New events: following the end with the window whole, only the new piece is read; the
+      // overview at most every five seconds.
+      update: function () {
+        var d = state.data, jobs = [];
+        var following = d && state.to === null && d.window.complete_to >= d.window.to - 1e-9 &&
+          !state.focus && !state.agent;
+        jobs.push(following ? load(Math.max(state.from, d.window.complete_to - 1)) : load());
+        if (Date.now() - overviewAt > 5000) {
+          overviewAt = Date.now();
+          jobs.push(loadOverview());
+        }
+        return Promise.all(jobs);
+      },
       reload: load,
       reloadOverview: loadOverview,
       setWindow: setWindow,
