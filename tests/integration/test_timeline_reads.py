@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -208,3 +209,33 @@ def test_one_snapshot_an_agents_lane_and_its_turn_agree(router: Router) -> None:
         assert lane.agent.state is AgentState.COMPLETED and drawn.ended_at is not None
     # After the read, the write is there.
     assert router.agent(team, "Engineer_1").state is AgentState.COMPLETED
+
+
+def test_messages_of_one_time_are_never_cut_apart(router: Router) -> None:
+    """A burst sent in one transaction may share one time (PostgreSQL's transaction time): a
+    window cut at max_arrows holds every message up to where it ends, at least a millisecond
+    past its start, so that the next window moves on; together they hold every message once."""
+    team = router.create_team().id
+    router.create_agent(team, role="Engineer")
+    burst = [{"to": "Engineer_1", "content": f"part {i}", "wake": False} for i in range(30)]
+    router.send_many(team, burst, sender="Team Leader")
+    reads = router.store.reads
+    whole = reads.team_window(team, TimelineQuery())
+    assert len(whole.arrows) == 30
+    first = reads.team_window(team, TimelineQuery(max_arrows=10))
+    assert first.complete_until is not None and len(first.arrows) >= 10
+    assert first.complete_until >= first.started_at + timedelta(milliseconds=1)
+    # Nothing up to the cut is left out of the first window.
+    assert {a.ledger_id for a in whole.arrows if a.at <= first.complete_until} == {
+        a.ledger_id for a in first.arrows
+    }
+    after = int((first.complete_until - first.started_at).total_seconds() * 1000) / 1000
+    rest = reads.team_window(team, TimelineQuery(start=after))
+    assert {a.ledger_id for a in first.arrows} | {a.ledger_id for a in rest.arrows} == {
+        a.ledger_id for a in whole.arrows
+    }
+    # A window whose cut falls past its own end is whole.
+    end = (whole.arrows[-1].at - whole.started_at).total_seconds()
+    bounded = reads.team_window(team, TimelineQuery(end=end, max_arrows=29))
+    if whole.arrows[-1].at == whole.arrows[0].at:
+        assert bounded.complete_until is None and len(bounded.arrows) == 30

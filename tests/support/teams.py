@@ -390,6 +390,15 @@ def busy_team(
             n = min(left, rng.randint(8, 24))
             burst(rng.choice(working), start + 2.0 + rng.random() * span * 0.62, n)
             left -= n
+
+    def top_up() -> None:
+        """An ask the script planned may not have been asked (its asker was not running, or it
+        would have closed a cycle of waits): a last burst of reports makes up the number."""
+        for k in range(messages - 1 - count["messages"]):
+            send(lead, f"Progress: final step {k + 1} done.", staff[0], type=MessageType.OUTPUT,
+                 subtype=MessageSubtype.PROGRESS_OUTPUT, wake=False)  # fmt: skip
+
+    script.at(seconds - 1.2, top_up)
     script.at(seconds - 1.0, router.terminate, team, retired, reason="no longer needed")
 
     def refused() -> None:

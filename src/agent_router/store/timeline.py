@@ -327,7 +327,7 @@ def _arrows(
     or from outside senders to them, and to or from ``focus`` if given, in time order. The
     window is read at most ``max_scan`` ledger events deep and cut at ``max_arrows`` messages:
     then also the time up to which the messages are complete, where the next window starts."""
-    complete_until = None
+    complete_until, window_end = None, end
     if query.max_scan is not None:
         # The time of the max_scan-th event of the window (a range of the team's time index,
         # whatever the team's size); at least a millisecond past the start, so that the next
@@ -339,7 +339,7 @@ def _arrows(
             .offset(query.max_scan - 1)
             .limit(1)
         )
-        if boundary is not None:
+        if boundary is not None and (window_end is None or boundary < window_end):
             end = complete_until = max(boundary, start + timedelta(milliseconds=1))
     target = sa.orm.aliased(AgentRow)
     stmt = (
@@ -386,12 +386,16 @@ def _arrows(
                 sa.or_(LedgerRow.agent_id == focus, MessageRow.source_agent_id == focus),
             )
         stmt = stmt.where(sa.or_(routed, LedgerRow.action == LedgerAction.SEND_REJECTED))
-    if query.max_arrows is not None:
-        stmt = stmt.limit(query.max_arrows + 1)
-    rows = session.execute(stmt).all()
-    if query.max_arrows is not None and len(rows) > query.max_arrows:
-        rows = rows[: query.max_arrows]
-        complete_until = rows[-1][1] if rows else start
+    limit = query.max_arrows
+    rows = session.execute(stmt if limit is None else stmt.limit(limit + 1)).all()
+    if limit is not None and len(rows) > limit:
+        # Cut after the last message kept, or a millisecond past the start, whichever is later,
+        # with every message of that time: messages written by one transaction share a time,
+        # and the next window, starting there, must move on.
+        complete_until = max(rows[limit - 1][1], start + timedelta(milliseconds=1))
+        rows = session.execute(stmt.where(LedgerRow.created_at <= complete_until)).all()
+        if window_end is not None and complete_until >= window_end:
+            complete_until = None  # that is the whole window
     arrows = [_arrow(row) for row in rows]
     if ids is not None:
         names = dict(
