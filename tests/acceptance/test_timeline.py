@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
 from agent_router import MessageType, Router, Settings
@@ -236,6 +237,29 @@ def test_a_team_of_thirty_on_one_screen(busy: tuple[str, BusyTeam], tmp_path: Pa
         zoomed = wait_until(driver, lambda p: p["messages"] < layout["messages"])
         assert zoomed["to"] - zoomed["from"] < (layout["to"] - layout["from"]) / 1.9
         driver.find_element(By.CSS_SELECTOR, "button[title^='Show the team']").click()
+        wait_until(driver, lambda p: p["messages"] == layout["messages"])
+
+        # The overview strip: drag across a stretch of it to show that stretch.
+        strip = driver.find_element(By.CSS_SELECTOR, ".sl-overview .ov-bg")
+        box = strip.rect
+        ActionChains(driver).move_to_element_with_offset(
+            strip, -box["width"] * 0.3, 0
+        ).click_and_hold().move_by_offset(box["width"] * 0.2, 0).release().perform()
+        picked = wait_until(driver, lambda p: p["to"] - p["from"] < layout["to"] * 0.3)
+        assert picked["from"] == pytest.approx(layout["to"] * 0.2, abs=layout["to"] * 0.02)
+        assert picked["to"] == pytest.approx(layout["to"] * 0.4, abs=layout["to"] * 0.02)
+        # Drag the lanes to the left: later time comes into view; D pans on, S zooms out.
+        lanes = driver.find_element(By.ID, "swimlane-svg")
+        ActionChains(driver).move_to_element(lanes).click_and_hold().move_by_offset(
+            -200, 0
+        ).release().perform()
+        panned = wait_until(driver, lambda p: p["from"] > picked["from"] + 1)
+        assert panned["to"] - panned["from"] == pytest.approx(picked["to"] - picked["from"])
+        ActionChains(driver).send_keys("d").perform()
+        wait_until(driver, lambda p: p["from"] > panned["from"] + 1)
+        ActionChains(driver).send_keys("s").perform()
+        wait_until(driver, lambda p: p["to"] - p["from"] > (panned["to"] - panned["from"]) * 1.5)
+        ActionChains(driver).send_keys("0").perform()
         wait_until(driver, lambda p: p["messages"] == layout["messages"])
 
         # Filter by kind: the reports go, the rest stays.

@@ -593,11 +593,11 @@ var Swimlane = (function () {
     }
 
     function drawArrow(plot, list, sc, laneY, laneH, questions) {
-      var m = list[0], n = list.length;
+      var m = list[0], n = list.length, kind = KIND_COLOURS.has(m.kind) ? m.kind : "message";
       var x = sc.x(m.t), y1 = laneY(m.from) + laneH / 2, y2 = laneY(m.to) + laneH / 2;
       var down = y2 >= y1, tip = y2 + (down ? -3 : 3);
       if (Math.abs(y2 - y1) < 2) { tip = y1 + 8; }  // to its own lane: a short tick
-      var colour = KIND_COLOURS.get(m.kind) || "#555";
+      var colour = KIND_COLOURS.get(kind);
       var outcome = dominant(list);
       var g = el("g", attrs(["class", "arrow" + (n > 1 ? " bundle" : ""), "data-kind", m.kind,
         "data-outcome", outcome, "data-count", n, "data-from", m.from, "data-to", m.to]), plot);
@@ -606,7 +606,7 @@ var Swimlane = (function () {
       var width = n > 1 ? Math.min(5, 1.6 + Math.log2(n)) : 1.6;
       var line = el("line", attrs(["x1", x, "y1", y1, "x2", x + 3, "y2", tip, "stroke", colour,
         "stroke-width", width, "class", "msg " + outcome, "data-kind", m.kind,
-        "data-outcome", outcome, "marker-end", "url(#tip-" + m.kind + "-" + tipShape(outcome) + ")"]), g);
+        "data-outcome", outcome, "marker-end", "url(#tip-" + kind + "-" + tipShape(outcome) + ")"]), g);
       if (n === 1 && m.message_id !== null) line.setAttribute("data-message", m.message_id);
       if (m.question_id !== null) line.setAttribute("data-question", m.question_id);
       el("circle", attrs(["cx", x, "cy", y1, "r", n > 1 ? 2.6 : 1.8, "fill", colour, "class", "origin"]), g);
@@ -763,23 +763,25 @@ var Swimlane = (function () {
       next.addEventListener("click", function () { state.offset = lanes.offset + lanes.limit; load(); });
     }
 
+    function localX(node, ev) { return ev.clientX - node.getBoundingClientRect().left; }
+
     // -- pointer: drag pans, ctrl+wheel zooms, shift+wheel pans, double-click zooms in
     function bindPointer(node) {
       node.addEventListener("wheel", function (ev) {
         if (!geometry) return;
         if (ev.ctrlKey || ev.metaKey) {
           ev.preventDefault();
-          zoom(ev.deltaY > 0 ? 1.25 : 0.8, geometry.sc.t(ev.offsetX));
+          zoom(ev.deltaY > 0 ? 1.25 : 0.8, geometry.sc.t(localX(node, ev)));
         } else if (ev.shiftKey || Math.abs(ev.deltaX) > Math.abs(ev.deltaY)) {
           ev.preventDefault();
           pan((ev.deltaX || ev.deltaY) > 0 ? 0.15 : -0.15);
         }
       }, { passive: false });
       node.addEventListener("dblclick", function (ev) {
-        if (geometry && ev.offsetX > geometry.plotX) zoom(0.5, geometry.sc.t(ev.offsetX));
+        if (geometry && localX(node, ev) > geometry.plotX) zoom(0.5, geometry.sc.t(localX(node, ev)));
       });
       node.addEventListener("mousedown", function (ev) {
-        if (!geometry || ev.offsetX < geometry.plotX || ev.button !== 0) return;
+        if (!geometry || localX(node, ev) < geometry.plotX || ev.button !== 0) return;
         var x0 = ev.clientX, w = windowNow(), moved = false;
         function move(e2) {
           if (Math.abs(e2.clientX - x0) < 4 && !moved) return;
