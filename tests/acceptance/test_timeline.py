@@ -241,10 +241,10 @@ def test_a_team_of_thirty_on_one_screen(busy: tuple[str, BusyTeam], tmp_path: Pa
 
         # The overview strip: drag across a stretch of it to show that stretch.
         strip = driver.find_element(By.CSS_SELECTOR, ".sl-overview .ov-bg")
-        box = strip.rect
+        strip_box = strip.rect
         ActionChains(driver).move_to_element_with_offset(
-            strip, -box["width"] * 0.3, 0
-        ).click_and_hold().move_by_offset(box["width"] * 0.2, 0).release().perform()
+            strip, -strip_box["width"] * 0.3, 0
+        ).click_and_hold().move_by_offset(strip_box["width"] * 0.2, 0).release().perform()
         picked = wait_until(driver, lambda p: p["to"] - p["from"] < layout["to"] * 0.3)
         assert picked["from"] == pytest.approx(layout["to"] * 0.2, abs=layout["to"] * 0.02)
         assert picked["to"] == pytest.approx(layout["to"] * 0.4, abs=layout["to"] * 0.02)
