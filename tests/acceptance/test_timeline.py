@@ -24,6 +24,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
 from agent_router import MessageType, Router, Settings
+from agent_router.domain import BudgetName
 from agent_router.outbox import RecordingPublisher
 from tests.acceptance.test_web import HOSTILE_CONTENT, HOSTILE_NAMES, HOSTILE_PAGE, hostile_team
 from tests.integration.helpers import assistant, start_running, start_waiting
@@ -435,3 +436,25 @@ def test_long_lane_labels_fit(tmp_path: Path) -> None:
         assert label["text"] != name and "…" in label["text"]
         assert label["text"].endswith("_1") and label["right"] <= label["column"]
         assert label["title"].startswith(name)
+
+
+def test_a_big_team_is_drawn_a_page_of_lanes_at_a_time(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+    router.create_schema()
+    team = router.create_team(budget={BudgetName.SUB_AGENTS_CREATED: None,
+                                      BudgetName.SUB_AGENTS_ACTIVE: None}).id  # fmt: skip
+    names = [router.create_agent(team, role="Worker").display_name for _ in range(130)]
+    for name in names:
+        router.send(team, to=name, content="Go.", sender="Team Leader", type=MessageType.TASK)
+    router.close()
+    with chromium() as driver:
+        driver.get(page_of(url, team, tmp_path).as_uri())
+        first = driver.execute_script(LAYOUT)
+        assert first["lanes"] == ["Team Leader", *names[:59]]
+        assert first["messages"] == 59  # the tasks among the lanes drawn
+        assert "agents 1\u201360 of 131" in driver.find_element(By.CSS_SELECTOR, ".sl-pager").text
+        driver.find_element(By.CSS_SELECTOR, "button[title='Next agents']").click()
+        second = wait_until(driver, lambda p: p["lanes"] != first["lanes"])
+        assert second["lanes"] == names[59:119] and second["messages"] == 0
+        assert page_errors(driver) == []

@@ -5,7 +5,7 @@
 // Everything the server sends is set as text, never as markup.
 "use strict";
 (function () {
-  var POLL_MS = 1000, LANES = 60, MAX_ARROWS = 2500, TEAMS = 50, ENTRIES = 200;
+  var POLL_MS = 1000, LANES = Swimlane.PAGE_LANES, MAX_ARROWS = 2500, TEAMS = 50, ENTRIES = 200;
   var shown = { team: null, controller: null, lastEvent: -1, polls: 0, teamsOffset: 0,
     entriesStart: 0, agent: null, movedAt: 0 };
 

@@ -39,6 +39,8 @@ var Swimlane = (function () {
   var MIN_GAP_SECONDS = 1.0, GAP_SHARE = 1 / 40, LABEL_FONT = "12px system-ui, sans-serif";
   // Most messages one window holds, and most pieces it is read in (the live page).
   var MAX_LOADED = 20000, MAX_PIECES = 60;
+  // Lanes of one page (the live page asks the server for as many).
+  var PAGE_LANES = 60;
 
   // ------------------------------------------------------------------ small helpers
 
@@ -195,7 +197,12 @@ var Swimlane = (function () {
         messages = messages.filter(function (m) { return m.from === p.focus || m.to === p.focus; });
         messages.forEach(function (m) { partners.add(m.from); partners.add(m.to); });
         keep = keep.filter(function (a) { return partners.has(a.name); });
-      } else if (p.agent) {  // the messages among the agents kept (and from outside to them)
+      }
+      // A page of lanes, as the live page's (a team of any size draws at once).
+      var offset = p.offset || 0, total = keep.length;
+      var whole = !p.agent && !p.focus && total <= PAGE_LANES;
+      keep = keep.slice(offset, offset + PAGE_LANES);
+      if (!whole) {  // the messages among the agents kept (and from outside to them)
         var names = new Set(keep.map(function (a) { return a.name; }));
         messages = messages.filter(function (m) {
           if (m.message_id === null) return names.has(m.from) || names.has(m.to);
@@ -206,7 +213,7 @@ var Swimlane = (function () {
       return Promise.resolve({
         team_id: data.team_id, started_at: data.started_at, end: data.end,
         last_event_id: data.last_event_id, agents_total: data.agents_total, states: data.states,
-        lanes: { offset: 0, limit: null, total: keep.length, items: keep },
+        lanes: { offset: offset, limit: PAGE_LANES, total: total, items: keep },
         window: { from: from, to: to, complete_to: to },
         turns: data.turns.filter(function (t) {
           return lanes.has(t.agent) && t.start <= to && (t.end === null || t.end >= from);
@@ -1009,7 +1016,7 @@ var Swimlane = (function () {
   }
 
   return {
-    mount: mount, local: local, KINDS: KINDS, KIND_COLOURS: KIND_COLOURS,
+    mount: mount, local: local, KINDS: KINDS, KIND_COLOURS: KIND_COLOURS, PAGE_LANES: PAGE_LANES,
     breaksIn: breaksIn, scale: scale, fit: fit
   };
 })();
