@@ -263,7 +263,7 @@ var Swimlane = (function () {
     var lanesBox = html("div", null, "sl-lanes", chart);
     var notice = html("div", null, "sl-notice", chart);
     var legend = html("div", null, "sl-legend", container);
-    var svg = null, geometry = null, labelsEnd = new Map();
+    var svg = null, geometry = null, labelsEnd = new Map(), overviewNext = false, overviewAt = 0;
 
     // -- toolbar
     function button(text, title, action) {
@@ -336,6 +336,11 @@ var Swimlane = (function () {
           state.data = data;
           draw();
           if (options.onData) options.onData(data);
+          if (overviewNext) {
+            overviewNext = false;
+            overviewAt = Date.now();
+            loadOverview();
+          }
           var w = data.window, more = w.complete_to < w.to - 1e-9;
           if (more && w.complete_to > from && data.messages.length < MAX_LOADED && pieces < MAX_PIECES) {
             status.textContent = "loading… " + fmtT(w.complete_to) + " of " + fmtT(w.to);
@@ -935,9 +940,9 @@ var Swimlane = (function () {
 
     window.addEventListener("resize", function () { if (container.isConnected) draw(); });
 
-    var overviewAt = 0;
     var controller = {
-      refresh: function () { return Promise.all([load(), loadOverview()]); },
+      // The overview once the first piece is drawn: the first data does not wait behind it.
+      refresh: function () { overviewNext = true; return load(); },
       // New events: following the end with the window whole, only the new piece is read; the
       // overview at most every five seconds.
       update: function () {
