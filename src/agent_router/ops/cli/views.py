@@ -117,7 +117,8 @@ def web(
         typer.Option(
             envvar="AGENT_ROUTER_WEB_TOKEN",
             help="Token every request must carry (Authorization: Bearer, or the cookie that "
-            "opening /?token=TOKEN once sets); at least 16 characters.",
+            "opening /?token=TOKEN once sets): at least 16 letters, digits or . _ ~ -.",
+            metavar="TOKEN",
             show_default=False,
         ),
     ] = None,
@@ -129,6 +130,7 @@ def web(
             help="A host name the page is reached by, besides 127.0.0.1, localhost and [::1] "
             "(repeatable; in the variable, separated by commas). Requests naming any other "
             "Host are refused.",
+            metavar="NAME",
             show_default=False,
         ),
     ] = None,
