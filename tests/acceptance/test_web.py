@@ -534,6 +534,18 @@ def test_a_team_of_70000_agents_comes_in_pages(huge_database: str) -> None:
         ]
         named = api(address, "/api/teams/1/view?agent=worker_6999&to=1")
         assert named["lanes"]["total"] == 11
+        focused = api(address, "/api/teams/1/view?focus=Worker_69999")
+        assert [lane["name"] for lane in focused["lanes"]["items"]] == [
+            "Team Leader",
+            "Worker_69999",
+        ]
+        while focused["window"]["complete_to"] < focused["window"]["to"]:  # its task, its report
+            more = api(
+                address,
+                f"/api/teams/1/view?focus=Worker_69999&from={focused['window']['complete_to']}",
+            )
+            focused = more | {"messages": focused["messages"] + more["messages"]}
+        assert sorted(m["kind"] for m in focused["messages"]) == ["report", "task"]
         teams = api(address, "/api/teams")
         assert teams["items"][0]["agents"] == 70_001
         started = time.perf_counter()

@@ -63,7 +63,7 @@ class TimelineQuery:
     offset: int = 0  # agents (lanes) skipped, in the order of their ids
     limit: int | None = None  # most agents returned; None: all
     name: str | None = None  # only agents whose display name contains this
-    focus: str | None = None  # only this agent and those it exchanged messages with
+    focus: str | None = None  # only this agent and those it ever exchanged messages with
     max_arrows: int | None = None  # most messages returned; the window is then cut short
     max_scan: int | None = None  # most ledger events read; the window is then cut short
 
@@ -223,7 +223,7 @@ def window(
         )
     }
     focus = _focus_id(session, team_id, query)
-    filters = _lane_filter(team_id, query, focus, start, end)
+    filters = _lane_filter(team_id, query, focus)
     kept = [AgentRow.team_id == team_id, *filters]
     total = (session.scalar(sa.select(sa.func.count()).where(*kept)) or 0) if filters else None
     rows = session.scalars(
@@ -272,24 +272,23 @@ def _latest(team_id: int, *columns: Any) -> sa.Select[Any]:
 
 
 def _lane_filter(
-    team_id: int, query: TimelineQuery, focus: int | None, start: datetime, end: datetime | None
+    team_id: int, query: TimelineQuery, focus: int | None
 ) -> list[ColumnElement[bool]]:
     """What keeps an agent of the team in the lanes: its name, or being the focused agent or
-    one it exchanged messages with in the window."""
+    one it ever exchanged messages with (the same lanes in every window, and in every piece of
+    one)."""
     kept: list[ColumnElement[bool]] = []
     if query.name:
         kept.append(AgentRow.display_name.icontains(query.name, autoescape=True))
     if focus is not None:
-        during = _during(MessageRow.created_at, start, end)
         partners: Any = sa.union(
             sa.select(MessageRow.target_agent_id).where(
-                MessageRow.team_id == team_id, MessageRow.source_agent_id == focus, *during
+                MessageRow.team_id == team_id, MessageRow.source_agent_id == focus
             ),
             sa.select(MessageRow.source_agent_id).where(
                 MessageRow.team_id == team_id,
                 MessageRow.target_agent_id == focus,
                 MessageRow.source_agent_id.is_not(None),
-                *during,
             ),
         )
         kept.append(sa.or_(AgentRow.id == focus, AgentRow.id.in_(partners)))

@@ -193,9 +193,12 @@ var Swimlane = (function () {
         if (!agents.some(function (a) { return a.name === p.focus; })) {
           return Promise.reject(new Error("unknown agent " + p.focus));
         }
-        var partners = new Set([p.focus]);
+        var partners = new Set([p.focus]);  // over the whole history: the same in every window
+        data.messages.forEach(function (m) {
+          if (m.from === p.focus) partners.add(m.to);
+          else if (m.to === p.focus) partners.add(m.from);
+        });
         messages = messages.filter(function (m) { return m.from === p.focus || m.to === p.focus; });
-        messages.forEach(function (m) { partners.add(m.from); partners.add(m.to); });
         keep = keep.filter(function (a) { return partners.has(a.name); });
       }
       // A page of lanes, as the live page's (a team of any size draws at once).
@@ -429,9 +432,8 @@ var Swimlane = (function () {
       detail.textContent = "";
       if (name) {
         html("h3", "focus: " + name, null, detail);
-        html("p", "Its lane, and the lanes of the agents it exchanged messages with in the " +
-          "window shown; only its own messages. ✕ above, or Esc, shows every agent again.",
-          null, detail);
+        html("p", "Its lane, and the lanes of the agents it exchanged messages with; only its " +
+          "own messages. ✕ above, or Esc, shows every agent again.", null, detail);
       }
       state.focus = name;
       state.offset = 0;
