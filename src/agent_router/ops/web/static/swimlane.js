@@ -628,7 +628,7 @@ var Swimlane = (function () {
       if (n > 2 && x + 4 > free) {  // by the sender: "this lane sent n of them here"
         var count = el("text", attrs(["x", x + 4, "y", y1 + (down ? -2 : 10), "class", "count"]), g);
         count.textContent = "×" + n;
-        labelsEnd.set(m.from, x + 8 + 7 * String(n).length);
+        labelsEnd.set(m.from, x + 14 + 7 * String(n).length);
       }
       var hit = el("line", attrs(["x1", x, "y1", y1, "x2", x + 3, "y2", tip, "class", "msg-hit"]), g);
       titled(hit, n > 1 ? n + " " + m.kind + "s " + m.from + " → " + m.to + " (" +
