@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -79,3 +80,29 @@ def test_the_installed_code_migrates_and_runs_the_demo(wheel: Path, tmp_path: Pa
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     result = json.loads(demo.stdout.splitlines()[-1])
     assert result["event"] == "result" and result["ok"] is True
+
+
+def test_a_host_pinning_celery_5_5_and_redis_6_installs_it_with_its_pins(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """pip's resolver, from the package index, for a fresh environment holding a host's pins
+    and the wheel: every pin stays as it is. (Through ``celery[redis]``, kombu's cap on redis-py
+    made this ResolutionImpossible: the router depends on what it imports, with no cap.)"""
+    pins = {"celery": "5.5.3", "redis": "6.4.0"}
+    requirements = tmp_path / "host-requirements.txt"
+    requirements.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))
+    report = tmp_path / "report.json"
+    resolved = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--report", str(report), "-r", str(requirements), str(wheel)],
+        check=False, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stderr[-3000:]
+    installed = {
+        item["metadata"]["name"].lower(): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
+    assert {name: installed.get(name) for name in pins} == pins
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert installed["agent-router"] == project["version"]
+    assert "kombu" in installed  # resolved with the rest, not left out

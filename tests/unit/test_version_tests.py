@@ -1,5 +1,6 @@
-"""The lowest-versions run (``./dev test-lowest``) names its tests by pytest node id: each one
-must exist, or that run stops with "not found" at the end of ``./dev test``."""
+"""The lowest- and newest-versions runs (``./dev test-lowest``, ``./dev test-newest``) name their
+tests by pytest node id: each one must exist, or those runs stop with "not found" at the end of
+``./dev test``."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _lowest_tests() -> list[str]:
+def _version_tests() -> list[str]:
     script = (ROOT / "dev").read_text()
-    block = re.search(r"^LOWEST_TESTS=\((.*?)^\)", script, re.S | re.M)
-    assert block is not None, "LOWEST_TESTS=( ... ) not found in ./dev"
+    block = re.search(r"^VERSION_TESTS=\((.*?)^\)", script, re.S | re.M)
+    assert block is not None, "VERSION_TESTS=( ... ) not found in ./dev"
     return [item.strip('"') for item in block.group(1).split()]
 
 
-def test_every_test_of_the_lowest_versions_run_exists() -> None:
-    tests = _lowest_tests()
+def test_every_test_of_the_versions_runs_exists() -> None:
+    tests = _version_tests()
     assert len(tests) >= 5
     for node in tests:
         path, _, name = node.partition("::")
