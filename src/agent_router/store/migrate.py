@@ -1,5 +1,7 @@
 """The router's Alembic history, run three ways: ``agent-router db upgrade`` (the CLI),
-:func:`upgrade` from Python, and :func:`upgrade_connection` from a host's own Alembic ``env.py``.
+:func:`upgrade` from Python, and :func:`upgrade_connection` from a host's own Alembic ``env.py``;
+and :func:`include_name` / :func:`include_object`, which keep the router's tables out of a host's
+autogenerate and ``alembic check``.
 
 Its revisions are recorded in a version table of its own, :data:`VERSION_TABLE`, so a host's
 Alembic history (in the default ``alembic_version``) and the router's never see each other's
@@ -11,6 +13,7 @@ keeps its state: the first upgrade moves the router's revision out of ``alembic_
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,9 @@ VERSION_TABLE = "agent_router_alembic_version"
 
 #: Alembic's default version table: where releases before :data:`VERSION_TABLE` kept theirs.
 DEFAULT_VERSION_TABLE = "alembic_version"
+
+#: Every table of the router starts with this (its version table is :data:`VERSION_TABLE`).
+TABLE_PREFIX = "ar_"
 
 logger = logging.getLogger(__name__)
 
@@ -135,3 +141,29 @@ def adopt_default_version_table(connection: sa.Connection) -> bool:
         extra={"action": "migrate", "revisions": found, "table": VERSION_TABLE},
     )
     return True
+
+
+def is_router_table(name: str | None) -> bool:
+    """Is ``name`` one of the router's tables (its own version table included)?"""
+    return name is not None and (name.startswith(TABLE_PREFIX) or name == VERSION_TABLE)
+
+
+def include_name(name: str | None, type_: str, parent_names: Mapping[str, str | None]) -> bool:
+    """For a host's Alembic ``context.configure(include_name=include_name, ...)``: the router's
+    tables, and everything on them, are left out of what the host's autogenerate compares, so
+    the host's ``alembic revision --autogenerate`` never drops them and its ``alembic check``
+    stays clean. They are the router's history's (:func:`upgrade_connection`)."""
+    if type_ == "table":
+        return not is_router_table(name)
+    return not is_router_table(parent_names.get("table_name"))
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """The same for a host whose ``env.py`` filters with ``include_object``: ``False`` for a
+    router table and what is on it (a host's own filter can call this first)."""
+    if type_ == "table":
+        return not is_router_table(name)
+    table = getattr(obj, "table", None)
+    return not is_router_table(getattr(table, "name", None))
