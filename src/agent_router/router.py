@@ -103,7 +103,7 @@ class Router:
             role=LEAD_ROLE,
             display_name=LEAD_DISPLAY_NAME,
             system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
-            runner=_runner(self.settings, LEAD_ROLE, lead_runner),
+            runner=self._runner(LEAD_ROLE, lead_runner),
         )
         return self.store.create_team(lead, budget=budget)
 
@@ -119,7 +119,8 @@ class Router:
         """Add a sub-agent; its display name is ``{role}_{n}`` unless given. ``runner``: the
         host's Celery task for its turns (default ``Settings.runners[role]``, else the built-in
         loop)."""
-        new = _new_agent(self.settings, role, display_name, system_prompt, runner)
+        role = check.name(role, "role")
+        new = _new_agent(role, display_name, system_prompt, self._runner(role, runner))
         agent, _ = self.store.create_agent(_team_id(team_id), new)
         return agent
 
@@ -137,7 +138,8 @@ class Router:
         """Add a sub-agent and send it its first ``task`` in one transaction: a crash or a
         refused task (too large, unknown sender, ...) leaves neither behind. The task wakes the
         new agent like any message to an idle one (``triggered_new_turn``)."""
-        new = _new_agent(self.settings, role, display_name, system_prompt, runner)
+        role = check.name(role, "role")
+        new = _new_agent(role, display_name, system_prompt, self._runner(role, runner))
         # `to` is replaced by the new agent's display name.
         task_fields = {
             "to": new.display_name or new.role,
@@ -149,6 +151,18 @@ class Router:
             agent, delivery = self.store.create_agent(team_id, new, task=request)
         assert delivery is not None
         return agent, self._delivered(team_id, sender, delivery)
+
+    def _runner(self, role: str, runner: str | None) -> str | None:
+        """The runner recorded with a new agent: the one given, else the role's setting. One
+        named without a queue gets the queue this router's app routes it to, when that app has
+        a route for it (a host's ``task_routes``): a process that publishes the turn through
+        another app (the CLI, the router's own worker) then sends it to the same queue."""
+        chosen = runner if runner is not None else self.settings.runners.get(role)
+        if chosen is None:
+            return None
+        chosen = check.runner(chosen)
+        routed = getattr(self.publisher, "routed_runner", None)
+        return str(routed(chosen)) if routed is not None else chosen
 
     # ------------------------------------------------------------------ reads
 
@@ -576,23 +590,12 @@ def _forget(waker: Waker, deletion: Deletion) -> None:
 
 
 def _new_agent(
-    settings: Settings,
-    role: str,
-    display_name: str | None,
-    system_prompt: str | None,
-    runner: str | None,
+    role: str, display_name: str | None, system_prompt: str | None, runner: str | None
 ) -> NewAgent:
-    """The checked definition of a sub-agent to add."""
-    role = check.name(role, "role")
+    """The checked definition of a sub-agent to add (``role`` and ``runner`` already checked)."""
     return NewAgent(
         role=role,
         display_name=None if display_name is None else check.display_name(display_name),
         system_prompt=check.optional_text(system_prompt, "system_prompt"),
-        runner=_runner(settings, role, runner),
+        runner=runner,
     )
-
-
-def _runner(settings: Settings, role: str, runner: str | None) -> str | None:
-    """The runner recorded with a new agent: the one given, else the role's setting."""
-    chosen = runner if runner is not None else settings.runners.get(role)
-    return None if chosen is None else check.runner(chosen)

@@ -51,6 +51,14 @@ class WorkerSweeper(bootsteps.StartStopStep):
         settings = Settings()
         if not settings.worker_sweeper:
             return None
+        if "database_url" not in settings.model_fields_set:
+            # A host worker that has the router installed but not configured: sweeping the
+            # default SQLite file would create it here and fail on every pass.
+            logger.info(
+                "agent-router sweeper off: AGENT_ROUTER_DATABASE_URL is not set",
+                extra={"action": "sweep"},
+            )
+            return None
         # Imported here: the router pulls in the store and its driver, which a process that only
         # configures an app (beat, a sender) need not load.
         from agent_router.router import Router

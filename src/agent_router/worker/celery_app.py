@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from celery import Celery
+from kombu import Exchange, Queue
 
 from agent_router.constants import SWEEP, SWEEP_SCHEDULE_ENTRY, TASK_PREFIX
 from agent_router.settings import Settings
@@ -118,8 +119,12 @@ def create_app(settings: Settings | None = None, *, main: str = "agent_router") 
         set_as_current=False,
     )
     app.conf.update(celery_config(settings))
-    # So that a bare `celery -A agent_router.celery_app worker` consumes our queue.
-    app.conf.task_default_queue = settings.queue
+    # So that a bare `celery -A agent_router.celery_app worker` consumes our queue (declared as
+    # Celery declares a queue it creates on demand). Our queue is not made the default queue:
+    # a host's task that this app publishes by name (a runner without `@queue`) goes where the
+    # host's app would send it unrouted, Celery's default queue, never to the router's workers.
+    queue = settings.queue
+    app.conf.task_queues = (Queue(queue, Exchange(queue), routing_key=queue),)
     return app
 
 

@@ -15,6 +15,9 @@ from agent_router.domain import OutboxEntry, OutboxKind
 logger = logging.getLogger(__name__)
 
 
+#: Celery's own default queue: where an app that names no other sends a task it has no route for.
+CELERY_DEFAULT_QUEUE = "celery"
+
 #: Retries of one publish (see :meth:`CeleryPublisher.publish`).
 PUBLISH_RETRY_POLICY = {
     "max_retries": 1,
@@ -92,6 +95,23 @@ class CeleryPublisher:
                 "wake signal ignored: the router's waker carries it",
                 extra={"action": "publish", "agent_id": entry.agent_id, "kind": entry.kind.value},
             )
+
+    def routed_runner(self, runner: str) -> str:
+        """``runner`` with the queue this app sends it to (``name@queue``) when the app decides
+        one: a route of its ``task_routes``, or a default queue other than Celery's own
+        (``celery``); as given otherwise, and when it names its queue. The router records the
+        result with the agent it creates, so that a process publishing through another app (the
+        router's own, in the CLI or its worker) sends the turn where this app would."""
+        if "@" in runner:
+            return runner
+        route = self.app.amqp.router.lookup_route(runner, (), {}, {}, None)
+        if route:
+            queue = route if isinstance(route, str) else route.get("queue")
+            name = getattr(queue, "name", queue)
+        else:
+            default = self.app.conf.task_default_queue
+            name = default if default != CELERY_DEFAULT_QUEUE else None
+        return f"{runner}@{name}" if isinstance(name, str) and name else runner
 
     def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
         """A background job's outcome from the result backend (see ``sweeper.poll_jobs``):

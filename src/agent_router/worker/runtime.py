@@ -116,16 +116,28 @@ def configure(
 
 def current(app: Celery | None = None) -> Runtime:
     """The process's runtime, built from ``Settings()`` on first use (by
-    ``Settings.runtime_factory`` when set). ``app`` (a task's own app) is where turn tasks get
-    published if the runtime has to be built now."""
+    ``Settings.runtime_factory`` when set). ``app`` is where turn tasks get published if the
+    runtime has to be built now; by default the app of the task this thread runs (a host's
+    task calling :func:`agent_router.agents.hosted.claim`): a host worker publishes follow-ups
+    through its own app and broker, never an in-process ``memory://`` one that no worker
+    reads."""
     with _Slot.lock:
         if _Slot.runtime is None:
+            app = app or _running_task_app()
             settings = Settings()
             if settings.runtime_factory:
                 _Slot.runtime = _from_factory(settings.runtime_factory, settings, app)
             else:
                 _Slot.runtime = _build(settings, app, None, None)
         return _Slot.runtime
+
+
+def _running_task_app() -> Celery | None:
+    """The app of the Celery task this thread is running, if any."""
+    from celery import current_task
+
+    # A proxy of the thread's running task: false outside a task.
+    return current_task.app if current_task else None
 
 
 def _from_factory(spec: str, settings: Settings, app: Celery | None) -> Runtime:
