@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
@@ -37,7 +36,10 @@ def _type(field: FieldInfo) -> str:
     return text.replace("NoneType", "None").replace(" | ", " or ")
 
 
-def _default(value: Any) -> str:
+def _default(field: FieldInfo) -> str:
+    # A default made by a factory (an empty table) is the factory's value, not pydantic's
+    # marker for "no default".
+    value = field.get_default(call_default_factory=True)
     if value is None:
         return "unset"
     if isinstance(value, float) and value.is_integer():
@@ -57,8 +59,7 @@ def render() -> str:
     for name, field in Settings.model_fields.items():
         description = (field.description or "").replace("|", "\\|").replace("\n", " ")
         rows.append(
-            f"| {_variables(name, field)} | {_type(field)} | {_default(field.default)} "
-            f"| {description} |"
+            f"| {_variables(name, field)} | {_type(field)} | {_default(field)} | {description} |"
         )
     return HEADER + "\n".join(rows) + "\n"
 
