@@ -19,6 +19,7 @@ The checks themselves are store transitions (:mod:`agent_router.store.budgets`).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,20 @@ SPENT = "the team's {budget} budget is spent"
 
 _ACTIVE = (AgentState.SCHEDULED, AgentState.RUNNING, AgentState.WAITING)
 
+#: What a process says once per model the price table does not list, while a cost budget is set.
+UNPRICED = (
+    "model {model!r} has no price in AGENT_ROUTER_MODELS: its calls count as $0, so the "
+    "${limit:g} cost budget (AGENT_ROUTER_BUDGET_COST_USD) never stops a team; add the model's "
+    "prices to AGENT_ROUTER_MODELS"
+)
+
+
+class _Said:
+    """The models this process has said :data:`UNPRICED` of."""
+
+    lock = threading.Lock()
+    models: set[str] = set()
+
 
 def admit_turn(router: Router, turn: Turn, check: BudgetCheck) -> bool:
     """Act on a claimed turn's budget ``check`` (counted in the claim's transaction): warn or
@@ -85,8 +100,18 @@ def priced(
     cached_tokens: int,
 ) -> TokenUsage:
     """One model call's usage: its tokens and their cost by the ``models`` price table (0 for a
-    model the table does not list)."""
+    model the table does not list, said once per process and model while a cost budget is
+    set)."""
     spec = settings.models.get(model or "")
+    if spec is None and model and settings.budget_cost_usd is not None:
+        with _Said.lock:
+            first = model not in _Said.models
+            _Said.models.add(model)
+        if first:
+            logger.warning(
+                UNPRICED.format(model=model, limit=settings.budget_cost_usd),
+                extra={"action": "model_unpriced", "model": model},
+            )
     cost = spec.cost(prompt_tokens, completion_tokens, cached_tokens) if spec else 0.0
     return TokenUsage(
         model_calls=1,

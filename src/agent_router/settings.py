@@ -287,7 +287,8 @@ class Settings(BaseSettings):
     budget_cost_usd: float | None = Field(
         10.0,
         gt=0,
-        description="A new team's budget in US dollars, by the `models` price table; unset: "
+        description="A new team's budget in US dollars, by the `models` price table (a model "
+        "it does not list counts as $0, which each process logs once per model); unset: "
         "unlimited.",
     )
     budget_wall_seconds: float | None = Field(

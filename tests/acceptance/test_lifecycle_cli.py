@@ -29,7 +29,8 @@ def test_team_delete_and_prune_with_dry_run(tmp_path: Path) -> None:
     assert json.loads(real.stdout)["rows"] == counted["rows"]
     again = run("team", "delete", str(doomed.id), database_url=url)
     assert again.returncode == 1
-    assert again.stderr == f"agent-router: error: unknown team {doomed.id}\n"
+    assert again.stderr.startswith(f"agent-router: error: unknown team {doomed.id} (hint: ")
+    assert len(again.stderr.splitlines()) == 1
 
     # The kept team has a scheduled agent (its task was never claimed): not finished.
     pruned = run("prune", "--older-than-days", "0", "--dry-run", database_url=url)

@@ -114,7 +114,9 @@ def test_a_worker_that_starts_while_the_broker_is_away_takes_over_a_dead_turn(
     own_redis.stop()  # no persistence: the queued turn task is gone with it
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        proc = _sweeping_worker(settings, FAST_SWEEP, out, "--no-supervise", "--loglevel=INFO")
+        proc = _sweeping_worker(
+            settings, FAST_SWEEP, out, "--no-supervise", "--wait-for-broker", "--loglevel=INFO"
+        )
         try:
             wait_taken_over(
                 router, team_id, "Engineer_1",

@@ -25,6 +25,8 @@ from types import TracebackType
 from typing import Any
 
 CHAT_PATH = "/v1/chat/completions"
+#: The model list an OpenAI-compatible server serves (``agent-router doctor --model`` reads it).
+MODELS_PATH = "/v1/models"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,8 +271,10 @@ class SloppyModel:
 class ChatServer:
     """The server: start it (or use it as a context manager), script it, read what it got."""
 
-    def __init__(self, responder: Responder | None = None) -> None:
+    def __init__(self, responder: Responder | None = None, *, api_key: str | None = None) -> None:
         self.responder = responder
+        #: With a key, the model list answers 401 to a request without it, as real servers do.
+        self.api_key = api_key
         self._replies: deque[Reply] = deque()
         self._requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
@@ -326,6 +330,11 @@ class ChatServer:
 
     # Called from the handler threads.
     def _record_and_reply(self, request: RecordedRequest) -> Reply:
+        if request.method == "GET" and request.path == MODELS_PATH:
+            # Served beside the script: neither recorded nor taking a scripted reply.
+            if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+                return error(401, "invalid api key")
+            return Reply(body={"object": "list", "data": [{"id": "test-model", "object": "model"}]})
         with self._lock:
             self._requests.append(request)
             queued = self._replies.popleft() if self._replies else None

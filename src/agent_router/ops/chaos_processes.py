@@ -336,6 +336,8 @@ class Workers:
                 # The harness is the supervisor: a SIGKILL must hit the Celery worker itself,
                 # not a supervising parent whose child would live on.
                 "--no-supervise",
+                # A worker started again while Redis restarts waits for it, as a supervised one.
+                "--wait-for-broker",
                 f"--concurrency={self.concurrency}",
                 "--loglevel=WARNING",
                 f"--hostname=chaos{i}-{uuid.uuid4().hex[:4]}@localhost",

@@ -7,6 +7,7 @@ behind."""
 
 from __future__ import annotations
 
+import json
 import socket
 import urllib.parse
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ def database(database_url: str) -> Check:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
     except sa.exc.DBAPIError as exc:
-        reason = " ".join(str(exc.orig).split())[:200]
+        reason = one_line(str(exc.orig), MAX_REASON)
         return Check(
             "database",
             False,
@@ -212,28 +213,79 @@ def redis_server(redis_url: str | None) -> Check:
     return Check("redis", True, f"{where} answers")
 
 
-def model_endpoint(settings: Settings) -> Check:
-    """The OpenAI-compatible server accepts a TCP connection (no request is sent, no key used)."""
+#: Where the base URL of an OpenAI-compatible server is given.
+BASE_URL_HINT = "--base-url (or AGENT_ROUTER_OPENAI_BASE_URL)"
+
+
+def model_endpoint(settings: Settings, *, probe: bool = False) -> Check:
+    """The OpenAI-compatible server accepts a TCP connection; with ``probe``, it also answers
+    ``GET {base}/models`` (with the API key, when one is set) as such a server does."""
     base = settings.openai_base_url or "https://api.openai.com/v1"
     parts = urllib.parse.urlsplit(base)
-    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return Check(
+            "model",
+            False,
+            f"model endpoint {base!r} is not an http(s):// URL",
+            f"give the server's base URL, e.g. http://127.0.0.1:8000/v1, with {BASE_URL_HINT}",
+        )
+    host = parts.hostname
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         with socket.create_connection((host, port), timeout=CHECK_TIMEOUT):
             pass
     except OSError as exc:
         return _unreachable(
-            "model",
-            f"model endpoint {base}",
-            exc,
-            "start the server, or check --base-url (or AGENT_ROUTER_OPENAI_BASE_URL)",
+            "model", f"model endpoint {base}", exc, f"start the server, or check {BASE_URL_HINT}"
         )
-    return Check("model", True, f"{base} accepts connections")
+    if not probe:
+        return Check("model", True, f"{base} accepts connections")
+    return _models_listing(base, settings.openai_api_key)
+
+
+def _models_listing(base: str, api_key: str | None) -> Check:
+    """``GET {base}/models``: what an OpenAI-compatible server answers with its model list."""
+    import urllib.error
+    import urllib.request
+
+    url = f"{base.rstrip('/')}/models"
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=CHECK_TIMEOUT) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            return Check(
+                "model",
+                False,
+                f"{url} refused the API key ({exc.code})",
+                "set AGENT_ROUTER_OPENAI_API_KEY (or OPENAI_API_KEY) to a key this server takes",
+            )
+        return Check(
+            "model",
+            False,
+            f"{url} answered {exc.code}: not the base URL of an OpenAI-compatible server",
+            f"give the URL before /chat/completions (often ending in /v1) with {BASE_URL_HINT}",
+        )
+    except OSError as exc:  # a timeout, a reset, a TLS failure
+        return _unreachable("model", f"model endpoint {base}", exc, f"check {BASE_URL_HINT}")
+    try:
+        models = [m.get("id") for m in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return Check(
+            "model",
+            False,
+            f"{url} did not answer with a model list",
+            f"point {BASE_URL_HINT} at an OpenAI-compatible server",
+        )
+    return Check("model", True, f"{base} answers: {len(models)} model(s)")
 
 
 def all_checks(settings: Settings, *, model: bool) -> list[Check]:
     """Every check, in the order a deployment needs them; the schema only when the database
-    answered, the model endpoint only when asked for."""
+    answered, the model endpoint (its model list) only when asked for."""
     checks = [database(settings.database_url)]
     if checks[0].ok:
         checks.append(schema(settings.database_url))
@@ -244,7 +296,7 @@ def all_checks(settings: Settings, *, model: bool) -> list[Check]:
         redis_url = settings.broker_url
     checks.append(redis_server(redis_url))
     if model:
-        checks.append(model_endpoint(settings))
+        checks.append(model_endpoint(settings, probe=True))
     return checks
 
 
@@ -260,4 +312,17 @@ def _unreachable(name: str, service: str, exc: BaseException, hint: str) -> Chec
 
 
 def _reason(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
+    return one_line(str(exc), MAX_REASON) or type(exc).__name__
+
+
+#: The longest reason a check quotes from an error.
+MAX_REASON = 200
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters, cut between words (an ellipsis
+    marks the cut)."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    return f"{line[: limit - 1].rsplit(' ', 1)[0]}…"

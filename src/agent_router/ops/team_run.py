@@ -3,9 +3,10 @@ OpenAI-compatible model until every agent rests.
 
 The lead gets the ``Team Leader`` role's system prompt and the lead tools; sub-agents are created
 by the lead (``create_sub_agent``) from the roles catalogue, each with its role's prompt and, if
-the role names one, its own model and temperature. Agents get the multi-agent tools only (no
-pretend work tool). Questions get a deadline below the run's timeout, so that an unanswered one
-expires (and is reported) while the run still watches.
+the role names one, its own model and temperature. Agents get the multi-agent tools (no
+pretend work tool) and, for sub-agents, the MCP servers and host functions their role declares.
+Questions get a deadline below the run's timeout, so that an unanswered one expires (and is
+reported) while the run still watches.
 
 The run ends when every agent rests, when its timeout passes, or when nothing can make progress
 any more: no agent runs or is scheduled, and every waiting agent waits on an agent that rests
@@ -88,12 +89,11 @@ def openai_runtime(settings: Settings, app: Celery) -> Runtime:
     OpenAI-compatible model of the ``openai_*`` settings and the catalogue's roles."""
     from agent_router.agents.toolbox import agent_tools
     from agent_router.agents.tools import team_registry
-    from agent_router.worker.publisher import CeleryPublisher
-    from agent_router.worker.runtime import Runtime
+    from agent_router.worker.runtime import Runtime, worker_router
 
     roles = roles_from_env()
     return Runtime(
-        router=Router(settings, publisher=CeleryPublisher(app)),
+        router=worker_router(settings, app),
         models=openai_models(settings, roles),
         tools=agent_tools(settings, roles, builtin=team_registry(roles)),
         app=app,

@@ -4,6 +4,7 @@ environment, one-line errors, the embedded worker."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from agent_router import errors
 from agent_router.ops import preflight
 from agent_router.ops.cli import failures
 from agent_router.router import Router
@@ -121,10 +123,37 @@ def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except Exception as exc:
             if failures.OPTIONS.traceback:
                 raise
-            failures.report(exc)
+            failures.report(exc, hint=_unknown_name_hint(exc, kwargs))
             raise typer.Exit(failures.EXIT_FAILURE) from None
 
     return wrapper
+
+
+#: The parameters of the commands that name an agent of a team.
+_AGENT_PARAMETERS = ("to", "agent", "name")
+
+
+def _unknown_name_hint(exc: Exception, arguments: dict[str, Any]) -> str | None:
+    """For a team or an agent the database does not have: where to see the names, and the
+    agent's name as the team spells it when the one given is close (``team leader``)."""
+    if isinstance(exc, errors.UnknownTeamError):
+        return "`agent-router status` lists every team and its agents"
+    if not isinstance(exc, errors.UnknownAgentError):
+        return None
+    team = arguments.get("team")
+    given = next((v for k in _AGENT_PARAMETERS if isinstance(v := arguments.get(k), str)), None)
+    if not isinstance(team, int) or given is None:
+        return None
+    try:
+        with _router(arguments.get("database_url")) as router:
+            names = [a.display_name for a in router.agents(team)]
+    except Exception:  # the hint is a courtesy: the error line stands without it
+        return None
+    folded = {name.casefold(): name for name in names}
+    close = difflib.get_close_matches(given.casefold(), list(folded), n=1, cutoff=0.6)
+    listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    guess = f"did you mean {folded[close[0]]!r}? " if close else ""
+    return f"{guess}team {team} has {listed}"
 
 
 def _settings(database_url: str | None = None, broker_url: str | None = None) -> Settings:

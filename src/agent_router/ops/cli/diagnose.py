@@ -4,6 +4,7 @@ is wrong with a deployment: ``doctor``, ``db current``, ``db history``."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -21,6 +22,7 @@ from agent_router.ops.cli.common import (
     _one_line_errors,
     _settings,
     app,
+    setting_option,
     switch_option,
 )
 
@@ -48,6 +50,8 @@ def main_options(
     failures.OPTIONS.traceback = failures.OPTIONS.traceback or traceback
     if log_format not in ("text", "json"):
         raise typer.BadParameter("text or json", param_hint="--log-format")
+    # What the command starts reads it too: a worker (and its supervised child), beat.
+    os.environ["AGENT_ROUTER_LOG_FORMAT"] = log_format
     logs.configure_cli("json" if log_format == "json" else "text", traceback=traceback)
 
 
@@ -60,15 +64,25 @@ def doctor(
         switch_option(
             "model",
             "AGENT_ROUTER_DOCTOR_MODEL",
-            "Also check that the model endpoint (AGENT_ROUTER_OPENAI_BASE_URL) answers.",
+            "Also check that the model endpoint (AGENT_ROUTER_OPENAI_BASE_URL) lists its models.",
         ),
     ] = False,
     as_json: JsonOption = False,
+    base_url: Annotated[
+        str | None,
+        setting_option(
+            "openai_base_url",
+            "The model endpoint to check (implies --model), e.g. http://127.0.0.1:8000/v1.",
+        ),
+    ] = None,
 ) -> None:
     """Check the database, its schema, the broker, Redis and (with --model) the model endpoint,
     as this configuration sees them. Exits 1 if any check failed."""
     try:
         settings = _settings(database_url, broker_url)
+        if base_url:
+            settings = settings.model_copy(update={"openai_base_url": base_url})
+            model = True
     except Exception as exc:
         failures.report(exc)
         raise typer.Exit(failures.EXIT_FAILURE) from None
@@ -92,14 +106,19 @@ def doctor(
 @db_app.command("current")
 @_one_line_errors
 def db_current(database_url: DatabaseUrlOption = None) -> None:
-    """Print the database's schema revision (nothing when no migration was applied)."""
-    from alembic import command
-
+    """Print the database's schema revision, and whether it is this release's head."""
     from agent_router.store import migrate
 
     settings = _settings(database_url)
     preflight.existing_database(settings.database_url)
-    command.current(migrate.alembic_config(settings.database_url))
+    revision, head = migrate.current(settings.database_url), migrate.head()
+    if revision is None:
+        print("none: the database has no agent-router schema "
+              "(`agent-router db upgrade` creates it)")  # fmt: skip
+    elif revision == head:
+        print(f"{revision} (head)")
+    else:
+        print(f"{revision} (this release's head is {head}: `agent-router db upgrade`)")
 
 
 @db_app.command("history")

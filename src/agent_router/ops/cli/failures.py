@@ -3,6 +3,7 @@ DO)``, exit status 1; the whole traceback with ``--traceback`` (or AGENT_ROUTER_
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -10,9 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent_router import errors
+from agent_router.ops import preflight
 
 if TYPE_CHECKING:
-    import sqlalchemy.exc
+    pass
 
 #: Exit status of every failure reported on one line (usage errors exit 2, as Click's do).
 EXIT_FAILURE = 1
@@ -35,13 +37,13 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
     import kombu.exceptions
     import pydantic
     import redis
-    import sqlalchemy.exc
     from alembic.util import CommandError
 
     hint: str | None = getattr(exc, "hint", None)
     if (
         type(exc) is errors.StoreError  # the driver's error says more (a commit unknown is kept)
-        and isinstance(exc.__cause__, sqlalchemy.exc.DBAPIError)
+        and exc.__cause__ is not None
+        and _driver_error(exc.__cause__) is not None
     ):
         return explain(exc.__cause__)
     if isinstance(exc, pydantic.ValidationError):
@@ -50,8 +52,8 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
         return f"invalid setting {where}: {first['msg']}", (
             "docs/configuration.md lists every setting and its AGENT_ROUTER_* variable"
         )
-    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
-        return _database(exc, hint)
+    if (driver := _driver_error(exc)) is not None:
+        return _database(driver, hint)
     if isinstance(exc, redis.RedisError):
         return f"Redis error: {exc}", "is Redis running? `agent-router doctor` checks it"
     if isinstance(exc, kombu.exceptions.OperationalError):
@@ -69,20 +71,40 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
             "the router's revision is in agent_router_alembic_version; `agent-router db upgrade` "
             "upgrades to head"
         )
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return "the port is in use: another process listens on it", (
+            "stop that process, or pass another --port"
+        )
     if isinstance(exc, ConnectionError | OSError):
         return f"{type(exc).__name__}: {exc}", hint or "`agent-router doctor` checks every service"
     return f"{type(exc).__name__}: {exc}", "run again with --traceback for the whole traceback"
 
 
-def _database(exc: sqlalchemy.exc.DBAPIError, hint: str | None) -> tuple[str, str | None]:
-    """A driver's error: a missing or older schema says so, a connection failure names the URL."""
+def _driver_error(exc: BaseException) -> BaseException | None:
+    """The database driver's own error in ``exc``: SQLAlchemy's wrapper's, or ``exc`` itself
+    when the driver's error reached here unwrapped (psycopg, sqlite3)."""
+    import sqlite3
+
     import sqlalchemy.exc
 
-    text = str(exc.orig)
-    said = f"{type(exc.orig).__name__} {text}".lower()
-    if isinstance(exc, sqlalchemy.exc.ProgrammingError | sqlalchemy.exc.OperationalError) and (
-        any(s in said for s in _SCHEMA_MISSING + _SCHEMA_BEHIND) and ("ar_" in text)
-    ):
+    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+        return exc.orig
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - a dependency; only its absence is guarded
+        return exc if isinstance(exc, sqlite3.Error) else None
+    return exc if isinstance(exc, psycopg.Error | sqlite3.Error) else None
+
+
+#: Driver errors that say the server could not be reached (or the connection was lost).
+_CONNECTION_ERRORS = ("OperationalError", "InterfaceError")
+
+
+def _database(orig: BaseException, hint: str | None) -> tuple[str, str | None]:
+    """A driver's error: a missing or older schema says so, a connection failure names the URL."""
+    text = str(orig).strip() or type(orig).__name__
+    said = f"{type(orig).__name__} {text}".lower()
+    if any(s in said for s in _SCHEMA_MISSING + _SCHEMA_BEHIND) and ("ar_" in text):
         line = text.splitlines()[0]
         if any(s in said for s in _SCHEMA_BEHIND):
             return (
@@ -93,27 +115,30 @@ def _database(exc: sqlalchemy.exc.DBAPIError, hint: str | None) -> tuple[str, st
             f"the database has no agent-router schema ({line})",
             "create it with `agent-router db upgrade --database-url URL`",
         )
-    if isinstance(exc, sqlalchemy.exc.OperationalError):
+    kinds = {cls.__name__ for cls in type(orig).__mro__}
+    if kinds & set(_CONNECTION_ERRORS):
         return f"database error: {text}", (
-            "check --database-url (or AGENT_ROUTER_DATABASE_URL); `agent-router doctor` "
-            "checks every service"
+            "is the database server running? check --database-url (or "
+            "AGENT_ROUTER_DATABASE_URL); `agent-router doctor` checks every service"
         )
     return f"database error: {text}", hint
 
 
-def _squash(text: str) -> str:
-    return " ".join(text.split())[:200]
+#: The longest one-line message; a longer one is cut between words, marked with an ellipsis.
+MAX_LINE = 300
 
 
-def error_line(exc: BaseException) -> str:
+def error_line(exc: BaseException, *, hint: str | None = None) -> str:
     """The one line printed for ``exc`` (without the ``agent-router: error:`` prefix)."""
-    what, hint = explain(exc)
-    line = _squash(what) or type(exc).__name__
+    what, explained = explain(exc)
+    hint = hint or explained
+    line = preflight.one_line(what, MAX_LINE) or type(exc).__name__
     return f"{line} (hint: {hint})" if hint else line
 
 
-def report(exc: BaseException) -> None:
-    print(f"agent-router: error: {error_line(exc)}", file=sys.stderr, flush=True)
+def report(exc: BaseException, *, hint: str | None = None) -> None:
+    """Print the one line of ``exc``; ``hint`` replaces the one :func:`explain` gives."""
+    print(f"agent-router: error: {error_line(exc, hint=hint)}", file=sys.stderr, flush=True)
 
 
 def warn(text: str) -> None:

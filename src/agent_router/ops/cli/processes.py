@@ -93,18 +93,35 @@ def worker(  # noqa: PLR0917 - typer options
             "Run the worker as a child process and start it again if it dies.",
         ),
     ] = True,
+    wait_for_broker: Annotated[
+        bool,
+        switch_option(
+            "wait-for-broker",
+            "AGENT_ROUTER_WAIT_FOR_BROKER",
+            "Start while the broker is unreachable and wait for it (its sweeper takes over "
+            "dead turns meanwhile), as a deployment that may start workers first wants. "
+            "Default: refuse to start, in one line.",
+        ),
+    ] = False,
 ) -> None:
     """Start a Celery worker for the router's tasks, configured by AGENT_ROUTER_* variables.
 
-    It refuses a memory:// broker (no other process can reach it) and a database without the
-    router's schema. With AGENT_ROUTER_METRICS_PORT set it serves its Prometheus counters on
-    that port (AGENT_ROUTER_METRICS_ADDRESS, default 127.0.0.1). Further arguments go to
-    `celery worker` as they are (e.g. --hostname=w1@%h)."""
+    It refuses a memory:// broker (no other process can reach it), a broker that does not
+    answer (unless --wait-for-broker) and a database without the router's schema. With
+    AGENT_ROUTER_METRICS_PORT set it serves its Prometheus counters on that port
+    (AGENT_ROUTER_METRICS_ADDRESS, default 127.0.0.1). Further arguments go to `celery worker`
+    as they are (e.g. --hostname=w1@%h)."""
     settings = _worker_settings(database_url, broker_url)
+    if not wait_for_broker and not (reached := preflight.broker(settings.broker_url)).ok:
+        raise preflight.NotReadyError(
+            reached.detail, hint=f"{reached.hint}; --wait-for-broker starts the worker anyway"
+        )
     if supervise:  # the child reads the options from the environment _worker_settings set
         from agent_router.ops.supervisor import supervise as run_supervised
 
-        child = [sys.executable, "-m", "agent_router.ops.cli", "worker", "--no-supervise"]
+        # A child started again after a broker restart ended it waits for the broker.
+        child = [sys.executable, "-m", "agent_router.ops.cli", "worker", "--no-supervise",
+                 "--wait-for-broker"]  # fmt: skip
         options = [f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={loglevel}"]
         raise typer.Exit(run_supervised([*child, *options, *ctx.args]))
     from agent_router.worker import bootstep as worker_sweeper

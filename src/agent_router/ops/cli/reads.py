@@ -42,13 +42,15 @@ def _lease_text(expires: datetime | None, now: datetime) -> str:
     if expires is None:
         return "-"
     left = (expires - now).total_seconds()
-    return f"{left:.0f}s left" if left >= 0 else "expired"
+    return f"{left:.0f}s" if left >= 0 else "expired"
 
 
 def _state_text(status: AgentStatus) -> str:
+    """The state as the table shows it: a waiting agent is ``blocked`` (in a worker) or
+    ``suspended`` (no worker held), so that the column stays narrow."""
     agent = status.agent
     if agent.state is AgentState.WAITING:
-        return f"waiting ({'suspended' if agent.suspended else 'blocking'})"
+        return "suspended" if agent.suspended else "blocked"
     return agent.state.value
 
 
@@ -85,11 +87,25 @@ def status(  # noqa: PLR0917 - typer options
     ] = 0,
     database_url: DatabaseUrlOption = None,
     as_json: JsonOption = False,
+    team_option: Annotated[
+        int | None,
+        typer.Option(
+            "--team",
+            envvar="AGENT_ROUTER_TEAM",
+            help="The team id, as an option (the same as TEAM).",
+            min=0,
+        ),
+    ] = None,
 ) -> None:
-    """Agents of a team (or of all teams), a page at a time by agent id: state, epoch, mailbox
-    depth (mail), the questions they asked and those they are to answer, their running turn and
-    its lease; the model calls, tokens and cost of each agent and team; with a team, its
+    """Agents of a team (or of all teams), a page at a time by agent id: state (a waiting
+    agent is blocked, in a worker, or suspended, holding none), epoch, mailbox depth (mail), the
+    questions they asked and those they are to answer, their running turn and the seconds left
+    on its lease; the model calls, tokens and cost of each agent and team; with a team, its
     budgets. A full page ends with the --after that shows the next."""
+    if team_option is not None:
+        if team is not None and team != team_option:
+            raise typer.BadParameter(f"TEAM {team} and --team {team_option} differ")
+        team = team_option
     check.integer(after, "--after", minimum=0, maximum=check.MAX_ID)
     with _store(database_url) as store:
         statuses = store.reads.agent_statuses(
@@ -176,18 +192,19 @@ def _status_record(s: AgentStatus) -> dict[str, Any]:
 
 def _status_table(team_id: int | None, statuses: list[AgentStatus]) -> Table:
     """One team's agents (all teams': ``None``, with a team column) in at most 80 columns: no
-    column is cut (names fold)."""
+    column is cut, and a display name of 21 characters (``Full-Stack Engineer_1``) fits on its
+    line."""
     now = utcnow()
     table = Table(
         title="all teams" if team_id is None else f"team {team_id}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
-        collapse_padding=True,
+        padding=0,  # the box puts one space between columns
     )
     if team_id is None:
         table.add_column("team", justify="right", no_wrap=True)
-    table.add_column("agent", overflow="fold", min_width=21 if team_id is not None else 15)
+    table.add_column("agent", overflow="fold", min_width=21)
     table.add_column("state", no_wrap=True)
     for column in ("epoch", "mail", "asked", "answers", "turn", "lease"):
         table.add_column(

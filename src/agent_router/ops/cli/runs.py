@@ -11,6 +11,8 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -61,16 +63,31 @@ def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
     console.print(Text(verdict, style="bold green" if result.ok else "bold red"))
 
 
-def _print_next_steps(console: Console, url: str, team_id: int) -> None:
+def _print_next_steps(console: Console, what: str, url: str, team_id: int) -> None:
+    """The commands that look at the team afterwards, as this shell can run them."""
     console.rule("next")
-    console.print(f"the demo's database is kept: {url}\nlook at the team with:")
+    console.print(f"the {what}'s database is kept: {url}\nlook at team {team_id} with:")
+    cli, where = cli_invocation(), shlex.quote(url)
     for command in (
-        f"agent-router status {team_id} --database-url {url}",
-        f"agent-router ledger {team_id} --database-url {url}",
-        f"agent-router timeline {team_id} -o team.html --database-url {url}",
-        f"agent-router web --database-url {url}",
+        f"{cli} status {team_id} --database-url {where}",
+        f"{cli} ledger {team_id} --database-url {where}",
+        f"{cli} timeline {team_id} -o team.html --database-url {where}",
+        f"{cli} web --database-url {where}",
     ):
-        console.print(f"  {command}", soft_wrap=True)
+        console.print(f"  {command}", soft_wrap=True, markup=False)
+
+
+def cli_invocation() -> str:
+    """How to run this CLI again from the same shell and directory: ``agent-router`` when that
+    name finds this very program on PATH, else the path it was started by (``./dev demo`` runs
+    ``.venv/bin/agent-router``, which is not on PATH), else ``python -m agent_router.ops.cli``."""
+    started = Path(sys.argv[0])
+    on_path = shutil.which("agent-router")
+    if started.name == "agent-router":
+        if on_path is not None and Path(on_path).resolve() == started.resolve():
+            return "agent-router"
+        return shlex.quote(str(started))
+    return f"{shlex.quote(sys.executable)} -m agent_router.ops.cli"
 
 
 # The options `demo` and `run` share.
@@ -147,21 +164,22 @@ def demo(
         own_option(
             "demo",
             "database_url",
-            "Database to run on (its tables are created if missing). "
-            "Default: a new SQLite file in a temporary directory, kept for a look afterwards.",
+            "Database to run on (its tables are created if missing). Default: "
+            "AGENT_ROUTER_DATABASE_URL when set, else a new SQLite file in a temporary "
+            "directory, kept for a look afterwards.",
         ),
     ] = None,
     broker_url: Annotated[
-        str,
+        str | None,
         own_option(
             "demo",
             "broker_url",
-            "Celery broker. memory:// (default) runs turns on worker threads of this "
-            "process; with redis://... start workers separately (`agent-router worker`, or "
-            "`celery -A agent_router.celery_app worker`) with the same AGENT_ROUTER_DATABASE_URL,"
-            " AGENT_ROUTER_BROKER_URL and AGENT_ROUTER_QUEUE.",
+            "Celery broker. Default: AGENT_ROUTER_BROKER_URL, else memory://, which runs turns "
+            "on worker threads of this process; with redis://... start workers separately "
+            "(`agent-router worker`, or `celery -A agent_router.celery_app worker`) with the "
+            "same AGENT_ROUTER_DATABASE_URL, AGENT_ROUTER_BROKER_URL and AGENT_ROUTER_QUEUE.",
         ),
-    ] = "memory://",
+    ] = None,
     embedded_workers: EmbeddedWorkersOption = None,
     timeout: Annotated[
         float, own_option("demo", "timeout", "Seconds to wait for each step.")
@@ -174,6 +192,10 @@ def demo(
     from agent_router.worker import runtime
     from agent_router.worker.celery_app import create_app
 
+    configured = Settings()  # AGENT_ROUTER_* variables, as every other command reads them
+    broker_url = broker_url or configured.broker_url
+    if database_url is None and "database_url" in configured.model_fields_set:
+        database_url = configured.database_url
     in_process = _in_process(broker_url, embedded_workers)
     console = _timeline_console()
     if not broker_url.startswith("memory://"):
@@ -194,13 +216,18 @@ def demo(
         result = run_scenarios(rt.router, team, timeout=timeout)
     _print_result(console, result, as_json)
     if not as_json:
-        _print_next_steps(console, url, team.team.id)
+        _print_next_steps(console, "demo", url, team.team.id)
     raise typer.Exit(0 if result.ok else 1)
 
 
 def _kept_sqlite_url(what: str) -> str:
     """A new SQLite file in a new temporary directory, left in place for a look afterwards."""
     return f"sqlite:///{Path(tempfile.mkdtemp(prefix=f'agent-router-{what}-')) / f'{what}.db'}"
+
+
+def _sqlite_dir(url: str) -> Path:
+    """The temporary directory of a :func:`_kept_sqlite_url`."""
+    return Path(url.removeprefix("sqlite:///")).parent
 
 
 def _run_settings(
@@ -227,10 +254,18 @@ def _check_model(settings: Settings) -> None:
 
 
 def _print_run_result(
-    console: Console, team_id: int, result: team_run.RunResult, *, as_json: bool, timeout: float
+    console: Console,
+    team_id: int,
+    result: team_run.RunResult,
+    *,
+    as_json: bool,
+    timeout: float,
+    kept: str | None,
 ) -> None:
+    """The run's outcome; ``kept``: the database's URL when it outlives the run."""
     if as_json:
-        print(json.dumps({"event": "result", "team_id": team_id, "ok": result.ok,
+        print(json.dumps({"event": "result", "team_id": team_id, "database": kept,
+                          "ok": result.ok,
                           "settled": result.settled, "states": result.states,
                           "failed_turns": result.failed_turns,
                           "expired_questions": result.expired_questions,
@@ -260,6 +295,8 @@ def _print_run_result(
         console.print(Text(f"stopped: the team's {result.budget_exhausted} budget is spent "
                            f"(raise it: agent-router budget {team_id} --help)",
                            style="bold red"))  # fmt: skip
+    if kept is not None:
+        _print_next_steps(console, "run", kept, team_id)
 
 
 def _roles(roles: Path | None) -> RoleCatalogue:
@@ -293,7 +330,19 @@ RolesOption = Annotated[
 RunDatabaseUrlOption = Annotated[
     str | None,
     own_option(
-        "run", "database_url", "Database (tables created if missing). Default: a temporary SQLite."
+        "run",
+        "database_url",
+        "Database (tables created if missing). Default: a new SQLite file in a temporary "
+        "directory, kept for a look afterwards (unless --no-keep-database).",
+    ),
+]
+KeepDatabaseOption = Annotated[
+    bool,
+    switch_option(
+        "keep-database",
+        "AGENT_ROUTER_RUN_KEEP_DATABASE",
+        "Keep the default temporary SQLite database after the run, and say where it is "
+        "(a --database-url given is never deleted).",
     ),
 ]
 RunBrokerUrlOption = Annotated[
@@ -365,13 +414,15 @@ def run(  # noqa: PLR0917 - typer options
     host_tools: HostToolsOption = None,
     list_tools: ListToolsOption = False,
     allow_missing_tools: AllowMissingToolsOption = False,
+    keep_database: KeepDatabaseOption = True,
 ) -> None:
     """Give TASK to a new team's lead and run the team with an OpenAI-compatible model (API key
     from AGENT_ROUTER_OPENAI_API_KEY or OPENAI_API_KEY) until every agent is idle or completed,
-    printing the live timeline. Sub-agents get the multi-agent tools only. Stops early, saying
-    what the team waits on, when nothing can make progress. Refuses to start (exit 1) when a
-    declared MCP server cannot be listed, unless --allow-missing-tools. Exits 1 if a turn
-    failed, a question expired unanswered, or the team did not settle, 3 if a team budget
+    printing the live timeline. Every agent gets the multi-agent tools; sub-agents also get the
+    MCP servers and host functions their role declares (--mcp-server, --host-tools, --roles).
+    Stops early, saying what the team waits on, when nothing can make progress. Refuses to start
+    (exit 1) when a declared MCP server cannot be listed, unless --allow-missing-tools. Exits 1
+    if a turn failed, a question expired unanswered, or the team did not settle, 3 if a team budget
     (AGENT_ROUTER_BUDGET_*) stopped it."""
     from agent_router.ops import team_run
     from agent_router.worker import runtime
@@ -387,8 +438,12 @@ def run(  # noqa: PLR0917 - typer options
     if task is None:
         raise typer.BadParameter("a task is required (or --list-tools)", param_hint="TASK")
     _require_tools(tools, allow_missing=allow_missing_tools)
-    with tempfile.TemporaryDirectory(prefix="agent-router-run-") as tmp:
-        url = database_url or f"sqlite:///{Path(tmp) / 'run.db'}"
+    with contextlib.ExitStack() as stack:
+        url = database_url
+        if url is None:
+            url = _kept_sqlite_url("run")
+            if not keep_database:
+                stack.callback(shutil.rmtree, _sqlite_dir(url), ignore_errors=True)
         settings = _run_settings(url, broker_url, model, base_url)
         settings = settings.model_copy(
             update={"question_timeout_seconds": team_run.question_timeout_for(settings, timeout)}
@@ -397,17 +452,18 @@ def run(  # noqa: PLR0917 - typer options
         _check_model(settings)
         rt = runtime.configure(settings, app=create_app(settings), models=models, tools=tools)
         rt.router.create_schema()
+        team_id = team_run.start_team(rt.router, task, catalogue)
         if not as_json:
             console.rule("agent-router run")
             console.print(
                 f"model    {settings.openai_model} at {settings.openai_base_url or 'default'}\n"
-                f"database {url}\nbroker   {broker_url}"
+                f"database {url}\nbroker   {broker_url}\nteam     {team_id}"
             )
-        team_id = team_run.start_team(rt.router, task, catalogue)
         with _team_running(rt, team_id, _timeline_sink(console, as_json), in_process=in_process):
             progress = team_run.wait_settled(rt.router, team_id, timeout=timeout)
             result = team_run.result_of(rt.router, team_id, progress=progress)
-    _print_run_result(console, team_id, result, as_json=as_json, timeout=timeout)
+        kept = url if database_url is not None or keep_database else None
+        _print_run_result(console, team_id, result, as_json=as_json, timeout=timeout, kept=kept)
     # Exit 3: the team was stopped by a budget (it may go on once the budget is raised).
     raise typer.Exit(3 if result.budget_exhausted else 0 if result.ok else 1)
 
@@ -425,9 +481,15 @@ def _require_tools(tools: AgentTools, *, allow_missing: bool) -> None:
 
 
 def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str]) -> AgentTools:
+    from agent_router.agents.tool_config import server_from_option
     from agent_router.agents.toolbox import agent_tools
     from agent_router.agents.tools import team_registry
 
+    for option in servers:  # each --mcp-server alone first: its error names that option only
+        try:
+            server_from_option(option)
+        except errors.ConfigurationError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--mcp-server") from None
     try:
         # A real model gets the multi-agent tools and what its role declares: no pretend work.
         builtin = team_registry(catalogue)
