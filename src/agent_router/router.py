@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import time
 import uuid
@@ -46,27 +47,42 @@ from agent_router.waker import InProcessWaker, RedisWaker, Waker
 logger = logging.getLogger(__name__)
 
 
+class _Default(enum.Enum):
+    FROM_SETTINGS = enum.auto()
+
+
+#: ``Router(publisher=...)``'s default: turn tasks go to ``Settings.broker_url``.
+FROM_SETTINGS = _Default.FROM_SETTINGS
+
+
 class Router:
     """Routes messages between the agents of a team by the receiver's state.
 
-    ``publisher`` turns committed turn enqueues into tasks; with none, those outbox rows stay
-    unpublished until :meth:`publish_outbox` is given one. ``waker`` carries the wake signals of
-    blocked asks (default: Redis when ``settings.redis_url`` is set, else in-process).
-    ``hooks`` watch routing and turns (metrics, task events); they run after each commit.
+    ``publisher`` turns committed turn enqueues into tasks. By default they are sent to
+    ``settings.broker_url`` right after each commit (a Celery app for it is built on the first
+    publish), unless that is ``memory://``, which reaches only a runtime of this process
+    (:mod:`agent_router.worker.runtime` gives its Router a publisher of its own). With
+    ``publisher=None`` those outbox rows stay unpublished until :meth:`publish_outbox` is given
+    one, or a sweeper publishes them. ``waker`` carries the wake signals of blocked asks
+    (default: Redis when ``settings.redis_url`` is set, else in-process). ``hooks`` watch
+    routing and turns (metrics, task events); they run after each commit.
     """
 
     def __init__(
         self,
         settings: Settings | None = None,
         *,
-        publisher: Publisher | None = None,
+        publisher: Publisher | _Default | None = FROM_SETTINGS,
         store: Store | None = None,
         waker: Waker | None = None,
         hooks: RouterHooks | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.store = store or open_store(self.settings)
-        self.publisher = publisher
+        self._owned: Publisher | None = None
+        if publisher is FROM_SETTINGS:
+            publisher = self._owned = _broker_publisher(self.settings)
+        self.publisher: Publisher | None = publisher
         # The one after-commit path: every committed transition's outbox rows come here.
         self.store.set_publisher(self._publish_committed)
         self.waker: Waker = waker or (
@@ -87,6 +103,9 @@ class Router:
         self.store.dispose()
         if isinstance(self.waker, RedisWaker):
             self.waker.close()
+        close = getattr(self._owned, "close", None)
+        if close is not None:
+            close()
 
     def create_team(
         self,
@@ -571,6 +590,17 @@ class Router:
 
     def outbox(self, team_id: int) -> list[OutboxEntry]:
         return self.store.reads.outbox(_team_id(team_id))
+
+
+def _broker_publisher(settings: Settings) -> Publisher | None:
+    """The publisher of a Router given none: the settings' broker, unless ``memory://``."""
+    if settings.broker_url.startswith("memory://"):
+        return None
+    # The one import of the worker layer here, at call time: a process that only sends
+    # (a script, a web app) publishes the turn tasks it commits, as the README shows.
+    from agent_router.worker.celery_app import BrokerPublisher
+
+    return BrokerPublisher(settings)
 
 
 def _team_id(team_id: Any) -> int:

@@ -65,7 +65,7 @@ def test_sweeper_thread_takes_over_an_expired_lease(tmp_path: Path) -> None:
 
 def test_sweep_task_publishes_a_lost_outbox_row(inproc_worker: Runtime) -> None:
     settings = inproc_worker.router.settings
-    offline = Router(settings)  # committed, but the process died before publishing
+    offline = Router(settings, publisher=None)  # committed; the process died before publishing
     team = offline.create_team()
     offline.create_agent(team.id, role="Full-Stack Engineer")
     offline.send(team.id, to="Full-Stack Engineer_1", content="durable", sender="Team Leader")

@@ -148,7 +148,7 @@ def test_a_suspended_host_turn_continues_in_the_hosts_task(
     router.create_agent(team, role="UI Operator")
     # The sub-agent's turn is held here (its task is never published), so it writes its output
     # only once the lead's wait has suspended.
-    offline = Router(celery_settings)
+    offline = Router(celery_settings, publisher=None)
     offline.send(team, to="UI Operator_1", content="Build the form.", sender="Team Leader")
     sub = offline.claim_turn(team, "UI Operator_1")
     assert sub is not None
@@ -187,7 +187,7 @@ def test_a_built_in_turn_task_for_a_host_owned_agent_is_forwarded(
     host_worker: tuple[Runtime, str], celery_settings: Settings
 ) -> None:
     rt, runner = host_worker
-    offline = Router(celery_settings)  # commits the turn enqueue, publishes nothing
+    offline = Router(celery_settings, publisher=None)  # commits the turn enqueue only
     team = offline.create_team(lead_runner=runner).id
     offline.send(team, to="Team Leader", content="Status, please.")
     epoch = offline.agent(team, "Team Leader").epoch
@@ -214,7 +214,7 @@ def test_a_taken_over_host_turn_is_recovered_by_the_hosts_task(
     rt, runner = host_worker
     router = rt.router
     team = router.create_team(lead_runner=runner).id
-    offline = Router(router.settings)
+    offline = Router(router.settings, publisher=None)
     offline.send(team, to="Team Leader", content="Plan the release.")
     offline.close()
     dead = router.claim_turn(team, "Team Leader")  # ... and its worker dies
@@ -229,7 +229,7 @@ def test_a_taken_over_host_turn_is_recovered_by_the_hosts_task(
 
 def test_answer_by_question_id_and_names_on_questions(host_worker: tuple[Runtime, str]) -> None:
     rt, _runner = host_worker
-    router = Router(rt.router.settings)  # no publisher: nothing runs, the states stay put
+    router = Router(rt.router.settings, publisher=None)  # nothing runs, the states stay put
     try:
         team = router.create_team().id
         router.create_agent(team, role="UI Operator")

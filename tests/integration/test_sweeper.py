@@ -140,7 +140,7 @@ def test_lost_turn_task_is_reenqueued_once(fast_router: Router) -> None:
 
 def test_unpublished_outbox_rows_are_published_by_the_sweeper(database_url: str) -> None:
     settings = Settings(database_url=database_url, **FAST)
-    offline = Router(settings)  # committed, but the process died before publishing
+    offline = Router(settings, publisher=None)  # committed; the process died before publishing
     team = offline.create_team()
     offline.create_agent(team.id, role="Engineer")
     offline.send(team.id, to="Engineer_1", content="durable", sender="Team Leader")
@@ -162,7 +162,7 @@ def test_concurrent_sweepers_publish_a_lost_row_once(database_url: str) -> None:
     """Every worker runs a sweeper timer: two passes at the same instant must not both publish
     the same lost outbox row (each takes its rows; the other skips them)."""
     settings = Settings(database_url=database_url, **FAST)
-    offline = Router(settings)  # commits, never publishes: every enqueue is "lost"
+    offline = Router(settings, publisher=None)  # commits, never publishes: every enqueue is "lost"
     team = offline.create_team()
     names = [offline.create_agent(team.id, role="Engineer").display_name for _ in range(8)]
     ours = {offline.agent(team.id, n).id for n in names}

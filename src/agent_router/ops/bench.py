@@ -59,7 +59,7 @@ class Bench:
         self.samples = samples
         self.redis_url = redis_url
         waker = RedisWaker(redis_url) if redis_url else InProcessWaker()
-        self.router = Router(settings, waker=waker)
+        self.router = Router(settings, publisher=None, waker=waker)  # routing alone is measured
         self.router.create_schema()
         self.floors = Floors(settings)
         self.rows: list[Row] = []

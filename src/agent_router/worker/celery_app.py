@@ -1,4 +1,5 @@
-"""The standalone Celery app, and :func:`install`, which wires the router into a host's app.
+"""The standalone Celery app, :func:`install`, which wires the router into a host's app, and
+:class:`BrokerPublisher`, the publisher of a ``Router`` given none.
 
 Run a worker with ``agent-router worker`` or ``celery -A agent_router.celery_app worker``.
 A host with its own Celery app calls :func:`install` instead: the reliability options the
@@ -11,13 +12,16 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
 
 from agent_router.constants import SWEEP, SWEEP_SCHEDULE_ENTRY, TASK_PREFIX
+from agent_router.domain import OutboxEntry
 from agent_router.settings import Settings
+from agent_router.worker.publisher import CeleryPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +163,43 @@ def install(app: Celery, settings: Settings | None = None) -> Celery:
     app.conf.beat_schedule = schedule
     bootstep.install(app)
     return app
+
+
+class BrokerPublisher:
+    """A :class:`CeleryPublisher` on the router's own app for ``settings``, built on the first
+    publish (a Router that never publishes never loads Celery); what ``Router(settings)``
+    publishes with when given no publisher."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._publisher: CeleryPublisher | None = None
+
+    @property
+    def celery(self) -> CeleryPublisher:
+        with self._lock:
+            if self._publisher is None:
+                self._publisher = CeleryPublisher(create_app(self.settings))
+            return self._publisher
+
+    @property
+    def app(self) -> Celery:
+        return self.celery.app
+
+    def publish(self, entry: OutboxEntry) -> None:
+        self.celery.publish(entry)
+
+    def routed_runner(self, runner: str) -> str:
+        return self.celery.routed_runner(runner)
+
+    def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
+        return self.celery.job_outcome(task_id)
+
+    def close(self) -> None:
+        with self._lock:
+            publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.app.close()
 
 
 def __getattr__(name: str) -> Any:
