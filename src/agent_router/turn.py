@@ -121,8 +121,9 @@ class Turn:
         """Has the lead asked this agent to stop? Checked by the loop at every boundary."""
         return self._router.store.reads.stop_requested(self.agent_id)
 
-    def finish_stop(self, *, reason: str = "stop requested by the lead") -> None:
-        """Honour a stop: the rest of the batch is ``cancelled``, the agent ``idle``."""
+    def finish_stop(self, *, reason: str | None = None) -> None:
+        """Honour a stop: the rest of the batch is ``cancelled``, the agent ``idle``; the
+        ``stopped`` event says ``reason``, by default the one the stop was requested with."""
         self._router.store.finish_stop(self.record, reason=reason)
 
     def charge_model_call(self) -> None:

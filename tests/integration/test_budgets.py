@@ -140,7 +140,25 @@ def test_a_spent_budget_stops_the_team_cleanly(router: Router) -> None:
     assert [e["budget"] for e in events(router, team.id, LedgerAction.BUDGET_EXHAUSTED)] == [
         "model_calls"
     ]
+    # The stops say why: the budget, not the lead.
+    assert [e["reason"] for e in events(router, team.id, LedgerAction.STOPPED)] == [
+        "the team's model_calls budget is spent"
+    ] * 2
+    assert "the team's model_calls budget is spent" in router.transcript(team.id, a)[-1]["content"]
     assert check_team(router, team.id).ok
+
+
+def test_a_stop_honoured_at_the_end_of_a_turn_says_the_reason_it_was_asked_with(
+    router: Router,
+) -> None:
+    team = router.create_team()
+    name = router.create_agent(team.id, role="Engineer").display_name
+    turn = start_running(router, team.id, name)
+    router.stop(team.id, name, reason="the lead has what it needs")
+    turn.append_assistant(assistant("Done."))
+    turn.end()
+    (stopped,) = events(router, team.id, LedgerAction.STOPPED)
+    assert stopped["reason"] == "the lead has what it needs"
 
 
 def test_sub_agent_budgets_refuse_create_sub_agent(router: Router) -> None:

@@ -258,7 +258,7 @@ def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
         agent.stop_requested = True
         if own is not None:  # blocked in a worker: end the wait, the turn then stops
             close_question(own, QuestionStatus.CANCELLED)
-            waits.release(tx, agent, own, f"cancelled: stopped by the lead ({reason})")
+            waits.release(tx, agent, own, f"cancelled: stopped ({reason})")
         action = LedgerAction.STOP_REQUESTED
     else:
         _stop_now(tx, agent, own, reason)
@@ -279,7 +279,7 @@ def _stop_now(tx: Tx, agent: AgentRow, own: QuestionRow | None, reason: str) -> 
     if own is not None:  # suspended on a wait: its call gets the cancelled result
         close_question(own, QuestionStatus.CANCELLED)
         own.waiting = False
-    turns.close_dangling(tx, agent, None, f"cancelled: stopped by the lead ({reason})", None)
+    turns.close_dangling(tx, agent, None, f"cancelled: stopped ({reason})", None)
     turns.cancel_own_questions(tx, agent, utcnow())
     if agent.state in (AgentState.SCHEDULED, AgentState.WAITING):
         agent.epoch += 1  # a queued turn task (or continuation) claims nothing

@@ -11,10 +11,12 @@ from sqlalchemy.orm import Session
 
 from agent_router import errors
 from agent_router.domain import (
+    LedgerAction,
     MessageStatus,
 )
 from agent_router.store.models import (
     AgentRow,
+    LedgerRow,
     MessageRow,
     OutboxRow,
     QuestionRow,
@@ -190,3 +192,20 @@ def unpublished_since(cutoff: datetime, limit: int) -> sa.Select[OutboxRow]:
 def pending_wake(session: Session, agent_id: int) -> int:
     """Pending wake messages in the agent's mailbox."""
     return mailbox_depth(session, agent_id, MessageRow.wake.is_(True))
+
+
+def stop_reason(session: Session, agent: AgentRow) -> str | None:
+    """The reason of the agent's latest stop request (the lead's words, or a spent budget's),
+    from its ``stop_requested`` ledger event: what the stop it honours at a boundary records."""
+    detail = session.scalar(
+        sa.select(LedgerRow.detail)
+        .where(
+            LedgerRow.team_id == agent.team_id,
+            LedgerRow.agent_id == agent.id,
+            LedgerRow.action == LedgerAction.STOP_REQUESTED,
+        )
+        .order_by(LedgerRow.id.desc())
+        .limit(1)
+    )
+    reason = (detail or {}).get("reason")
+    return reason if isinstance(reason, str) else None

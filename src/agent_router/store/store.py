@@ -267,7 +267,7 @@ class Store:
             return turns.suspend(tx, turn)
 
     @faults.retrying
-    def finish_stop(self, turn: TurnRecord, *, reason: str = "stop requested by the lead") -> None:
+    def finish_stop(self, turn: TurnRecord, *, reason: str | None = None) -> None:
         with self._tx() as tx:
             turns.finish_stop(tx, turn, reason=reason)
 

@@ -365,7 +365,7 @@ def end_turn(
     """The end-of-turn hook: one follow-up if wake messages are pending, else completed."""
     agent, row = fenced(tx, turn, "end")
     if agent.stop_requested and not failed:
-        stop_turn(tx, agent, row, reason="stop requested by the lead")
+        stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
         return EndOfTurn(follow_up=False, state=agent.state, epoch=agent.epoch)
     question = queries.waiting_question(tx.session, agent.id)
     closed = close_dangling(
@@ -448,11 +448,17 @@ def _ledger_turn_ended(tx: Tx, agent: AgentRow, turn: TurnRecord, **detail: Any)
     tx.agent_ledger(LedgerAction.TURN_ENDED, agent, turn_id=turn.id, epoch=turn.epoch, **detail)
 
 
-def finish_stop(tx: Tx, turn: TurnRecord, *, reason: str = "stop requested by the lead") -> None:
+def finish_stop(tx: Tx, turn: TurnRecord, *, reason: str | None = None) -> None:
     """The turn honours a stop at a boundary: the rest of its batch gets ``cancelled``
-    results, its open questions are cancelled, the agent is ``idle`` (mailbox kept)."""
+    results, its open questions are cancelled, the agent is ``idle`` (mailbox kept). The
+    ``stopped`` event carries ``reason``, by default the one the stop was requested with."""
     agent, row = fenced(tx, turn, "stop")
-    stop_turn(tx, agent, row, reason=reason)
+    stop_turn(tx, agent, row, reason=reason or requested_stop_reason(tx, agent))
+
+
+def requested_stop_reason(tx: Tx, agent: AgentRow) -> str:
+    """Why the agent was asked to stop (the lead's reason, a spent budget's), as requested."""
+    return queries.stop_reason(tx.session, agent) or "stop requested"
 
 
 def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> None:
