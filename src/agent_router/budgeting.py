@@ -128,7 +128,13 @@ def record_usage(
     """Record one model call's ``usage`` (:func:`priced`) for the turn: counted against the
     team's budgets, then reported to the hooks."""
     check = router.store.record_usage(
-        turn.team_id, turn.agent_id, turn.id, model=model, usage=usage, estimated=estimated
+        turn.team_id,
+        turn.agent_id,
+        turn.id,
+        model=model,
+        usage=usage,
+        estimated=estimated,
+        agent=turn.display_name,
     )
     router.hooks.after_model_call(turn, model, usage)
     _after(router, turn.team_id, check)

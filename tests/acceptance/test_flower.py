@@ -238,6 +238,11 @@ def test_flower_shows_turn_tasks_with_readable_args(
                     assert tasks[task["uuid"]].state == "STARTED"
                 state.event(event)
             assert tasks[task["uuid"]].state == "SUCCESS"
+            # ... and its start is the turn's start, before its first progress event, not the
+            # time of the last one.
+            received = next(e["timestamp"] for e in events if e["type"] == "task-received")
+            assert received <= tasks[task["uuid"]].started <= progress[0]["timestamp"]
+            assert tasks[task["uuid"]].started < progress[-1]["timestamp"]
             steps = [(e["action"], e.get("agent_state") or e.get("outcome")) for e in progress]
             assert steps[0] == ("turn_claimed", "running")
             assert ("route", "triggered_new_turn") in steps  # its report woke the lead
@@ -254,14 +259,17 @@ def test_flower_shows_turn_tasks_with_readable_args(
 
             # The worker's log lines carry their context in the text (Celery's formatter).
             log = worker_log.read_text()
-            assert f"route team_id={team.id} agent_id=" in log, log[-3000:]
+            # The lead's name, its id, and the Celery task the line was logged in (Flower's).
+            assert f'route team_id={team.id} agent="Team Leader" agent_id=' in log, log[-3000:]
             assert "outcome=triggered_new_turn" in log
-            # A turn's end is logged once, with how it ended.
+            # A turn's end is logged once, with how it ended, under its task's id.
             ended = [line for line in log.splitlines() if f"agent_id={engineer.id} " in line]
             ended = [line for line in ended if "turn_ended" in line or "turn ended" in line]
             assert len(ended) == 1, ended
+            assert f"turn_ended team_id={team.id} " in ended[0]
             assert (
-                f"turn_ended team_id={team.id} agent_id={engineer.id} action=turn_ended" in ended[0]
+                f"agent_id={engineer.id} celery_task_id={task['uuid']} action=turn_ended"
+                in (ended[0])
             )
             assert "failed=False state=completed" in ended[0]
 

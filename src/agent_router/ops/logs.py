@@ -30,6 +30,7 @@ _ORDER = (
     "team_id",
     "agent",
     "agent_id",
+    "celery_task_id",
     "action",
     "outcome",
     "message_id",
@@ -91,8 +92,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def apply(handler: logging.Handler, log_format: LogFormat) -> None:
-    """Make ``handler`` write context-rich text (its own formatter kept) or JSON."""
+class TaskIdFilter(logging.Filter):
+    """Adds the id of the Celery task the logging thread runs (``celery_task_id``) to a record
+    that has none: the router's own lines of a turn then name the task Flower shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from celery import current_task
+
+        if getattr(record, "task_id", None) is None and "celery_task_id" not in record.__dict__:
+            task_id = current_task.request.id if current_task else None
+            if task_id:
+                record.celery_task_id = task_id
+        return True
+
+
+def apply(handler: logging.Handler, log_format: LogFormat, *, task_ids: bool = False) -> None:
+    """Make ``handler`` write context-rich text (its own formatter kept) or JSON; with
+    ``task_ids``, records logged inside a Celery task carry its id."""
+    if task_ids and not any(isinstance(f, TaskIdFilter) for f in handler.filters):
+        handler.addFilter(TaskIdFilter())  # before the context is rendered into the text
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     elif not any(isinstance(f, ContextFilter) for f in handler.filters):
@@ -100,12 +118,13 @@ def apply(handler: logging.Handler, log_format: LogFormat) -> None:
 
 
 def install_on_celery(log_format: LogFormat) -> None:
-    """Apply ``log_format`` to the handlers Celery sets up in a worker or beat process."""
+    """Apply ``log_format`` to the handlers Celery sets up in a worker or beat process, with
+    the running task's id on every record."""
     from celery.signals import after_setup_logger, after_setup_task_logger
 
     def _setup(logger: logging.Logger, **_: Any) -> None:
         for handler in logger.handlers:
-            apply(handler, log_format)
+            apply(handler, log_format, task_ids=True)
 
     after_setup_logger.connect(_setup, weak=False)
     after_setup_task_logger.connect(_setup, weak=False)

@@ -248,8 +248,10 @@ def record_usage(
     model: str | None,
     usage: TokenUsage,
     estimated: bool,
+    agent: str | None = None,
 ) -> BudgetCheck:
-    """One model call's usage: a row per call, the team's totals, one ledger event."""
+    """One model call's usage: a row per call, the team's totals, one ledger event (whose log
+    line names ``agent``)."""
     ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
     tokens = {name: getattr(usage, name) for name in _TOKEN_COUNTS}
     cost_nano = round(usage.cost_usd * NANO)
@@ -270,6 +272,7 @@ def record_usage(
     )
     tx.ledger(
         LedgerAction.MODEL_CALL,
+        agent=agent,
         team_id=team_id,
         model=model,
         **tokens,

@@ -386,10 +386,19 @@ class Store:
         model: str | None,
         usage: TokenUsage,
         estimated: bool,
+        agent: str | None = None,
     ) -> BudgetCheck:
+        """``agent``: the display name the ``model_call`` log line shows."""
         with self._tx() as tx:
             return budgets.record_usage(
-                tx, team_id, agent_id, turn_id, model=model, usage=usage, estimated=estimated
+                tx,
+                team_id,
+                agent_id,
+                turn_id,
+                model=model,
+                usage=usage,
+                estimated=estimated,
+                agent=agent,
             )
 
     @faults.retrying

@@ -53,7 +53,21 @@ class Refused(Exception):  # noqa: N818 - control flow, never escapes the store
 
 #: Detail fields a ledger event's log record carries too (scalars; no content, no name a
 #: LogRecord attribute already has).
-_LOGGED_DETAIL = ("trigger", "state", "failed", "suspended", "question_id", "count", "reason")
+_LOGGED_DETAIL = (
+    "trigger",
+    "state",
+    "failed",
+    "suspended",
+    "question_id",
+    "count",
+    "reason",
+    # A model call's: which model, its tokens and cost.
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_usd",
+)
 
 
 class Tx:
@@ -64,13 +78,13 @@ class Tx:
         self.settings = settings
         self.entries: list[OutboxEntry] = []
 
-    def ledger(self, action: LedgerAction, **fields: Any) -> None:
+    def ledger(self, action: LedgerAction, *, agent: str | None = None, **fields: Any) -> None:
         """A ledger event (:func:`ledger_row`), buffered: the transaction's events are written
         together just before it commits (one statement, no unit of work). Nothing reads the
-        ledger inside a writing transaction."""
+        ledger inside a writing transaction. ``agent``: the display name its log line shows."""
         row = ledger_row(action, **fields)
         self.session.info.setdefault(_LEDGER_BUFFER, []).append(row)
-        log_event(row)
+        log_event(row, agent=agent)
 
     def added(self, row: _Row) -> _Row:
         """``row``, inserted now (its id and defaults are known when this returns)."""
@@ -80,7 +94,9 @@ class Tx:
 
     def agent_ledger(self, action: LedgerAction, agent: AgentRow, **fields: Any) -> None:
         """A ledger event about ``agent``: its team and id are taken from the row."""
-        self.ledger(action, team_id=agent.team_id, agent_id=agent.id, **fields)
+        self.ledger(
+            action, agent=agent.display_name, team_id=agent.team_id, agent_id=agent.id, **fields
+        )
 
     def outbox(self, agent: AgentRow, kind: OutboxKind, **payload: Any) -> OutboxEntry:
         """Write an outbox row for ``agent``'s current epoch; published after commit. A wake row
@@ -146,9 +162,10 @@ def ledger_row(
     }
 
 
-def log_event(row: Mapping[str, Any]) -> None:
+def log_event(row: Mapping[str, Any], *, agent: str | None = None) -> None:
     """The log line of a ledger event, from its row (``action``, ``team_id``, ``agent_id`` and
-    ``detail``; ``outcome``, ``message_id``, ``turn_id`` and ``epoch`` where it has them)."""
+    ``detail``; ``outcome``, ``message_id``, ``turn_id`` and ``epoch`` where it has them) and
+    the ``agent``'s display name when the caller has it."""
     if not logger.isEnabledFor(logging.INFO):
         return
     action: LedgerAction = row["action"]
@@ -159,6 +176,7 @@ def log_event(row: Mapping[str, Any]) -> None:
         extra={
             "action": action.value,
             "team_id": row["team_id"],
+            "agent": agent,
             "agent_id": row["agent_id"],
             "outcome": outcome.value if outcome else None,
             "message_id": row.get("message_id"),

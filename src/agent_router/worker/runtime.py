@@ -85,10 +85,13 @@ def _build(
     hooks: RouterHooks | None = None,
 ) -> Runtime:
     app = app or create_app(settings)
+    router = (
+        worker_router(settings, app)
+        if hooks is None
+        else Router(settings, publisher=CeleryPublisher(app), hooks=hooks)
+    )
     return Runtime(
-        router=Router(
-            settings, publisher=CeleryPublisher(app), hooks=hooks or default_hooks(settings)
-        ),
+        router=router,
         models=models or scripted_models(settings),
         tools=tools or default_tools(settings),
         app=app,
@@ -140,12 +143,24 @@ def _running_task_app() -> Celery | None:
     return current_task.app if current_task else None
 
 
+def worker_router(settings: Settings, app: Celery) -> Router:
+    """The Router a worker's runtime needs: it publishes through ``app`` and reports what a
+    worker reports (:func:`default_hooks`: Flower's task events, Prometheus metrics, traces).
+    A ``runtime_factory`` builds its Runtime's router with this."""
+    return Router(settings, publisher=CeleryPublisher(app), hooks=default_hooks(settings))
+
+
 def _from_factory(spec: str, settings: Settings, app: Celery | None) -> Runtime:
     module, _, name = spec.partition(":")
     factory = getattr(importlib.import_module(module), name)
     built = factory(settings, app or create_app(settings))
     if not isinstance(built, Runtime):
         raise TypeError(f"{spec} returned {type(built).__name__}, not a Runtime")
+    hooks = built.router.hooks
+    if isinstance(hooks, HookChain) and not hooks.hooks:
+        # A factory that built its Router with no hooks: its worker still reports its turns
+        # to Flower and its metrics endpoint, as any worker does.
+        built.router.hooks = default_hooks(settings)
     return built
 
 

@@ -10,7 +10,10 @@ Outside a turn task (a web process sending a message) there is no task to attach
 nothing is sent.
 
 Field names avoid those Celery's event state keeps for a task (``state``, ``name``, ``args``,
-``result``...), since event fields are merged into the task Flower shows.
+``result``...), since event fields are merged into the task Flower shows; but ``started``:
+Celery's state sets a task's start time to the timestamp of each ``task-started`` event, so
+every progress event carries the turn task's start in that field, and Flower's STARTED time
+stays the start, not the latest progress.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +39,8 @@ logger = logging.getLogger(__name__)
 #: The event type of progress reports: the running task stays ``STARTED`` in monitors.
 PROGRESS_EVENT = "task-started"
 
-_current: contextvars.ContextVar[Task[Any, Any] | None] = contextvars.ContextVar(
+#: The running turn task and when it started (``time.time()``, as event timestamps are).
+_current: contextvars.ContextVar[tuple[Task[Any, Any], float] | None] = contextvars.ContextVar(
     "agent_router_current_task", default=None
 )
 
@@ -43,7 +48,7 @@ _current: contextvars.ContextVar[Task[Any, Any] | None] = contextvars.ContextVar
 @contextlib.contextmanager
 def reporting(task: Task[Any, Any]) -> Iterator[None]:
     """Attach the progress events of this thread's routing to ``task`` while the block runs."""
-    token = _current.set(task)
+    token = _current.set((task, time.time()))
     try:
         yield
     finally:
@@ -53,11 +58,12 @@ def reporting(task: Task[Any, Any]) -> Iterator[None]:
 def send_progress(**fields: Any) -> bool:
     """Send one progress event (``task-started``) for the running turn task; ``False`` outside
     one. A lost event costs nothing but a line in Flower, so it is sent without retries."""
-    task = _current.get()
-    if task is None or not task.request.id:
+    current = _current.get()
+    if current is None or not current[0].request.id:
         return False
+    task, started = current
     try:
-        task.send_event(PROGRESS_EVENT, retry=False, **fields)
+        task.send_event(PROGRESS_EVENT, retry=False, started=started, **fields)
     except Exception:
         logger.warning("progress event not sent", exc_info=True, extra={"action": "task_event"})
         return False
