@@ -1,5 +1,10 @@
 """A host's own Celery app after ``agent_router.worker.install``: the host's tasks keep their
-results, routes and acks; the router's tasks carry their own reliability options and run."""
+results, routes and acks; the router's tasks carry their own reliability options and run.
+
+The running app is tested as a host tests its own: pytest-celery's ``celery_session_app`` and
+``celery_session_worker`` (configured by ``celery_config``, ``celery_includes``, the pool and
+the worker's queues), and the router's plugin (``agent_router.testing``) beside them: its
+``agent_router_worker`` runs the router's queue of that same app, on a database of the test's."""
 
 from __future__ import annotations
 
@@ -9,16 +14,16 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from celery.schedules import crontab
 from kombu import Queue
 
-from agent_router import LedgerAction, Router, Settings
+from agent_router import AgentState, LedgerAction, Settings, Team
 from agent_router.constants import RUN_AGENT_TURN, SWEEP, SWEEP_SCHEDULE_ENTRY
-from agent_router.ops.demo import wait_quiescent
-from agent_router.worker import install, runtime
+from agent_router.testing import settle
+from agent_router.worker import install
 from agent_router.worker.bootstep import WorkerSweeper
 from agent_router.worker.publisher import CeleryPublisher
+from agent_router.worker.runtime import Runtime
 
 TIMEOUT = 60.0
 
@@ -32,9 +37,9 @@ def host_app(celery_settings: Settings, redis_url: str) -> Iterator[Celery]:
     app.conf.task_routes = {"chat.*": {"queue": host_queue}}
     app.conf.beat_schedule = {"chat-digest": {"task": "chat.digest", "schedule": crontab()}}
 
-    @app.task(name="chat.add", shared=False)  # each test's app has its own
-    def add(x: int, y: int) -> int:
-        return x + y
+    @app.task(name="chat.digest_now", shared=False)  # each test's app has its own
+    def digest_now() -> str:
+        return "sent"
 
     yield app
     with app.connection_for_write() as conn:
@@ -51,7 +56,7 @@ def _queue_of(app: Celery, task_name: str) -> str:
 def test_install_leaves_the_hosts_tasks_as_they_were(
     host_app: Celery, celery_settings: Settings
 ) -> None:
-    host_queue = _queue_of(host_app, "chat.add")
+    host_queue = _queue_of(host_app, "chat.digest_now")
     before = {
         key: host_app.conf[key]
         for key in (
@@ -72,48 +77,84 @@ def test_install_leaves_the_hosts_tasks_as_they_were(
     after = {key: host_app.conf[key] for key in before}
     assert after == before
     # Merged, not replaced: the host's route and beat entry are still there, ours beside them.
-    assert _queue_of(host_app, "chat.add") == host_queue
+    assert _queue_of(host_app, "chat.digest_now") == host_queue
     assert _queue_of(host_app, RUN_AGENT_TURN) == celery_settings.queue
     assert set(host_app.conf.beat_schedule) == {"chat-digest", SWEEP_SCHEDULE_ENTRY}
     assert host_app.conf.beat_schedule[SWEEP_SCHEDULE_ENTRY]["task"] == SWEEP
     assert WorkerSweeper in host_app.steps["worker"]
     # Acks: the host's task acknowledges early as before; the router's turn task late.
-    host_task, turn_task = host_app.tasks["chat.add"], host_app.tasks[RUN_AGENT_TURN]
+    host_task, turn_task = host_app.tasks["chat.digest_now"], host_app.tasks[RUN_AGENT_TURN]
     assert (host_task.acks_late, host_task.reject_on_worker_lost) == (False, None)
     assert host_task.ignore_result is False
     assert (turn_task.acks_late, turn_task.reject_on_worker_lost) == (True, True)
     assert turn_task.ignore_result is True
 
 
-def test_a_worker_of_the_wired_host_app_returns_host_results_and_runs_turns(
-    host_app: Celery, celery_settings: Settings, monkeypatch: pytest.MonkeyPatch
+# pytest-celery's session app and worker, configured as a host configures them for its tests.
+HOST_QUEUE = f"chat.{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def celery_config(redis_url: str) -> dict[str, Any]:
+    """The host's app: Redis for messages and results, its own route for its own tasks."""
+    return {
+        "broker_url": redis_url,
+        "result_backend": redis_url,
+        "task_routes": {"chat.*": {"queue": HOST_QUEUE}},
+    }
+
+
+@pytest.fixture(scope="session")
+def celery_includes() -> list[str]:
+    """The host's tasks, and the router's (as its app's ``include`` names them)."""
+    return ["tests.support.host_tasks", "agent_router.tasks"]
+
+
+@pytest.fixture(scope="session")
+def celery_worker_pool() -> str:
+    return "threads"
+
+
+@pytest.fixture(scope="session")
+def celery_worker_parameters() -> dict[str, Any]:
+    """The host's worker takes the host's queue only; the router's worker (the plugin's
+    ``agent_router_worker``) takes the router's."""
+    return {"queues": (HOST_QUEUE,), "perform_ping_check": False, "concurrency": 4}
+
+
+@pytest.fixture
+def agent_router_settings(
+    agent_router_settings: Settings, celery_settings: Settings, redis_url: str
+) -> Iterator[Settings]:
+    """The plugin's settings with a router queue of the test's own on the shared Redis."""
+    yield agent_router_settings.model_copy(update={"queue": celery_settings.queue})
+    app = Celery(broker=redis_url, set_as_current=False)
+    with app.connection_for_write() as conn:
+        Queue(celery_settings.queue, channel=conn.default_channel).delete()
+    app.close()
+
+
+def test_a_hosts_worker_and_the_routers_worker_share_the_hosts_app(
+    celery_session_app: Celery,
+    celery_session_worker: Any,
+    agent_router_app: Celery,
+    agent_router_worker: Runtime,
+    agent_router_team: Team,
 ) -> None:
-    # The session database holds other tests' leftovers: no sweeper timer in this worker.
-    monkeypatch.setenv("AGENT_ROUTER_WORKER_SWEEPER", "false")
-    install(host_app, celery_settings)
-    host_queue = _queue_of(host_app, "chat.add")
-    rt = runtime.configure(celery_settings, app=host_app)
-    router: Router = rt.router
+    router = agent_router_worker.router
+    assert agent_router_app is celery_session_app  # the plugin wired the router into it
     assert isinstance(router.publisher, CeleryPublisher)
-    try:
-        with start_worker(
-            host_app,
-            pool="threads",
-            concurrency=4,
-            perform_ping_check=False,
-            shutdown_timeout=60.0,
-            queues=[host_queue, celery_settings.queue],
-        ):
-            # The host's task went to its own queue and its result came back.
-            assert host_app.send_task("chat.add", args=(2, 3)).get(timeout=TIMEOUT) == 5
-            team = router.create_team()
-            router.create_agent(team.id, role="Full-Stack Engineer")
-            router.send(team.id, to="Full-Stack Engineer_1", content="build it", sender="user")
-            wait_quiescent(router, team.id, timeout=TIMEOUT)
-            # ... and the router's turn task ran to its end on the same worker.
-            actions = [e.action for e in router.ledger(team.id)]
-            assert {LedgerAction.TURN_CLAIMED, LedgerAction.TURN_ENDED} <= set(actions)
-            transcript = router.transcript(team.id, "Full-Stack Engineer_1")
-            assert transcript[-1]["role"] == "assistant"
-    finally:
-        runtime.reset()
+    assert router.publisher.app is celery_session_app
+    # The host's task runs on the host's worker, on its own queue, with its result.
+    assert _queue_of(celery_session_app, "chat.add") == HOST_QUEUE
+    assert celery_session_app.send_task("chat.add", args=(2, 3)).get(timeout=TIMEOUT) == 5
+    # A host task that routes a user's message: the turn it starts runs on the router's worker.
+    team = agent_router_team.id
+    router.create_agent(team, role="Full-Stack Engineer")
+    told = celery_session_app.send_task("chat.tell_lead", args=(team, "Status, please."))
+    assert told.get(timeout=TIMEOUT) == "triggered_new_turn"
+    settle(router, team, timeout=TIMEOUT)
+    actions = [e.action for e in router.ledger(team)]
+    assert {LedgerAction.TURN_CLAIMED, LedgerAction.TURN_ENDED} <= set(actions)
+    assert router.transcript(team, "Team Leader")[-1]["role"] == "assistant"
+    assert router.agent(team, "Team Leader").state is AgentState.COMPLETED

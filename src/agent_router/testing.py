@@ -1,0 +1,147 @@
+"""A pytest plugin for a host's own tests: a router on a database of the test's own, a team, and
+a Celery worker that runs its turns with the scripted model, on the host's Celery app.
+
+Installed with agent-router (entry point ``pytest11``), so a host's suite has these fixtures
+without a ``conftest.py`` line. Every name starts with ``agent_router``, none is autouse, and
+they work beside pytest-celery's (``celery_config``, ``celery_includes``,
+``celery_session_app``, ``celery_session_worker``): when those are there, the router is wired
+into ``celery_session_app`` (:func:`agent_router.worker.install`), so a turn that a host's task
+starts and a task that a turn starts run on the one app the host tests. Without pytest-celery,
+the router's own app is used, on ``memory://``.
+
+- ``agent_router_database_url``: a new SQLite file with the router's schema (override it to
+  use PostgreSQL);
+- ``agent_router_settings``: :class:`~agent_router.Settings` for it, with short timings;
+- ``agent_router_models``: the model factory turns use (the scripted model; override it with
+  your own fake);
+- ``agent_router_app``: the Celery app turns are published to and run on;
+- ``agent_router``: the :class:`~agent_router.Router` (the worker runtime's), and
+  ``agent_router_team``: a new team on it;
+- ``agent_router_worker``: a worker (threads, in this process) that consumes the router's queue
+  of ``agent_router_app`` while the test runs; it yields the runtime.
+
+:func:`settle` waits until a team has nothing left to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from agent_router.agents.llm import ModelFactory
+from agent_router.domain import Team
+from agent_router.router import Router
+from agent_router.settings import Settings
+from agent_router.worker import runtime
+from agent_router.worker.celery_app import create_app, install
+
+#: Worker threads of ``agent_router_worker``: every agent of a small team can run at once.
+WORKER_CONCURRENCY = 8
+#: How long :func:`settle` waits by default.
+SETTLE_SECONDS = 60.0
+
+
+def settle(router: Router, team_id: int, *, timeout: float = SETTLE_SECONDS) -> None:
+    """Wait until no agent of the team runs, is scheduled or has an undelivered message (a
+    waiting agent waits on a question); raises ``TimeoutError`` past ``timeout``."""
+    from agent_router.ops.demo import DemoTimeoutError, wait_quiescent
+
+    try:
+        wait_quiescent(router, team_id, timeout=timeout)
+    except DemoTimeoutError as exc:
+        raise TimeoutError(str(exc)) from exc
+
+
+@pytest.fixture
+def agent_router_database_url(tmp_path: Path) -> str:
+    """A new SQLite database with the router's schema, in the test's temporary directory."""
+    url = f"sqlite:///{tmp_path / 'agent_router.db'}"
+    router = Router(Settings(database_url=url), publisher=None)
+    try:
+        router.create_schema()
+    finally:
+        router.close()
+    return url
+
+
+@pytest.fixture
+def agent_router_settings(agent_router_database_url: str) -> Settings:
+    """Settings on ``agent_router_database_url``: no sweeper in the test's workers, and the
+    scripted model's pauses and the built-in work tool at zero."""
+    return Settings(
+        database_url=agent_router_database_url,
+        worker_sweeper=False,
+        work_seconds=0.0,
+        scripted_write_seconds=0.0,
+    )
+
+
+@pytest.fixture
+def agent_router_models(agent_router_settings: Settings) -> ModelFactory:
+    """The model of each agent's turns: the scripted model, by role."""
+    return runtime.scripted_models(agent_router_settings)
+
+
+@pytest.fixture
+def agent_router_app(
+    request: pytest.FixtureRequest, agent_router_settings: Settings
+) -> Iterator[Celery]:
+    """pytest-celery's ``celery_session_app`` with the router installed, when pytest-celery
+    (or ``celery.contrib.pytest``) is there; else the router's own app on ``memory://``."""
+    try:
+        app: Celery = request.getfixturevalue("celery_session_app")
+    except pytest.FixtureLookupError:
+        own = create_app(agent_router_settings.model_copy(update={"broker_url": "memory://"}))
+        yield own
+        own.close()
+        return
+    yield install(app, agent_router_settings)
+
+
+@pytest.fixture
+def agent_router_runtime(
+    agent_router_settings: Settings, agent_router_app: Celery, agent_router_models: ModelFactory
+) -> Iterator[runtime.Runtime]:
+    """The process's worker runtime for the test: the router publishes to ``agent_router_app``
+    and its turns use ``agent_router_models``; reset afterwards."""
+    rt = runtime.configure(agent_router_settings, app=agent_router_app, models=agent_router_models)
+    try:
+        yield rt
+    finally:
+        runtime.reset()
+
+
+@pytest.fixture
+def agent_router(agent_router_runtime: runtime.Runtime) -> Router:
+    """The router of the test's runtime."""
+    return agent_router_runtime.router
+
+
+@pytest.fixture
+def agent_router_team(agent_router: Router) -> Team:
+    """A new team: its lead, ``Team Leader``, and no sub-agents yet."""
+    return agent_router.create_team()
+
+
+@pytest.fixture
+def agent_router_worker(
+    agent_router_runtime: runtime.Runtime, agent_router_app: Celery, agent_router_settings: Settings
+) -> Iterator[runtime.Runtime]:
+    """A Celery worker in this process (threads) that runs the turns of the router's queue on
+    ``agent_router_app`` while the test runs; yields the runtime it uses."""
+    from celery.contrib.testing.worker import start_worker
+
+    options: dict[str, Any] = {
+        "pool": "threads",
+        "concurrency": WORKER_CONCURRENCY,
+        "perform_ping_check": False,
+        "shutdown_timeout": 30.0,
+        "queues": [agent_router_settings.queue],
+        "loglevel": "WARNING",
+    }
+    with start_worker(agent_router_app, **options):
+        yield agent_router_runtime
