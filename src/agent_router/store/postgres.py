@@ -111,14 +111,14 @@ class PostgresStore(Store):
                 conn.invalidate()
                 raise
 
-    def _call(self, query: str, /, **params: Any) -> dict[str, Any]:
+    def _call(self, query: str, /, *, _named: str | None = None, **params: Any) -> dict[str, Any]:
         """Run the named statement (one transition); its result, once the events it wrote are
-        logged and the outbox rows it wrote handed to the publisher. A refusal raises its
-        error."""
+        logged (with the agent's display name: the function's, else ``_named``) and the outbox
+        rows it wrote handed to the publisher. A refusal raises its error."""
         with self._alone() as conn:
             result: dict[str, Any] = conn.execute(functions.queries()[query], params).scalar_one()
         for event in result.get("events", ()):
-            log_event(_event(event))
+            log_event(_event(event), agent=event.get("agent") or _named)
         refused = result.get("refused")
         if refused is not None:
             raise _error(refused)
@@ -277,7 +277,7 @@ class PostgresStore(Store):
         return bool(self._call("suspend", **_of(turn))["suspended"])
 
     @faults.retrying
-    def finish_stop(self, turn: TurnRecord, *, reason: str = "stop requested by the lead") -> None:
+    def finish_stop(self, turn: TurnRecord, *, reason: str | None = None) -> None:
         self._call("finish_stop", **_of(turn), reason=reason, stopped=turns.STOPPED_RESULT)
 
     # ------------------------------------------------------------------ waits
@@ -385,9 +385,11 @@ class PostgresStore(Store):
         model: str | None,
         usage: TokenUsage,
         estimated: bool,
+        agent: str | None = None,
     ) -> BudgetCheck:
         result = self._call(
             "record_usage",
+            _named=agent,
             team=team_id,
             agent=agent_id,
             turn=turn_id,

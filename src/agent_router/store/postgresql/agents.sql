@@ -213,7 +213,7 @@ DECLARE
     v_before ar_agent_state;
     v_cancelled integer;
     v_action ar_ledger_action;
-    v_stopped text := format('cancelled: stopped by the lead (%s)', p_reason);
+    v_stopped text := format('cancelled: stopped (%s)', p_reason);
 BEGIN
     r := ar__lock_sub_agent_and_askers(a, o, p_agent, 'stopped');
     a := r.a;

@@ -95,11 +95,13 @@ BEGIN
     WHERE id = a.id;
 END $$;
 
--- A ledger event, written now and listed in the result's "events" (the store logs them).
+-- A ledger event, written now and listed in the result's "events" (the store logs them; the
+-- agent's display name, when the transition has it, is for the log line only).
 CREATE OR REPLACE FUNCTION ar__event(
     INOUT o jsonb, p_action ar_ledger_action, p_team bigint, p_agent bigint, p_now timestamp,
     p_detail jsonb DEFAULT '{}', p_outcome ar_route_outcome DEFAULT NULL,
-    p_message bigint DEFAULT NULL, p_turn bigint DEFAULT NULL, p_epoch integer DEFAULT NULL)
+    p_message bigint DEFAULT NULL, p_turn bigint DEFAULT NULL, p_epoch integer DEFAULT NULL,
+    p_agent_name text DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO ar_ledger
@@ -107,10 +109,11 @@ BEGIN
     VALUES (p_team, p_agent, p_action, p_outcome, p_message, p_turn, p_epoch, p_detail, p_now);
     o := jsonb_set(o, '{events}', (o -> 'events') || jsonb_build_array(jsonb_build_object(
         'action', p_action, 'team_id', p_team, 'agent_id', p_agent, 'outcome', p_outcome,
-        'message_id', p_message, 'turn_id', p_turn, 'epoch', p_epoch, 'detail', p_detail)));
+        'message_id', p_message, 'turn_id', p_turn, 'epoch', p_epoch, 'detail', p_detail,
+        'agent', p_agent_name)));
 END $$;
 
--- An event about an agent: its team and id from the row.
+-- An event about an agent: its team, id and name from the row.
 CREATE OR REPLACE FUNCTION ar__agent_event(
     INOUT o jsonb, p_action ar_ledger_action, a ar_agents, p_now timestamp,
     p_detail jsonb DEFAULT '{}', p_outcome ar_route_outcome DEFAULT NULL,
@@ -118,7 +121,7 @@ CREATE OR REPLACE FUNCTION ar__agent_event(
 LANGUAGE plpgsql AS $$
 BEGIN
     o := ar__event(o, p_action, a.team_id, a.id, p_now, p_detail, p_outcome, p_message,
-                     p_turn, p_epoch);
+                     p_turn, p_epoch, a.display_name);
 END $$;
 
 -- An outbox row for the agent's current epoch, listed in the result's "outbox" (published

@@ -247,6 +247,17 @@ BEGIN
     WHERE asker_agent_id = p_agent AND status = 'open';
 END $$;
 
+-- Why the agent was asked to stop (the lead's reason, a spent budget's): the reason of its
+-- latest stop_requested event, which the stop it honours at a boundary records.
+CREATE OR REPLACE FUNCTION ar__requested_stop_reason(a ar_agents) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((
+        SELECT l.detail ->> 'reason' FROM ar_ledger l
+        WHERE l.team_id = a.team_id AND l.agent_id = a.id AND l.action = 'stop_requested'
+        ORDER BY l.id DESC LIMIT 1), 'stop requested');
+END $$;
+
 -- The turn honours a stop: the rest of its batch gets cancelled results (`p_stopped`), its
 -- open questions are cancelled, the agent is idle (mailbox kept), with no wait suspended, no
 -- turn scheduled and no stop pending.
@@ -295,7 +306,7 @@ BEGIN
     END IF;
     v_now := ar__now();
     IF a.stop_requested AND NOT p_failed THEN
-        r := ar__stop_turn(a, o, p_turn, 'stop requested by the lead', p_stopped, v_now);
+        r := ar__stop_turn(a, o, p_turn, ar__requested_stop_reason(a), p_stopped, v_now);
         a := r.a;
         o := r.o;
         PERFORM ar__save_agent(a);
@@ -366,7 +377,8 @@ BEGIN
     RETURN o || '{"suspended": true}';
 END $$;
 
--- The turn honours a stop at a boundary (ar__stop_turn).
+-- The turn honours a stop at a boundary (ar__stop_turn); `p_reason` NULL: the reason the stop
+-- was requested with.
 CREATE OR REPLACE FUNCTION ar_finish_stop(p_turn bigint, p_agent bigint, p_epoch integer,
                                           p_reason text, p_stopped text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -381,7 +393,8 @@ BEGIN
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
-    r := ar__stop_turn(a, o, p_turn, p_reason, p_stopped, ar__now());
+    r := ar__stop_turn(a, o, p_turn, coalesce(p_reason, ar__requested_stop_reason(a)),
+                       p_stopped, ar__now());
     PERFORM ar__save_agent(r.a);
     RETURN r.o;
 END $$;
