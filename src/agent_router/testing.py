@@ -139,7 +139,7 @@ def agent_router_worker(
         "pool": "threads",
         "concurrency": WORKER_CONCURRENCY,
         "perform_ping_check": False,
-        "shutdown_timeout": 30.0,
+        "shutdown_timeout": 60.0,  # a loaded machine stops the threads slowly
         "queues": [agent_router_settings.queue],
         "loglevel": "WARNING",
     }

@@ -119,7 +119,13 @@ def celery_worker_pool() -> str:
 def celery_worker_parameters() -> dict[str, Any]:
     """The host's worker takes the host's queue only; the router's worker (the plugin's
     ``agent_router_worker``) takes the router's."""
-    return {"queues": (HOST_QUEUE,), "perform_ping_check": False, "concurrency": 4}
+    return {
+        "queues": (HOST_QUEUE,),
+        "perform_ping_check": False,
+        "concurrency": 4,
+        # Celery's 10 s default is short for a loaded machine to stop a worker's threads.
+        "shutdown_timeout": 60.0,
+    }
 
 
 @pytest.fixture
