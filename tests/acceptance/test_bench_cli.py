@@ -64,8 +64,9 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         raw50 = figures["floor transaction p50 (raw driver)"]["ours"]
         raw99 = figures["floor transaction p99 (raw driver)"]["ours"]
         raw4 = figures["floor transactions/s, 4 threads (raw driver)"]["ours"]
+        same4 = figures["same-work floor transactions/s, 4 threads (raw driver)"]["ours"]
         assert isinstance(raw50, float) and isinstance(raw99, float)
-        assert isinstance(raw4, float)
+        assert isinstance(raw4, float) and isinstance(same4, float)
         assert "drain peak memory, 3000 queued (batches of 1000)" in names
         # Where four senders' time goes: the CPU of a send beside the raw floor transaction's,
         # this process's, and on PostgreSQL (here, on this machine) the server's.
@@ -109,10 +110,11 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
             ours = float(str(route["ours"]))
             if abs(ours - times * raw50) > 0.01:  # clear of the rounding to 3 decimals
                 assert route["met"] == (ours <= times * raw50), (backend, state)
+        # Four senders against the same-work floor: the rows a routed message must write.
         four = figures["routed msgs/s (4 senders)"]
-        assert four["floor"] == raw4, backend
-        if abs(float(str(four["ours"])) - raw4) > 0.01:
-            assert four["met"] == (float(str(four["ours"])) >= raw4), backend
+        assert four["floor"] == same4, backend
+        if abs(float(str(four["ours"])) - 0.9 * same4) > 0.01:
+            assert four["met"] == (float(str(four["ours"])) >= 0.9 * same4), backend
         # A handful of turns against one per message. (Exactly one plus at most one follow-up
         # is asserted where the senders' timing is controlled: tests/integration; here, on a
         # loaded machine, senders slower than two turns could be answered by a third.)

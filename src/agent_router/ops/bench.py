@@ -238,10 +238,9 @@ class Bench:
             same_work: SameWorkFloor | None = None
             if threads == 4:
                 runs["engine"] = self.floors.engine.run
-                if not self.settings.is_sqlite:
-                    agents = [a.id for a in self.router.agents(team) if not a.is_lead]
-                    same_work = SameWorkFloor(self.settings, agents)
-                    runs["same work"] = same_work.run
+                agents = [a.id for a in self.router.agents(team) if not a.is_lead]
+                same_work = SameWorkFloor(self.settings, agents)
+                runs["same work"] = same_work.run
             rates: dict[str, list[float]] = {name: [] for name in runs}
             # With 4: the CPU per operation of ours and the raw floor's, client and server.
             cpu: dict[tuple[str, str], list[float | None]] = {}

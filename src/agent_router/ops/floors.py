@@ -10,6 +10,7 @@ between the two.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import statistics
@@ -171,40 +172,69 @@ class SameWorkFloor:
     must write for a message routed to a running agent: the receiver's counter taken (its row
     locked and updated), the message inserted into its mailbox (with the mailbox's indexes and
     foreign keys) and the route's ledger event. One connection per thread (``run(i)`` writes to
-    the ``i``-th agent given), opened once; no pool, no ORM, statements written by hand. The
-    rows it writes are real pending messages, left for the bench's teams to discard."""
+    the ``i``-th agent given), opened once; no pool, no ORM, statements written by hand
+    (psycopg 3, or ``sqlite3`` under ``BEGIN IMMEDIATE``). The rows it writes are real pending
+    messages, left for the bench's teams to discard."""
 
-    _TAKE = "UPDATE ar_agents SET next_seq = next_seq + 1 WHERE id = %s RETURNING team_id, next_seq"
+    _TAKE = (
+        "UPDATE ar_agents SET next_seq = next_seq + 1 WHERE id = {m} RETURNING team_id, next_seq"
+    )
     _MESSAGE = (
         "INSERT INTO ar_messages (team_id, seq, source_name, target_agent_id, type, content, "
-        "wake, outcome, status, created_at) VALUES (%s, %s, 'user', %s, 'message', 'm', true, "
-        "'injected_inline', 'pending', now()) RETURNING id"
+        "wake, outcome, status, created_at) VALUES ({m}, {m}, 'user', {m}, 'message', 'm', "
+        "true, 'injected_inline', 'pending', CURRENT_TIMESTAMP) RETURNING id"
     )
     _EVENT = (
         "INSERT INTO ar_ledger (team_id, agent_id, action, outcome, message_id, detail, "
-        "created_at) VALUES (%s, %s, 'route', 'injected_inline', %s, %s, now())"
+        "created_at) VALUES ({m}, {m}, 'route', 'injected_inline', {m}, {m}, CURRENT_TIMESTAMP)"
     )
 
     def __init__(self, settings: Settings, agents: list[int]) -> None:
         url = sa.engine.make_url(settings.database_url)
-        self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.sqlite = url.get_backend_name() == "sqlite"
+        self._dsn = (
+            url.database or ""
+            if self.sqlite
+            else url.set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        mark = "?" if self.sqlite else "%s"
+        self._take, self._message, self._event = (
+            text.format(m=mark) for text in (self._TAKE, self._MESSAGE, self._EVENT)
+        )
         self.agents = agents
         self._connections: dict[int, Any] = {}
         self._guard = threading.Lock()
 
-    def run(self, i: int = 0) -> None:
+    def _connection(self, i: int) -> Any:
         with self._guard:
             conn = self._connections.get(i)
             if conn is None:
-                conn = self._connections[i] = psycopg.connect(self._dsn)
-        agent = self.agents[i]
+                if self.sqlite:
+                    conn = sqlite3.connect(self._dsn, isolation_level=None, check_same_thread=False)
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute("PRAGMA busy_timeout=30000")
+                else:
+                    conn = psycopg.connect(self._dsn)
+                self._connections[i] = conn
+            return conn
+
+    def run(self, i: int = 0) -> None:
+        conn, agent = self._connection(i), self.agents[i]
+        detail = {"seq": 0, "type": "message", "wake": True}
+        if self.sqlite:
+            conn.execute("BEGIN IMMEDIATE")
+            team, seq = conn.execute(self._take, (agent,)).fetchone()
+            (message,) = conn.execute(self._message, (team, seq - 1, agent)).fetchone()
+            conn.execute(self._event, (team, agent, message, json.dumps(detail)))
+            conn.execute("COMMIT")
+            return
         with conn.cursor() as cur:
-            taken: Any = cur.execute(self._TAKE, (agent,)).fetchone()
+            taken: Any = cur.execute(self._take, (agent,)).fetchone()
             team, seq = taken
-            inserted: Any = cur.execute(self._MESSAGE, (team, seq - 1, agent)).fetchone()
+            inserted: Any = cur.execute(self._message, (team, seq - 1, agent)).fetchone()
             (message,) = inserted
-            detail = psycopg.types.json.Jsonb({"seq": seq - 1, "type": "message", "wake": True})
-            cur.execute(self._EVENT, (team, agent, message, detail))
+            cur.execute(self._event, (team, agent, message, psycopg.types.json.Jsonb(detail)))
         conn.commit()
 
     def close(self) -> None:
