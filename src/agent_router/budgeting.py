@@ -23,7 +23,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from agent_router import errors
+from agent_router import errors, validation
 from agent_router.domain import (
     AgentState,
     Budget,
@@ -197,6 +197,9 @@ def set_limits(
 ) -> Budget:
     """An operator's new limits for a team (``None``: unlimited). A team stopped by a budget
     that is no longer spent goes on: its lead is woken with a notice saying so."""
+    limits = validation.budget_limits(limits)
+    by = validation.label(by, "by")
+    team_id = validation.row_id(team_id, "team", errors.UnknownTeamError)
     before = router.store.budget(team_id).exhausted
     budget = router.store.set_limits(team_id, limits, by=by)
     if before is not None and budget.exhausted is None:

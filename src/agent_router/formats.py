@@ -474,3 +474,29 @@ def parse_fence(text: str) -> ToolOutput:
         return ToolOutput(tool=attrs["tool"], server=attrs["server"], content=content)
     except KeyError as exc:
         raise ValueError(f"bad tool-output attributes: {exc}") from exc
+
+
+#: Room left in each part of a split report for its ``[part i/n]`` header.
+_PART_HEADER_BYTES = 64
+
+
+def report_parts(text: str, max_bytes: int) -> list[str]:
+    """``text`` as it reaches its reader (a report to the lead, an answer written as prose):
+    whole when it fits in one message of ``max_bytes``, else split into parts that each fit
+    (at line breaks where one is near), numbered ``[part i/n]``. Nothing is cut off: the parts
+    joined without their headers are ``text``."""
+    if len(text.encode("utf-8")) <= max_bytes:
+        return [text]
+    room = max(max_bytes - _PART_HEADER_BYTES, 16)
+    chunks: list[str] = []
+    rest = text.encode("utf-8")
+    while rest:
+        cut = min(room, len(rest))
+        while cut < len(rest) and rest[cut] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
+            cut -= 1
+        newline = rest.rfind(b"\n", 0, cut)
+        if cut < len(rest) and newline > cut // 2:
+            cut = newline + 1
+        chunks.append(rest[:cut].decode("utf-8"))
+        rest = rest[cut:]
+    return [f"[part {i}/{len(chunks)}]\n{chunk}" for i, chunk in enumerate(chunks, 1)]

@@ -124,7 +124,8 @@ class Router:
             system_prompt=check.optional_text(lead_system_prompt, "lead_system_prompt"),
             runner=self._runner(LEAD_ROLE, lead_runner),
         )
-        return self.store.create_team(lead, budget=budget)
+        limits = None if budget is None else check.budget_limits(budget)
+        return self.store.create_team(lead, budget=limits)
 
     def create_agent(
         self,
@@ -358,6 +359,8 @@ class Router:
         return turn
 
     def end_turn(self, turn: Turn, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
+        # What failed is told as it was (an exception's text may quote a model's NUL).
+        error = None if error is None else check.scrub(str(error))
         result = self.store.end_turn(turn.record, failed=failed, error=error)
         seconds = (_utcnow() - turn.record.started_at) / timedelta(seconds=1)
         self.hooks.after_end_turn(turn, result, seconds, failed=failed)
@@ -500,7 +503,7 @@ class Router:
         If the task cannot be sent (broker down), the job is reported failed and the error
         raised."""
         app = getattr(self.publisher, "app", None) or signature.app
-        name = check.name(str(signature.task), "job name")
+        name = check.job_name(str(signature.task))
         job = self.store.start_job(
             _team_id(team_id), check.name(agent), name=name, task_id=str(uuid.uuid4())
         )

@@ -58,6 +58,14 @@ class Settings(BaseSettings):
     max_content_bytes: int = Field(
         64 * 1024, gt=0, description="Largest message content accepted, in UTF-8 bytes."
     )
+    max_tool_argument_bytes: int = Field(
+        64 * 1024,
+        gt=0,
+        description="Largest arguments of one tool call a model may write, in UTF-8 bytes. "
+        "Larger ones are not kept: the transcript holds their size and head, and the call is "
+        "answered with an error the model reads, so that they are never sent back to it (each "
+        "later request would spend their tokens again).",
+    )
     drain_batch_size: int = Field(
         1000, gt=0, description="Most messages one drain moves into a transcript."
     )

@@ -21,6 +21,7 @@ from agent_router.domain import (
 
 if TYPE_CHECKING:
     from agent_router.router import Router
+    from agent_router.settings import Settings
 
 
 class Turn:
@@ -51,19 +52,32 @@ class Turn:
     def trigger(self) -> TurnTrigger:
         return self.record.trigger
 
+    @property
+    def settings(self) -> Settings:
+        """The router's settings: the limits a loop works within."""
+        return self._router.settings
+
     def drain(self, *, limit: int | None = None) -> list[Message]:
         """Move pending messages into the transcript (sequence order); returns them."""
         return self._router.store.drain(self.record, limit=limit)
 
     def append_assistant(self, message: dict[str, Any]) -> None:
-        """Store the model's reply. A NUL or lone surrogate in what the model wrote becomes
-        U+FFFD: the reply is kept (neither database stores those characters), never refused."""
-        self._router.store.append_assistant(self.record, _storable(message))
+        """Store the model's reply as the transcript can hold it (:func:`check.model_reply`):
+        a NUL or lone surrogate in what the model wrote becomes U+FFFD, a tool call id no
+        column holds (longer than 200 characters, blank, with control characters) is
+        replaced by one the router makes from it, arguments over
+        ``Settings.max_tool_argument_bytes`` are not kept. The reply is never refused for
+        what the model wrote."""
+        limit = self.settings.max_tool_argument_bytes
+        self._router.store.append_assistant(
+            self.record, check.model_reply(message, max_argument_bytes=limit)
+        )
 
     def append_tool_result(self, tool_call_id: str, content: str) -> None:
-        self._router.store.append_tool_result(
-            self.record, _storable(tool_call_id), _storable(content)
-        )
+        """The result of the open call ``tool_call_id``: the model's own id, or the one the
+        router stored it under (:func:`check.call_id` maps the one to the other)."""
+        content = check.scrub(content) if isinstance(content, str) else content
+        self._router.store.append_tool_result(self.record, check.call_id(tool_call_id), content)
 
     def open_tool_calls(self) -> list[str]:
         return self._router.store.reads.open_tool_calls(self.agent_id)
@@ -97,7 +111,7 @@ class Turn:
             self,
             target,
             question,
-            tool_call_id=tool_call_id,
+            tool_call_id=check.call_id(tool_call_id),
             subtype=subtype,
             timeout_seconds=timeout_seconds,
         )
@@ -114,7 +128,7 @@ class Turn:
         :meth:`wait_for`). Refused with :class:`~agent_router.errors.AskRefusedError` if it
         would deadlock."""
         return self._router.wait_output(
-            self, target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
+            self, target, tool_call_id=check.call_id(tool_call_id), timeout_seconds=timeout_seconds
         )
 
     def stop_requested(self) -> bool:
@@ -142,14 +156,23 @@ class Turn:
         estimated: bool = False,
     ) -> TokenUsage:
         """Record a model call's tokens (and their cost by the price table) for this turn."""
+        counts = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cached_tokens": cached_tokens,
+        }
+        for what, count in counts.items():
+            check.integer(count, what, minimum=0, maximum=check.MAX_TOKENS_PER_CALL)
         usage = budgeting.priced(
             self._router.settings,
-            model,
+            check.model_name(model),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
         )
-        return budgeting.record_usage(self._router, self, model, usage, estimated=estimated)
+        return budgeting.record_usage(
+            self._router, self, check.model_name(model), usage, estimated=estimated
+        )
 
     def start_background(self, signature: Any) -> BackgroundJob:
         """Start the Celery task ``signature`` on this agent's behalf; its completion comes
@@ -176,14 +199,3 @@ class Turn:
             f"Turn(team={self.team_id}, agent={self.display_name!r}, epoch={self.epoch}, "
             f"trigger={self.trigger.value})"
         )
-
-
-def _storable(value: Any) -> Any:
-    """``value`` with every string in it (keys included) made storable."""
-    if isinstance(value, str):
-        return check.scrub(value)
-    if isinstance(value, dict):
-        return {_storable(k): _storable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_storable(v) for v in value]
-    return value

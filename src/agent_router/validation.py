@@ -1,34 +1,35 @@
-"""The one validation layer at the public boundary: the Router, the CLI and the tools check
-their arguments here before anything reaches the database.
+"""The one boundary for values from outside: the Router, the Turn, the CLI, the tools and the
+agent loop check what they are given here before anything reaches the database.
 
-Every check raises a :class:`~agent_router.errors.RefusedError` subclass, so a bad argument gets
-the same typed error on SQLite and PostgreSQL and writes nothing. Ids are 64-bit signed integers
-(what both databases store); text is UTF-8 without NUL (PostgreSQL cannot store it) and without
-lone surrogates (no encoding can); names are plain and printable, so that they cannot imitate an
-envelope, hide characters or pass for another name.
+The limits come from the schema (:mod:`agent_router.store.limits` reads them from the models'
+column types): a ``String(n)`` column's length, an ``Integer`` or ``BigInteger`` column's
+range, text without NUL or lone surrogates, JSON of bounded depth with finite numbers. Every
+check raises a :class:`~agent_router.errors.RefusedError` subclass, so a bad argument gets the
+same typed error on SQLite and PostgreSQL and writes nothing. Names are plain and printable, so
+that they cannot imitate an envelope, hide characters or pass for another name.
+
+What a model or a job produced is not refused but made storable (:func:`scrub`,
+:func:`model_reply`): the model reads what became of it and can act on it.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import math
+import sys
 import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
 
 from agent_router import errors, formats
-from agent_router.domain import LEAD_DISPLAY_NAME, MessageType
+from agent_router.domain import LEAD_DISPLAY_NAME, BudgetName, MessageType
+from agent_router.store import limits
+from agent_router.store.budgets import LIMIT_COLUMNS, NANO
 
-#: The largest id both databases store (a signed 64-bit integer).
-MAX_ID: Final = 2**63 - 1
-#: Epochs and sequence numbers are 32-bit integers in both databases.
-MIN_INT32: Final = -(2**31)
-MAX_INT32: Final = 2**31 - 1
-#: Display names, roles and senders (``job:<name>`` included).
-MAX_NAME_CHARS: Final = 200
-#: Dedup keys and tool call ids.
-MAX_KEY_CHARS: Final = 200
-#: System prompts.
-MAX_PROMPT_BYTES: Final = 1024 * 1024
+#: The column of each budget's limit.
+BUDGET_COLUMNS: Final = {b: f"ar_budgets.{column}" for b, column in LIMIT_COLUMNS.items()}
 
 #: Senders that are not agents of the team. ``job:<name>`` is a background job.
 EXTERNAL_SENDERS: Final = frozenset({"user", "system"})
@@ -36,6 +37,38 @@ EXTERNAL_PREFIX: Final = "job:"
 #: Names no sub-agent may take, nor anything that reads as one: the router's own senders and
 #: the lead's name.
 RESERVED_NAMES: Final = (*sorted(EXTERNAL_SENDERS), LEAD_DISPLAY_NAME)
+
+#: The largest id (every table's key is a ``BigInteger``).
+MAX_ID: Final = limits.integer_range(
+    "ar_teams.id", "ar_agents.id", "ar_messages.id", "ar_questions.id", "ar_background_jobs.id"
+)[1]
+#: Epochs and sequence numbers (``Integer`` columns: 32 bits on PostgreSQL).
+MIN_INT32, MAX_INT32 = limits.integer_range(
+    "ar_agents.epoch", "ar_turns.epoch", "ar_outbox.epoch", "ar_messages.seq"
+)
+#: Display names, roles and senders (``job:<name>`` included).
+MAX_NAME_CHARS: Final = limits.chars(
+    "ar_agents.display_name", "ar_agents.role", "ar_messages.source_name"
+)
+#: A background job's name: its notices come from ``job:<name>``.
+MAX_JOB_NAME_CHARS: Final = limits.chars(
+    "ar_background_jobs.name", "ar_messages.source_name"
+) - len(EXTERNAL_PREFIX)
+#: Dedup keys and tool call ids.
+MAX_KEY_CHARS: Final = limits.chars(
+    "ar_messages.dedup_key", "ar_questions.tool_call_id", "ar_transcript_entries.tool_call_id"
+)
+#: A host's turn runner (``name@queue``).
+MAX_RUNNER_CHARS: Final = limits.chars("ar_agents.runner")
+#: The model named in a model call's usage.
+MAX_MODEL_CHARS: Final = limits.chars("ar_model_calls.model")
+#: How deep a JSON value from outside may nest.
+MAX_JSON_DEPTH: Final = limits.MAX_JSON_DEPTH
+#: System prompts.
+MAX_PROMPT_BYTES: Final = 1024 * 1024
+#: The most tokens one model call may report (far beyond any model's window): the team's sums,
+#: 64-bit columns, cannot overflow from millions of such calls.
+MAX_TOKENS_PER_CALL: Final = 2**40
 
 # Control, format (zero-width, bidi), surrogate, private-use and unassigned code points, and
 # line and paragraph separators: invisible or layout-changing inside a name.
@@ -51,8 +84,27 @@ def row_id(value: Any, what: str, unknown: type[errors.RefusedError]) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise errors.InvalidArgumentError(f"{what} must be an integer, not {type(value).__name__}")
     if not 1 <= value <= MAX_ID:
-        raise unknown(f"unknown {what} {value}")
+        raise unknown(f"unknown {what} {shown(value)}")
     return value
+
+
+def row_id_text(text: str, what: str, unknown: type[errors.RefusedError]) -> int:
+    """An id written as digits (a URL's path, a command line): more digits than any id has
+    names no row (and is never converted: Python refuses thousands of digits)."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        raise errors.InvalidArgumentError(f"{what} must be a number, not {text[:20]!r}")
+    if len(digits) > len(str(MAX_ID)):
+        raise unknown(f"unknown {what} {digits[:20]}… ({len(digits)} digits)")
+    return row_id(int(digits), what, unknown)
+
+
+def shown(value: int) -> str:
+    """An integer as an error message quotes it: one of thousands of digits (which Python
+    will not even convert to text) by its size."""
+    if value.bit_length() <= 128:
+        return str(value)
+    return f"of {value.bit_length()} bits"
 
 
 def integer(
@@ -179,13 +231,20 @@ def key(value: Any, what: str) -> str:
     """A dedup key or a tool call id: 1-200 printable characters."""
     if not isinstance(value, str):
         raise errors.InvalidArgumentError(f"{what} must be a string, not {type(value).__name__}")
+    problem = _key_problem(value)
+    if problem is not None:
+        raise errors.InvalidArgumentError(f"{what} {problem}")
+    return value
+
+
+def _key_problem(value: str) -> str | None:
     if not value.strip() or len(value) > MAX_KEY_CHARS:
-        raise errors.InvalidArgumentError(f"{what} must be 1-{MAX_KEY_CHARS} characters")
+        return f"must be 1-{MAX_KEY_CHARS} characters"
     if not value.isprintable():
         # Printable as Python means it: no control, format, private-use or unassigned
         # character, and no space but U+0020 (a no-break space reads as one).
-        raise errors.InvalidArgumentError(f"{what} holds invisible or control characters")
-    return value
+        return "holds invisible or control characters"
+    return None
 
 
 def optional_key(value: Any, what: str) -> str | None:
@@ -195,12 +254,76 @@ def optional_key(value: Any, what: str) -> str | None:
 def scrub(value: str) -> str:
     """Text produced by a model or a job made storable without losing it: NUL and lone
     surrogates become U+FFFD (everything else is kept as written)."""
-    if "\x00" in value:
-        value = value.replace("\x00", "\ufffd")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+    return limits.storable(value)
+
+
+def label(value: Any, what: str) -> str:
+    """A short free text the ledger records (who changed a budget): 1-200 printable
+    characters."""
+    if not isinstance(value, str):
+        raise errors.InvalidArgumentError(f"{what} must be a string, not {type(value).__name__}")
+    if not value.strip() or len(value) > MAX_NAME_CHARS:
+        raise errors.InvalidArgumentError(f"{what} must be 1-{MAX_NAME_CHARS} characters")
+    if not value.isprintable():
+        raise errors.InvalidArgumentError(f"{what} holds invisible or control characters")
+    return value
+
+
+def job_name(value: Any) -> str:
+    """A background job's name: a name short enough that ``job:<name>`` is one too."""
+    checked = name(value, "job name")
+    if len(checked) > MAX_JOB_NAME_CHARS:
+        raise errors.InvalidNameError(f"job name is longer than {MAX_JOB_NAME_CHARS} characters")
+    return checked
+
+
+def model_name(value: Any) -> str | None:
+    """The model a call's usage is recorded for (``None``: not known)."""
+    if value is None:
+        return None
+    return label(value, "model")
+
+
+def budget_limits(value: Any) -> dict[BudgetName, float | None]:
+    """A team's limits (``None``: unlimited), each a number its column holds: finite, not
+    negative, whole for a count, and within the column's range (a cost in nano-dollars, a
+    count of sub-agents in 32 bits, a wall time whose deadline is a date)."""
+    if not isinstance(value, Mapping):
+        raise errors.InvalidArgumentError("budget limits must be a mapping of budget to number")
+    checked: dict[BudgetName, float | None] = {}
+    for key, limit in value.items():
+        try:
+            budget = BudgetName(key)
+        except ValueError:
+            known = ", ".join(b.value for b in BudgetName)
+            raise errors.InvalidArgumentError(f"unknown budget {key!r}; one of {known}") from None
+        checked[budget] = None if limit is None else _budget_limit(budget, limit)
+    return checked
+
+
+#: The longest wall-time budget: its deadline must be a date both databases hold.
+MAX_WALL_SECONDS: Final = 1e10
+
+
+def _budget_limit(budget: BudgetName, value: Any) -> float:
+    what = f"budget {budget.value}"
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise errors.InvalidArgumentError(f"{what} must be a number, not {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise errors.InvalidArgumentError(f"{what} must be a finite number")
+    if value < 0:
+        raise errors.InvalidArgumentError(f"{what} must not be negative")
+    column = limits.of(BUDGET_COLUMNS[budget])
+    if budget is BudgetName.WALL_SECONDS:
+        if value > MAX_WALL_SECONDS:
+            raise errors.InvalidArgumentError(f"{what} must be at most {MAX_WALL_SECONDS:g}")
+        return float(value)
+    scale = NANO if budget is BudgetName.COST else 1
+    if budget is not BudgetName.COST and value != int(value):
+        raise errors.InvalidArgumentError(f"{what} must be a whole number")
+    assert column.maximum is not None
+    if value * scale > column.maximum:
+        raise errors.InvalidArgumentError(f"{what} must be at most {column.maximum // scale}")
     return value
 
 
@@ -208,7 +331,8 @@ def runner(value: Any) -> str:
     """A host's turn runner: a Celery task name, or ``name@queue``."""
     if isinstance(value, str):
         task, at, queue = value.partition("@")
-        if task and (queue or not at) and len(value) <= 300 and not any(c.isspace() for c in value):
+        fits = len(value) <= MAX_RUNNER_CHARS and value.isprintable()
+        if task and (queue or not at) and fits and not any(c.isspace() for c in value):
             return value
     raise errors.InvalidMessageError(f"invalid runner {value!r}: a Celery task name, or name@queue")
 
@@ -235,3 +359,128 @@ def send_fields(message: Any) -> dict[str, Any]:
     if "to" not in message or "content" not in message:
         raise errors.InvalidMessageError("each message of send_many needs 'to' and 'content'")
     return {**SEND_FIELDS, **message}
+
+
+# ---------------------------------------------------------------------------- what models write
+
+#: The stored arguments of a tool call whose arguments were too large to keep begin so; the
+#: loop answers such a call with an error result instead of running it.
+ARGUMENTS_NOT_KEPT: Final = "[arguments not kept: "
+#: How much of arguments not kept, and of a tool name too long to be one, is kept to show.
+_HEAD_CHARS: Final = 200
+
+
+def call_id(value: Any) -> str:
+    """The id a model's tool call is stored and answered under: its own when a column holds it
+    (1-200 printable characters), else one the router makes from it, ``call_`` and a digest of
+    it. The same id always maps to the same one, so a result given under the model's own id (by
+    a host's loop, or a reply that cites it) still pairs with its call."""
+    if isinstance(value, str) and _key_problem(value) is None:
+        return value
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12)
+    return f"call_{digest.hexdigest()}"
+
+
+def model_reply(message: Mapping[str, Any], *, max_argument_bytes: int) -> dict[str, Any]:
+    """A model's reply as the transcript can hold it, nothing refused: every string made
+    storable (:func:`scrub`), each tool call's id one a column holds (:func:`call_id`), a tool
+    name longer than a name cut to its head (no tool has it: the call is answered as an
+    unknown tool), and arguments larger than ``max_argument_bytes`` replaced by
+    :data:`ARGUMENTS_NOT_KEPT`, their size and their head (the call is answered with an error
+    that says so, and the model never reads them back). A reply already so is returned
+    unchanged."""
+    reply: dict[str, Any] = _storable(dict(message), depth=0)
+    calls = reply.get("tool_calls")
+    if isinstance(calls, list):
+        reply["tool_calls"] = [
+            _bounded_call(c, max_argument_bytes) if isinstance(c, dict) else c for c in calls
+        ]
+    return reply
+
+
+def _bounded_call(call: dict[str, Any], max_argument_bytes: int) -> dict[str, Any]:
+    call = {**call, "id": call_id(call.get("id"))}
+    function = call.get("function")
+    if not isinstance(function, dict):
+        return call
+    function = dict(function)
+    name_ = function.get("name")
+    if isinstance(name_, str) and len(name_) > MAX_NAME_CHARS:
+        function["name"] = name_[:_HEAD_CHARS] + "…"
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        size = len(arguments.encode("utf-8"))
+        if size > max_argument_bytes:
+            head = arguments[:_HEAD_CHARS]
+            function["arguments"] = (
+                f"{ARGUMENTS_NOT_KEPT}{size} bytes, over the limit of {max_argument_bytes}] {head}…"
+            )
+    call["function"] = function
+    return call
+
+
+def _storable(value: Any, *, depth: int) -> Any:
+    """Every string in ``value`` (keys included) made storable; a value nested deeper than a
+    JSON column holds is refused."""
+    if isinstance(value, str):
+        return scrub(value)
+    if depth > MAX_JSON_DEPTH and isinstance(value, dict | list):
+        raise errors.InvalidTranscriptEntryError(
+            f"a transcript entry nests deeper than {MAX_JSON_DEPTH} levels"
+        )
+    if isinstance(value, dict):
+        return {scrub(str(k)): _storable(v, depth=depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v, depth=depth + 1) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise errors.InvalidTranscriptEntryError("a transcript entry holds a number not finite")
+    return value
+
+
+def storable(value: Any) -> Any:
+    """A JSON value from outside (a transcript entry) with every string in it made storable;
+    one nested deeper than :data:`MAX_JSON_DEPTH` or holding a number that is not finite is
+    refused (:class:`~agent_router.errors.InvalidTranscriptEntryError`)."""
+    return _storable(value, depth=0)
+
+
+def json_text(raw: str, what: str) -> Any:
+    """JSON text from outside (a tool call's arguments), read: an integer too long for Python
+    to convert is kept as its digits (a string: no id has them); text that is not JSON, or
+    nests deeper than :data:`MAX_JSON_DEPTH`, is refused
+    (:class:`~agent_router.errors.InvalidArgumentError`) with what is wrong. Every string in
+    the result is made storable."""
+    try:
+        value = json.loads(raw, parse_int=_integer, parse_float=_float, parse_constant=str)
+    except RecursionError:
+        raise errors.InvalidArgumentError(f"{what} nest too deep to read") from None
+    except ValueError as exc:  # JSONDecodeError included
+        raise errors.InvalidArgumentError(f"{what} are not valid JSON ({exc})") from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise errors.InvalidArgumentError(f"{what} nest deeper than {MAX_JSON_DEPTH} levels")
+    return _storable(value, depth=0)
+
+
+def _float(text: str) -> float | str:
+    number = float(text)
+    return number if math.isfinite(number) else text
+
+
+def _integer(digits: str) -> int | str:
+    limit = sys.get_int_max_str_digits()
+    return digits if limit and len(digits.lstrip("-")) > limit else int(digits)
+
+
+def json_depth(value: Any) -> int:
+    """How deep ``value`` nests (a scalar: 0, ``[]``: 1), counted without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((v, depth + 1) for v in item)
+    return deepest

@@ -19,8 +19,9 @@ from agent_router import (
     Router,
     Settings,
 )
-from agent_router.agents.loop import TurnOutcome, report_parts, run_turn
+from agent_router.agents.loop import TurnOutcome, run_turn
 from agent_router.agents.tools import default_registry
+from agent_router.formats import report_parts
 from agent_router.ops.checks import check_team
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.models import MessageRow

@@ -186,7 +186,7 @@ def _open_question_ids(messages: list[dict[str, Any]]) -> set[int]:
             if function.get("name") in _ANSWER_TOOLS:
                 try:
                     answered.add(int(json.loads(function.get("arguments") or "{}")["question_id"]))
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):
                     continue
     return asked - answered
 

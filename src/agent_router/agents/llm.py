@@ -113,7 +113,7 @@ def directives(text: str) -> list[tuple[str, dict[str, Any]]]:
             continue
         try:
             args = json.loads(match.group(2)) if match.group(2) else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(args, dict):
             found.append((match.group(1), args))
@@ -238,7 +238,7 @@ class ScriptedModel:
                             answered.add(
                                 int(json.loads(call["function"]["arguments"])["question_id"])
                             )
-                        except (ValueError, KeyError, TypeError):
+                        except (ValueError, KeyError, TypeError, RecursionError):
                             continue
         return [q for q in asked if q.question_id not in answered]
 

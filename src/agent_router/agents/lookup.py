@@ -79,14 +79,19 @@ def question_id(router: Router, team_id: int, agent_id: int, value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and len(digits := re.findall(r"\d+", value)) == 1:
+        if len(digits[0]) > len(str(check.MAX_ID)):  # no id is that long (nor convertible)
+            shown = f"{digits[0][:20]}… ({len(digits[0])} digits)"
+            raise errors.UnknownQuestionError(f"no question {shown}; {listed(router, open_)}")
         number = int(digits[0])
     if number is None:
         raise errors.UnknownQuestionError(
             "`question_id` must be the number in the question's question_id attribute; "
             f"{listed(router, open_)}"
         )
-    if not 0 < number < 2**63:  # no row has such an id (ids are 64-bit signed integers)
-        raise errors.UnknownQuestionError(f"no question {number}; {listed(router, open_)}")
+    if not 0 < number <= check.MAX_ID:  # no row has such an id
+        raise errors.UnknownQuestionError(
+            f"no question {check.shown(number)}; {listed(router, open_)}"
+        )
     if any(q.id == number for q in open_):
         return number
     by_message = _question_of_message(router, agent_id, number)

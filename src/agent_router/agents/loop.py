@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import json
 import logging
 import threading
 import time
@@ -50,6 +49,7 @@ from typing import Any, TypeVar
 from agent_router import errors, formats
 from agent_router import validation as check
 from agent_router.agents import reminders
+from agent_router.agents.context import count_tokens
 from agent_router.agents.llm import Model, ModelFactory, complete
 from agent_router.agents.openai_model import NAMELESS_TOOL
 from agent_router.agents.protocol import protocol_section, with_protocol
@@ -68,6 +68,7 @@ from agent_router.domain import (
     MessageType,
     TurnStatus,
 )
+from agent_router.formats import report_parts
 from agent_router.router import Router
 from agent_router.turn import Turn
 
@@ -270,7 +271,7 @@ def _steps(
         section = protocol_section(agent, router.agents(turn.team_id), schemas, tools.roles)
         reply = _reply(turn, model, with_protocol(history, section), schemas)
         _boundary(turn, heartbeat)
-        reply = _unique_call_ids(reply, history)
+        reply = _unique_call_ids(reply, history)  # as the transcript holds it: calls run so
         # Only this turn writes the transcript now: the reply lands at the end.
         ctx = replace(ctx, reply_index=len(history))
         turn.append_assistant(reply)
@@ -330,9 +331,15 @@ def _complete(
     schemas: list[dict[str, Any]],
 ) -> Any:
     """One model call on the transcript as stored (the model may compact what it sends), its
-    usage recorded for the turn."""
+    reply as the transcript holds it (:func:`check.model_reply`) and its usage recorded for the
+    turn. An estimated usage counts the reply as kept: arguments too large to keep are never
+    sent back, so they are not counted as if they were."""
     result = complete(model, messages, schemas)
+    limit = turn.settings.max_tool_argument_bytes
+    message = check.model_reply(result.message, max_argument_bytes=limit)
     usage = result.usage
+    if usage is not None and usage.estimated and message != result.message:
+        usage = replace(usage, completion_tokens=count_tokens([message]))
     if usage is not None:
         _with_retries(
             lambda: turn.record_usage(
@@ -343,7 +350,7 @@ def _complete(
                 estimated=usage.estimated,
             )
         )
-    return result.message
+    return message
 
 
 def _tell_last_step(router: Router, turn: Turn, max_steps: int) -> None:
@@ -383,7 +390,7 @@ def _unique_call_ids(reply: dict[str, Any], transcript: list[dict[str, Any]]) ->
     for i, call in enumerate(calls):
         unique = call
         if call.get("id") in used:
-            unique = {**call, "id": f"{call.get('id')}_{len(transcript)}_{i}"}
+            unique = {**call, "id": check.call_id(f"{call.get('id')}_{len(transcript)}_{i}")}
         used.add(str(unique["id"]))
         fixed.append(unique)
     return {**reply, "tool_calls": fixed}
@@ -436,15 +443,25 @@ def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> T
             )
         )
     raw = function.get("arguments") or "{}"
-    try:
-        arguments = json.loads(raw) if isinstance(raw, str) else raw
-        if isinstance(arguments, str):  # arguments encoded twice
-            arguments = json.loads(arguments)
-    except json.JSONDecodeError as exc:
+    if isinstance(raw, str) and raw.startswith(check.ARGUMENTS_NOT_KEPT):
+        size = raw[len(check.ARGUMENTS_NOT_KEPT) :].partition("]")[0]
         return formats.escape_json(
             fail(
-                f"the arguments of {name} are not valid JSON ({exc}), so the call did nothing; "
-                "call it again with the arguments as one complete JSON object",
+                f"the arguments of {name} were not kept ({size}), so the call did nothing; call "
+                "it again with smaller arguments (split the work into several calls)",
+                "arguments_too_large",
+            )
+        )
+    what = f"the arguments of {name}"
+    try:
+        arguments = check.json_text(raw, what) if isinstance(raw, str) else raw
+        if isinstance(arguments, str):  # arguments encoded twice
+            arguments = check.json_text(arguments, what)
+    except errors.InvalidArgumentError as exc:
+        return formats.escape_json(
+            fail(
+                f"{exc}, so the call did nothing; call it again with the arguments as one "
+                "complete JSON object",
                 "bad_arguments",
             )
         )
@@ -461,31 +478,6 @@ def _call_tool(tools: ToolRegistry, call: dict[str, Any], ctx: ToolContext) -> T
 class ReportUndeliveredError(errors.AgentRouterError):
     """Raised when the router refused a sub-agent's output to its lead: the turn fails with
     the reason, so that the ledger, the failure notice and ``check`` show it."""
-
-
-#: Room left in each part of a split report for its ``[part i/n]`` header.
-_PART_HEADER_BYTES = 64
-
-
-def report_parts(text: str, max_bytes: int) -> list[str]:
-    """``text`` as it reaches the lead: whole when it fits in one message, else split into
-    parts that each fit (at line breaks where one is near), numbered ``[part i/n]``. Nothing is
-    cut off: the parts joined without their headers are ``text``."""
-    if len(text.encode("utf-8")) <= max_bytes:
-        return [text]
-    room = max(max_bytes - _PART_HEADER_BYTES, 16)
-    chunks: list[str] = []
-    rest = text.encode("utf-8")
-    while rest:
-        cut = min(room, len(rest))
-        while cut < len(rest) and rest[cut] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
-            cut -= 1
-        newline = rest.rfind(b"\n", 0, cut)
-        if cut < len(rest) and newline > cut // 2:
-            cut = newline + 1
-        chunks.append(rest[:cut].decode("utf-8"))
-        rest = rest[cut:]
-    return [f"[part {i}/{len(chunks)}]\n{chunk}" for i, chunk in enumerate(chunks, 1)]
 
 
 def _tell_lead(

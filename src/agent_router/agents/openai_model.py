@@ -112,7 +112,7 @@ def _request_tool_call(i: int, call: Any) -> dict[str, Any]:
 def _is_json_object(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, a number too long, nested too deep
         return False
 
 
@@ -330,7 +330,7 @@ class OpenAIModel:
             raw = self._send(self._request(sent, tools))
         try:
             body = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             excerpt = raw[:_EXCERPT].decode("utf-8", "replace")
             raise MalformedModelResponseError(
                 f"malformed model response: the body is not JSON: {excerpt!r}"

@@ -13,7 +13,8 @@ is durable, ledgered and drained before the next model call) and calls the model
 If the turn still ends in text while exactly one question is open (one the model has read), that
 text is delivered to the asker as the answer (an ``answer`` message with the dedup key
 ``prose-answer:<turn>:<question>`` in the ledger), so that a model that answers in prose never
-leaves its asker waiting.
+leaves its asker waiting: a NUL in it becomes U+FFFD, and one larger than a message arrives in
+parts, the first the answer, the others messages that follow it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Collection
 from typing import Any
 
 from agent_router import errors, formats
+from agent_router import validation as check
 from agent_router.agents import lookup
 from agent_router.domain import Agent, MessageType, Question
 from agent_router.router import Router
@@ -161,21 +163,34 @@ def answer_in_prose(
     written before a question arrived answers nothing."""
     if not text.strip() or not _has_read(read, question.id):
         return
+    key = f"prose-answer:{turn.id}:{question.id}"
+    # Whatever the model wrote arrives: a NUL becomes U+FFFD, and an answer larger than a
+    # message is its first part; the other parts follow it, as messages to the asker.
+    first, *rest = formats.report_parts(check.scrub(text), router.settings.max_content_bytes)
     try:
         router.send(
             turn.team_id,
             to=question.asker,
-            content=text,
+            content=first,
             sender=turn.display_name,
             type=MessageType.ANSWER,
             question_id=question.id,
-            dedup_key=f"prose-answer:{turn.id}:{question.id}",
+            dedup_key=key if not rest else f"{key}:1",
         )
     except errors.RefusedError as exc:  # closed meanwhile (answered, expired, cancelled)
         logger.info(
             "prose answer not delivered", extra={"action": "prose_answer", "error": str(exc)}
         )
         return
+    for number, part in enumerate(rest, 2):
+        router.send(
+            turn.team_id,
+            to=question.asker,
+            content=part,
+            sender=turn.display_name,
+            type=MessageType.MESSAGE,
+            dedup_key=f"{key}:{number}",
+        )
     logger.info(
         "final text delivered as the answer",
         extra={"action": "prose_answer", "question_id": question.id, "turn_id": turn.id},

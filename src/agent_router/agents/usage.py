@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from agent_router.settings import ModelSpec
+from agent_router.validation import MAX_TOKENS_PER_CALL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +70,11 @@ def cost_of(usage: Usage, model: str | None, table: Mapping[str, ModelSpec]) -> 
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A token count as a server reports it; not one (a negative number, a string, a number
+    past any window): ``None``, and the call's usage is estimated instead."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return value if 0 <= value <= MAX_TOKENS_PER_CALL else None
 
 
 def usage_from_body(body: Any) -> Usage | None:

@@ -45,8 +45,8 @@ from agent_router.store.tx import Tx
 #: Costs are stored in nano-dollars (1e-9 USD): integer sums, no rounding drift.
 NANO = 1_000_000_000
 
-#: The column of each limit on ``ar_budgets``.
-_LIMIT_COLUMNS: Mapping[BudgetName, str] = {
+#: The column of each limit on ``ar_budgets`` (the boundary checks a limit against its column).
+LIMIT_COLUMNS: Mapping[BudgetName, str] = {
     BudgetName.MODEL_CALLS: "max_model_calls",
     BudgetName.TURNS: "max_turns",
     BudgetName.TOKENS: "max_tokens",
@@ -94,7 +94,7 @@ def _stored(name: BudgetName, value: float | None) -> float | int | None:
 
 
 def _limit(row: BudgetRow, name: BudgetName) -> float | None:
-    value: float | None = getattr(row, _LIMIT_COLUMNS[name])
+    value: float | None = getattr(row, LIMIT_COLUMNS[name])
     if value is None:
         return None
     return value / NANO if name is BudgetName.COST else value
@@ -136,7 +136,7 @@ def _new_row(
     team_id: int, started_at: datetime, limits: Mapping[BudgetName, float | None]
 ) -> dict[str, Any]:
     values: dict[str, Any] = {"team_id": team_id, "started_at": started_at}
-    for name, column in _LIMIT_COLUMNS.items():
+    for name, column in LIMIT_COLUMNS.items():
         values[column] = _stored(name, limits.get(name))
     wall = values["max_wall_seconds"]
     values["deadline_at"] = None if wall is None else started_at + timedelta(seconds=wall)
@@ -318,7 +318,7 @@ def set_limits(
     (``exhausted`` cleared)."""
     row, now = _row(tx, team_id), utcnow()
     for name, value in limits.items():
-        setattr(row, _LIMIT_COLUMNS[name], _stored(name, value))
+        setattr(row, LIMIT_COLUMNS[name], _stored(name, value))
     wall = row.max_wall_seconds
     row.deadline_at = None if wall is None else row.started_at + timedelta(seconds=wall)
     row.warned = False

@@ -6,11 +6,14 @@ write may have happened), never a SQLAlchemy, psycopg or sqlite3 exception."""
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
+import psycopg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from agent_router import errors
@@ -19,6 +22,7 @@ logger = logging.getLogger("agent_router.store")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C", bound=type[Any])
 
 
 def connection_lost(exc: BaseException) -> bool:
@@ -104,3 +108,59 @@ def wrapped_read(fn: Callable[P, R]) -> Callable[P, R]:
             raise store_error(exc, committing=False) from exc
 
     return retrying(wrapper)
+
+
+#: The errors of the drivers themselves: one that a path below the store did not wrap (a
+#: pool's checkout, a connection made for a statement on the driver) is wrapped here.
+_DRIVER_ERRORS = {psycopg.Error: "psycopg", sqlite3.Error: "sqlite3"}
+
+
+def boundary_error(exc: BaseException) -> errors.AgentRouterError | None:
+    """The library's error for ``exc`` raised below a public store method, or ``None`` for an
+    error of the library's own or a bug: a driver's error is a
+    :class:`~agent_router.errors.StoreError` as :func:`store_error` makes it (a connection
+    that could not be had: retryable, nothing was written), and a value the driver could not
+    send (an integer beyond 64 bits, which SQLite's driver refuses as ``OverflowError`` where
+    PostgreSQL answers "out of range"; a value nested too deep to serialize) is one too, on
+    either database."""
+    if isinstance(exc, errors.AgentRouterError):
+        return None
+    if isinstance(exc, SQLAlchemyError):
+        return store_error(exc, committing=False)
+    for base in _DRIVER_ERRORS:
+        if isinstance(exc, base):
+            wrapped = DBAPIError.instance(None, None, exc, base)
+            assert isinstance(wrapped, DBAPIError)
+            return store_error(wrapped, committing=False)
+    if isinstance(exc, OverflowError):
+        return errors.StoreError(f"database error: a number is out of range: {exc}")
+    if isinstance(exc, RecursionError):
+        return errors.StoreError("database error: a value nests too deep to be written")
+    return None
+
+
+def guarded(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn``, a public method of the store, raising only the library's errors (see
+    :func:`boundary_error`), whatever runs below it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            error = boundary_error(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    return wrapper
+
+
+def boundary(cls: C) -> C:
+    """Every public method of ``cls`` :func:`guarded`: the store's public surface raises the
+    library's errors only, whichever path below it (a transaction, a statement on the driver,
+    a pool's checkout) met the database's."""
+    for name, member in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.isfunction(member):
+            setattr(cls, name, guarded(member))
+    return cls

@@ -50,8 +50,9 @@ R = TypeVar("R")
 V = TypeVar("V")
 
 
+@faults.boundary
 class Reads:
-    """The read views (``store.reads``)."""
+    """The read views (``store.reads``); each raises only the library's errors."""
 
     def __init__(self, sessions: sessionmaker[Session], engine: Engine) -> None:
         self._sessions = sessions

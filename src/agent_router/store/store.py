@@ -77,7 +77,11 @@ _MARK_PUBLISHED = (
 )
 
 
+@faults.boundary
 class Store:
+    """The store's public surface: every method raises only the library's errors
+    (:func:`faults.boundary`)."""
+
     def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
         self.settings = settings
         self.engine = engine or make_engine(settings)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 from agent_router import errors
 from agent_router.domain import LedgerAction, OutboxEntry, OutboxKind, RouteOutcome
 from agent_router.settings import Settings
+from agent_router.store import limits
 from agent_router.store.models import AgentRow, LedgerRow, OutboxRow, utcnow
 
 logger = logging.getLogger("agent_router.store")
@@ -148,7 +149,8 @@ def ledger_row(
     epoch: int | None = None,
     **detail: Any,
 ) -> dict[str, Any]:
-    """A ledger event as the row it is written as; ``detail``: the event's own fields."""
+    """A ledger event as the row it is written as; ``detail``: the event's own fields, made
+    storable (:func:`limits.storable_json`: an event is never why its transaction fails)."""
     return {
         "team_id": team_id,
         "agent_id": agent_id,
@@ -157,7 +159,7 @@ def ledger_row(
         "message_id": message_id,
         "turn_id": turn_id,
         "epoch": epoch,
-        "detail": detail,
+        "detail": limits.storable_json(detail),
         "created_at": utcnow(),
     }
 

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agent_router import errors
+from agent_router import validation as check
 from agent_router.ops import preflight
 from agent_router.ops.cli import failures
 from agent_router.router import Router
@@ -275,7 +276,20 @@ def http_port_option(envvar: str) -> Any:
     return typer.Option(envvar=envvar, help="HTTP port.")
 
 
-TeamArgument = Annotated[int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.")]
+def _team_id(value: int) -> int:
+    """A team id from the command line, checked as the library checks one before anything
+    reads the database: an id no team can have (``10**23``) is the same one-line error on
+    every database."""
+    try:
+        return check.row_id(value, "team", errors.UnknownTeamError)
+    except errors.AgentRouterError as exc:
+        failures.report(exc)
+        raise typer.Exit(failures.EXIT_FAILURE) from None
+
+
+TeamArgument = Annotated[
+    int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.", callback=_team_id)
+]
 AgentArgument = Annotated[str, typer.Argument(help="Display name of a sub-agent.")]
 DatabaseUrlOption = Annotated[
     str | None,

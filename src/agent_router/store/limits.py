@@ -1,0 +1,174 @@
+"""What each column can hold, read from the schema (the SQLAlchemy metadata of
+:mod:`agent_router.store.models`) when this module is imported: a column's type decides the
+limit of every value that reaches it, so a column changed in ``models.py`` moves its check.
+
+- A ``String(n)`` holds ``n`` characters (PostgreSQL's ``varchar(n)`` counts characters and
+  refuses more; SQLite would keep them, which is why the check is made before either sees it).
+- ``Integer`` is 32 bits and ``BigInteger`` 64 bits on PostgreSQL; SQLite keeps 64 bits in
+  either, so the narrower PostgreSQL range is the limit on both.
+- ``Float`` holds finite numbers (a deadline computed from an infinite one cannot be written).
+- Text of any column (``String``, ``Text``, and every string inside a ``JSON`` value, keys
+  included) holds no NUL (PostgreSQL's ``text`` and ``jsonb`` refuse it) and no lone surrogate
+  (no encoding can write one).
+- A ``JSON`` value nests at most :data:`MAX_JSON_DEPTH` deep and holds only finite numbers
+  (``jsonb`` refuses ``NaN`` and ``Infinity``; SQLite's JSON would store them).
+
+:mod:`agent_router.validation` checks values from outside against this table; the store itself
+uses :func:`storable` and :func:`storable_json` where text it makes up from what it was given
+(an error message, a reason) reaches a column.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from agent_router.store.models import Base
+
+#: How deep a JSON value (a transcript entry, a ledger event's detail, an outbox payload) may
+#: nest. Python's own parser and serializer recurse once per level (about 1,000 by default) and
+#: PostgreSQL's ``jsonb`` parser is bounded by its stack; nothing the router writes nests more
+#: than a few levels, and a tool call's arguments are stored as a string.
+MAX_JSON_DEPTH: Final = 64
+
+#: The character that stands in for what no column can hold (NUL, a lone surrogate).
+REPLACEMENT: Final = "\ufffd"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColumnLimit:
+    """What one column holds: ``kind`` is ``text``, ``integer``, ``float``, ``json`` or
+    ``other`` (booleans, enums, times); ``max_chars`` for a ``String(n)``; ``minimum`` and
+    ``maximum`` for an integer."""
+
+    name: str  # table.column
+    kind: str
+    nullable: bool
+    max_chars: int | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+def _base_type(type_: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
+    """The type a column has on PostgreSQL, the stricter database (a variant's base type is
+    the one used wherever no variant is given, PostgreSQL included; ``JSON``'s PostgreSQL
+    variant is ``JSONB``, which is still JSON)."""
+    variants = getattr(type_, "_variant_mapping", {})
+    return variants.get("postgresql", type_)  # type: ignore[no-any-return]
+
+
+def column_limit(column: sa.Column[Any]) -> ColumnLimit:
+    """The limit of ``column``, from its type."""
+    name = f"{column.table.name}.{column.name}"
+    type_ = _base_type(column.type)
+    nullable = bool(column.nullable)
+    if isinstance(type_, sa.Enum | sa.Boolean | sa.DateTime):
+        return ColumnLimit(name=name, kind="other", nullable=nullable)
+    if isinstance(type_, sa.String):  # Text is a String without a length
+        return ColumnLimit(name=name, kind="text", nullable=nullable, max_chars=type_.length)
+    if isinstance(type_, sa.JSON):
+        return ColumnLimit(name=name, kind="json", nullable=nullable)
+    if isinstance(type_, sa.Integer):
+        bits = 64 if isinstance(type_, sa.BigInteger) else 32
+        low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+        return ColumnLimit(name=name, kind="integer", nullable=nullable, minimum=low, maximum=high)
+    if isinstance(type_, sa.Float):
+        return ColumnLimit(name=name, kind="float", nullable=nullable)
+    return ColumnLimit(name=name, kind="other", nullable=nullable)
+
+
+def from_metadata(metadata: sa.MetaData) -> dict[str, ColumnLimit]:
+    """Every column's limit, by ``table.column``."""
+    return {
+        f"{table.name}.{column.name}": column_limit(column)
+        for table in metadata.sorted_tables
+        for column in table.columns
+    }
+
+
+#: The router's columns, read from its models.
+COLUMNS: Final[Mapping[str, ColumnLimit]] = from_metadata(Base.metadata)
+
+
+def of(name: str) -> ColumnLimit:
+    """The limit of the column ``table.column``."""
+    return COLUMNS[name]
+
+
+def chars(*names: str) -> int:
+    """The fewest characters any of the ``String(n)`` columns ``names`` holds: a value written
+    to all of them must fit the narrowest."""
+    found = [of(name).max_chars for name in names]
+    if any(n is None for n in found):
+        raise ValueError(f"not all of {names} have a length")
+    return min(n for n in found if n is not None)
+
+
+def integer_range(*names: str) -> tuple[int, int]:
+    """The range of integers every one of the integer columns ``names`` holds."""
+    limits = [of(name) for name in names]
+    if any(limit.kind != "integer" for limit in limits):
+        raise ValueError(f"not all of {names} are integer columns")
+    return (
+        max(limit.minimum for limit in limits if limit.minimum is not None),
+        min(limit.maximum for limit in limits if limit.maximum is not None),
+    )
+
+
+def storable(value: str) -> str:
+    """``value`` as a text column can hold it, nothing else changed: NUL and lone surrogates
+    become U+FFFD."""
+    if "\x00" in value:
+        value = value.replace("\x00", REPLACEMENT)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join(REPLACEMENT if "\ud800" <= c <= "\udfff" else c for c in value)
+    return value
+
+
+def storable_json(value: Any) -> Any:
+    """``value`` as a JSON column can hold it (:func:`_storable_json`); one that is so already
+    (nearly every one: a flat mapping of short scalars, checked in one pass) is returned as it
+    is."""
+    if isinstance(value, dict) and all(_plain(v) for v in value.values()):
+        return value
+    return _storable_json(value)
+
+
+def _plain(value: Any) -> bool:
+    """A scalar a JSON column holds as it is (a string of ASCII without NUL, a bool, a short
+    integer, ``None``); anything else takes the slow path."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() and "\x00" not in value
+    if kind is int:
+        return bool(value.bit_length() <= 256)
+    return kind is bool or value is None
+
+
+def _storable_json(value: Any, *, depth: int = 0) -> Any:
+    """``value`` as a JSON column can hold it: every string (keys included) made storable, a
+        number that is not finite written as its text (an integer of hundreds of digits: its size),
+    and what nests deeper than
+        :data:`MAX_JSON_DEPTH` written as a short text that says so. For what the store writes on
+        its own account (a ledger event's detail): it must never be the reason a write fails."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):  # past a few hundred digits, not even text of it is useful
+        return value if value.bit_length() <= 256 else f"(an integer of {value.bit_length()} bits)"
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if depth >= MAX_JSON_DEPTH:
+        return f"(nested deeper than {MAX_JSON_DEPTH} levels: not kept)"
+    if isinstance(value, Mapping):
+        return {storable(str(k)): _storable_json(v, depth=depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable_json(v, depth=depth + 1) for v in value]
+    return storable(str(value))
