@@ -407,7 +407,7 @@ def _bounded_call(call: dict[str, Any], max_argument_bytes: int) -> dict[str, An
     function = dict(function)
     name_ = function.get("name")
     if isinstance(name_, str) and len(name_) > MAX_NAME_CHARS:
-        function["name"] = name_[:_HEAD_CHARS] + "…"
+        function["name"] = name_[: MAX_NAME_CHARS - 1] + "…"
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         size = len(arguments.encode("utf-8"))
