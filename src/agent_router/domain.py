@@ -27,6 +27,8 @@ class AgentState(enum.StrEnum):
 RESTING_STATES = frozenset({AgentState.IDLE, AgentState.COMPLETED})
 #: States in which a turn owns the agent (it may write its transcript).
 TURN_STATES = frozenset({AgentState.RUNNING, AgentState.WAITING})
+#: States in which no repair of the sweeper applies to an agent (nothing runs or is scheduled).
+TERMINATED_AND_RESTING = frozenset({*RESTING_STATES, AgentState.TERMINATED})
 
 
 class RouteOutcome(enum.StrEnum):
@@ -136,6 +138,20 @@ class LedgerAction(enum.StrEnum):
     BUDGET_EXHAUSTED = "budget_exhausted"  # a team budget is spent: the team stops
     BUDGET_REFUSED = "budget_refused"  # a sub-agent was not created: a sub-agent budget is full
     BUDGET_CHANGED = "budget_changed"  # an operator set a team's limits (the team may go on)
+    SWEEP_FAILED = "sweep_failed"  # a sweeper step failed for one agent; the pass went on
+    QUARANTINED = "quarantined"  # an agent kept failing sweeper steps: left alone, with backoff
+    QUARANTINE_LIFTED = "quarantine_lifted"  # a step succeeded again, or nothing is left to do
+    OWED_DROPPED = "owed_dropped"  # a prune or a deletion dropped rows still owed, when asked to
+
+
+class SweepStep(enum.StrEnum):
+    """A repair of a sweeper pass, done for one agent at a time (a bulkhead each)."""
+
+    REPUBLISH = "republish"  # publish an outbox row again
+    TAKE_OVER = "take_over"  # fence a turn whose lease ran out, schedule its recovery
+    REENQUEUE = "reenqueue"  # enqueue again a turn whose task was lost
+    EXPIRE = "expire"  # close a question past its deadline
+    POLL_JOB = "poll_job"  # report a background job whose completion callback was lost
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,3 +379,20 @@ class BudgetCheck:
     exhausted: BudgetName | None = None
     warn: BudgetName | None = None
     newly_exhausted: bool = False  # this check spent it: the caller stops the team
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quarantine:
+    """An agent a sweeper step failed for, ``failures`` passes in a row: passes leave it alone
+    until ``until`` (a backoff that doubles with each failure); from ``QUARANTINE_AFTER``
+    failures it is quarantined, which ``check`` reports. A step that succeeds for it again
+    lifts it."""
+
+    agent_id: int
+    team_id: int
+    step: SweepStep
+    failures: int
+    error: str
+    first_failed_at: datetime
+    last_failed_at: datetime
+    until: datetime

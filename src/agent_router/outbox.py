@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from agent_router.domain import OutboxEntry
 
@@ -21,6 +21,16 @@ class Publisher(Protocol):
     """Turns one committed outbox entry into a signal. Raising leaves the row unpublished."""
 
     def publish(self, entry: OutboxEntry) -> None: ...
+
+
+@runtime_checkable
+class QueueDepth(Protocol):
+    """A publisher that can tell how many messages wait in a queue of its broker: with it the
+    sweeper tells a turn task still queued behind a backlog from a lost one."""
+
+    def queue_depth(self, queue: str) -> int | None:
+        """Messages waiting in ``queue`` (not those a worker holds); ``None`` when the broker
+        cannot be asked."""
 
 
 class CallbackPublisher:

@@ -580,6 +580,17 @@ class Router:
                 logger.exception("outbox mark failed", extra={"action": "publish"})
         return len(published) + signalled
 
+    def republish(self, entry: OutboxEntry) -> None:
+        """Publish one outbox row again (a sweeper's repair) and mark it published; what the
+        publisher raises reaches the caller, and the row stays unpublished."""
+        if entry.kind is OutboxKind.WAKE_WAITER:
+            self.waker.notify(int(entry.payload["question_id"]), entry.payload.get("token", ""))
+        elif self.publisher is not None:
+            self.publisher.publish(entry)
+        else:
+            return
+        self.store.mark_published([entry.id])
+
     def publish_outbox(
         self, publisher: Publisher | None = None, *, older_than_seconds: float = 0.0
     ) -> int:

@@ -193,7 +193,12 @@ def _hot_paths(router: Router, plans: Plans) -> None:
     assert router.question(overdue.id).deadline <= utcnow()
     with plans.path("sweeper pass"):
         router.sweep()
-        router.store.stuck_scheduled(older_than_seconds=0)
+        for agent in router.store.reads.scheduled(older_than_seconds=0):
+            router.store.reenqueue(agent, windows=1)
+        router.store.reads.queued_publishes()
+        router.store.reads.running_turns()
+        router.store.reads.overdue_questions()
+        router.store.reads.quarantined()
         router.store.claim_unpublished(older_than_seconds=0)
         router.store.expire_questions()
 

@@ -124,7 +124,9 @@ def test_each_revision_states_the_ledger_labels_it_starts_from(fresh_pg_url: str
         ).scalars()
         assert tuple(at_0001) == budgets.OLD_ACTIONS
     engine.dispose()
-    assert [a.value for a in LedgerAction] == [*budgets.OLD_ACTIONS, *budgets.NEW_ACTIONS]
+    bulkheads = _revision("0008_sweep_bulkheads")
+    assert (*budgets.OLD_ACTIONS, *budgets.NEW_ACTIONS) == bulkheads.OLD_ACTIONS
+    assert [a.value for a in LedgerAction] == [*bulkheads.OLD_ACTIONS, *bulkheads.NEW_ACTIONS]
 
 
 def test_0005_counts_each_transcript_from_the_entries_it_already_holds(

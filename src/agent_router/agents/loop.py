@@ -87,8 +87,9 @@ class TurnOutcome(enum.StrEnum):
     FENCED = "fenced"  # a newer epoch superseded this turn; it stopped and wrote nothing more
     SUSPENDED = "suspended"  # gave up its worker in a wait; a continuation turn resumes it
     STOPPED = "stopped"  # the lead stopped the agent: rest of the batch cancelled, agent idle
-    # The database was out of reach: the turn stopped where it was, and its lease lapses; the
-    # sweeper then takes it over and a recovery turn carries on from what committed.
+    # The database was out of reach, or refused the turn's end: the turn stopped where it was,
+    # and its lease lapses; the sweeper then takes it over and a recovery turn carries on
+    # from what committed.
     INTERRUPTED = "interrupted"
 
 
@@ -209,9 +210,10 @@ def _run(
 
 
 def interrupted(turn: Turn) -> TurnOutcome:
-    """The database is out of reach: not the turn's fault, and ending it would need the database
-    too. Its lease lapses, the sweeper takes it over, the recovery turn reads what committed."""
-    logger.warning("turn interrupted: the database is out of reach", exc_info=True,
+    """The database is out of reach (not the turn's fault, and ending it would need the
+    database too), or refused to write the turn's end. Its lease lapses, the sweeper takes it
+    over, the recovery turn reads what committed."""
+    logger.warning("turn interrupted: its writes do not reach the database", exc_info=True,
                    extra={"action": "turn_interrupted", **_ids(turn)})  # fmt: skip
     return TurnOutcome.INTERRUPTED
 
@@ -224,6 +226,11 @@ def _fail(router: Router, turn: Turn, agent: Agent, lead: str, exc: Exception) -
         end = _with_retries(lambda: turn.end(failed=True, error=error))
     except errors.StaleTurnError:
         return TurnOutcome.FENCED
+    except errors.StoreError:
+        # Its end cannot be written: the turn is left as a crashed one is. Nothing renews its
+        # lease once this returns (the heartbeat stops with the turn), so the sweeper takes it
+        # over when the lease runs out, and the recovery turn reads what committed.
+        return interrupted(turn)
     _log_end(turn, end, TurnOutcome.FAILED)
     if agent.is_lead:
         _retry_lead(router, turn, error)

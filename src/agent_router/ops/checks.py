@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent_router.domain import (
+    RESTING_STATES,
     Agent,
     AgentState,
     LedgerAction,
     LedgerEvent,
     Message,
     MessageStatus,
+    Question,
+    QuestionStatus,
     TurnRecord,
     TurnStatus,
 )
+from agent_router.store import utcnow
+from agent_router.store.quarantine import QUARANTINE_AFTER
 
 if TYPE_CHECKING:
     from agent_router.router import Router
@@ -37,6 +43,9 @@ class TeamReport:
     failed_turns: int = 0
     undelivered_reports: int = 0
     idle_with_wake: int = 0  # idle agents holding wake messages no turn will take
+    stuck_turns: int = 0  # turns past their lease that no sweeper took over
+    unanswerable_questions: int = 0  # open questions whose target will never run again
+    quarantined: int = 0  # agents a sweeper repair kept failing for
     violations: list[str] = field(default_factory=list)  # a guarantee broken
     failures: list[str] = field(default_factory=list)  # work that failed or was not delivered
 
@@ -50,7 +59,9 @@ class TeamReport:
             f"pending={self.pending} lost={self.lost} duplicated={self.duplicated} "
             f"reordered={self.reordered} overlapping_turns={self.overlapping_turns} "
             f"dangling_tool_calls={self.dangling_tool_calls} failed_turns={self.failed_turns} "
-            f"undelivered_reports={self.undelivered_reports} idle_with_wake={self.idle_with_wake}"
+            f"undelivered_reports={self.undelivered_reports} idle_with_wake={self.idle_with_wake} "
+            f"stuck_turns={self.stuck_turns} "
+            f"unanswerable_questions={self.unanswerable_questions} quarantined={self.quarantined}"
         )
 
 
@@ -80,10 +91,15 @@ def tool_pairing_problems(transcript: list[dict[str, Any]], *, open_allowed: boo
 
 
 def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> TeamReport:
-    """Check guarantees 2-5 and 7 for a team, and that nothing failed quietly: a failed turn,
-    an output the router refused to deliver to the lead. ``quiescent``: no turn may still be
-    running, so pending wake messages (an idle agent's included, unless a stop kept them) and
-    open tool calls count as violations."""
+    """Check guarantees 2-5, 7 and 9 for a team, and that nothing failed quietly or is owed
+    with no way to be paid: a failed turn, an output the router refused to deliver to the
+    lead, a turn past its lease that no sweeper took over, a wake message a resting agent
+    holds with no turn to take it, a question whose target will never run again, an agent
+    the sweeper's repairs keep failing for (quarantined). ``quiescent``: no turn may still be
+    running, so every pending wake message and open tool call counts as a violation too.
+
+    Each agent is checked on its own: a check that raises for one (its rows unreadable) is a
+    violation naming it, and the others are still checked."""
     store = router.store
     report = TeamReport()
     agents = {a.id: a for a in store.reads.agents(team_id)}
@@ -111,17 +127,132 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
                 report.violations.append(f"message {m.id} dropped without a reason")
         else:
             report.pending += 1
-            if quiescent and m.wake:
-                _check_pending_wake(report, m, agents[m.target_agent_id], ledger)
+            target = agents[m.target_agent_id]
+            if target.state is AgentState.TERMINATED:
+                report.lost += 1
+                report.violations.append(
+                    f"message {m.id} to {target.display_name} is pending though it is "
+                    "terminated (it should have been dropped with a reason)"
+                )
+            elif m.wake and (quiescent or _resting(router, m, target)):
+                _check_pending_wake(report, m, target, ledger)
         if n > 1:
             report.duplicated += 1
             report.violations.append(f"message {m.id} is in a transcript {n} times")
         if n and m.status is not MessageStatus.DELIVERED:
             report.violations.append(f"message {m.id} is in a transcript but {m.status.value}")
 
+    leases = store.reads.turn_leases(team_id)
     for aid, agent in agents.items():
-        _check_agent(report, agent, entries[aid], by_id, store.reads.turns(aid), quiescent)
+        try:
+            turns = store.reads.turns(aid)
+            _check_agent(report, agent, entries[aid], by_id, turns, quiescent)
+            _check_leases(report, router, agent, turns, leases)
+        except Exception as exc:  # one agent's rows, not the whole check
+            report.violations.append(
+                f"{agent.display_name}: could not be checked: {type(exc).__name__}: {exc}"
+            )
+    _check_questions(report, router, team_id, agents, messages, quiescent=quiescent)
+    _check_quarantine(report, router, team_id, agents)
     return report
+
+
+def _resting(router: Router, message: Message, target: Agent) -> bool:
+    """``target`` rests (idle, completed) while ``message`` waits for it, and both are still
+    so when read again: while turns run, the reads of a check are apart, so a message
+    delivered since, or an agent scheduled since (a new epoch), is not taken for one left
+    behind."""
+    if target.state not in RESTING_STATES:
+        return False
+    store = router.store
+    return store.reads.message(message.id).status is MessageStatus.PENDING and _unchanged(
+        router, target
+    )
+
+
+def _unchanged(router: Router, agent: Agent) -> bool:
+    """The agent is in the state and epoch it was read in (no turn scheduled since)."""
+    now = router.store.reads.agent_by_id(agent.id)
+    return (now.state, now.epoch) == (agent.state, agent.epoch)
+
+
+def _check_leases(
+    report: TeamReport,
+    router: Router,
+    agent: Agent,
+    turns: list[TurnRecord],
+    leases: dict[int, datetime | None],
+) -> None:
+    """Guarantee 9: a turn whose lease ran out is taken over within a sweep period or two. One
+    still running past that was left behind (no sweeper runs, or its repair keeps failing)."""
+    grace = timedelta(seconds=2 * router.settings.sweep_seconds)
+    now = utcnow()
+    for turn in turns:
+        lease = leases.get(turn.id)
+        if turn.status is TurnStatus.RUNNING and lease is not None and lease < now - grace:
+            late = (now - lease).total_seconds()
+            report.stuck_turns += 1
+            report.violations.append(
+                f"{agent.display_name}: turn {turn.id} is {late:.0f}s past its lease and "
+                "no sweeper took it over"
+            )
+
+
+def _check_questions(
+    report: TeamReport,
+    router: Router,
+    team_id: int,
+    agents: dict[int, Agent],
+    messages: list[Message],
+    *,
+    quiescent: bool,
+) -> None:
+    """An open question (or wait for an output) whose target rests with nothing to wake it,
+    or is terminated or gone: no turn of the target will ever run to answer it, and its asker
+    waits for the deadline."""
+    woken = {m.target_agent_id for m in messages if m.status is MessageStatus.PENDING and m.wake}
+    for question in router.store.reads.open_questions(team_id):
+        target = agents.get(question.target_agent_id)
+        if target is not None:
+            resting = target.state in RESTING_STATES and target.id not in woken
+            if not resting and target.state is not AgentState.TERMINATED:
+                continue
+            if not quiescent and not _still_open(router, question, target):
+                continue
+        asker = agents.get(question.asker_agent_id)
+        who = target.display_name if target is not None else f"agent {question.target_agent_id}"
+        state = target.state.value if target is not None else "gone"
+        report.unanswerable_questions += 1
+        report.failures.append(
+            f"question {question.id} from {asker.display_name if asker else '?'} to {who}: "
+            f"{who} is {state} with nothing to wake it; no one will answer it before its "
+            "deadline"
+        )
+
+
+def _still_open(router: Router, question: Question, target: Agent) -> bool:
+    """The question is still open and its target as it was, read again."""
+    store = router.store
+    return store.reads.question(question.id).status is QuestionStatus.OPEN and _unchanged(
+        router, target
+    )
+
+
+def _check_quarantine(
+    report: TeamReport, router: Router, team_id: int, agents: dict[int, Agent]
+) -> None:
+    """Agents a repair of the sweeper kept failing for: left alone until one succeeds."""
+    for held in router.store.reads.quarantined(team_id):
+        if held.failures < QUARANTINE_AFTER:
+            continue
+        agent = agents.get(held.agent_id)
+        name = agent.display_name if agent is not None else f"agent {held.agent_id}"
+        report.quarantined += 1
+        report.failures.append(
+            f"{name}: quarantined: the sweeper's {held.step.value} failed {held.failures} "
+            f"times in a row since {held.first_failed_at:%Y-%m-%d %H:%M:%S} (last: "
+            f"{held.error[:200]}); it is left alone until {held.until:%H:%M:%S}"
+        )
 
 
 def _check_agent(  # noqa: PLR0917 - one private call site

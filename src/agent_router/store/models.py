@@ -22,6 +22,7 @@ from agent_router.domain import (
     QuestionKind,
     QuestionStatus,
     RouteOutcome,
+    SweepStep,
     TurnStatus,
     TurnTrigger,
 )
@@ -56,6 +57,7 @@ OutboxKindType = _enum(OutboxKind, "ar_outbox_kind")
 LedgerActionType = _enum(LedgerAction, "ar_ledger_action")
 JobStatusType = _enum(JobStatus, "ar_job_status")
 BudgetNameType = _enum(BudgetName, "ar_budget_name")
+SweepStepType = _enum(SweepStep, "ar_sweep_step")
 
 JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -332,3 +334,24 @@ class ModelCallRow(Base):
     cost_nano: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     estimated: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class QuarantineRow(Base):
+    """An agent a sweeper step kept failing for (one row per agent): the passes leave it alone
+    until ``until``, then try again; a step that succeeds for it deletes the row."""
+
+    __tablename__ = "ar_quarantine"
+    __table_args__ = (
+        of_agent("agent_id"),
+        # The passes' read of the agents to leave alone, and check's of a team's.
+        sa.Index("ix_ar_quarantine_until", "until"),
+    )
+
+    agent_id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    team_id: Mapped[int] = mapped_column(BigId, index=True)
+    step: Mapped[SweepStep] = mapped_column(SweepStepType)
+    failures: Mapped[int]
+    error: Mapped[str] = mapped_column(sa.Text)
+    first_failed_at: Mapped[datetime]
+    last_failed_at: Mapped[datetime]
+    until: Mapped[datetime]

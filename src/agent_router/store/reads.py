@@ -23,6 +23,7 @@ from agent_router.domain import (
     Message,
     MessageStatus,
     OutboxEntry,
+    Quarantine,
     Question,
     QuestionStatus,
     Team,
@@ -30,7 +31,7 @@ from agent_router.domain import (
     TurnRecord,
     TurnStatus,
 )
-from agent_router.store import budgets, faults, queries, timeline, values
+from agent_router.store import budgets, faults, quarantine, queries, recovery, timeline, values
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -38,6 +39,7 @@ from agent_router.store.models import (
     MessageRow,
     ModelCallRow,
     OutboxRow,
+    QuarantineRow,
     QuestionRow,
     TeamRow,
     TranscriptEntryRow,
@@ -319,6 +321,40 @@ class Reads:
             )
 
     @faults.wrapped_read
+    def scheduled(self, *, older_than_seconds: float) -> list[recovery.Scheduled]:
+        """Agents scheduled longer ago than that, with their turn tasks' publishes."""
+        return self._read(recovery.scheduled, older_than_seconds=older_than_seconds)
+
+    @faults.wrapped_read
+    def queued_publishes(self) -> dict[str | None, list[datetime]]:
+        """When each scheduled agent's task was published, by runner (what should be queued)."""
+        return self._read(recovery.published_by_runner)
+
+    @faults.wrapped_read
+    def running_turns(self) -> list[tuple[datetime, datetime]]:
+        """(scheduled at, started at) of every running turn's agent."""
+        return self._read(recovery.running_turns)
+
+    @faults.wrapped_read
+    def overdue_questions(self) -> list[tuple[int, int]]:
+        """Open questions past their deadline: (question id, its asker's agent id)."""
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(QuestionRow.id, QuestionRow.asker_agent_id)
+                .where(QuestionRow.status == QuestionStatus.OPEN, QuestionRow.deadline <= utcnow())
+                .order_by(QuestionRow.team_id, QuestionRow.id)
+            )
+            return [(qid, asker) for qid, asker in rows]
+
+    @faults.wrapped_read
+    def quarantined(self, team_id: int | None = None) -> list[Quarantine]:
+        """Agents a sweeper repair failed for (of one team, or all), by agent id."""
+        stmt = sa.select(QuarantineRow).order_by(QuarantineRow.agent_id)
+        if team_id is not None:
+            stmt = stmt.where(QuarantineRow.team_id == team_id)
+        return self._each(quarantine.value, stmt)
+
+    @faults.wrapped_read
     def running_jobs(self, *, older_than_seconds: float, limit: int = 500) -> list[BackgroundJob]:
         """Jobs with no completion seen yet, started at least ``older_than_seconds`` ago."""
         cutoff = utcnow() - timedelta(seconds=older_than_seconds)
@@ -489,6 +525,15 @@ class Reads:
                 .where(QuestionRow.team_id == team_id, QuestionRow.status == QuestionStatus.OPEN)
             ).all()
             return [tuple(r) for r in rows]
+
+    @faults.wrapped_read
+    def open_questions(self, team_id: int) -> list[Question]:
+        """The team's open questions (and waits for an output), by id."""
+        return self._by_id(
+            values.question,
+            QuestionRow,
+            sa.and_(QuestionRow.team_id == team_id, QuestionRow.status == QuestionStatus.OPEN),
+        )
 
     @faults.wrapped_read
     def question_statuses(self, team_id: int) -> list[QuestionStatus]:

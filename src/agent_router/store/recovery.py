@@ -1,11 +1,14 @@
-"""Repairs of what a crash left behind: take over a dead turn, re-enqueue a lost turn task,
-claim unpublished outbox rows."""
+"""Repairs of what a crash left behind: take over a dead turn, re-enqueue a lost turn task (one
+agent at a time, each in a transaction of its own), claim unpublished outbox rows."""
 
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from agent_router import errors
 from agent_router.domain import (
@@ -78,74 +81,114 @@ def take_over(
 
 
 #: A scheduled agent is re-enqueued after 1, 2, 4, ... (at most this many) delivery windows
-#: without a claim: under a backlog its task is most likely still queued, and each copy would
-#: only be refused by the fence.
+#: without a claim: each copy of a task still queued would only be refused by the fence.
 MAX_BACKOFF_WINDOWS = 32
-#: How many delivery windows an agent may wait behind a backlog before it is re-enqueued anyway.
+#: Where the broker's queue depth is not known: how many delivery windows an agent may wait
+#: behind a backlog (turns started since its publish, all of agents scheduled before it)
+#: before it is re-enqueued anyway.
 BACKLOG_WINDOWS = 8
 
 
-def stuck_scheduled(tx: Tx, *, older_than_seconds: float) -> int:
-    """Re-enqueue agents left ``scheduled`` whose turn task never started (the task was
-    lost after being published): scheduled, and its last enqueue published, longer ago than
-    its delivery window: ``older_than_seconds`` for the first re-enqueue of an epoch, doubling
-    with each one after (see :data:`MAX_BACKOFF_WINDOWS`). Not while its task is plausibly
-    still queued: turns started since its last enqueue, all of agents scheduled before it (the
-    broker hands tasks out in order: the workers are busy with a backlog it is part of), up to
-    :data:`BACKLOG_WINDOWS`. Fenced claims make a duplicate harmless. Returns how many were
-    re-enqueued."""
-    session = tx.session
-    now = utcnow()
-    cutoff = now - timedelta(seconds=older_than_seconds)
-    patience = now - timedelta(seconds=older_than_seconds * BACKLOG_WINDOWS)
-    reenqueued = 0
-    agents = session.scalars(
-        sa.select(AgentRow)
+@dataclass(frozen=True, kw_only=True)
+class Scheduled:
+    """An agent ``scheduled`` for longer than a delivery window, and its turn task's publishes
+    in the current epoch."""
+
+    agent_id: int
+    team_id: int
+    epoch: int
+    runner: str | None  # the host's task (``name@queue``), or None: the built-in loop's
+    sent: int  # enqueue rows of the epoch
+    unpublished: int  # of them, not yet published (the outbox re-publisher's)
+    last_published: datetime | None
+
+
+def scheduled(session: Session, *, older_than_seconds: float) -> list[Scheduled]:
+    """Agents scheduled longer ago than ``older_than_seconds`` with what their current epoch's
+    turn tasks were (a read: each re-enqueue locks its agent in a transaction of its own)."""
+    cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+    outbox = sa.and_(
+        OutboxRow.agent_id == AgentRow.id,
+        OutboxRow.epoch == AgentRow.epoch,
+        OutboxRow.kind == OutboxKind.ENQUEUE_TURN,
+    )
+    rows = session.execute(
+        sa.select(
+            AgentRow.id,
+            AgentRow.team_id,
+            AgentRow.epoch,
+            AgentRow.runner,
+            sa.func.count(OutboxRow.id),
+            sa.func.count(OutboxRow.id).filter(OutboxRow.published_at.is_(None)),
+            sa.func.max(OutboxRow.published_at),
+        )
+        .select_from(AgentRow)
+        .outerjoin(OutboxRow, outbox)
         .where(AgentRow.state == AgentState.SCHEDULED, AgentRow.scheduled_at < cutoff)
+        .group_by(AgentRow.id, AgentRow.team_id, AgentRow.epoch, AgentRow.runner)
         .order_by(AgentRow.id)
-        .with_for_update(skip_locked=True)
     ).all()
-    running = _running_turns(tx) if agents else []
-    for agent in agents:
-        sent, unpublished, last = session.execute(
-            sa.select(
-                sa.func.count(),
-                sa.func.count().filter(OutboxRow.published_at.is_(None)),
-                sa.func.max(OutboxRow.published_at),
-            ).where(
-                OutboxRow.agent_id == agent.id,
-                OutboxRow.epoch == agent.epoch,
+    return [
+        Scheduled(
+            agent_id=r[0],
+            team_id=r[1],
+            epoch=r[2],
+            runner=r[3],
+            sent=r[4],
+            unpublished=r[5],
+            last_published=r[6],
+        )
+        for r in rows
+    ]
+
+
+def published_by_runner(session: Session) -> dict[str | None, list[datetime]]:
+    """When each scheduled agent's current turn task was last published, by the agent's runner
+    (sorted): what is queued, as far as the database knows."""
+    latest = (
+        sa.select(AgentRow.runner, sa.func.max(OutboxRow.published_at).label("published"))
+        .join(
+            OutboxRow,
+            sa.and_(
+                OutboxRow.agent_id == AgentRow.id,
+                OutboxRow.epoch == AgentRow.epoch,
                 OutboxRow.kind == OutboxKind.ENQUEUE_TURN,
-            )
-        ).one()
-        # Unpublished: the outbox re-publisher covers it. Published within the window
-        # (perhaps by this very sweep): the task has not yet had its time to start.
-        windows = min(2 ** max(sent - 1, 0), MAX_BACKOFF_WINDOWS)
-        due = now - timedelta(seconds=older_than_seconds * windows)
-        if unpublished or (last is not None and last >= due):
-            continue
-        if last is not None and last >= patience and _behind_a_backlog(running, last):
-            continue
-        agent.scheduled_at = now
-        tx.outbox(
-            agent,
-            OutboxKind.ENQUEUE_TURN,
-            trigger=(agent.pending_trigger or TurnTrigger.NEW).value,
-            reenqueued=True,
+            ),
         )
-        tx.agent_ledger(
-            LedgerAction.REENQUEUED,
-            agent,
-            epoch=agent.epoch,
-            backoff_windows=windows,
-        )
-        reenqueued += 1
-    return reenqueued
+        .where(AgentRow.state == AgentState.SCHEDULED, OutboxRow.published_at.is_not(None))
+        .group_by(AgentRow.id, AgentRow.runner)
+    )
+    found: dict[str | None, list[datetime]] = {}
+    for runner, published in session.execute(latest):
+        if published is not None:
+            found.setdefault(runner, []).append(published)
+    for times in found.values():
+        times.sort()
+    return found
 
 
-def _running_turns(tx: Tx) -> list[tuple[datetime, datetime]]:
+def backoff_windows(agent: Scheduled) -> int:
+    """Delivery windows since its last publish before an agent's task counts as lost: 1, then
+    2, 4, ... with each re-enqueue of the epoch (at most :data:`MAX_BACKOFF_WINDOWS`)."""
+    return int(min(2 ** max(agent.sent - 1, 0), MAX_BACKOFF_WINDOWS))
+
+
+def still_queued(agent: Scheduled, published: list[datetime], depth: int) -> bool:
+    """Is the agent's task plausibly still in its queue, which the broker says holds ``depth``
+    messages? ``published``: when every scheduled agent of that queue had its task published
+    (sorted). The queue hands tasks out in order, so if the agent's task is there, so is every
+    task published after it: the queue holds at least that many (the agent's included). Fewer
+    means the task is gone (a broker restart, a worker that died holding it), whatever the
+    depth of the backlog; stale copies and other tasks in the queue only make it wait
+    longer, never re-enqueue twice."""
+    assert agent.last_published is not None
+    behind = len(published) - bisect.bisect_left(published, agent.last_published)
+    return depth >= max(behind, 1)
+
+
+def running_turns(session: Session) -> list[tuple[datetime, datetime]]:
     """(scheduled at, started at) of every running turn's agent."""
-    rows = tx.session.execute(
+    rows = session.execute(
         sa.select(AgentRow.scheduled_at, TurnRow.started_at)
         .select_from(TurnRow)
         .join(AgentRow, AgentRow.id == TurnRow.agent_id)
@@ -154,10 +197,49 @@ def _running_turns(tx: Tx) -> list[tuple[datetime, datetime]]:
     return [(scheduled, started) for scheduled, started in rows if scheduled is not None]
 
 
-def _behind_a_backlog(running: list[tuple[datetime, datetime]], published: datetime) -> bool:
-    """Turns started since ``published``, and every one of them scheduled before it."""
+def behind_a_backlog(running: list[tuple[datetime, datetime]], published: datetime) -> bool:
+    """Where the queue's depth is not known: turns started since ``published``, and every one
+    of them scheduled before it (the broker hands tasks out in order: the workers are busy
+    with a backlog the task is part of)."""
     since = [scheduled for scheduled, started in running if started > published]
     return bool(since) and all(scheduled <= published for scheduled in since)
+
+
+def reenqueue(tx: Tx, agent: Scheduled, *, windows: int) -> bool:
+    """Enqueue again the turn task of ``agent``, found lost: only if it is still scheduled in
+    the same epoch and nobody published its task since it was read (another sweeper's pass);
+    an agent another transaction holds is left to it. Fenced claims make a duplicate
+    harmless."""
+    session = tx.session
+    row = session.scalars(
+        sa.select(AgentRow)
+        .where(AgentRow.id == agent.agent_id)
+        .with_for_update(skip_locked=True)
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+    if row is None or row.state is not AgentState.SCHEDULED or row.epoch != agent.epoch:
+        return False
+    unpublished, last = session.execute(
+        sa.select(
+            sa.func.count().filter(OutboxRow.published_at.is_(None)),
+            sa.func.max(OutboxRow.published_at),
+        ).where(
+            OutboxRow.agent_id == row.id,
+            OutboxRow.epoch == row.epoch,
+            OutboxRow.kind == OutboxKind.ENQUEUE_TURN,
+        )
+    ).one()
+    if unpublished or last != agent.last_published:
+        return False
+    row.scheduled_at = utcnow()
+    tx.outbox(
+        row,
+        OutboxKind.ENQUEUE_TURN,
+        trigger=(row.pending_trigger or TurnTrigger.NEW).value,
+        reenqueued=True,
+    )
+    tx.agent_ledger(LedgerAction.REENQUEUED, row, epoch=row.epoch, backoff_windows=windows)
+    return True
 
 
 def claim_unpublished(

@@ -36,8 +36,10 @@ from agent_router.domain import (
     LedgerAction,
     Message,
     OutboxEntry,
+    Quarantine,
     Question,
     RouteOutcome,
+    SweepStep,
     Team,
     TokenUsage,
     TurnRecord,
@@ -51,6 +53,7 @@ from agent_router.store import (
     functions,
     jobs,
     lifecycle,
+    quarantine,
     recovery,
     routing,
     turns,
@@ -350,10 +353,32 @@ class Store:
             return None
 
     @faults.retrying
-    def stuck_scheduled(self, *, older_than_seconds: float) -> int:
-        """Re-enqueue agents whose turn task was lost; how many."""
+    def reenqueue(self, agent: recovery.Scheduled, *, windows: int) -> bool:
+        """Enqueue again the turn task of an agent found lost (:func:`recovery.reenqueue`)."""
         with self._tx() as tx:
-            return recovery.stuck_scheduled(tx, older_than_seconds=older_than_seconds)
+            return recovery.reenqueue(tx, agent, windows=windows)
+
+    @faults.retrying
+    def record_sweep_failure(
+        self, agent_id: int, step: SweepStep, error: str, *, period_seconds: float
+    ) -> Quarantine | None:
+        """A sweeper repair failed for the agent (:func:`quarantine.record_failure`)."""
+        with self._tx() as tx:
+            return quarantine.record_failure(
+                tx, agent_id, step, error, period_seconds=period_seconds
+            )
+
+    @faults.retrying
+    def lift_quarantine(self, agent_id: int, *, reason: str) -> bool:
+        """A repair succeeded for the agent: its failures are behind it."""
+        with self._tx() as tx:
+            return quarantine.lift(tx, agent_id, reason=reason)
+
+    @faults.retrying
+    def lift_settled_quarantines(self, *, keep: set[int]) -> list[int]:
+        """Lift the agents no repair needs any more (:func:`quarantine.settled`)."""
+        with self._tx() as tx:
+            return quarantine.settled(tx, keep=keep)
 
     @faults.retrying
     def claim_unpublished(

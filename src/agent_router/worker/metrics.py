@@ -27,8 +27,16 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent_router.domain import AgentState, BudgetName, RouteOutcome, TurnTrigger, WaitOutcome
+from agent_router.domain import (
+    AgentState,
+    BudgetName,
+    RouteOutcome,
+    SweepStep,
+    TurnTrigger,
+    WaitOutcome,
+)
 from agent_router.hooks import RouterHooks
+from agent_router.store.quarantine import QUARANTINE_AFTER
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -120,6 +128,14 @@ _METRICS = {
         ("kind",),
         zero=SWEEP_KINDS,
     ),
+    "sweep_failures": _Metric(
+        "agent_router_sweep_failures",
+        "Repairs of sweeper passes of this process that failed for one agent, by step "
+        "(republish, take_over, reenqueue, expire, poll_job): each is ledgered sweep_failed, "
+        "the agent left alone for a while, and the pass went on for the others.",
+        ("step",),
+        zero=tuple(step.value for step in SweepStep),
+    ),
     # Usage: model calls, tokens and cost per model; teams stopped per budget.
     "model_calls": _Metric(
         "agent_router_model_calls", "Model calls whose usage was recorded, by model.", ("model",)
@@ -155,6 +171,7 @@ class PrometheusHooks(RouterHooks):
     recoveries: Counter
     sweeps: Counter
     sweep_repairs: Counter
+    sweep_failures: Counter
     model_calls: Counter
     tokens: Counter
     cost: Counter
@@ -170,6 +187,8 @@ class PrometheusHooks(RouterHooks):
         self.sweeps.inc()
         for kind in SWEEP_KINDS:
             self.sweep_repairs.labels(kind=kind).inc(getattr(report, kind))
+        for failure in report.failures:
+            self.sweep_failures.labels(step=failure.step.value).inc()
 
     def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
         if not delivery.duplicate:
@@ -236,14 +255,20 @@ class ClusterCollector(Collector):
                 "agent_router_outbox_unpublished",
                 "Outbox rows (turn tasks) not yet published to the broker.",
             ),
+            GaugeMetricFamily(
+                "agent_router_quarantined_agents",
+                "Agents a sweeper repair kept failing for (quarantined: left alone, with "
+                "backoff, until a repair succeeds); `agent-router check` names them.",
+            ),
         )
 
     def collect(self) -> Iterator[Metric]:
-        depth, agents, oldest, questions, outbox = self._families()
+        depth, agents, oldest, questions, outbox, quarantined = self._families()
         try:
             reads = self._store().reads
             counts = reads.state_counts()
             figures = reads.cluster_figures()
+            held = reads.quarantined()
         except Exception:  # a scrape must not fail because the database is away
             logger.warning("cluster gauges not read", exc_info=True, extra={"action": "metrics"})
             return
@@ -254,7 +279,8 @@ class ClusterCollector(Collector):
         oldest.add_metric([], figures[0])
         questions.add_metric([], figures[1])
         outbox.add_metric([], figures[2])
-        yield from (depth, agents, oldest, questions, outbox)
+        quarantined.add_metric([], sum(q.failures >= QUARANTINE_AFTER for q in held))
+        yield from (depth, agents, oldest, questions, outbox, quarantined)
 
 
 #: The earlier name of :class:`ClusterCollector`.

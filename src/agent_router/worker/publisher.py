@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
 
 from celery import Celery
 from celery.result import AsyncResult
+from kombu.exceptions import ChannelError
 
 from agent_router.constants import RUN_AGENT_TURN
 from agent_router.domain import OutboxEntry, OutboxKind
@@ -17,6 +19,9 @@ logger = logging.getLogger(__name__)
 
 #: Celery's own default queue: where an app that names no other sends a task it has no route for.
 CELERY_DEFAULT_QUEUE = "celery"
+
+#: Seconds to reach the broker for a queue's depth (a sweeper pass waits for it).
+QUEUE_DEPTH_TIMEOUT = 2.0
 
 #: Retries of one publish (see :meth:`CeleryPublisher.publish`).
 PUBLISH_RETRY_POLICY = {
@@ -112,6 +117,29 @@ class CeleryPublisher:
             default = self.app.conf.task_default_queue
             name = default if default != CELERY_DEFAULT_QUEUE else None
         return f"{runner}@{name}" if isinstance(name, str) and name else runner
+
+    def queue_depth(self, queue: str) -> int | None:
+        """Messages waiting in ``queue`` (a passive declare: Redis sums the ``LLEN`` of the
+        queue's priority lists, RabbitMQ answers its message count), those reserved by a
+        worker not included; a queue the broker has not got is empty. ``None`` when the broker
+        cannot be reached: the sweeper then judges by order alone."""
+        try:
+            with self.app.connection_for_read(connect_timeout=QUEUE_DEPTH_TIMEOUT) as conn:
+                conn.ensure_connection(max_retries=1)
+                channel: Any = conn.channel()
+                try:
+                    declared = channel.queue_declare(queue=queue, passive=True)
+                finally:
+                    with contextlib.suppress(Exception):  # a channel the 404 already closed
+                        channel.close()
+        except ChannelError:
+            return 0  # not declared yet: nothing is queued in it
+        except Exception as exc:  # the broker is away: the pass judges by order alone
+            logger.warning(
+                "queue depth unknown: %s", exc, extra={"action": "queue_depth", "queue": queue}
+            )
+            return None
+        return int(declared.message_count)
 
     def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
         """A background job's outcome from the result backend (see ``sweeper.poll_jobs``):

@@ -147,13 +147,16 @@ def sweep(
     broker_url: BrokerUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run one sweeper pass now (what every worker runs on a timer) and print what it did."""
+    """Run one sweeper pass now (what every worker runs on a timer) and print what it did, and
+    each repair that failed for an agent (the pass went on for the others)."""
     with _acting_router(database_url, broker_url) as router:
         report = router.sweep()
     if as_json:
         print(json.dumps(dataclasses.asdict(report)))
-    else:
-        print(" ".join(f"{k}={v}" for k, v in dataclasses.asdict(report).items()))
+        return
+    print(" ".join(f"{k}={v}" for k, v in report.counts().items()))
+    for failure in report.failures:
+        print(f"failed: agent {failure.agent_id} {failure.step.value}: {failure.error[:200]}")
 
 
 @app.command()
@@ -198,7 +201,9 @@ def check(
     as_json: JsonOption = False,
 ) -> None:
     """Check the team's guarantees from the database (nothing lost, duplicated or reordered,
-    one turn at a time, every tool call answered). Exit status 1 on a violation."""
+    one turn at a time, every tool call answered, no turn left past its lease) and what it
+    is owed (a question no one will answer, a wake message no turn will take, an agent the
+    sweeper keeps failing for). Exit status 1 on a violation or a failure."""
     from agent_router.ops.checks import check_team
 
     with _router(database_url) as router:
@@ -210,6 +215,8 @@ def check(
         print(report.summary())
         for violation in report.violations:
             print(f"violation: {violation}")
+        for failure in report.failures:
+            print(f"failure: {failure}")
     if not report.ok:
         raise typer.Exit(1)
 
