@@ -122,6 +122,16 @@ class AskRefusedError(RefusedError):
         self.cycle = cycle or []
 
 
+class OwedRowsError(RefusedError):
+    """Raised when a team to delete still holds what is owed to someone (undelivered mail, open
+    questions, a budget it waits to have raised, unpublished outbox rows, a turn at work) and
+    dropping it was not asked for (``include_undelivered``): nothing is deleted."""
+
+    def __init__(self, message: str | None = None, *, owed: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.owed = owed or {}  # kind -> rows
+
+
 class BudgetExhaustedError(RefusedError):
     """Raised when a team budget is spent: nothing more of that kind may start."""
 

@@ -475,19 +475,39 @@ class Router:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def delete_team(self, team_id: int, *, dry_run: bool = False) -> Deletion:
+    def delete_team(
+        self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
+    ) -> Deletion:
         """Delete a team: every row it owns (agents, messages, transcripts, turns, questions,
-        jobs, outbox, ledger) and the wake keys of its open questions. Its queued turn tasks
-        claim nothing and a turn still running writes nothing more. ``dry_run``: count only."""
-        deletion = self.store.delete_team(_team_id(team_id), dry_run=dry_run)
+        jobs, outbox, ledger) and the wake keys of its open questions. A team that still owes
+        something (undelivered mail, open questions, a spent budget it waits to have raised,
+        unpublished outbox rows, a turn at work) is refused with
+        :class:`~agent_router.errors.OwedRowsError`, unless ``include_undelivered``: then what
+        it owed is ledgered (``owed_dropped``, kept after the team is gone). Its queued turn
+        tasks claim nothing and a turn still running writes nothing more. ``dry_run``: count
+        only."""
+        _flag(include_undelivered, "include_undelivered")
+        deletion = self.store.delete_team(
+            _team_id(team_id),
+            dry_run=_flag(dry_run, "dry_run"),
+            include_undelivered=include_undelivered,
+        )
         _forget(self.waker, deletion)
         return deletion
 
-    def prune(self, *, older_than_seconds: float, dry_run: bool = False) -> Deletion:
+    def prune(
+        self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
+    ) -> Deletion:
         """Retention: delete every finished team (no agent scheduled, running or waiting, no
-        ledger event for ``older_than_seconds``) and published outbox rows that old."""
+        ledger event for ``older_than_seconds``) that owes nothing (``include_undelivered``:
+        those that do too, what they owed ledgered) and published outbox rows that old. Teams
+        kept because they owe something are listed in ``Deletion.kept``."""
         older = check.seconds(older_than_seconds, "older_than_seconds", maximum=1e10)
-        deletion = self.store.prune(older_than_seconds=older, dry_run=dry_run)
+        deletion = self.store.prune(
+            older_than_seconds=older,
+            dry_run=_flag(dry_run, "dry_run"),
+            include_undelivered=_flag(include_undelivered, "include_undelivered"),
+        )
         _forget(self.waker, deletion)
         return deletion
 
@@ -624,6 +644,12 @@ def _team_id(team_id: Any) -> int:
 def _text(settings: Settings, value: Any, what: str) -> str:
     """Message content, a question or a reason: non-blank text within the message limit."""
     return check.text(value, what, max_bytes=settings.max_content_bytes)
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise errors.InvalidArgumentError(f"`{what}` must be a bool")
+    return value
 
 
 def _forget(waker: Waker, deletion: Deletion) -> None:

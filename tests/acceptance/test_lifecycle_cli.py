@@ -21,12 +21,22 @@ def test_team_delete_and_prune_with_dry_run(tmp_path: Path) -> None:
         router.send(team.id, to="Engineer_1", content="hello")
     router.close()
 
-    dry = run("team", "delete", str(doomed.id), "--dry-run", "--json", database_url=url)
+    # The team still owes its message (undelivered) and the turn it started: kept, one line.
+    kept = run("team", "delete", str(doomed.id), database_url=url)
+    assert kept.returncode == 1 and len(kept.stderr.splitlines()) == 1
+    assert "still owes 1 undelivered messages" in kept.stderr
+    assert "--include-undelivered" in kept.stderr
+    owed = ["--include-undelivered"]
+    dry = run("team", "delete", str(doomed.id), "--dry-run", "--json", *owed, database_url=url)
     assert dry.returncode == 0, dry.stderr
     counted = json.loads(dry.stdout)
     assert counted["dry_run"] and counted["teams"] == [doomed.id] and counted["total"] > 0
-    real = run("team", "delete", str(doomed.id), "--json", database_url=url)
+    assert counted["owed"]["undelivered_messages"] == 1
+    real = run("team", "delete", str(doomed.id), "--json", *owed, database_url=url)
     assert json.loads(real.stdout)["rows"] == counted["rows"]
+    ledger = run("ledger", str(doomed.id), "--json", database_url=url)
+    (dropped,) = [json.loads(line) for line in ledger.stdout.splitlines()]
+    assert dropped["action"] == "owed_dropped"  # the record outlives the team
     again = run("team", "delete", str(doomed.id), database_url=url)
     assert again.returncode == 1
     assert again.stderr.startswith(f"agent-router: error: unknown team {doomed.id} (hint: ")

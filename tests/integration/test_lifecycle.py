@@ -15,7 +15,9 @@ import sqlalchemy as sa
 
 from agent_router import (
     AgentState,
+    LedgerAction,
     MessageType,
+    OwedRowsError,
     Router,
     Settings,
     StaleTurnError,
@@ -23,6 +25,7 @@ from agent_router import (
     UnknownTeamError,
 )
 from agent_router.constants import wake_key
+from agent_router.domain import BudgetName
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.models import Base
 from agent_router.waker import RedisWaker
@@ -85,13 +88,31 @@ def test_deleting_a_team_removes_everything_it_owns_and_nothing_else(
     (question,) = {m.question_id for m in router.messages(team_id) if m.question_id}
     assert question is not None
 
-    dry = router.delete_team(team_id, dry_run=True)
-    assert dry.dry_run and dry.teams == (team_id,) and dry.total > 10
+    # The team still owes: pending mail, an open question, turns at work. Refused as it is.
+    with pytest.raises(OwedRowsError) as refused:
+        router.delete_team(team_id)
+    assert refused.value.owed == {
+        "undelivered_messages": 2,  # the ask to the lead, the task to Writer_1
+        "open_questions": 1,
+        "current_transcripts": 4,  # the lead asked, the asker, the runner, the scheduled
+    }
     assert router.team(team_id).id == team_id  # nothing deleted
 
-    deletion = router.delete_team(team_id)
+    dry = router.delete_team(team_id, dry_run=True, include_undelivered=True)
+    assert dry.dry_run and dry.teams == (team_id,) and dry.total > 10
+    assert dry.owed == refused.value.owed
+    assert router.team(team_id).id == team_id  # nothing deleted
+
+    deletion = router.delete_team(team_id, include_undelivered=True)
     assert deletion.rows == dry.rows and deletion.questions == (question,)
-    assert _rows(router) == before  # every row of the team is gone, the other team's stay
+    # Every row of the team is gone, the other team's stay; what it owed is ledgered.
+    (dropped,) = router.ledger(team_id)
+    assert dropped.action is LedgerAction.OWED_DROPPED and dropped.agent_id is None
+    assert dropped.detail["owed"] == refused.value.owed
+    listed = [(m["to"], m["content"]) for m in dropped.detail["messages"]]
+    assert len(listed) == 2 and ("Writer_1", "draft it") in listed
+    assert dropped.detail["questions"] == [question]
+    assert _rows(router) == {**before, "ar_ledger": before["ar_ledger"] + 1}
     assert (router.messages(other.id), router.agents(other.id), router.ledger(other.id)) == kept
     client = redis.Redis.from_url(redis_url)
     assert not client.exists(wake_key(question))
@@ -145,3 +166,89 @@ def test_repeated_refusals_share_one_ledger_row(router: Router) -> None:
         ("Nobody_1", 5),
         ("Nobody_2", 1),
     ]
+
+
+# ---------------------------------------------------------------------------- what is owed
+
+
+def _resting_team(router: Router) -> int:
+    """A team whose every agent rests: its lead, and Engineer_1 that ended a turn."""
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn = start_running(router, team.id, "Engineer_1")
+    turn.append_assistant(assistant("done"))
+    turn.end()
+    return team.id
+
+
+def _owed_kept_then_dropped(router: Router, team_id: int, owed: dict[str, int]) -> None:
+    """A prune keeps the team and says so; a prune that includes the undelivered drops it and
+    ledgers what it owed, in an event that outlives the team."""
+    finished = _resting_team(router)  # owes nothing: pruned either way
+    pruned = router.prune(older_than_seconds=0)
+    assert pruned.teams == (finished,) and pruned.kept == (team_id,) and pruned.owed == {}
+    assert router.team(team_id).id == team_id
+    with pytest.raises(OwedRowsError) as refused:
+        router.delete_team(team_id)
+    assert refused.value.owed == owed
+    dry = router.prune(older_than_seconds=0, include_undelivered=True, dry_run=True)
+    assert (dry.teams, dry.owed) == ((team_id,), owed)
+    assert router.team(team_id).id == team_id
+    dropped = router.prune(older_than_seconds=0, include_undelivered=True)
+    assert (dropped.teams, dropped.owed, dropped.kept) == ((team_id,), owed, ())
+    with pytest.raises(UnknownTeamError):
+        router.team(team_id)
+    (event,) = router.ledger(team_id)
+    assert event.action is LedgerAction.OWED_DROPPED
+    assert (event.detail["by"], event.detail["owed"]) == ("prune", owed)
+
+
+def test_prune_keeps_the_unread_task_of_a_stopped_agent(router: Router) -> None:
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    router.send(team.id, to="Engineer_1", content="the task", type=MessageType.TASK)
+    router.stop(team.id, "Engineer_1", reason="not now")  # idle, its mailbox kept
+    assert router.agent(team.id, "Engineer_1").state is AgentState.IDLE
+    _owed_kept_then_dropped(router, team.id, {"undelivered_messages": 1})
+    (event,) = router.ledger(team.id)
+    assert [m["content"] for m in event.detail["messages"]] == ["the task"]
+
+
+def test_prune_keeps_a_note_a_resting_agent_has_not_read(router: Router) -> None:
+    team_id = _resting_team(router)
+    router.send(team_id, to="Engineer_1", content="for later", wake=False)
+    assert router.agent(team_id, "Engineer_1").state is AgentState.COMPLETED
+    _owed_kept_then_dropped(router, team_id, {"undelivered_messages": 1})
+
+
+def test_prune_keeps_a_team_waiting_for_its_budget_to_be_raised(router: Router) -> None:
+    team = router.create_team(budget={BudgetName.TURNS: 0})
+    router.send(team.id, to="Team Leader", content="go", type=MessageType.TASK)
+    assert router.claim_turn(team.id, "Team Leader") is None  # the budget stops it at once
+    assert router.store.budget(team.id).exhausted is BudgetName.TURNS
+    _owed_kept_then_dropped(router, team.id, {"undelivered_messages": 1, "spent_budget": 1})
+
+
+def test_prune_keeps_an_outbox_row_never_published(router: Router) -> None:
+    team_id = _resting_team(router)
+    publisher, router.publisher = router.publisher, None
+    router.send(team_id, to="Engineer_1", content="again")  # its turn task never published
+    router.publisher = publisher
+    router.terminate(team_id, "Engineer_1", reason="gone")  # the mail is dropped, the row stays
+    _owed_kept_then_dropped(router, team_id, {"unpublished_outbox": 1})
+
+
+def test_prune_never_takes_a_team_at_work_nor_its_open_question(router: Router) -> None:
+    """An open question has its asker waiting, and a turn at work writes its transcript: such
+    a team is not finished, so no prune takes it, not even one that drops what is owed."""
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    start_waiting(router, team.id, "Engineer_1", "Team Leader")
+    for include in (False, True):
+        pruned = router.prune(older_than_seconds=0, include_undelivered=include)
+        assert team.id not in pruned.teams
+    assert router.agent(team.id, "Engineer_1").state is AgentState.WAITING
+    with pytest.raises(OwedRowsError) as refused:
+        router.delete_team(team.id)
+    assert refused.value.owed["open_questions"] == 1
+    assert refused.value.owed["current_transcripts"] >= 1

@@ -35,6 +35,7 @@ PUBLIC = [
     "MessageStatus",
     "MessageSubtype",
     "MessageType",
+    "OwedRowsError",
     "Question",
     "QuestionClosedError",
     "QuestionStatus",

@@ -1,6 +1,14 @@
 """Storage lifecycle: deleting a team with every row it owns, and retention (finished teams and
 published outbox rows older than a cutoff).
 
+Some rows are still owed to someone (:data:`OWED`): undelivered mail, open questions, a team
+waiting for its spent budget to be raised, unpublished outbox rows, and the transcripts of
+agents a turn is at work on (scheduled, running, waiting). A prune keeps every team that owes
+any, and a deletion of a team that owes some is refused, unless asked to drop them
+(``include_undelivered``); then what it dropped is ledgered (``owed_dropped``: the kinds, the
+rows' ids, each message's sender, receiver and opening) in an event written after the team's
+rows are gone, which outlives the team (a ledger event of a team alone has no foreign key).
+
 A deleted team's queued turn tasks are fenced by the deletion itself: a task whose agent row is
 gone claims nothing, and a turn still running finds its agent gone at its next write (a stale
 turn) and writes nothing.
@@ -8,6 +16,7 @@ turn) and writes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,7 +24,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_router import errors
-from agent_router.domain import TURN_STATES, AgentState, LedgerAction, QuestionStatus
+from agent_router.domain import (
+    TURN_STATES,
+    AgentState,
+    LedgerAction,
+    MessageStatus,
+    QuestionStatus,
+)
 from agent_router.store import queries
 from agent_router.store.models import (
     AgentRow,
@@ -48,6 +63,8 @@ class Deletion:
     rows: dict[str, int] = field(default_factory=dict)  # table name -> rows
     questions: tuple[int, ...] = ()  # their wake keys go too
     dry_run: bool = False
+    owed: dict[str, int] = field(default_factory=dict)  # owed rows dropped, by kind (OWED)
+    kept: tuple[int, ...] = ()  # teams a prune left because they owe something
 
     @property
     def total(self) -> int:
@@ -85,10 +102,92 @@ def _team_rows(
     ]
 
 
+def _owed(
+    of: Callable[[Any], sa.ColumnElement[bool]],
+) -> dict[str, tuple[type[Any], sa.ColumnElement[bool]]]:
+    """What a team may still owe someone, by kind: the table and the condition that find its
+    rows of that kind (``of``: how a row's team id names the teams meant). Each kind is a
+    reason to keep a team."""
+    return {
+        "undelivered_messages": (
+            MessageRow,
+            sa.and_(of(MessageRow.team_id), MessageRow.status == MessageStatus.PENDING),
+        ),
+        "open_questions": (
+            QuestionRow,
+            sa.and_(of(QuestionRow.team_id), QuestionRow.status == QuestionStatus.OPEN),
+        ),
+        "spent_budget": (
+            BudgetRow,
+            sa.and_(of(BudgetRow.team_id), BudgetRow.exhausted.is_not(None)),
+        ),
+        "unpublished_outbox": (
+            OutboxRow,
+            sa.and_(of(OutboxRow.team_id), OutboxRow.published_at.is_(None)),
+        ),
+        "current_transcripts": (
+            AgentRow,
+            sa.and_(of(AgentRow.team_id), AgentRow.state.in_(_BUSY_STATES)),
+        ),
+    }
+
+
+#: The kinds of rows still owed to someone.
+OWED = tuple(_owed(lambda team_id: team_id == 0))
+#: Rows of each kind an ``owed_dropped`` event names (their count is always whole).
+OWED_LISTED = 100
+
+
+def owed(tx: Tx, team_ids: list[int]) -> dict[str, int]:
+    """What the teams ``team_ids`` still owe, by kind (kinds they owe nothing of left out)."""
+    found: dict[str, int] = {}
+    for kind, (_table, where) in _owed(lambda team_id: team_id.in_(team_ids)).items():
+        count = tx.session.scalar(sa.select(sa.func.count()).where(where)) or 0
+        if count:
+            found[kind] = count
+    return found
+
+
+def _record_drop(tx: Tx, team_id: int, owed_rows: dict[str, int], *, by: str) -> None:
+    """Ledger what a deletion of ``team_id`` drops that was owed (read before the deletion;
+    the event is written after it, with the transaction's other events, and outlives the
+    team)."""
+    session = tx.session
+    messages = session.execute(
+        sa.select(MessageRow.id, MessageRow.source_name, AgentRow.display_name, MessageRow.content)
+        .join(AgentRow, AgentRow.id == MessageRow.target_agent_id)
+        .where(MessageRow.team_id == team_id, MessageRow.status == MessageStatus.PENDING)
+        .order_by(MessageRow.id)
+        .limit(OWED_LISTED)
+    ).all()
+    questions = session.scalars(
+        sa.select(QuestionRow.id)
+        .where(QuestionRow.team_id == team_id, QuestionRow.status == QuestionStatus.OPEN)
+        .order_by(QuestionRow.id)
+        .limit(OWED_LISTED)
+    ).all()
+    tx.ledger(
+        LedgerAction.OWED_DROPPED,
+        team_id=team_id,
+        by=by,
+        owed=owed_rows,
+        messages=[{"id": m[0], "from": m[1], "to": m[2], "content": m[3][:200]} for m in messages],
+        questions=list(questions),
+    )
+
+
 def delete_teams(
-    tx: Tx, team_ids: list[int], *, dry_run: bool, outbox_pruned_before: datetime | None = None
+    tx: Tx,
+    team_ids: list[int],
+    *,
+    dry_run: bool,
+    outbox_pruned_before: datetime | None = None,
+    include_undelivered: bool = False,
+    by: str = "delete",
 ) -> Deletion:
-    """Delete the teams ``team_ids`` (locked first) and every row they own."""
+    """Delete the teams ``team_ids`` (locked first) and every row they own. A team that still
+    owes rows (:data:`OWED`) is refused (:class:`~agent_router.errors.OwedRowsError`), or with
+    ``include_undelivered`` deleted and what it owed ledgered."""
     session = tx.session
     locked = session.scalars(
         sa.select(TeamRow.id).where(TeamRow.id.in_(team_ids)).order_by(TeamRow.id).with_for_update()
@@ -104,6 +203,22 @@ def delete_teams(
         .order_by(AgentRow.id)
         .with_for_update()
     )
+    owed_rows: dict[str, int] = {}
+    per_team = {team_id: owed(tx, [team_id]) for team_id in locked}
+    for team_id, found in per_team.items():
+        if found and not include_undelivered:
+            listed = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in found.items())
+            raise errors.OwedRowsError(
+                f"team {team_id} still owes {listed}; delete it with include_undelivered "
+                "(--include-undelivered) to drop them, which the ledger records",
+                owed=found,
+            )
+        for kind, count in found.items():
+            owed_rows[kind] = owed_rows.get(kind, 0) + count
+    if not dry_run:
+        for team_id, found in per_team.items():
+            if found:
+                _record_drop(tx, team_id, found, by=by)
     teams = sa.select(TeamRow.id).where(TeamRow.id.in_(locked)).scalar_subquery()
     questions = session.scalars(
         sa.select(QuestionRow.id).where(
@@ -113,35 +228,51 @@ def delete_teams(
     rows: dict[str, int] = {}
     for table, where in _team_rows(teams, outbox_pruned_before):
         rows[str(table.__tablename__)] = _remove(tx, table, where, dry_run=dry_run)
-    return Deletion(teams=tuple(locked), rows=rows, questions=tuple(questions), dry_run=dry_run)
+    return Deletion(
+        teams=tuple(locked),
+        rows=rows,
+        questions=tuple(questions),
+        dry_run=dry_run,
+        owed=owed_rows,
+    )
 
 
-def delete_team(tx: Tx, team_id: int, *, dry_run: bool) -> Deletion:
-    deletion = delete_teams(tx, [team_id], dry_run=dry_run)
+def delete_team(
+    tx: Tx, team_id: int, *, dry_run: bool, include_undelivered: bool = False
+) -> Deletion:
+    deletion = delete_teams(tx, [team_id], dry_run=dry_run, include_undelivered=include_undelivered)
     if not deletion.teams:
         raise errors.UnknownTeamError(f"unknown team {team_id}")
     return deletion
 
 
-def finished_teams(tx: Tx, *, before: datetime, limit: int, after: int = 0) -> list[int]:
+def finished_teams(
+    tx: Tx, *, before: datetime, limit: int, after: int = 0, include_undelivered: bool = False
+) -> tuple[list[int], list[int]]:
     """Teams (ids above ``after``) with nothing in flight (no agent scheduled, running or
-    waiting) and no ledger event since ``before``."""
+    waiting) and no ledger event since ``before``: those that owe nothing else (with
+    ``include_undelivered``: every one), and those kept because they do."""
     busy = sa.select(AgentRow.id).where(
         AgentRow.team_id == TeamRow.id, AgentRow.state.in_(_BUSY_STATES)
     )
     recent = sa.select(LedgerRow.id).where(
         LedgerRow.team_id == TeamRow.id, LedgerRow.created_at >= before
     )
-    return list(
-        tx.session.scalars(
-            sa.select(TeamRow.id)
-            .where(
-                TeamRow.id > after, TeamRow.created_at < before, ~busy.exists(), ~recent.exists()
-            )
-            .order_by(TeamRow.id)
-            .limit(limit)
+    owing = sa.or_(
+        *(
+            sa.select(table).where(where).exists()
+            for table, where in _owed(lambda team_id: team_id == TeamRow.id).values()
         )
     )
+    rows = tx.session.execute(
+        sa.select(TeamRow.id, owing)
+        .where(TeamRow.id > after, TeamRow.created_at < before, ~busy.exists(), ~recent.exists())
+        .order_by(TeamRow.id)
+        .limit(limit)
+    ).all()
+    finished = [team for team, owes in rows if include_undelivered or not owes]
+    kept = [team for team, owes in rows if owes and not include_undelivered]
+    return finished, kept
 
 
 def prune_outbox(tx: Tx, *, before: datetime, dry_run: bool) -> int:

@@ -465,38 +465,65 @@ class Store:
     # ------------------------------------------------------------------ lifecycle
 
     @faults.retrying
-    def delete_team(self, team_id: int, *, dry_run: bool = False) -> lifecycle.Deletion:
-        """Delete a team and every row it owns (``dry_run``: count them, delete nothing)."""
+    def delete_team(
+        self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
+    ) -> lifecycle.Deletion:
+        """Delete a team and every row it owns (``dry_run``: count them, delete nothing); one
+        that still owes rows is refused unless ``include_undelivered`` (then ledgered)."""
         with self._tx() as tx:  # a dry run only reads (and locks) what it counts
-            return lifecycle.delete_team(tx, team_id, dry_run=dry_run)
+            return lifecycle.delete_team(
+                tx, team_id, dry_run=dry_run, include_undelivered=include_undelivered
+            )
 
     @faults.retrying
-    def prune(self, *, older_than_seconds: float, dry_run: bool = False) -> lifecycle.Deletion:
+    def prune(
+        self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
+    ) -> lifecycle.Deletion:
         """Retention: delete finished teams (nothing in flight, no ledger event within
-        ``older_than_seconds``) and published outbox rows older than that, in batches."""
+        ``older_than_seconds``) that owe nothing (with ``include_undelivered``: those that do
+        too, their drop ledgered) and published outbox rows older than that, in batches."""
         before = utcnow() - timedelta(seconds=older_than_seconds)
         with self._tx() as tx:  # first, so that a dry run counts each row once
             published = lifecycle.prune_outbox(tx, before=before, dry_run=dry_run)
         teams: list[int] = []
+        kept: list[int] = []
         rows: dict[str, int] = {}
+        owed: dict[str, int] = {}
         questions: list[int] = []
         while True:
             with self._tx() as tx:
-                batch = lifecycle.finished_teams(
-                    tx, before=before, limit=lifecycle.PRUNE_BATCH, after=max(teams, default=0)
+                batch, held = lifecycle.finished_teams(
+                    tx,
+                    before=before,
+                    limit=lifecycle.PRUNE_BATCH,
+                    after=max(teams + kept, default=0),
+                    include_undelivered=include_undelivered,
                 )
                 deletion = lifecycle.delete_teams(
-                    tx, batch, dry_run=dry_run, outbox_pruned_before=before
+                    tx,
+                    batch,
+                    dry_run=dry_run,
+                    outbox_pruned_before=before,
+                    include_undelivered=include_undelivered,
+                    by="prune",
                 )
             teams += deletion.teams
+            kept += held
             questions += deletion.questions
             for name, count in deletion.rows.items():
                 rows[name] = rows.get(name, 0) + count
-            if len(batch) < lifecycle.PRUNE_BATCH:
+            for kind, count in deletion.owed.items():
+                owed[kind] = owed.get(kind, 0) + count
+            if len(batch) + len(held) < lifecycle.PRUNE_BATCH:
                 break
         rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
         return lifecycle.Deletion(
-            teams=tuple(teams), rows=rows, questions=tuple(questions), dry_run=dry_run
+            teams=tuple(teams),
+            rows=rows,
+            questions=tuple(questions),
+            dry_run=dry_run,
+            owed=owed,
+            kept=tuple(kept),
         )
 
 

@@ -402,6 +402,18 @@ DryRunOption = Annotated[
 ]
 
 
+IncludeUndeliveredOption = Annotated[
+    bool,
+    typer.Option(
+        "--include-undelivered",
+        envvar="AGENT_ROUTER_INCLUDE_UNDELIVERED",
+        help="Also drop what a team still owes (undelivered mail, open questions, a spent "
+        "budget it waits to have raised, unpublished outbox rows, a turn at work); the "
+        "ledger records what was dropped.",
+    ),
+]
+
+
 def _print_deletion(deletion: Deletion, as_json: bool) -> None:
     if as_json:
         print(json.dumps({**dataclasses.asdict(deletion), "total": deletion.total}))
@@ -410,6 +422,12 @@ def _print_deletion(deletion: Deletion, as_json: bool) -> None:
     teams = ",".join(str(t) for t in deletion.teams) or "-"
     rows = " ".join(f"{name.removeprefix('ar_')}={n}" for name, n in deletion.rows.items() if n)
     print(f"{verb} teams {teams}: {deletion.total} rows ({rows or 'none'})")
+    if deletion.owed:
+        owed = " ".join(f"{kind}={n}" for kind, n in deletion.owed.items())
+        print(f"{'would drop' if deletion.dry_run else 'dropped'} what was owed: {owed}")
+    if deletion.kept:
+        kept = ",".join(str(t) for t in deletion.kept)
+        print(f"kept teams {kept}: they still owe something (--include-undelivered drops it)")
 
 
 @team_app.command("delete")
@@ -417,13 +435,18 @@ def _print_deletion(deletion: Deletion, as_json: bool) -> None:
 def team_delete(
     team: TeamArgument,
     dry_run: DryRunOption = False,
+    include_undelivered: IncludeUndeliveredOption = False,
     database_url: DatabaseUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Delete a team and every row it owns (agents, messages, transcripts, turns, questions,
-    jobs, outbox, ledger) and its wake keys; its queued turn tasks then claim nothing."""
+    jobs, outbox, ledger) and its wake keys; its queued turn tasks then claim nothing. A team
+    that still owes something is refused unless --include-undelivered."""
     with _acting_router(database_url, None) as router:
-        _print_deletion(router.delete_team(team, dry_run=dry_run), as_json)
+        deletion = router.delete_team(
+            team, dry_run=dry_run, include_undelivered=include_undelivered
+        )
+        _print_deletion(deletion, as_json)
 
 
 @app.command()
@@ -438,11 +461,17 @@ def prune(
         ),
     ] = 30.0,
     dry_run: DryRunOption = False,
+    include_undelivered: IncludeUndeliveredOption = False,
     database_url: DatabaseUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Retention: delete finished teams (no agent scheduled, running or waiting) idle for
-    --older-than-days, and outbox rows published that long ago."""
+    --older-than-days that owe nothing (undelivered mail, open questions, a spent budget,
+    unpublished outbox rows: those are kept, and listed, unless --include-undelivered), and
+    outbox rows published that long ago."""
     with _acting_router(database_url, None) as router:
         seconds = older_than_days * 86400 if older_than_days >= 0 else -1.0
-        _print_deletion(router.prune(older_than_seconds=seconds, dry_run=dry_run), as_json)
+        deletion = router.prune(
+            older_than_seconds=seconds, dry_run=dry_run, include_undelivered=include_undelivered
+        )
+        _print_deletion(deletion, as_json)

@@ -272,14 +272,20 @@ def ledger(  # noqa: PLR0917 - typer options
         ),
     ] = None,
 ) -> None:
-    """The team's timeline: routing decisions (with outcomes) and turns, from the ledger."""
+    """The team's timeline: routing decisions (with outcomes) and turns, from the ledger (of a
+    deleted team: what its deletion dropped that was still owed)."""
     reader_gone = threading.Event()  # stdout was closed (`ledger --follow | head -1`)
     sink = _ledger_sink(
         as_json=as_json, after=after, agents=agents, outcomes=outcomes, follow=follow,
         reader_gone=reader_gone,
     )  # fmt: skip
     with _store(database_url) as store:
-        store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
+        try:
+            store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
+        except errors.UnknownTeamError:
+            # A deleted team's record of what it dropped (owed_dropped) outlives it.
+            if not store.reads.ledger(team):
+                raise
     with _router(database_url) as router:
         tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
         if not follow:
