@@ -76,7 +76,7 @@ def default_limits(settings: Settings) -> dict[BudgetName, float | None]:
 
 def stored_limits(limits: Mapping[BudgetName, float | None]) -> dict[str, float | int | None]:
     """``limits`` as the budget row's columns store them (cost in nano-dollars), by column."""
-    return {_LIMIT_COLUMNS[name]: _stored(name, value) for name, value in limits.items()}
+    return {LIMIT_COLUMNS[name]: _stored(name, value) for name, value in limits.items()}
 
 
 def _stored(name: BudgetName, value: float | None) -> float | int | None:

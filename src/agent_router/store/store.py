@@ -83,7 +83,11 @@ _MARK_PUBLISHED = (
 @faults.boundary
 class Store:
     """The store's public surface: every method raises only the library's errors
-    (:func:`faults.boundary`)."""
+    (:func:`faults.boundary`), a subclass's (:class:`PostgresStore`'s) too."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        faults.boundary(cls)
 
     def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
         self.settings = settings

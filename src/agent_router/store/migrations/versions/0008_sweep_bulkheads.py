@@ -19,7 +19,7 @@ from alembic import op
 from agent_router.store.migrations.initial_labels import ENUMS
 
 revision: str = "0008"
-down_revision: str | None = "0006"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -83,18 +83,10 @@ def upgrade() -> None:
 def downgrade() -> None:
     labels = ", ".join(f"'{label}'" for label in NEW_ACTIONS)
     op.execute(sa.text(f"DELETE FROM ar_ledger WHERE CAST(action AS VARCHAR) IN ({labels})"))
-    if op.get_bind().dialect.name == "postgresql":
-        # PostgreSQL cannot drop an enum label: the type is rebuilt without them.
-        op.execute(sa.text("ALTER TYPE ar_ledger_action RENAME TO ar_ledger_action_old"))
-        _ledger_type(OLD_ACTIONS).create(op.get_bind())
-        op.execute(
-            sa.text(
-                "ALTER TABLE ar_ledger ALTER COLUMN action TYPE ar_ledger_action "
-                "USING action::text::ar_ledger_action"
-            )
-        )
-        op.execute(sa.text("DROP TYPE ar_ledger_action_old"))
-    else:
+    # PostgreSQL cannot drop an enum label, and rebuilding the type would take the store's
+    # functions with it (they name it): the four labels stay, unused. SQLite's CHECK lists
+    # the labels; the copy renews it.
+    if op.get_bind().dialect.name != "postgresql":
         with op.batch_alter_table("ar_ledger", recreate="always") as batch_op:
             batch_op.alter_column(
                 "action",
