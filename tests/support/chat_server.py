@@ -155,6 +155,29 @@ def message_reply(message: Mapping[str, Any], finish_reason: str = "stop") -> Re
     )
 
 
+# ------------------------------------------------------- absurd values a broken model writes
+
+
+def absurd_id(letter: str = "x", length: int = 300) -> str:
+    """A tool call id longer than any column holds (ids are up to 200 characters)."""
+    return letter * length
+
+
+def digits(count: int = 5000) -> str:
+    """A number of ``count`` digits: more than Python converts to an integer (4,300)."""
+    return "9" * count
+
+
+def nested(depth: int = 100_000) -> str:
+    """JSON arrays nested ``depth`` deep: deeper than any parser's recursion."""
+    return "[" * depth + "]" * depth
+
+
+def huge(megabytes: int = 20) -> str:
+    """A string of ``megabytes`` MB: far more tokens than a team's budget."""
+    return "w" * (megabytes * 1024 * 1024)
+
+
 # ------------------------------------------------------------------------- a sloppy model
 
 #: The line of the protocol section that names the agent a request is for.
