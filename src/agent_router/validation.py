@@ -390,6 +390,10 @@ def model_reply(message: Mapping[str, Any], *, max_argument_bytes: int) -> dict[
     :data:`ARGUMENTS_NOT_KEPT`, their size and their head (the call is answered with an error
     that says so, and the model never reads them back). A reply already so is returned
     unchanged."""
+    if not isinstance(message, Mapping):
+        raise errors.InvalidTranscriptEntryError(
+            f"an assistant message is a mapping, not {type(message).__name__}"
+        )
     reply: dict[str, Any] = _storable(dict(message), depth=0)
     calls = reply.get("tool_calls")
     if isinstance(calls, list):
