@@ -278,8 +278,11 @@ def _reenqueue(router: Sweepable, bulkhead: Bulkhead) -> int:
     ]
     if not due:
         return 0
-    queued = _by_queue(router.settings, router.store.reads.queued_publishes())
+    # The broker first, then the database: a task taken between the two reads leaves the
+    # database's list of what is queued, never the depth (see still_queued).
+    as_of = utcnow()
     depths = _depths(router.publisher, {_queue(router.settings, a.runner) for a in due})
+    queued = _by_queue(router.settings, router.store.reads.queued_publishes())
     running: list[tuple[datetime, datetime]] | None = None
     patience = now - timedelta(seconds=window * BACKLOG_WINDOWS)
     reenqueued = 0
@@ -288,7 +291,7 @@ def _reenqueue(router: Sweepable, bulkhead: Bulkhead) -> int:
         depth = depths.get(queue) if queue is not None else None
         last = agent.last_published
         if last is not None and depth is not None:
-            if still_queued(agent, queued.get(queue, []), depth):
+            if still_queued(agent, queued.get(queue, []), depth, as_of=as_of):
                 continue
         elif last is not None and last >= patience:
             running = router.store.reads.running_turns() if running is None else running

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -29,6 +31,8 @@ from agent_router.ops.checks import check_team
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.models import AgentRow, OutboxRow
 from agent_router.store.recovery import BACKLOG_WINDOWS
+from agent_router.worker.celery_app import create_app
+from agent_router.worker.publisher import CeleryPublisher
 
 from .helpers import assistant, start_running, tool_call
 
@@ -290,3 +294,51 @@ def test_an_agent_behind_a_backlog_too_long_is_reenqueued_anyway(fast_router: Ro
     assert backlog.heartbeat()
     router.sweep()
     assert _count(router, team.id, LedgerAction.REENQUEUED) == 1
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def own_database(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """A database of the test's own: a pass re-enqueues whatever is stale in all of it."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'queue.db'}"
+        Router(Settings(database_url=url)).create_schema()
+        return url
+    return str(request.getfixturevalue("own_pg_schema_url"))
+
+
+def test_a_task_still_in_the_brokers_queue_is_not_reenqueued_at_any_depth(
+    own_database: str, redis_url: str
+) -> None:
+    """The sweeper asks the broker how deep the agents' queue is (Redis, a real one): tasks
+    published 100 delivery windows ago and still queued (no worker consumes) are left alone,
+    however long the backlog; once the broker has lost them (a restart without persistence),
+    each is enqueued again, once."""
+    queue = f"agent_router.test.{uuid.uuid4().hex[:10]}"
+    settings = Settings(database_url=own_database, broker_url=redis_url, queue=queue)
+    app = create_app(settings)
+    router = Router(settings, publisher=CeleryPublisher(app))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        team = router.create_team()
+        agents = [router.create_agent(team.id, role="Engineer") for _ in range(3)]
+        for agent in agents:
+            router.send(team.id, to=agent.display_name, content="go", sender="Team Leader")
+        assert client.llen(queue) == 3
+        for agent in agents:
+            _age(router, agent.id, 100 * settings.lease_seconds)  # 100 windows of backlog
+        assert router.sweep().reenqueued == 0  # all three are still in the queue
+        assert client.llen(queue) == 3
+        client.delete(queue)  # the broker restarted without them
+        assert router.sweep().reenqueued == 3
+        assert client.llen(queue) == 3  # each published again, once
+        for agent in agents:
+            _age(router, agent.id, 100 * settings.lease_seconds)
+        assert router.sweep().reenqueued == 0  # the copies are queued
+        windows = [e.detail["backoff_windows"] for e in router.ledger(team.id)
+                   if e.action is LedgerAction.REENQUEUED]  # fmt: skip
+        assert windows == [1, 1, 1]
+    finally:
+        client.delete(queue)
+        client.close()
+        router.close()
+        app.close()

@@ -173,16 +173,21 @@ def backoff_windows(agent: Scheduled) -> int:
     return int(min(2 ** max(agent.sent - 1, 0), MAX_BACKOFF_WINDOWS))
 
 
-def still_queued(agent: Scheduled, published: list[datetime], depth: int) -> bool:
-    """Is the agent's task plausibly still in its queue, which the broker says holds ``depth``
-    messages? ``published``: when every scheduled agent of that queue had its task published
-    (sorted). The queue hands tasks out in order, so if the agent's task is there, so is every
-    task published after it: the queue holds at least that many (the agent's included). Fewer
-    means the task is gone (a broker restart, a worker that died holding it), whatever the
-    depth of the backlog; stale copies and other tasks in the queue only make it wait
-    longer, never re-enqueue twice."""
+def still_queued(
+    agent: Scheduled, published: list[datetime], depth: int, *, as_of: datetime
+) -> bool:
+    """Is the agent's task plausibly still in its queue, which the broker said held ``depth``
+    messages at ``as_of``? ``published``: when every scheduled agent of that queue had its
+    task published (sorted), read after the depth. The queue hands tasks out in order, so if
+    the agent's task is there, so is every task published after it: the queue held at least
+    that many (the agent's included). Fewer means the task is gone (a broker restart, a
+    worker that died holding it), whatever the depth of the backlog; stale copies and other
+    tasks in the queue only make it wait longer, never re-enqueue twice. Publishes after
+    ``as_of`` are not counted (the depth did not see them), and a task taken between the two
+    reads only leaves the database's list, not the depth read before."""
     assert agent.last_published is not None
-    behind = len(published) - bisect.bisect_left(published, agent.last_published)
+    first = bisect.bisect_left(published, agent.last_published)
+    behind = bisect.bisect_right(published, as_of) - first
     return depth >= max(behind, 1)
 
 
