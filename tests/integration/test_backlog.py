@@ -25,11 +25,12 @@ TEAMS = 12
 SUB_AGENTS = 4
 #: A sub-agent's turn takes about a second (its steps, then the reply), the lead's a little
 #: less: 60 turns on 2 x 2 slots, 15-25 s of backlog on an idle machine and up to 35 s on one
-#: that other test processes load. Leases of 5 s keep that within the 8 leases an agent may
-#: wait behind a backlog (after them it is re-enqueued anyway, by design), and still make it
-#: several delivery windows: the backoff alone, without the backlog rule, re-enqueued 20 of 60.
+#: that other test processes load. Leases of 2 s make that 8 to 18 delivery windows deep:
+#: deeper than BACKLOG_WINDOWS, the most an agent waits behind a backlog where the broker's
+#: depth of its queue is not known (then its tail is re-enqueued). Here Redis tells it, and
+#: the depth tells a queued task from a lost one at any depth of backlog.
 TIMING = {
-    "lease_seconds": 5.0,
+    "lease_seconds": 2.0,
     "heartbeat_seconds": 0.5,
     "sweep_seconds": 0.5,
     "work_seconds": 0.1,
