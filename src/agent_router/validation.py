@@ -1,8 +1,8 @@
 """The one boundary for values from outside: the Router, the Turn, the CLI, the tools and the
 agent loop check what they are given here before anything reaches the database.
 
-The limits come from the schema (:mod:`agent_router.store.limits` reads them from the models'
-column types): a ``String(n)`` column's length, an ``Integer`` or ``BigInteger`` column's
+The limits are the columns' own (:mod:`agent_router.limits`, which the store's models build
+those columns from): a ``String(n)`` column's length, an ``Integer`` or ``BigInteger`` column's
 range, text without NUL or lone surrogates, JSON of bounded depth with finite numbers. Every
 check raises a :class:`~agent_router.errors.RefusedError` subclass, so a bad argument gets the
 same typed error on SQLite and PostgreSQL and writes nothing. Names are plain and printable, so
@@ -23,13 +23,8 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agent_router import errors, formats
+from agent_router import errors, formats, limits
 from agent_router.domain import LEAD_DISPLAY_NAME, BudgetName, MessageType
-from agent_router.store import limits
-from agent_router.store.budgets import LIMIT_COLUMNS, NANO
-
-#: The column of each budget's limit.
-BUDGET_COLUMNS: Final = {b: f"ar_budgets.{column}" for b, column in LIMIT_COLUMNS.items()}
 
 #: Senders that are not agents of the team. ``job:<name>`` is a background job.
 EXTERNAL_SENDERS: Final = frozenset({"user", "system"})
@@ -38,30 +33,20 @@ EXTERNAL_PREFIX: Final = "job:"
 #: the lead's name.
 RESERVED_NAMES: Final = (*sorted(EXTERNAL_SENDERS), LEAD_DISPLAY_NAME)
 
-#: The largest id (every table's key is a ``BigInteger``).
-MAX_ID: Final = limits.integer_range(
-    "ar_teams.id", "ar_agents.id", "ar_messages.id", "ar_questions.id", "ar_background_jobs.id"
-)[1]
-#: Epochs and sequence numbers (``Integer`` columns: 32 bits on PostgreSQL).
-MIN_INT32, MAX_INT32 = limits.integer_range(
-    "ar_agents.epoch", "ar_turns.epoch", "ar_outbox.epoch", "ar_messages.seq"
-)
+#: The largest id (every table's key and every reference to one).
+MAX_ID: Final = limits.integer_range(limits.ID)[1]
+#: Epochs and sequence numbers (32 bits on PostgreSQL).
+MIN_INT32, MAX_INT32 = limits.integer_range(limits.COUNTER)
 #: Display names, roles and senders (``job:<name>`` included).
-MAX_NAME_CHARS: Final = limits.chars(
-    "ar_agents.display_name", "ar_agents.role", "ar_messages.source_name"
-)
-#: A background job's name: its notices come from ``job:<name>``.
-MAX_JOB_NAME_CHARS: Final = limits.chars(
-    "ar_background_jobs.name", "ar_messages.source_name"
-) - len(EXTERNAL_PREFIX)
+MAX_NAME_CHARS: Final = limits.chars(limits.NAME)
+#: A background job's name: its notices come from ``job:<name>``, a sender.
+MAX_JOB_NAME_CHARS: Final = limits.chars(limits.NAME) - len(EXTERNAL_PREFIX)
 #: Dedup keys and tool call ids.
-MAX_KEY_CHARS: Final = limits.chars(
-    "ar_messages.dedup_key", "ar_questions.tool_call_id", "ar_transcript_entries.tool_call_id"
-)
+MAX_KEY_CHARS: Final = limits.chars(limits.KEY)
 #: A host's turn runner (``name@queue``).
-MAX_RUNNER_CHARS: Final = limits.chars("ar_agents.runner")
+MAX_RUNNER_CHARS: Final = limits.chars(limits.RUNNER)
 #: The model named in a model call's usage.
-MAX_MODEL_CHARS: Final = limits.chars("ar_model_calls.model")
+MAX_MODEL_CHARS: Final = limits.chars(limits.NAME)
 #: How deep a JSON value from outside may nest.
 MAX_JSON_DEPTH: Final = limits.MAX_JSON_DEPTH
 #: System prompts.
@@ -313,12 +298,12 @@ def _budget_limit(budget: BudgetName, value: Any) -> float:
         raise errors.InvalidArgumentError(f"{what} must be a finite number")
     if value < 0:
         raise errors.InvalidArgumentError(f"{what} must not be negative")
-    column = limits.of(BUDGET_COLUMNS[budget])
+    column = limits.limit_of(limits.BUDGET_LIMITS[budget])
     if budget is BudgetName.WALL_SECONDS:
         if value > MAX_WALL_SECONDS:
             raise errors.InvalidArgumentError(f"{what} must be at most {MAX_WALL_SECONDS:g}")
         return float(value)
-    scale = NANO if budget is BudgetName.COST else 1
+    scale = limits.NANO if budget is BudgetName.COST else 1
     if budget is not BudgetName.COST and value != int(value):
         raise errors.InvalidArgumentError(f"{what} must be a whole number")
     assert column.maximum is not None

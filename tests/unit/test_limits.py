@@ -12,14 +12,15 @@ import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent_router import limits
 from agent_router import validation as check
 from agent_router.domain import BudgetName
 from agent_router.errors import InvalidArgumentError, InvalidTranscriptEntryError
-from agent_router.store import limits
+from agent_router.store.budgets import LIMIT_COLUMNS
 from agent_router.store.models import Base
 
 
-def test_a_changed_column_moves_its_limit() -> None:
+def test_limits_are_read_back_from_column_types() -> None:
     metadata = sa.MetaData()
     table = sa.Table(
         "t",
@@ -42,24 +43,39 @@ def test_a_changed_column_moves_its_limit() -> None:
     assert limits.from_metadata(metadata)["t.label"].max_chars == 12
 
 
-def test_the_boundary_reads_its_limits_from_the_models() -> None:
-    columns = {
-        f"{t.name}.{c.name}": c.type.length
-        for t in Base.metadata.sorted_tables
-        for c in t.columns
-        if isinstance(c.type, sa.String) and c.type.length is not None
-    }
-    assert columns["ar_agents.display_name"] == check.MAX_NAME_CHARS
-    assert columns["ar_questions.tool_call_id"] == check.MAX_KEY_CHARS
-    assert columns["ar_agents.runner"] == check.MAX_RUNNER_CHARS
-    # A job's notice comes from `job:<name>`, which must fit the sender's column too.
-    assert check.MAX_JOB_NAME_CHARS + len("job:") == columns["ar_messages.source_name"]
-    assert check.MAX_ID == 2**63 - 1 and check.MAX_INT32 == 2**31 - 1
-    # Every String(n) a value from outside reaches is covered by a limit no wider than it.
-    for name in ("ar_agents.display_name", "ar_agents.role", "ar_messages.source_name"):
-        assert columns[name] >= check.MAX_NAME_CHARS
-    for name in ("ar_messages.dedup_key", "ar_transcript_entries.tool_call_id"):
-        assert columns[name] >= check.MAX_KEY_CHARS
+#: Each column a value from outside reaches, with the limit the boundary checks it against.
+CHECKED = {
+    "ar_agents.display_name": ("max_chars", check.MAX_NAME_CHARS),
+    "ar_agents.role": ("max_chars", check.MAX_NAME_CHARS),
+    "ar_agents.runner": ("max_chars", check.MAX_RUNNER_CHARS),
+    "ar_messages.source_name": ("max_chars", check.MAX_NAME_CHARS),
+    "ar_messages.dedup_key": ("max_chars", check.MAX_KEY_CHARS),
+    "ar_questions.tool_call_id": ("max_chars", check.MAX_KEY_CHARS),
+    "ar_transcript_entries.tool_call_id": ("max_chars", check.MAX_KEY_CHARS),
+    "ar_background_jobs.name": ("max_chars", check.MAX_JOB_NAME_CHARS + len("job:")),
+    "ar_background_jobs.task_id": ("max_chars", check.MAX_KEY_CHARS),
+    "ar_model_calls.model": ("max_chars", check.MAX_MODEL_CHARS),
+    "ar_teams.id": ("maximum", check.MAX_ID),
+    "ar_agents.id": ("maximum", check.MAX_ID),
+    "ar_messages.question_id": ("maximum", check.MAX_ID),
+    "ar_agents.epoch": ("maximum", check.MAX_INT32),
+    "ar_turns.epoch": ("maximum", check.MAX_INT32),
+    "ar_messages.seq": ("maximum", check.MAX_INT32),
+}
+
+
+def test_the_schema_holds_what_the_boundary_checks() -> None:
+    """Read back from the models' metadata, each column holds exactly the limit its check
+    uses: the models build those columns from agent_router.limits, so they cannot drift."""
+    schema = limits.from_metadata(Base.metadata)
+    for column, (field, limit) in CHECKED.items():
+        assert getattr(schema[column], field) == limit, column
+    budgets = {name: schema[f"ar_budgets.{column}"] for name, column in LIMIT_COLUMNS.items()}
+    for budget, held in budgets.items():
+        assert held == limits.limit_of(limits.BUDGET_LIMITS[budget], held.name), budget
+    assert budgets[BudgetName.SUB_AGENTS_ACTIVE].maximum == 2**31 - 1
+    # A JSON column is JSON on both databases (JSONB on PostgreSQL).
+    assert schema["ar_ledger.detail"].kind == "json"
 
 
 @given(st.text(min_size=1))

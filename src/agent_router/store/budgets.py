@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from agent_router import errors
+from agent_router import errors, limits
 from agent_router.domain import (
     TEAM_STOPPING_BUDGETS,
     AgentState,
@@ -43,7 +43,7 @@ from agent_router.store.models import AgentRow, BudgetRow, ModelCallRow, TeamRow
 from agent_router.store.tx import Tx
 
 #: Costs are stored in nano-dollars (1e-9 USD): integer sums, no rounding drift.
-NANO = 1_000_000_000
+NANO = limits.NANO
 
 #: The column of each limit on ``ar_budgets`` (the boundary checks a limit against its column).
 LIMIT_COLUMNS: Mapping[BudgetName, str] = {

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from agent_router import limits
 from agent_router.domain import (
     AgentState,
     BudgetName,
@@ -60,7 +61,10 @@ BudgetNameType = _enum(BudgetName, "ar_budget_name")
 SweepStepType = _enum(SweepStep, "ar_sweep_step")
 
 JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
-BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+# The columns values from outside reach are built from agent_router.limits, which the boundary
+# checks against: a column and its check are one declaration.
+_LIMIT = limits.BUDGET_LIMITS
+BigId = limits.ID
 
 
 def of_agent(column: str) -> sa.ForeignKeyConstraint:
@@ -102,8 +106,8 @@ class AgentRow(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), index=True)
-    display_name: Mapped[str] = mapped_column(sa.String(200))
-    role: Mapped[str] = mapped_column(sa.String(200))
+    display_name: Mapped[str] = mapped_column(limits.NAME)
+    role: Mapped[str] = mapped_column(limits.NAME)
     is_lead: Mapped[bool] = mapped_column(default=False)
     state: Mapped[AgentState] = mapped_column(AgentStateType)
     # A waiting agent either blocks in a worker (False) or holds no worker (True).
@@ -122,7 +126,7 @@ class AgentRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # The Celery task (``name`` or ``name@queue``) that runs this agent's turns when a host owns
     # them; NULL: the built-in loop (``agent_router.run_agent_turn``).
-    runner: Mapped[str | None] = mapped_column(sa.String(300))
+    runner: Mapped[str | None] = mapped_column(limits.RUNNER)
 
 
 class MessageRow(Base):
@@ -138,7 +142,7 @@ class MessageRow(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     team_id: Mapped[int] = mapped_column(BigId, index=True)
     seq: Mapped[int]
-    source_name: Mapped[str] = mapped_column(sa.String(200))
+    source_name: Mapped[str] = mapped_column(limits.NAME)
     source_agent_id: Mapped[int | None] = mapped_column(BigId)
     target_agent_id: Mapped[int] = mapped_column(BigId)
     type: Mapped[MessageType] = mapped_column(MessageTypeType)
@@ -149,7 +153,7 @@ class MessageRow(Base):
     body: Mapped[str | None] = mapped_column(sa.Text)
     question_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_questions.id"))
     wake: Mapped[bool] = mapped_column(default=True)
-    dedup_key: Mapped[str | None] = mapped_column(sa.String(200))
+    dedup_key: Mapped[str | None] = mapped_column(limits.KEY)
     outcome: Mapped[RouteOutcome] = mapped_column(RouteOutcomeType)
     status: Mapped[MessageStatus] = mapped_column(MessageStatusType)
     consumed_turn_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_turns.id"))
@@ -171,7 +175,7 @@ class QuestionRow(Base):
     team_id: Mapped[int] = mapped_column(BigId, index=True)
     asker_agent_id: Mapped[int] = mapped_column(BigId, index=True)
     target_agent_id: Mapped[int] = mapped_column(BigId)
-    tool_call_id: Mapped[str] = mapped_column(sa.String(200))
+    tool_call_id: Mapped[str] = mapped_column(limits.KEY)
     asker_epoch: Mapped[int]
     status: Mapped[QuestionStatus] = mapped_column(QuestionStatusType)
     kind: Mapped[QuestionKind] = mapped_column(QuestionKindType, default=QuestionKind.ASK)
@@ -219,7 +223,7 @@ class TranscriptEntryRow(Base):
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     # A message enters a transcript at most once: the database refuses a second copy.
     message_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_messages.id"), unique=True)
-    tool_call_id: Mapped[str | None] = mapped_column(sa.String(200))
+    tool_call_id: Mapped[str | None] = mapped_column(limits.KEY)
     turn_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_turns.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -257,8 +261,8 @@ class BackgroundJobRow(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     team_id: Mapped[int] = mapped_column(BigId, index=True)
     agent_id: Mapped[int] = mapped_column(BigId)
-    name: Mapped[str] = mapped_column(sa.String(200))
-    task_id: Mapped[str] = mapped_column(sa.String(200), unique=True)
+    name: Mapped[str] = mapped_column(limits.NAME)
+    task_id: Mapped[str] = mapped_column(limits.KEY, unique=True)
     status: Mapped[JobStatus] = mapped_column(JobStatusType)
     result: Mapped[str | None] = mapped_column(sa.Text)
     # The notice that told the agent; set once, under the job's row lock.
@@ -298,13 +302,15 @@ class BudgetRow(Base):
     __tablename__ = "ar_budgets"
 
     team_id: Mapped[int] = mapped_column(sa.ForeignKey("ar_teams.id"), primary_key=True)
-    max_model_calls: Mapped[int | None] = mapped_column(sa.BigInteger)
-    max_turns: Mapped[int | None] = mapped_column(sa.BigInteger)
-    max_tokens: Mapped[int | None] = mapped_column(sa.BigInteger)
-    max_cost_nano: Mapped[int | None] = mapped_column(sa.BigInteger)  # 1e-9 US dollars
-    max_wall_seconds: Mapped[float | None] = mapped_column(sa.Float)
-    max_sub_agents_created: Mapped[int | None]
-    max_sub_agents_active: Mapped[int | None]
+    max_model_calls: Mapped[int | None] = mapped_column(_LIMIT[BudgetName.MODEL_CALLS])
+    max_turns: Mapped[int | None] = mapped_column(_LIMIT[BudgetName.TURNS])
+    max_tokens: Mapped[int | None] = mapped_column(_LIMIT[BudgetName.TOKENS])
+    max_cost_nano: Mapped[int | None] = mapped_column(_LIMIT[BudgetName.COST])  # 1e-9 USD
+    max_wall_seconds: Mapped[float | None] = mapped_column(_LIMIT[BudgetName.WALL_SECONDS])
+    max_sub_agents_created: Mapped[int | None] = mapped_column(
+        _LIMIT[BudgetName.SUB_AGENTS_CREATED]
+    )
+    max_sub_agents_active: Mapped[int | None] = mapped_column(_LIMIT[BudgetName.SUB_AGENTS_ACTIVE])
     model_calls: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     turns: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
@@ -327,7 +333,7 @@ class ModelCallRow(Base):
     team_id: Mapped[int] = mapped_column(BigId, index=True)
     agent_id: Mapped[int] = mapped_column(BigId, index=True)
     turn_id: Mapped[int | None] = mapped_column(BigId)
-    model: Mapped[str | None] = mapped_column(sa.String(200))
+    model: Mapped[str | None] = mapped_column(limits.NAME)
     prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)

@@ -15,8 +15,8 @@ from datetime import timedelta
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from agent_router import limits
 from agent_router.domain import TERMINATED_AND_RESTING, LedgerAction, Quarantine, SweepStep
-from agent_router.store import limits
 from agent_router.store.models import AgentRow, QuarantineRow, utcnow
 from agent_router.store.tx import Tx
 

@@ -15,10 +15,9 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, SessionTransaction
 
-from agent_router import errors
+from agent_router import errors, limits
 from agent_router.domain import LedgerAction, OutboxEntry, OutboxKind, RouteOutcome
 from agent_router.settings import Settings
-from agent_router.store import limits
 from agent_router.store.models import AgentRow, LedgerRow, OutboxRow, utcnow
 
 logger = logging.getLogger("agent_router.store")

@@ -1,6 +1,7 @@
-"""What each column can hold, read from the schema (the SQLAlchemy metadata of
-:mod:`agent_router.store.models`) when this module is imported: a column's type decides the
-limit of every value that reaches it, so a column changed in ``models.py`` moves its check.
+"""What the columns that values from outside reach can hold: one declaration that the store's
+models build those columns from and that the boundary (:mod:`agent_router.validation`)
+checks against, so that a column and its check never disagree. A column widened here is
+widened in the schema (a migration follows) and in its check at once.
 
 - A ``String(n)`` holds ``n`` characters (PostgreSQL's ``varchar(n)`` counts characters and
   refuses more; SQLite would keep them, which is why the check is made before either sees it).
@@ -13,9 +14,9 @@ limit of every value that reaches it, so a column changed in ``models.py`` moves
 - A ``JSON`` value nests at most :data:`MAX_JSON_DEPTH` deep and holds only finite numbers
   (``jsonb`` refuses ``NaN`` and ``Infinity``; SQLite's JSON would store them).
 
-:mod:`agent_router.validation` checks values from outside against this table; the store itself
-uses :func:`storable` and :func:`storable_json` where text it makes up from what it was given
-(an error message, a reason) reaches a column.
+:func:`from_metadata` reads every column's limit back from a schema (the tests hold the
+models to this module with it); :func:`storable` and :func:`storable_json` make text the store
+writes on its own account (an error message, a ledger event's detail) fit any column.
 """
 
 from __future__ import annotations
@@ -27,7 +28,32 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from agent_router.store.models import Base
+from agent_router.domain import BudgetName
+
+#: Display names, roles, senders (``job:<name>`` included), background job names, model names.
+NAME: Final = sa.String(200)
+#: Dedup keys, tool call ids, Celery task ids.
+KEY: Final = sa.String(200)
+#: A host's turn runner (``name@queue``).
+RUNNER: Final = sa.String(300)
+#: Every table's key, and every column that refers to one (SQLite's 64-bit INTEGER is the
+#: rowid it autoincrements).
+ID: Final = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+#: Epochs, sequence numbers and transcript positions.
+COUNTER: Final = sa.Integer()
+#: The column type of each budget's limit: counts and costs (in nano-dollars) 64 bits, the
+#: sub-agents 32, the wall time a float.
+BUDGET_LIMITS: Final[Mapping[BudgetName, sa.types.TypeEngine[Any]]] = {
+    BudgetName.MODEL_CALLS: sa.BigInteger(),
+    BudgetName.TURNS: sa.BigInteger(),
+    BudgetName.TOKENS: sa.BigInteger(),
+    BudgetName.COST: sa.BigInteger(),
+    BudgetName.WALL_SECONDS: sa.Float(),
+    BudgetName.SUB_AGENTS_CREATED: sa.Integer(),
+    BudgetName.SUB_AGENTS_ACTIVE: sa.Integer(),
+}
+#: A cost is stored in nano-dollars (1e-9 US dollars): integer sums, no rounding drift.
+NANO: Final = 1_000_000_000
 
 #: How deep a JSON value (a transcript entry, a ledger event's detail, an outbox payload) may
 #: nest. Python's own parser and serializer recurse once per level (about 1,000 by default) and
@@ -47,13 +73,13 @@ class ColumnLimit:
 
     name: str  # table.column
     kind: str
-    nullable: bool
+    nullable: bool = True
     max_chars: int | None = None
     minimum: int | None = None
     maximum: int | None = None
 
 
-def _base_type(type_: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
+def _on_postgresql(type_: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
     """The type a column has on PostgreSQL, the stricter database (a variant's base type is
     the one used wherever no variant is given, PostgreSQL included; ``JSON``'s PostgreSQL
     variant is ``JSONB``, which is still JSON)."""
@@ -61,11 +87,11 @@ def _base_type(type_: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
     return variants.get("postgresql", type_)  # type: ignore[no-any-return]
 
 
-def column_limit(column: sa.Column[Any]) -> ColumnLimit:
-    """The limit of ``column``, from its type."""
-    name = f"{column.table.name}.{column.name}"
-    type_ = _base_type(column.type)
-    nullable = bool(column.nullable)
+def limit_of(
+    type_: sa.types.TypeEngine[Any], name: str = "", *, nullable: bool = True
+) -> ColumnLimit:
+    """What a column of ``type_`` holds."""
+    type_ = _on_postgresql(type_)
     if isinstance(type_, sa.Enum | sa.Boolean | sa.DateTime):
         return ColumnLimit(name=name, kind="other", nullable=nullable)
     if isinstance(type_, sa.String):  # Text is a String without a length
@@ -81,42 +107,32 @@ def column_limit(column: sa.Column[Any]) -> ColumnLimit:
     return ColumnLimit(name=name, kind="other", nullable=nullable)
 
 
+def chars(type_: sa.types.TypeEngine[Any]) -> int:
+    """How many characters a ``String(n)`` column holds."""
+    found = limit_of(type_).max_chars
+    if found is None:
+        raise ValueError(f"{type_!r} has no length")
+    return found
+
+
+def integer_range(type_: sa.types.TypeEngine[Any]) -> tuple[int, int]:
+    """The integers an integer column holds."""
+    found = limit_of(type_)
+    if found.minimum is None or found.maximum is None:
+        raise ValueError(f"{type_!r} is not an integer type")
+    return found.minimum, found.maximum
+
+
 def from_metadata(metadata: sa.MetaData) -> dict[str, ColumnLimit]:
-    """Every column's limit, by ``table.column``."""
+    """Every column's limit in a schema, by ``table.column``: what the columns hold, read
+    back from their types."""
     return {
-        f"{table.name}.{column.name}": column_limit(column)
+        f"{table.name}.{column.name}": limit_of(
+            column.type, f"{table.name}.{column.name}", nullable=bool(column.nullable)
+        )
         for table in metadata.sorted_tables
         for column in table.columns
     }
-
-
-#: The router's columns, read from its models.
-COLUMNS: Final[Mapping[str, ColumnLimit]] = from_metadata(Base.metadata)
-
-
-def of(name: str) -> ColumnLimit:
-    """The limit of the column ``table.column``."""
-    return COLUMNS[name]
-
-
-def chars(*names: str) -> int:
-    """The fewest characters any of the ``String(n)`` columns ``names`` holds: a value written
-    to all of them must fit the narrowest."""
-    found = [of(name).max_chars for name in names]
-    if any(n is None for n in found):
-        raise ValueError(f"not all of {names} have a length")
-    return min(n for n in found if n is not None)
-
-
-def integer_range(*names: str) -> tuple[int, int]:
-    """The range of integers every one of the integer columns ``names`` holds."""
-    limits = [of(name) for name in names]
-    if any(limit.kind != "integer" for limit in limits):
-        raise ValueError(f"not all of {names} are integer columns")
-    return (
-        max(limit.minimum for limit in limits if limit.minimum is not None),
-        min(limit.maximum for limit in limits if limit.maximum is not None),
-    )
 
 
 def storable(value: str) -> str:
@@ -152,11 +168,10 @@ def _plain(value: Any) -> bool:
 
 
 def _storable_json(value: Any, *, depth: int = 0) -> Any:
-    """``value`` as a JSON column can hold it: every string (keys included) made storable, a
-        number that is not finite written as its text (an integer of hundreds of digits: its size),
-    and what nests deeper than
-        :data:`MAX_JSON_DEPTH` written as a short text that says so. For what the store writes on
-        its own account (a ledger event's detail): it must never be the reason a write fails."""
+    """Every string (keys included) made storable, a number that is not finite written as its
+    text (an integer of hundreds of digits: its size), and what nests deeper than
+    :data:`MAX_JSON_DEPTH` written as a short text that says so: for what the store writes on
+    its own account (a ledger event's detail), which must never be the reason a write fails."""
     if isinstance(value, str):
         return storable(value)
     if isinstance(value, bool) or value is None:
