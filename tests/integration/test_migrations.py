@@ -124,7 +124,7 @@ def test_each_revision_states_the_ledger_labels_it_starts_from(fresh_pg_url: str
         ).scalars()
         assert tuple(at_0001) == budgets.OLD_ACTIONS
     engine.dispose()
-    bulkheads = _revision("0008_sweep_bulkheads")
+    bulkheads = _revision("0009_sweep_bulkheads")
     assert (*budgets.OLD_ACTIONS, *budgets.NEW_ACTIONS) == bulkheads.OLD_ACTIONS
     assert [a.value for a in LedgerAction] == [*bulkheads.OLD_ACTIONS, *bulkheads.NEW_ACTIONS]
 

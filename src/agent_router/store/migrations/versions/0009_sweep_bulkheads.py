@@ -18,8 +18,8 @@ from alembic import op
 
 from agent_router.store.migrations.initial_labels import ENUMS
 
-revision: str = "0008"
-down_revision: str | None = "0007"
+revision: str = "0009"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
