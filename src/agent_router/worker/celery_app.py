@@ -195,6 +195,9 @@ class BrokerPublisher:
     def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
         return self.celery.job_outcome(task_id)
 
+    def queue_depth(self, queue: str) -> int | None:
+        return self.celery.queue_depth(queue)
+
     def close(self) -> None:
         with self._lock:
             publisher, self._publisher = self._publisher, None
