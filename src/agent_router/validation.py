@@ -73,17 +73,6 @@ def row_id(value: Any, what: str, unknown: type[errors.RefusedError]) -> int:
     return value
 
 
-def row_id_text(text: str, what: str, unknown: type[errors.RefusedError]) -> int:
-    """An id written as digits (a URL's path, a command line): more digits than any id has
-    names no row (and is never converted: Python refuses thousands of digits)."""
-    digits = text.strip()
-    if not (digits.isascii() and digits.isdigit()):
-        raise errors.InvalidArgumentError(f"{what} must be a number, not {text[:20]!r}")
-    if len(digits) > len(str(MAX_ID)):
-        raise unknown(f"unknown {what} {digits[:20]}… ({len(digits)} digits)")
-    return row_id(int(digits), what, unknown)
-
-
 def shown(value: int) -> str:
     """An integer as an error message quotes it: one of thousands of digits (which Python
     will not even convert to text) by its size."""
