@@ -320,3 +320,20 @@ def test_ledger_follow_into_a_closed_pipe_ends(team_url: tuple[str, int]) -> Non
         if follow.poll() is None:
             follow.kill()
             follow.wait()
+
+
+@pytest.mark.parametrize("command", ["timeline", "check", "ledger", "team delete"])
+def test_a_team_id_no_database_holds_is_the_same_one_line_on_both(
+    team_url: tuple[str, int], pg_schema_url: str, command: str
+) -> None:
+    """A team id past 64 bits never reaches SQL (one database would say "bigint out of range",
+    the other raise OverflowError): both give the same line."""
+    lines = {
+        run(*command.split(), str(10**23), "--database-url", url).stderr
+        for url in (team_url[0], pg_schema_url)
+    }
+    (line,) = lines
+    assert line == (
+        f"agent-router: error: unknown team {10**23} (hint: `agent-router status` lists every "
+        "team and its agents)\n"
+    )

@@ -283,7 +283,7 @@ def _team_id(value: int) -> int:
     try:
         return check.row_id(value, "team", errors.UnknownTeamError)
     except errors.AgentRouterError as exc:
-        failures.report(exc)
+        failures.report(exc, hint=_unknown_name_hint(exc, {}))
         raise typer.Exit(failures.EXIT_FAILURE) from None
 
 
