@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from agent_router import MessageType, Router
+from agent_router import MessageType, Router, Settings
 from agent_router.domain import JobStatus
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent, wait_until
@@ -23,8 +23,14 @@ FAILING_JOB = "tests.failing_job"
 
 
 @pytest.fixture
-def job_tasks(celery_app: Celery) -> Celery:
-    """Job tasks registered before the worker starts (it refuses unregistered tasks)."""
+def job_tasks(celery_app: Celery, celery_settings: Settings) -> Celery:
+    """Job tasks registered before the worker starts (it refuses unregistered tasks), on the
+    queue the test's worker consumes: a job is a host's task, which goes where the host routes
+    it (the router's app makes no queue of its own the default one)."""
+    jobs = {"queue": celery_settings.queue}
+    celery_app.conf.update(
+        task_routes={**celery_app.conf.task_routes, JOB: jobs, FAILING_JOB: jobs}
+    )
 
     @celery_app.task(name=JOB, shared=False)  # not on every later test app
     def background_job(i: int, delay: float) -> str:
