@@ -122,18 +122,8 @@ BEGIN
     o := r.o;
 END $$;
 
--- A sequence number taken by a send that was then refused, given back.
-CREATE OR REPLACE FUNCTION ar__give_back_seq(p_agent bigint) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    UPDATE ar_agents SET next_seq = next_seq - 1 WHERE id = p_agent;
-END $$;
-
 -- Route one message (store/routing.py's route): the result's "delivery", or "refused" with
--- nothing written (its event is for the caller to write). The first statement locks the
--- target as it takes its next sequence number (an UPDATE's row lock is FOR NO KEY UPDATE): a
--- send to a running agent then writes just the rows it must (the agent's counter, the
--- message, the route's event); a refusal after it gives the number back.
+-- nothing written (its event is for the caller to write).
 CREATE OR REPLACE FUNCTION ar__route(
     INOUT o jsonb, p_team bigint, p_to text, p_sender text, p_external boolean,
     p_type ar_message_type, p_subtype ar_message_subtype, p_content text, p_body text,
@@ -141,7 +131,6 @@ CREATE OR REPLACE FUNCTION ar__route(
 LANGUAGE plpgsql AS $$
 DECLARE
     t ar_agents;
-    t0 ar_agents;
     q ar_questions;
     w ar_questions;
     m ar_messages;
@@ -153,11 +142,9 @@ DECLARE
     v_outcome ar_route_outcome;
     v_now timestamp;
 BEGIN
-    UPDATE ar_agents SET next_seq = next_seq + 1
-    WHERE team_id = p_team AND display_name = p_to
-    RETURNING * INTO t;
+    SELECT * INTO t FROM ar_agents WHERE team_id = p_team AND display_name = p_to
+    FOR NO KEY UPDATE;
     v_found := FOUND;
-    t0 := t;
     v_now := ar__now();
     IF NOT v_found AND NOT EXISTS (SELECT 1 FROM ar_teams WHERE id = p_team) THEN
         o := ar__refused(o, 'UnknownTeamError', format('unknown team %s', p_team));
@@ -171,13 +158,11 @@ BEGIN
                     'unknown sender %s: not an agent of team %s, nor ''user'', ''system'' or '
                     '''job:<name>''', ar__repr(p_sender), p_team),
                 'unknown_sender', p_team, p_to, p_sender, p_type, p_subtype);
-            PERFORM ar__give_back_seq(t.id);
             RETURN;
         ELSIF v_source_state = 'terminated' THEN
             o := ar__rejected(o, 'AgentTerminatedError',
                 format('sender %s is terminated', ar__repr(p_sender)),
                 'sender_terminated', p_team, p_to, p_sender, p_type, p_subtype);
-            PERFORM ar__give_back_seq(t.id);
             RETURN;
         END IF;
     END IF;
@@ -190,14 +175,12 @@ BEGIN
     IF v_source = t.id THEN
         o := ar__rejected(o, 'InvalidMessageError', 'an agent cannot message itself',
             'self_send', p_team, p_to, p_sender, p_type, p_subtype);
-        PERFORM ar__give_back_seq(t.id);
         RETURN;
     END IF;
     IF t.state = 'terminated' THEN
         o := ar__rejected(o, 'AgentTerminatedError',
             format('agent %s is terminated', ar__repr(p_to)),
             'terminated', p_team, p_to, p_sender, p_type, p_subtype);
-        PERFORM ar__give_back_seq(t.id);
         RETURN;
     END IF;
     -- A retried send finds its first delivery by its dedup key.
@@ -210,7 +193,6 @@ BEGIN
                         'dedup key %s was used for message %s to %s with other content, '
                         'sender or type', ar__repr(p_dedup), m.id, t.display_name),
                     'dedup_conflict', p_team, p_to, p_sender, p_type, p_subtype);
-                PERFORM ar__give_back_seq(t.id);
                 RETURN;
             END IF;
             o := ar__agent_event(o, 'duplicate_send', t, v_now,
@@ -218,7 +200,6 @@ BEGIN
             o := o || jsonb_build_object('delivery', jsonb_build_object(
                 'message_id', m.id, 'outcome', m.outcome, 'target', t.display_name,
                 'seq', m.seq, 'epoch', t.epoch, 'duplicate', true));
-            PERFORM ar__give_back_seq(t.id);
             RETURN;
         END IF;
     END IF;
@@ -228,7 +209,6 @@ BEGIN
         IF p_question IS NULL THEN
             o := ar__rejected(o, 'InvalidMessageError', 'an answer needs a question_id',
                 'no_question_id', p_team, p_to, p_sender, p_type, p_subtype);
-            PERFORM ar__give_back_seq(t.id);
             RETURN;
         END IF;
         SELECT * INTO q FROM ar_questions WHERE id = p_question FOR NO KEY UPDATE;
@@ -236,25 +216,21 @@ BEGIN
             o := ar__rejected(o, 'UnknownQuestionError',
                 format('no question %s in team %s', p_question, p_team),
                 'unknown_question', p_team, p_to, p_sender, p_type, p_subtype);
-            PERFORM ar__give_back_seq(t.id);
             RETURN;
         ELSIF q.asker_agent_id <> t.id THEN
             o := ar__rejected(o, 'WrongQuestionError',
                 format('question %s was not asked by %s', q.id, ar__repr(t.display_name)),
                 'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
-            PERFORM ar__give_back_seq(t.id);
             RETURN;
         ELSIF q.kind <> 'ask' THEN
             o := ar__rejected(o, 'WrongQuestionError', format(
                     '%s is not a question but a wait for output: nothing to answer', q.id),
                 'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
-            PERFORM ar__give_back_seq(t.id);
             RETURN;
         ELSIF q.status <> 'open' THEN
             o := ar__rejected(o, 'QuestionClosedError',
                 format('question %s is already %s', q.id, q.status),
                 'question_closed', p_team, p_to, p_sender, p_type, p_subtype);
-            PERFORM ar__give_back_seq(t.id);
             RETURN;
         END IF;
     END IF;
@@ -273,12 +249,13 @@ BEGIN
     INSERT INTO ar_messages (team_id, seq, source_name, source_agent_id, target_agent_id, type,
                              subtype, content, body, question_id, wake, dedup_key, outcome,
                              status, consumed_turn_id, consumed_at, created_at)
-    VALUES (p_team, t.next_seq - 1, p_sender, v_source, t.id, p_type, p_subtype, p_content, p_body,
+    VALUES (p_team, t.next_seq, p_sender, v_source, t.id, p_type, p_subtype, p_content, p_body,
             p_question, p_wake, p_dedup, v_outcome,
             CASE WHEN v_outcome = 'resolved' THEN 'delivered' ELSE 'pending' END::ar_message_status,
             CASE WHEN v_outcome = 'resolved' THEN ar__waiter_turn(t.id, w.asker_epoch) END,
             CASE WHEN v_outcome = 'resolved' THEN v_now END, v_now)
     RETURNING * INTO m;
+    t.next_seq := t.next_seq + 1;
     IF q.id IS NOT NULL THEN
         q := ar__close_question(q, 'answered', v_now, m.id);
     END IF;
@@ -296,9 +273,7 @@ BEGIN
         t := r.a;
         o := r.o;
     END IF;
-    IF t IS DISTINCT FROM t0 THEN
-        PERFORM ar__save_agent(t);
-    END IF;
+    PERFORM ar__save_agent(t);
     o := ar__agent_event(o, 'route', t, v_now, jsonb_build_object(
             'seq', m.seq, 'type', p_type, 'sender', p_sender, 'wake', p_wake,
             'state_before', v_before, 'state_after', t.state),
