@@ -26,7 +26,11 @@ from agent_router.worker.metrics import PrometheusHooks
 
 from .helpers import assistant, start_running, tool_call
 
-PERIOD = 0.5  # the sweep period: the first failure leaves its agent alone this long
+LEASE = 0.5  # a turn whose worker died is taken over this long after its last renewal
+# The sweep period: the first failure leaves its agent alone this long. Longer than what a
+# pass and the test's reads after it take on a loaded machine, so that the pass right after a
+# failure comes within it.
+PERIOD = 2.0
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -41,7 +45,7 @@ def own_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def router(own_database: str) -> Iterator[Router]:
     settings = Settings(
         database_url=own_database,
-        lease_seconds=PERIOD,
+        lease_seconds=LEASE,
         heartbeat_seconds=0.1,
         sweep_seconds=PERIOD,
         work_seconds=0,
@@ -115,7 +119,7 @@ def test_one_poisoned_agent_stops_no_pass_and_is_quarantined(router: Router) -> 
     publisher, router.publisher = router.publisher, None
     router.send(healthy.id, to="Engineer_4", content="go")  # its publish is lost
     router.publisher = publisher
-    time.sleep(PERIOD * 1.5)
+    time.sleep(PERIOD * 1.5)  # leases and unpublished rows both past due
 
     with refused_update(router, stuck.id, "fenced"):
         first = router.sweep()
@@ -176,7 +180,7 @@ def test_a_turn_whose_end_cannot_be_written_is_taken_over_like_a_crashed_one(
         outcome = run_turn(router, turn, models=lambda agent: Finishing(), tools=default_registry())
         assert outcome is TurnOutcome.INTERRUPTED
         lease = router.store.reads.turn_leases(team.id)[turn.id]
-        time.sleep(PERIOD * 2)
+        time.sleep(LEASE * 2)
         # Nothing renews its lease once the loop returned: it runs out as a dead worker's.
         assert router.store.reads.turn_leases(team.id)[turn.id] == lease
         report = router.sweep()
