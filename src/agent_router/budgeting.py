@@ -21,22 +21,53 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from agent_router import errors, validation
 from agent_router.domain import (
+    Agent,
     AgentState,
     Budget,
     BudgetCheck,
     BudgetName,
+    Delivery,
     MessageType,
+    Team,
     TokenUsage,
 )
+from agent_router.hooks import RouterHooks
+from agent_router.turn import Turn
 
 if TYPE_CHECKING:
-    from agent_router.router import Router
     from agent_router.settings import Settings
-    from agent_router.turn import Turn
+    from agent_router.store import Store
+
+
+class Budgeted(Protocol):
+    """What the budget checks need of the router (:class:`~agent_router.router.Router` is one):
+    its store and hooks, and the sends and stops a spent or nearly spent budget makes. The
+    router depends on this module, never the other way round."""
+
+    store: Store
+    hooks: RouterHooks
+
+    def team(self, team_id: int) -> Team: ...
+
+    def agents(self, team_id: int) -> list[Agent]: ...
+
+    def send(
+        self,
+        team_id: int,
+        *,
+        to: str,
+        content: str,
+        sender: str = "user",
+        type: MessageType | str = MessageType.MESSAGE,
+        wake: bool = True,
+    ) -> Delivery: ...
+
+    def stop(self, team_id: int, display_name: str, *, reason: str) -> AgentState: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +100,7 @@ class _Said:
     models: set[str] = set()
 
 
-def admit_turn(router: Router, turn: Turn, check: BudgetCheck) -> bool:
+def admit_turn(router: Budgeted, turn: Turn, check: BudgetCheck) -> bool:
     """Act on a claimed turn's budget ``check`` (counted in the claim's transaction): warn or
     stop the team as it says; ``False`` (the turn already stopped) when a budget is spent."""
     _after(router, turn.team_id, check)
@@ -80,7 +111,7 @@ def admit_turn(router: Router, turn: Turn, check: BudgetCheck) -> bool:
     return False
 
 
-def charge_model_call(router: Router, turn: Turn) -> None:
+def charge_model_call(router: Budgeted, turn: Turn) -> None:
     """Count a model call; raises :class:`BudgetExhaustedError` when a budget is spent."""
     check = router.store.charge(turn.team_id, turn.agent_id, turn.id)
     _after(router, turn.team_id, check)
@@ -123,7 +154,7 @@ def priced(
 
 
 def record_usage(
-    router: Router, turn: Turn, model: str | None, usage: TokenUsage, *, estimated: bool
+    router: Budgeted, turn: Turn, model: str | None, usage: TokenUsage, *, estimated: bool
 ) -> TokenUsage:
     """Record one model call's ``usage`` (:func:`priced`) for the turn: counted against the
     team's budgets, then reported to the hooks."""
@@ -141,7 +172,7 @@ def record_usage(
     return usage
 
 
-def _after(router: Router, team_id: int, check: BudgetCheck) -> None:
+def _after(router: Budgeted, team_id: int, check: BudgetCheck) -> None:
     if check.warn is not None:
         warn_team(router, team_id, check.warn)
     if check.newly_exhausted and check.exhausted is not None:
@@ -149,7 +180,7 @@ def _after(router: Router, team_id: int, check: BudgetCheck) -> None:
         stop_team(router, team_id, check.exhausted)
 
 
-def warn_team(router: Router, team_id: int, budget: BudgetName) -> None:
+def warn_team(router: Budgeted, team_id: int, budget: BudgetName) -> None:
     """One wrap-up notice (context only, it wakes nobody) to every agent of the team."""
     state = router.store.budget(team_id)
     limit, used = state.limits[budget], state.used[budget]
@@ -175,7 +206,7 @@ def warn_team(router: Router, team_id: int, budget: BudgetName) -> None:
             logger.exception("budget warning not sent", extra={"action": "budget_warning"})
 
 
-def stop_team(router: Router, team_id: int, budget: BudgetName) -> None:
+def stop_team(router: Budgeted, team_id: int, budget: BudgetName) -> None:
     """Stop every sub-agent that is scheduled, running or waiting (running ones at their next
     boundary); the lead stops at its next model call or turn, both refused."""
     reason = SPENT.format(budget=budget.value)
@@ -193,7 +224,7 @@ def stop_team(router: Router, team_id: int, budget: BudgetName) -> None:
 
 
 def set_limits(
-    router: Router, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str
+    router: Budgeted, team_id: int, limits: Mapping[BudgetName, float | None], *, by: str
 ) -> Budget:
     """An operator's new limits for a team (``None``: unlimited). A team stopped by a budget
     that is no longer spent goes on: its lead is woken with a notice saying so."""

@@ -21,6 +21,7 @@ from agent_router.domain import (
     Agent,
     AgentState,
     BackgroundJob,
+    Budget,
     BudgetName,
     Delivery,
     EndOfTurn,
@@ -32,12 +33,13 @@ from agent_router.domain import (
     OutboxKind,
     Question,
     Team,
+    TokenUsage,
     WaitOutcome,
 )
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
-from agent_router.store import Ask, NewAgent, SendRequest, Store, open_store
+from agent_router.store import Ask, NewAgent, Reads, SendRequest, Store, open_store
 from agent_router.store import utcnow as _utcnow
 from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
@@ -100,6 +102,8 @@ class Router:
         self.store.create_schema()
 
     def close(self) -> None:
+        """Release what this router holds: its connection pool, its Redis waker's connections,
+        the publisher it built from the settings."""
         self.store.dispose()
         if isinstance(self.waker, RedisWaker):
             self.waker.close()
@@ -184,7 +188,35 @@ class Router:
         routed = getattr(self.publisher, "routed_runner", None)
         return str(routed(chosen)) if routed is not None else chosen
 
+    def after_fork(self) -> None:
+        """In a forked child (a prefork pool's): drop the connection pool copied from the
+        parent without closing its connections, which stay the parent's; the child opens its
+        own on first use."""
+        self.store.dispose(close=False)
+
+    def seed_mailbox(
+        self, agent_id: int, count: int, *, content: str, sender: str = "system"
+    ) -> None:
+        """Benchmark and load-test set-up: queue ``count`` context-only notices from
+        ``sender`` in an agent's mailbox in one transaction. It bypasses the routing decisions,
+        so it wakes nobody: the messages wait for the agent's next drain."""
+        check.integer(count, "count", minimum=0, maximum=check.MAX_INT32)
+        self.store.seed_mailbox(
+            check.row_id(agent_id, "agent", errors.UnknownAgentError),
+            count,
+            content=_text(self.settings, content, "content"),
+            sender=check.sender(sender),
+        )
+
     # ------------------------------------------------------------------ reads
+
+    @property
+    def reads(self) -> Reads:
+        """Every read-only view of the database (:class:`~agent_router.store.Reads`): what the
+        CLI, the checks, the web view, the metrics and the loops read. Each read is one short
+        session, takes no lock and raises only the library's errors. The methods below are the
+        ones a host usually needs, with their arguments checked."""
+        return self.store.reads
 
     def team(self, team_id: int) -> Team:
         return self.store.reads.team(_team_id(team_id))
@@ -203,6 +235,10 @@ class Router:
 
     def messages(self, team_id: int) -> list[Message]:
         return self.store.reads.messages(_team_id(team_id))
+
+    def budget(self, team_id: int) -> Budget:
+        """The team's budgets: each limit, what is used of it, which one is spent."""
+        return self.store.budget(_team_id(team_id))
 
     def question(self, question_id: int) -> Question:
         """The question, with the display names of who asked (``asker``) and who was asked
@@ -365,6 +401,48 @@ class Router:
         seconds = (_utcnow() - turn.record.started_at) / timedelta(seconds=1)
         self.hooks.after_end_turn(turn, result, seconds, failed=failed)
         return result
+
+    def charge_model_call(self, turn: Turn) -> None:
+        """Count the model call ``turn`` is about to make against its team's budgets; raises
+        :class:`~agent_router.errors.BudgetExhaustedError` when one is spent (see
+        :meth:`Turn.charge_model_call`)."""
+        budgeting.charge_model_call(self, turn)
+
+    def record_usage(
+        self,
+        turn: Turn,
+        *,
+        model: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        estimated: bool = False,
+    ) -> TokenUsage:
+        """Record one model call's tokens for ``turn``, priced by ``Settings.models``, against
+        its team's budgets; the hooks hear of it (see :meth:`Turn.record_usage`)."""
+        counts = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cached_tokens": cached_tokens,
+        }
+        for what, count in counts.items():
+            check.integer(count, what, minimum=0, maximum=check.MAX_TOKENS_PER_CALL)
+        model = check.model_name(model)
+        usage = budgeting.priced(
+            self.settings,
+            model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+        )
+        return budgeting.record_usage(self, turn, model, usage, estimated=estimated)
+
+    def charge_sub_agent(self, team_id: int, role: str) -> None:
+        """Count a sub-agent about to be created against the team's sub-agent budgets
+        (created, active at once): refused with
+        :class:`~agent_router.errors.BudgetExhaustedError`, and a ``budget_refused`` event,
+        when the team is at either limit. Nothing else stops."""
+        self.store.charge_sub_agent(_team_id(team_id), check.name(role, "role"))
 
     def ask(
         self,

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from agent_router import budgeting
 from agent_router import validation as check
 from agent_router.domain import (
     AgentState,
@@ -20,15 +19,70 @@ from agent_router.domain import (
 )
 
 if TYPE_CHECKING:
-    from agent_router.router import Router
     from agent_router.settings import Settings
+    from agent_router.store import Store
+
+
+class TurnHost(Protocol):
+    """What a turn needs of the router that claimed it (:class:`~agent_router.router.Router` is
+    one): its settings and store, and the transitions that reach beyond the turn's own agent
+    (an ask routes a message, a model call counts against the team's budgets). The router
+    depends on the turn, never the other way round."""
+
+    settings: Settings
+    store: Store
+
+    def ask(
+        self,
+        turn: Turn,
+        target: str,
+        question: str,
+        *,
+        tool_call_id: str,
+        subtype: MessageSubtype | None = None,
+        timeout_seconds: float | None = None,
+    ) -> Question: ...
+
+    def wait_for(
+        self, turn: Turn, question: Question, *, block_seconds: float | None = None
+    ) -> WaitOutcome: ...
+
+    def wait_output(
+        self,
+        turn: Turn,
+        target: str,
+        *,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> Question: ...
+
+    def end_turn(
+        self, turn: Turn, *, failed: bool = False, error: str | None = None
+    ) -> EndOfTurn: ...
+
+    def charge_model_call(self, turn: Turn) -> None: ...
+
+    def record_usage(
+        self,
+        turn: Turn,
+        *,
+        model: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        estimated: bool = False,
+    ) -> TokenUsage: ...
+
+    def track_background(self, team_id: int, agent: str, signature: Any) -> BackgroundJob: ...
 
 
 class Turn:
     """One fenced run of an agent's loop. Every write is refused with
     :class:`~agent_router.errors.StaleTurnError` once a newer epoch supersedes this one."""
 
-    def __init__(self, router: Router, record: TurnRecord, team_id: int, display_name: str) -> None:
+    def __init__(
+        self, router: TurnHost, record: TurnRecord, team_id: int, display_name: str
+    ) -> None:
         self._router = router
         self.record = record
         self.team_id = team_id
@@ -144,7 +198,7 @@ class Turn:
         """Count the model call about to be made against the team's budgets; raises
         :class:`~agent_router.errors.BudgetExhaustedError` when one is spent (the turn must
         then stop: :meth:`finish_stop`). A host's own loop calls it before each model call."""
-        budgeting.charge_model_call(self._router, self)
+        self._router.charge_model_call(self)
 
     def record_usage(
         self,
@@ -156,22 +210,13 @@ class Turn:
         estimated: bool = False,
     ) -> TokenUsage:
         """Record a model call's tokens (and their cost by the price table) for this turn."""
-        counts = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "cached_tokens": cached_tokens,
-        }
-        for what, count in counts.items():
-            check.integer(count, what, minimum=0, maximum=check.MAX_TOKENS_PER_CALL)
-        usage = budgeting.priced(
-            self._router.settings,
-            check.model_name(model),
+        return self._router.record_usage(
+            self,
+            model=model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
-        )
-        return budgeting.record_usage(
-            self._router, self, check.model_name(model), usage, estimated=estimated
+            estimated=estimated,
         )
 
     def start_background(self, signature: Any) -> BackgroundJob:

@@ -63,6 +63,12 @@ def _deep(depth: int) -> Any:
     return value
 
 
+def _few(count: Any) -> Any:
+    """A count to seed a mailbox with: one over 100 is given negated (refused like any negative
+    count), so that no example writes millions of rows."""
+    return -count if isinstance(count, int) and count > 100 else count
+
+
 #: Each entry point, with the argument that gets the random value and valid others. An
 #: operation gets the router, the team's id, the running turn of Engineer_1 and the value.
 Op = Callable[[Router, int, Turn, Any], Any]
@@ -125,6 +131,17 @@ OPERATIONS: dict[str, Op] = {
         older_than_seconds=3600, dry_run=True, include_undelivered=v
     ),
     "finish_background.job": lambda r, t, turn, v: r.finish_background(v, ok=True, result="x"),
+    "budget.team": lambda r, t, turn, v: r.budget(v),
+    "charge_sub_agent.team": lambda r, t, turn, v: r.charge_sub_agent(v, "Tester"),
+    "charge_sub_agent.role": lambda r, t, turn, v: r.charge_sub_agent(t, v),
+    "seed_mailbox.agent": lambda r, t, turn, v: r.seed_mailbox(v, 1, content="queued"),
+    "seed_mailbox.count": lambda r, t, turn, v: r.seed_mailbox(
+        turn.agent_id, _few(v), content="queued"
+    ),
+    "seed_mailbox.content": lambda r, t, turn, v: r.seed_mailbox(turn.agent_id, 1, content=v),
+    "seed_mailbox.sender": lambda r, t, turn, v: r.seed_mailbox(
+        turn.agent_id, 1, content="queued", sender=v
+    ),
     "set_limits.limits": lambda r, t, turn, v: budgeting.set_limits(r, t, v, by="operator"),
     "set_limits.model_calls": lambda r, t, turn, v: budgeting.set_limits(
         r, t, {BudgetName.MODEL_CALLS: v}, by="operator"

@@ -51,7 +51,7 @@ def metered(settings: Settings, registry: CollectorRegistry) -> Iterator[Router]
 @contextmanager
 def served(router: Router, registry: CollectorRegistry) -> Iterator[Callable[[], str]]:
     """The metrics endpoint, served once; yields a function that scrapes it over HTTP."""
-    server = metrics.serve(0, store=lambda: router.store, registry=registry, addr="127.0.0.1")
+    server = metrics.serve(0, reads=lambda: router.reads, registry=registry, addr="127.0.0.1")
 
     def scrape() -> str:
         url = f"http://127.0.0.1:{server.server_port}/metrics"

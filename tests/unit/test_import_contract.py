@@ -1,6 +1,6 @@
 """The import contract in pyproject.toml (`lint-imports`): it holds on the source as committed,
 and it breaks, naming the broken contract, when a lower layer imports a higher one or two
-sibling modules import each other."""
+sibling modules import each other, even for annotations only."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LAYERS = "Layers: ops > worker > agents > core > store > base"
+CORE = "Core: router > budgeting, sweeper > hooks > turn, waker, outbox"
 
 
 @pytest.fixture
@@ -50,14 +52,14 @@ def append(path: Path, line: str) -> None:
 def test_the_contract_holds_on_the_source(copy: Path) -> None:
     result = lint_imports(copy)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 2 kept, 0 broken." in result.stdout
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
 
 
 def test_an_upward_import_breaks_the_layers_contract(copy: Path) -> None:
     append(copy / "src/agent_router/store/models.py", "import agent_router.ops  # noqa")
     result = lint_imports(copy)
     assert result.returncode != 0
-    assert "Layers: ops > worker > agents > core > store > base BROKEN" in result.stdout
+    assert LAYERS + " BROKEN" in result.stdout
     assert "agent_router.store.models -> agent_router.ops" in result.stdout
 
 
@@ -65,7 +67,7 @@ def test_a_core_module_importing_the_worker_breaks_the_layers_contract(copy: Pat
     append(copy / "src/agent_router/waker.py", "import agent_router.worker.runtime  # noqa")
     result = lint_imports(copy)
     assert result.returncode != 0
-    assert "Layers: ops > worker > agents > core > store > base BROKEN" in result.stdout
+    assert LAYERS + " BROKEN" in result.stdout
 
 
 def test_a_cycle_between_siblings_breaks_the_acyclic_contract(copy: Path) -> None:
@@ -75,3 +77,26 @@ def test_a_cycle_between_siblings_breaks_the_acyclic_contract(copy: Path) -> Non
     result = lint_imports(copy)
     assert result.returncode != 0
     assert "No import cycles between sibling modules BROKEN" in result.stdout
+
+
+def test_a_turn_importing_its_router_for_annotations_breaks_the_layers_contract(
+    copy: Path,
+) -> None:
+    # The core's direction: the router uses turns, a turn knows its router as `TurnHost`. An
+    # import made only for a type is still a dependency a reader has to follow back.
+    append(
+        copy / "src/agent_router/turn.py",
+        "if TYPE_CHECKING:\n    from agent_router.router import Router  # noqa",
+    )
+    result = lint_imports(copy)
+    assert result.returncode != 0
+    assert CORE + " BROKEN" in result.stdout
+    assert "agent_router.turn -> agent_router.router" in result.stdout
+
+
+def test_the_budget_checks_importing_the_router_break_the_layers_contract(copy: Path) -> None:
+    append(copy / "src/agent_router/budgeting.py", "import agent_router.router  # noqa")
+    result = lint_imports(copy)
+    assert result.returncode != 0
+    assert CORE + " BROKEN" in result.stdout
+    assert "agent_router.budgeting -> agent_router.router" in result.stdout

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 
-from agent_router.store import Store
+from agent_router.store import Reads
 from agent_router.worker import metrics
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
@@ -23,14 +23,14 @@ def exported() -> set[str]:
     registry = CollectorRegistry()
     metrics.PrometheusHooks(registry)
 
-    def no_store() -> Store:
+    def no_reads() -> Reads:
         raise AssertionError("describe() reads no database")
 
-    registry.register(metrics.ClusterCollector(no_store))
+    registry.register(metrics.ClusterCollector(no_reads))
     names: set[str] = set()
     for family in registry.collect():
         names |= {s.name for s in family.samples} or {family.name}
-    for family in metrics.ClusterCollector(no_store).describe():
+    for family in metrics.ClusterCollector(no_reads).describe():
         names.add(family.name)
     return names
 

@@ -160,7 +160,7 @@ def claim(
     if turn is None:
         yield None
         return
-    agent = router.store.reads.agent_by_id(turn.agent_id)
+    agent = router.reads.agent_by_id(turn.agent_id)
     with loop.Heartbeat(turn, router.settings.heartbeat_seconds) as heartbeat:
         hosted = HostedTurn(
             router=router,

@@ -52,7 +52,7 @@ def agent_named(router: Router, team_id: int, name: str, *, asking: int) -> Agen
 def open_questions_to(router: Router, team_id: int, agent_id: int) -> list[Question]:
     """Open questions addressed to the agent, oldest first (asks only: a wait for a sub-agent's
     output is no question)."""
-    statuses = router.store.reads.agent_statuses(team_id)
+    statuses = router.reads.agent_statuses(team_id)
     mine = next((s for s in statuses if s.agent.id == agent_id), None)
     questions = [router.question(q) for q in (mine.questions_to_answer if mine else ())]
     return [q for q in questions if q.kind is QuestionKind.ASK]
@@ -61,7 +61,7 @@ def open_questions_to(router: Router, team_id: int, agent_id: int) -> list[Quest
 def listed(router: Router, questions: list[Question]) -> str:
     if not questions:
         return "you have no open questions"
-    askers = {q.id: router.store.reads.agent_by_id(q.asker_agent_id) for q in questions}
+    askers = {q.id: router.reads.agent_by_id(q.asker_agent_id) for q in questions}
     return "your open questions: " + ", ".join(
         f"{q.id} (from {askers[q.id].display_name})" for q in questions
     )
@@ -101,7 +101,7 @@ def question_id(router: Router, team_id: int, agent_id: int, value: Any) -> int:
 def _question_of_message(router: Router, agent_id: int, message_id: int) -> int | None:
     """The question an ``ask`` message to the agent carried (a model may pass its message_id)."""
     try:
-        message = router.store.reads.message(message_id)
+        message = router.reads.message(message_id)
     except errors.AgentRouterError:
         return None
     mine = message.target_agent_id == agent_id and message.type is MessageType.ASK

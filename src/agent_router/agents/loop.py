@@ -166,7 +166,7 @@ def run_turn(
 def _run(
     router: Router, turn: Turn, heartbeat: Heartbeat, *, models: ModelFactory, tools: ToolRegistry
 ) -> TurnOutcome:
-    agent = router.store.reads.agent_by_id(turn.agent_id)
+    agent = router.reads.agent_by_id(turn.agent_id)
     lead = router.team(turn.team_id).lead.display_name
     try:
         model = models(agent)
@@ -534,7 +534,7 @@ def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:
 def _retry_lead(router: Router, turn: Turn, error: str) -> None:
     """A failed lead turn is retried once, with a notice saying what failed; a turn that failed
     right after a failed turn is not retried again (it would fail the same way, forever)."""
-    earlier = [t for t in router.store.reads.turns(turn.agent_id) if t.id < turn.id]
+    earlier = [t for t in router.reads.turns(turn.agent_id) if t.id < turn.id]
     if earlier and earlier[-1].status is TurnStatus.FAILED:
         logger.error(
             "lead turn failed twice in a row; not retried", extra={"action": "lead_failed"}

@@ -149,7 +149,7 @@ def _create_sub_agent(roles: RoleCatalogue) -> ToolFunction:
         if len(task.encode("utf-8", "surrogatepass")) > ctx.settings.max_content_bytes:
             raise ToolError("`task` is larger than the message limit", reason="too_large")
         # The team's sub-agent budgets (created, active at once): a refusal is this result.
-        ctx.router.store.charge_sub_agent(ctx.turn.team_id, role_name)
+        ctx.router.charge_sub_agent(ctx.turn.team_id, role_name)
         # One transaction: a crash between the two cannot leave a sub-agent without its task.
         agent, delivery = ctx.router.create_agent_with_task(
             ctx.turn.team_id,
@@ -190,13 +190,13 @@ def _answer(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
             reason="unknown_question",
         )
     if question.target_agent_id != ctx.turn.agent_id:
-        target = ctx.router.store.reads.agent_by_id(question.target_agent_id)
+        target = ctx.router.reads.agent_by_id(question.target_agent_id)
         raise ToolError(
             f"question {question_id} was asked of {target.display_name}, not of you; only it "
             f"can answer; {_listed(ctx)}",
             reason="wrong_question",
         )
-    asker = ctx.router.store.reads.agent_by_id(question.asker_agent_id)
+    asker = ctx.router.reads.agent_by_id(question.asker_agent_id)
     result = json.loads(
         _send(ctx, asker.display_name, answer, MessageType.ANSWER, question_id=question_id)
     )

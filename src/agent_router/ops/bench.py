@@ -343,7 +343,7 @@ class Bench:
         team = self._team_with(1)
         agent = self.router.agent(team, "Bench_1")
         turn = self._running(team, "Bench_1")
-        self.router.store.seed_mailbox(agent.id, queued, content="queued message")
+        self.router.seed_mailbox(agent.id, queued, content="queued message")
         half = queued // 2
         drained = 0
         start = time.perf_counter()
@@ -507,7 +507,7 @@ def _burst_turns(router: Router) -> int:
         ),
         timeout=120,
     )
-    return len(router.store.reads.turns(target.id))
+    return len(router.reads.turns(target.id))
 
 
 def _team_resting(router: Router, team_id: int) -> bool:

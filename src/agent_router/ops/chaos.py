@@ -69,6 +69,7 @@ from agent_router.ops.chaos_processes import (
 from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
 from agent_router.settings import Settings
+from agent_router.store import make_engine
 from agent_router.store.engine import kill_connections
 from agent_router.worker.celery_app import create_app
 from agent_router.worker.publisher import CeleryPublisher
@@ -470,7 +471,11 @@ def _faults(router: Router, servers: tuple[PrivateRedis, PrivatePostgres | None]
         return "Redis restarted"
 
     def terminate_backends() -> str:
-        n = kill_connections(router.store.engine, WORKER_APP_NAME)
+        engine = make_engine(router.settings)  # the harness's own, short-lived
+        try:
+            n = kill_connections(engine, WORKER_APP_NAME)
+        finally:
+            engine.dispose()
         return f"terminated {n} worker PostgreSQL backends"
 
     faults = [
@@ -512,14 +517,14 @@ def _settle(
 def _open_question_report(router: Router, team_id: int) -> list[str]:
     """Why a question is still open: who asked whom, and where its ask message went."""
     lines = []
-    rows = router.store.reads.open_question_report(team_id)
+    rows = router.reads.open_question_report(team_id)
     for row in rows:
         lines.append("open question " + " ".join(str(v) for v in row))
     return lines
 
 
 def _questions(router: Router, team_id: int) -> list[QuestionStatus]:
-    return router.store.reads.question_statuses(team_id)
+    return router.reads.question_statuses(team_id)
 
 
 def _open_questions(router: Router, team_id: int) -> int:
@@ -529,7 +534,7 @@ def _open_questions(router: Router, team_id: int) -> int:
 def _recoveries(router: Router, team_id: int, kills: list[datetime]) -> list[Recovery]:
     """Each turn fenced after a kill and followed by a recovery turn, from the database: its
     lease, its TAKE_OVER ledger event and the recovery turn's start."""
-    leases = router.store.reads.turn_leases(team_id)
+    leases = router.reads.turn_leases(team_id)
     taken_over = {
         e.turn_id: e.created_at
         for e in router.ledger(team_id)
@@ -537,7 +542,7 @@ def _recoveries(router: Router, team_id: int, kills: list[datetime]) -> list[Rec
     }
     recoveries: list[Recovery] = []
     for agent in router.agents(team_id):
-        turns = router.store.reads.turns(agent.id)
+        turns = router.reads.turns(agent.id)
         for dead, nxt in itertools.pairwise(turns):
             if dead.status is not TurnStatus.FENCED or nxt.trigger is not TurnTrigger.RECOVERY:
                 continue
@@ -570,6 +575,6 @@ def _check(router: Router, team_id: int, result: ChaosResult) -> None:
     result.recovered_turns = sum(
         1
         for a in router.agents(team_id)
-        for t in router.store.reads.turns(a.id)
+        for t in router.reads.turns(a.id)
         if t.trigger is TurnTrigger.RECOVERY
     )

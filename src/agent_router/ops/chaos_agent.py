@@ -174,7 +174,7 @@ def _chaos_steps(router: Router, turn: Turn) -> ChaosOutcome:
     for _step in range(BURST):
         while turn.drain():
             pass
-        entries = router.store.reads.transcript_entries(turn.agent_id)
+        entries = router.reads.transcript_entries(turn.agent_id)
         action = next_action(turn.display_name, peers, entries)
         if action is None:
             break

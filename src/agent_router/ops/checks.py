@@ -100,14 +100,14 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
 
     Each agent is checked on its own: a check that raises for one (its rows unreadable) is a
     violation naming it, and the others are still checked."""
-    store = router.store
+    reads = router.reads
     report = TeamReport()
-    agents = {a.id: a for a in store.reads.agents(team_id)}
-    messages = store.reads.messages(team_id)
-    ledger = store.reads.ledger(team_id)
+    agents = {a.id: a for a in reads.agents(team_id)}
+    messages = reads.messages(team_id)
+    ledger = reads.ledger(team_id)
     _check_failures(report, agents, ledger)
     report.messages = len(messages)
-    entries = {aid: store.reads.transcript_entries(aid) for aid in agents}
+    entries = {aid: reads.transcript_entries(aid) for aid in agents}
     copies: dict[int, int] = {}
     for agent_entries in entries.values():
         for e in agent_entries:
@@ -142,10 +142,10 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
         if n and m.status is not MessageStatus.DELIVERED:
             report.violations.append(f"message {m.id} is in a transcript but {m.status.value}")
 
-    leases = store.reads.turn_leases(team_id)
+    leases = reads.turn_leases(team_id)
     for aid, agent in agents.items():
         try:
-            turns = store.reads.turns(aid)
+            turns = reads.turns(aid)
             _check_agent(report, agent, entries[aid], by_id, turns, quiescent)
             _check_leases(report, router, agent, turns, leases)
         except Exception as exc:  # one agent's rows, not the whole check
@@ -164,15 +164,14 @@ def _resting(router: Router, message: Message, target: Agent) -> bool:
     behind."""
     if target.state not in RESTING_STATES:
         return False
-    store = router.store
-    return store.reads.message(message.id).status is MessageStatus.PENDING and _unchanged(
+    return router.reads.message(message.id).status is MessageStatus.PENDING and _unchanged(
         router, target
     )
 
 
 def _unchanged(router: Router, agent: Agent) -> bool:
     """The agent is in the state and epoch it was read in (no turn scheduled since)."""
-    now = router.store.reads.agent_by_id(agent.id)
+    now = router.reads.agent_by_id(agent.id)
     return (now.state, now.epoch) == (agent.state, agent.epoch)
 
 
@@ -211,7 +210,7 @@ def _check_questions(
     or is terminated or gone: no turn of the target will ever run to answer it, and its asker
     waits for the deadline."""
     woken = {m.target_agent_id for m in messages if m.status is MessageStatus.PENDING and m.wake}
-    for question in router.store.reads.open_questions(team_id):
+    for question in router.reads.open_questions(team_id):
         target = agents.get(question.target_agent_id)
         if target is not None:
             resting = target.state in RESTING_STATES and target.id not in woken
@@ -232,8 +231,7 @@ def _check_questions(
 
 def _still_open(router: Router, question: Question, target: Agent) -> bool:
     """The question is still open and its target as it was, read again."""
-    store = router.store
-    return store.reads.question(question.id).status is QuestionStatus.OPEN and _unchanged(
+    return router.reads.question(question.id).status is QuestionStatus.OPEN and _unchanged(
         router, target
     )
 
@@ -242,7 +240,7 @@ def _check_quarantine(
     report: TeamReport, router: Router, team_id: int, agents: dict[int, Agent]
 ) -> None:
     """Agents a repair of the sweeper kept failing for: left alone until one succeeds."""
-    for held in router.store.reads.quarantined(team_id):
+    for held in router.reads.quarantined(team_id):
         if held.failures < QUARANTINE_AFTER:
             continue
         agent = agents.get(held.agent_id)

@@ -139,7 +139,7 @@ def consuming_turn(router: Router, team_id: int, message_id: int) -> int | None:
 
 
 def turn_record(router: Router, agent_id: int, turn_id: int) -> TurnRecord:
-    return next(t for t in router.store.reads.turns(agent_id) if t.id == turn_id)
+    return next(t for t in router.reads.turns(agent_id) if t.id == turn_id)
 
 
 def has_stepped(router: Router, agent_id: int, turn_id: int, *, after: int = -1) -> bool:
@@ -150,7 +150,7 @@ def has_stepped(router: Router, agent_id: int, turn_id: int, *, after: int = -1)
         and e["position"] > after
         and e["payload"].get("role") == "assistant"
         and e["payload"].get("tool_calls")
-        for e in router.store.reads.transcript_entries(agent_id)
+        for e in router.reads.transcript_entries(agent_id)
     )
 
 
@@ -247,7 +247,7 @@ class _Scenarios:
         self.wait(
             lambda: (
                 turn_record(self.router, agent.id, turn_id).ended_at is not None
-                and self.router.store.reads.agent_by_id(agent.id).state in RESTING_STATES
+                and self.router.reads.agent_by_id(agent.id).state in RESTING_STATES
             ),
             f"{agent.display_name}'s turn {turn_id} to end",
         )
@@ -345,7 +345,7 @@ class _Scenarios:
 
     def race(self, ui: Agent, race_turn: int) -> tuple[Delivery, CheckResult]:
         """3.4: a message lands while UI Operator_1 writes its final reply."""
-        answered_at = max(e["position"] for e in self.router.store.reads.transcript_entries(ui.id))
+        answered_at = max(e["position"] for e in self.router.reads.transcript_entries(ui.id))
         self.wait(
             lambda: has_stepped(self.router, ui.id, race_turn, after=answered_at),
             f"{UI} to go on with its second task",
@@ -396,7 +396,7 @@ class _Scenarios:
 
     @_check("3.1 steer a running agent: injected inline, seen in the same turn")
     def check_steer(self, ui: Agent, turn_id: int, steer: Delivery) -> tuple[bool, str]:
-        entries = self.router.store.reads.transcript_entries(ui.id)
+        entries = self.router.reads.transcript_entries(ui.id)
         at = next((e["position"] for e in entries if e["message_id"] == steer.message_id), None)
         seen = at is not None and any(
             e["position"] > at and e["turn_id"] == turn_id and e["payload"]["role"] == "assistant"
@@ -417,7 +417,7 @@ class _Scenarios:
             if question.answer_message_id
             else None
         )
-        entries = self.router.store.reads.transcript_entries(asker.id)
+        entries = self.router.reads.transcript_entries(asker.id)
         in_call = answer is not None and any(
             e["message_id"] == answer.id
             and e["payload"].get("role") == "tool"
@@ -501,11 +501,11 @@ class _Scenarios:
         follow_ups = [
             e for e in ledger if e.action is LedgerAction.FOLLOW_UP and e.turn_id == turn_id
         ]
-        later = [t for t in self.router.store.reads.turns(ui.id) if t.id > turn_id]
+        later = [t for t in self.router.reads.turns(ui.id) if t.id > turn_id]
         consumed = consuming_turn(self.router, self.team_id, race.message_id)
         copies = sum(
             1
-            for e in self.router.store.reads.transcript_entries(ui.id)
+            for e in self.router.reads.transcript_entries(ui.id)
             if e["message_id"] == race.message_id
         )
         ok = (

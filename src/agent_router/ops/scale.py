@@ -186,14 +186,12 @@ class Curve:
         self.router.close()
 
     def measure(self, size: Size) -> dict[str, float]:
-        engine = self.router.store.engine
-        with engine.connect() as conn:
+        # Read as fill() writes the rows, on a connection of the curve's own.
+        with psycopg.connect(_dsn(self.settings.database_url)) as conn:
             agents = conn.execute(
-                sa.text(
-                    "SELECT id, team_id, display_name FROM ar_agents "
-                    "WHERE state = 'completed' ORDER BY id"
-                )
-            ).all()
+                "SELECT id, team_id, display_name FROM ar_agents "
+                "WHERE state = 'completed' ORDER BY id"
+            ).fetchall()
         chosen = self.random.sample(agents, min(self.samples, len(agents)))
         route: list[float] = []
         claim: list[float] = []

@@ -176,7 +176,7 @@ class Wait:
 
 
 def waits(router: Router, team_id: int) -> list[Wait]:
-    statuses = router.store.reads.agent_statuses(team_id)
+    statuses = router.reads.agent_statuses(team_id)
     by_id = {s.agent.id: s for s in statuses}
     found = []
     for status in statuses:
@@ -302,10 +302,10 @@ def result_of(router: Router, team_id: int, *, progress: Progress) -> RunResult:
     lead = next(a for a in agents if a.is_lead)
     replies = [
         e.get("content")
-        for e in router.store.reads.transcript(lead.id)
+        for e in router.reads.transcript(lead.id)
         if e.get("role") == "assistant" and e.get("content")
     ]
-    budget = router.store.budget(team_id)
+    budget = router.budget(team_id)
     return RunResult(
         budget_exhausted=budget.exhausted.value if budget.exhausted else None,
         usage=budget.usage,

@@ -60,7 +60,7 @@ def _iso(at: datetime) -> str:
 
 def view(router: Router, team_id: int, query: TimelineQuery) -> dict[str, Any]:
     """The lanes of ``query``'s page and what happened to them in its window, JSON-ready."""
-    window = router.store.reads.team_window(team_id, query)
+    window = router.reads.team_window(team_id, query)
     return _view(window, query)
 
 
@@ -160,7 +160,7 @@ def _lane(status: AgentStatus) -> dict[str, Any]:
 def overview(router: Router, team_id: int, buckets: int = OVERVIEW_BUCKETS) -> dict[str, Any]:
     """The whole team by time bucket: messages of each kind, turns started or ended, the idle
     gaps, and the outside senders."""
-    return _overview(router.store.reads.activity(team_id, buckets), buckets)
+    return _overview(router.reads.activity(team_id, buckets), buckets)
 
 
 def _overview(a: Activity, buckets: int) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from agent_router.settings import Settings
 from agent_router.store.engine import make_engine
 from agent_router.store.models import utcnow
 from agent_router.store.postgres import PostgresStore
+from agent_router.store.reads import Reads
 from agent_router.store.store import Store
 from agent_router.store.values import Ask, NewAgent, SendRequest
 
@@ -17,6 +18,7 @@ __all__ = [
     "Ask",
     "NewAgent",
     "PostgresStore",
+    "Reads",
     "SendRequest",
     "Store",
     "make_engine",

@@ -54,7 +54,11 @@ V = TypeVar("V")
 
 @faults.boundary
 class Reads:
-    """The read views (``store.reads``); each raises only the library's errors."""
+    """Every read-only view of the database: ``Router.reads`` (and ``Store.reads``). Each read
+    is one short session with no lock, returns frozen values of :mod:`agent_router.domain` (or
+    of :mod:`agent_router.store.timeline` for the timeline's), and raises only the library's
+    errors. Nothing here writes: the transitions are the store's, reached through the
+    :class:`~agent_router.router.Router`."""
 
     def __init__(self, sessions: sessionmaker[Session], engine: Engine) -> None:
         self._sessions = sessions

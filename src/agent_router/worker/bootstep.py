@@ -27,7 +27,6 @@ import logging
 import os
 import random
 import threading
-from functools import partial
 from typing import Any
 
 from celery import Celery, bootsteps
@@ -68,7 +67,7 @@ class WorkerSweeper(bootsteps.StartStopStep):
         router = Router(settings, publisher=CeleryPublisher(parent.app))
         # A prefork pool's children are forks of this process: each drops its copy of this
         # router's connection pool, so that it never uses (or closes) the parent's connections.
-        os.register_at_fork(after_in_child=partial(router.store.dispose, close=False))
+        os.register_at_fork(after_in_child=router.after_fork)
         period = settings.sweep_seconds
         on_report = None
         if settings.metrics_port is not None:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from agent_router.domain import Delivery, EndOfTurn, TokenUsage
     from agent_router.errors import AgentRouterError
-    from agent_router.store import Store
+    from agent_router.store import Reads
     from agent_router.sweeper import SweepReport
     from agent_router.turn import Turn
 
@@ -230,8 +230,8 @@ class ClusterCollector(Collector):
     them (``agent-router metrics``, or the worker with ``metrics_cluster_gauges``): a ``sum()``
     over scrape targets stays right."""
 
-    def __init__(self, store: Callable[[], Store]) -> None:
-        self._store = store
+    def __init__(self, reads: Callable[[], Reads]) -> None:
+        self._reads = reads
 
     def describe(self) -> Iterator[Metric]:
         # Registration asks for the names; answering without a database read keeps a worker's
@@ -265,7 +265,7 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         depth, agents, oldest, questions, outbox, quarantined = self._families()
         try:
-            reads = self._store().reads
+            reads = self._reads()
             counts = reads.state_counts()
             figures = reads.cluster_figures()
             held = reads.quarantined()
@@ -303,20 +303,20 @@ def default_hooks() -> PrometheusHooks:
 def serve(
     port: int,
     *,
-    store: Callable[[], Store] | None = None,
+    reads: Callable[[], Reads] | None = None,
     registry: CollectorRegistry = REGISTRY,
     addr: str = "127.0.0.1",
 ) -> WSGIServer:
-    """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread; with ``store``,
-    the cluster gauges are read from it at each scrape. ``addr`` is loopback unless the
-    deployment says otherwise (``Settings.metrics_address``). Returns the server
-    (``shutdown()`` stops it)."""
+    """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread; with ``reads``
+    (what gives a router's :attr:`~agent_router.router.Router.reads`, called at each scrape),
+    the cluster gauges are read from them. ``addr`` is loopback unless the deployment says
+    otherwise (``Settings.metrics_address``). Returns the server (``shutdown()`` stops it)."""
     # Counters get no `_created` series: one per label set, and no dashboard reads them.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     if registry is REGISTRY:
         default_hooks()  # registered now, so a scrape before the first turn lists them too
-    if store is not None:
-        registry.register(ClusterCollector(store))
+    if reads is not None:
+        registry.register(ClusterCollector(reads))
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     logger.info("metrics served", extra={"action": "metrics", "port": server.server_port})
     return server

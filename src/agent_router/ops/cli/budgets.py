@@ -117,7 +117,7 @@ def budget(  # noqa: PLR0917 - typer options
         if limits:
             state = set_limits(router, team, limits, by="operator (CLI)")
         else:
-            state = router.store.budget(team)
+            state = router.budget(team)
     if as_json:
         print(json.dumps(budget_record(state)))
     else:

@@ -57,10 +57,10 @@ def _worker_settings(database_url: str | None, broker_url: str | None) -> Settin
 def _serve_metrics(port: int, settings: Settings, celery: Celery) -> None:
     from agent_router.worker import metrics, runtime
 
-    # The store is looked up at scrape time: the runtime is built by the first task.
+    # The reads are looked up at scrape time: the runtime is built by the first task.
     metrics.serve(
         port,
-        store=(lambda: runtime.current(celery).router.store)
+        reads=(lambda: runtime.current(celery).router.reads)
         if settings.metrics_cluster_gauges
         else None,
         addr=settings.metrics_address,

@@ -198,7 +198,7 @@ def metrics_exporter(
 
     with _router(database_url, preflight.database_ready) as router:
         server = metrics.serve(
-            port, store=lambda: router.store, registry=CollectorRegistry(), addr=address
+            port, reads=lambda: router.reads, registry=CollectorRegistry(), addr=address
         )
         print(
             f"agent-router metrics on http://{address}:{server.server_port}/metrics",

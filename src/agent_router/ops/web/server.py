@@ -215,7 +215,7 @@ class Views:
     def teams(self, params: dict[str, str]) -> dict[str, Any]:
         offset = _integer(params, "offset", 0, MAX_ID)
         limit = _integer(params, "limit", 50, MAX_TEAMS) or 50
-        total, teams = self.router.store.reads.team_summaries(offset=offset, limit=limit)
+        total, teams = self.router.reads.team_summaries(offset=offset, limit=limit)
         return {
             "offset": offset,
             "limit": limit,
@@ -236,7 +236,7 @@ class Views:
         """What the page polls: the id of the team's latest event (cheap: one index probe)."""
         team_id = _id(team, "team", errors.UnknownTeamError)
         self.router.team(team_id)  # an unknown team is a 404
-        return {"team_id": team_id, "last_event_id": self.router.store.reads.latest_event(team_id)}
+        return {"team_id": team_id, "last_event_id": self.router.reads.latest_event(team_id)}
 
     def view(self, params: dict[str, str], team: str) -> dict[str, Any]:
         start = _seconds(params, "from") or 0.0
@@ -257,7 +257,7 @@ class Views:
 
     def overview(self, params: dict[str, str], team: str) -> dict[str, Any]:
         team_id = _id(team, "team", errors.UnknownTeamError)
-        latest = self.router.store.reads.latest_event(team_id)
+        latest = self.router.reads.latest_event(team_id)
         key = (team_id, latest)
         with self._lock:
             if key in self._overviews:
@@ -272,7 +272,7 @@ class Views:
 
     def message(self, params: dict[str, str], team: str, message: str) -> dict[str, Any]:
         team_id = _id(team, "team", errors.UnknownTeamError)
-        msg, events = self.router.store.reads.routed_message(
+        msg, events = self.router.reads.routed_message(
             team_id, _id(message, "message", errors.UnknownMessageError)
         )
         return {
@@ -289,7 +289,7 @@ class Views:
 
     def turn(self, params: dict[str, str], team: str, turn: str) -> dict[str, Any]:
         team_id = _id(team, "team", errors.UnknownTeamError)
-        record, events = self.router.store.reads.turn_events(
+        record, events = self.router.reads.turn_events(
             team_id, _id(turn, "turn", errors.UnknownTurnError)
         )
         return {"id": record.id, "lines": [describe(e, {}) for e in events]}
@@ -305,9 +305,7 @@ class Views:
             "state": agent.state.value,
             "start": start,
             "limit": limit,
-            "entries": self.router.store.reads.transcript_entries(
-                agent.id, start=start, limit=limit
-            ),
+            "entries": self.router.reads.transcript_entries(agent.id, start=start, limit=limit),
         }
 
 
