@@ -42,15 +42,20 @@ ModelFactory = Callable[[Agent], Model]
 
 
 def complete(
-    model: Model, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    model: Model,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    *,
+    prompt_tokens: int | None = None,
 ) -> Completion:
     """One model call with its usage: the model's own report (:class:`ReportsUsage`), else an
-    estimate from the request and the reply."""
+    estimate from the request (``prompt_tokens`` when the caller counted it already) and the
+    reply."""
     if isinstance(model, ReportsUsage):
         return model.respond(messages, tools)
     message = model.complete(messages, tools)
     usage = Usage(
-        prompt_tokens=count_tokens(messages, tools),
+        prompt_tokens=count_tokens(messages, tools) if prompt_tokens is None else prompt_tokens,
         completion_tokens=count_tokens([message]),
         estimated=True,
     )
