@@ -495,7 +495,8 @@ def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
     if not open_ids:
         return 0, []
     transcript = turn.history()
-    index = max(i for i, e in enumerate(transcript) if e.get("role") == "assistant")
+    index = next(i for i in range(len(transcript) - 1, -1, -1)
+                 if transcript[i].get("role") == "assistant")  # fmt: skip
     return index, [c for c in transcript[index].get("tool_calls") or [] if c["id"] in open_ids]
 
 
