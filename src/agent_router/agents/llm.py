@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol
 
 from agent_router import formats
@@ -152,8 +153,15 @@ def _first_line(text: str, limit: int = 80) -> str:
 
 
 def _envelope(entry: dict[str, Any]) -> formats.Envelope | None:
+    return _parsed(str(entry.get("content") or ""))
+
+
+@lru_cache(maxsize=8192)
+def _parsed(content: str) -> formats.Envelope | None:
+    """A scripted model reads its whole request at every call; the entries it reads again are
+    the same texts (a string keeps its hash), so each is parsed once."""
     try:
-        return formats.parse(str(entry.get("content") or ""))
+        return formats.parse(content)
     except ValueError:
         return None
 
