@@ -11,7 +11,7 @@ import pytest
 
 from agent_router import Router, Settings
 from agent_router.agents.context import WINDOW_NOTE, count_tokens, pairing_holds
-from agent_router.agents.loop import TurnOutcome, run_turn
+from agent_router.agents.loop import WINDOW_VIEW, TurnOutcome, run_turn
 from agent_router.agents.protocol import HEADING
 from agent_router.agents.tools import default_registry
 from agent_router.domain import LedgerAction
@@ -177,3 +177,29 @@ def test_requests_plateau_at_the_target_and_the_transcript_stays_whole(
         context = event.detail["context"]
         assert context["target_tokens"] == TARGET and context["request_tokens"] <= TARGET
     assert left_out[0] > 1900
+
+
+def test_another_worker_reaches_the_same_cut_and_reports_none_it_caught_up_on(
+    quick: Callable[..., Router],
+) -> None:
+    worker, other = quick(context_target_tokens=TARGET), quick(context_target_tokens=TARGET)
+    team = worker.create_team()
+    agent = worker.create_agent(team.id, role="Bench")
+    _turn(worker, team.id, agent.display_name, InstantModel())
+    worker.store.seed_mailbox(agent.id, 600, content=ENTRY_TEXT)
+    _turn(worker, team.id, agent.display_name, InstantModel())
+    reported = [e.id for e in worker.ledger(team.id) if "context" in e.detail]
+    assert len(reported) == 1
+    # The other worker builds the agent's window from the whole transcript: the cut the
+    # first worker reached, and no event for what it caught up on.
+    recording = Recording()
+    _turn(other, team.id, agent.display_name, recording)
+    assert [e.id for e in worker.ledger(team.id) if "context" in e.detail] == reported
+    mine = worker.store.transcripts.get(agent.id)
+    mine.refresh(worker.store.reads.transcript_after)
+    theirs = other.store.transcripts.get(agent.id)
+    theirs.refresh(other.store.reads.transcript_after)
+    assert mine.entries == theirs.entries
+    mine.views[WINDOW_VIEW].extend(mine.entries)
+    theirs.views[WINDOW_VIEW].extend(theirs.entries)
+    assert mine.views[WINDOW_VIEW].cut == theirs.views[WINDOW_VIEW].cut > 500

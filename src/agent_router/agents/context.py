@@ -209,6 +209,11 @@ class ContextWindow:
         if quiet:
             self._reported = self.cut
 
+    def continue_from(self, other: ContextWindow) -> None:
+        """Report this window's cut against the one ``other`` (the window it replaces) last
+        reported."""
+        self._reported = other._reported
+
     def request(self) -> WindowRequest:
         """The transcript's part of the next request, and whether its cut moved."""
         pinned = self._pinned()

@@ -383,17 +383,25 @@ def _request(
     if len(cached.entries) < length:  # unless the process let it go since, for other agents
         cached.refresh(router.store.reads.transcript_after)
     overhead = estimate_tokens(section) + MESSAGE_OVERHEAD + tool_tokens
+    # The transcript's budget is the target less the section and the schemas, rounded up to a
+    # step: workers that build an agent's window reach the same cut unless its team changed
+    # enough to cross a step, and a window is rebuilt only then.
+    reserve = -(-overhead // OVERHEAD_STEP) * OVERHEAD_STEP
+    budget = None if target is None else max(target // 4, target - reserve)
     with cached.lock:
-        window = cached.views.get(WINDOW_VIEW)
-        if not isinstance(window, ContextWindow) or window.target != target:
-            budget = None if target is None else max(target // 4, target - overhead)
-            window = ContextWindow(target=target, budget=budget)
-            # A window built again (a new process, another target) reports no cut it reaches
-            # now: the requests made of these entries already did, wherever they were made.
-            window.extend(cached.entries, quiet=True)
-            cached.views[WINDOW_VIEW] = window
-        else:
+        kept = cached.views.get(WINDOW_VIEW)
+        window = kept if isinstance(kept, ContextWindow) else None
+        if window is not None and (window.target, window.budget) == (target, budget):
             window.extend(cached.entries)
+        else:
+            built = ContextWindow(target=target, budget=budget)
+            # A window built anew (a new process, another budget) reports no cut it reaches
+            # now, as the requests made of these entries did, wherever they were made; one
+            # built again here reports a cut other than the one this process last sent.
+            built.extend(cached.entries, quiet=True)
+            if window is not None:
+                built.continue_from(window)
+            window = cached.views[WINDOW_VIEW] = built
         part = window.request()
         call_ids = set(window.call_ids)
     messages = with_section(part.messages, section)
@@ -417,6 +425,8 @@ def _request(
 
 #: Where an agent's :class:`ContextWindow` is kept beside its cached transcript.
 WINDOW_VIEW = "context_window"
+#: Tokens the protocol section and the tool schemas are reserved in, for a window's budget.
+OVERHEAD_STEP = 1024
 
 
 def _complete(
