@@ -11,8 +11,9 @@ import pytest
 
 from agent_router import Router, Settings
 from agent_router.agents.context import WINDOW_NOTE, count_tokens, pairing_holds
-from agent_router.agents.loop import WINDOW_VIEW, TurnOutcome, run_turn
+from agent_router.agents.loop import WINDOW_VIEW, TurnOutcome, context_target, run_turn
 from agent_router.agents.protocol import HEADING
+from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tools import default_registry
 from agent_router.domain import LedgerAction
 from agent_router.ops.bench import ENTRY_TEXT, InstantModel
@@ -203,3 +204,28 @@ def test_another_worker_reaches_the_same_cut_and_reports_none_it_caught_up_on(
     mine.views[WINDOW_VIEW].extend(mine.entries)
     theirs.views[WINDOW_VIEW].extend(theirs.entries)
     assert mine.views[WINDOW_VIEW].cut == theirs.views[WINDOW_VIEW].cut > 500
+
+
+def test_a_role_sets_its_own_target_within_its_window(quick: Callable[..., Router]) -> None:
+    roles = RoleCatalogue.from_toml(
+        '[[roles]]\nname = "Reviewer"\nsystem_prompt = "You review."\n'
+        "context_target_tokens = 2500\n\n"
+        '[[roles]]\nname = "Small"\nsystem_prompt = "You are small."\ncontext_window = 8000\n'
+    )
+    tools = default_registry(roles)
+    router = quick(context_target_tokens=TARGET * 4)
+    team = router.create_team()
+    reviewer = router.create_agent(team.id, role="Reviewer")
+    small = router.create_agent(team.id, role="Small")
+    other = router.create_agent(team.id, role="Bench")
+    assert context_target(router, reviewer, tools) == 2500
+    assert context_target(router, small, tools) == 8000 - 2000  # its window less the reserve
+    assert context_target(router, other, tools) == TARGET * 4
+    router.store.seed_mailbox(reviewer.id, 300, content=ENTRY_TEXT)
+    model = Recording()
+    router.send(team.id, to=reviewer.display_name, content=ENTRY_TEXT, sender="user")
+    turn = router.claim_turn(team.id, reviewer.display_name)
+    assert turn is not None
+    assert run_turn(router, turn, models=lambda _agent: model, tools=tools) is TurnOutcome.ENDED
+    for messages, schemas in model.requests:
+        assert count_tokens(messages, schemas) <= 2500
