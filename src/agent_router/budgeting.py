@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_router import errors, validation
 from agent_router.domain import (
@@ -154,10 +154,17 @@ def priced(
 
 
 def record_usage(
-    router: Budgeted, turn: Turn, model: str | None, usage: TokenUsage, *, estimated: bool
+    router: Budgeted,
+    turn: Turn,
+    model: str | None,
+    usage: TokenUsage,
+    *,
+    estimated: bool,
+    context: Mapping[str, Any] | None = None,
 ) -> TokenUsage:
     """Record one model call's ``usage`` (:func:`priced`) for the turn: counted against the
-    team's budgets, then reported to the hooks."""
+    team's budgets, then reported to the hooks. ``context``: what the request left out, on
+    the call where that changed (the ``model_call`` event carries it)."""
     check = router.store.record_usage(
         turn.team_id,
         turn.agent_id,
@@ -166,6 +173,7 @@ def record_usage(
         usage=usage,
         estimated=estimated,
         agent=turn.display_name,
+        context=context,
     )
     router.hooks.after_model_call(turn, model, usage)
     _after(router, turn.team_id, check)

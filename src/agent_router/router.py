@@ -417,9 +417,11 @@ class Router:
         completion_tokens: int,
         cached_tokens: int = 0,
         estimated: bool = False,
+        context: Mapping[str, Any] | None = None,
     ) -> TokenUsage:
         """Record one model call's tokens for ``turn``, priced by ``Settings.models``, against
-        its team's budgets; the hooks hear of it (see :meth:`Turn.record_usage`)."""
+        its team's budgets; the hooks hear of it (see :meth:`Turn.record_usage`). ``context``:
+        what the request left out of the transcript, on the call where that changed."""
         counts = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -435,7 +437,14 @@ class Router:
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
         )
-        return budgeting.record_usage(self, turn, model, usage, estimated=estimated)
+        return budgeting.record_usage(
+            self,
+            turn,
+            model,
+            usage,
+            estimated=estimated,
+            context=None if context is None else check.storable(dict(context)),
+        )
 
     def charge_sub_agent(self, team_id: int, role: str) -> None:
         """Count a sub-agent about to be created against the team's sub-agent budgets

@@ -272,6 +272,24 @@ class Settings(BaseSettings):
         description="Tokens a model reads, for models without their own `context_window` (in "
         "`models` or the role): a longer request is compacted before it is sent.",
     )
+    context_target_tokens: int | None = Field(
+        32_000,
+        gt=0,
+        description="Tokens a request of the built-in loop is kept near: past it the oldest "
+        "messages are left out of the request (never out of the transcript), so a long-lived "
+        "agent's requests stop growing; the system prompt, the first task, the questions still "
+        "open and the latest messages stay. A role's `context_target_tokens` overrides it; "
+        "unset: requests grow up to the model's window.",
+    )
+    transcript_cache_agents: int = Field(
+        256,
+        gt=0,
+        description="Agents whose transcript a process keeps in memory (the most recently "
+        "used), so that a model call reads only the entries appended since. Memory grows with "
+        "their transcripts (about 0.7 MB per 1,000 entries of a few hundred characters); an "
+        "agent let go is read whole again at its next turn's first call, so set it to the "
+        "agents a worker serves when memory allows.",
+    )
     context_reserve_tokens: int = Field(
         4096,
         ge=0,

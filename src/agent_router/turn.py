@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_router import validation as check
@@ -21,6 +22,7 @@ from agent_router.domain import (
 if TYPE_CHECKING:
     from agent_router.settings import Settings
     from agent_router.store import Store
+    from agent_router.store.transcripts import CachedTranscript
 
 
 class TurnHost(Protocol):
@@ -71,6 +73,7 @@ class TurnHost(Protocol):
         completion_tokens: int,
         cached_tokens: int = 0,
         estimated: bool = False,
+        context: Mapping[str, Any] | None = None,
     ) -> TokenUsage: ...
 
     def track_background(self, team_id: int, agent: str, signature: Any) -> BackgroundJob: ...
@@ -88,7 +91,7 @@ class Turn:
         self.team_id = team_id
         self.display_name = display_name
         self._history: list[dict[str, Any]] = []
-        self._position: int | None = None  # of the last entry in _history
+        self._generation = 0  # of the process's copy _history was taken from
 
     @property
     def id(self) -> int:
@@ -140,14 +143,34 @@ class Turn:
         return self._router.store.reads.transcript(self.agent_id)
 
     def history(self) -> list[dict[str, Any]]:
-        """The transcript as the model sees it, kept by this turn: read whole the first time,
-        then extended with the entries appended since (drained messages, tool results, the
-        router's answers), never read again. The list returned is the turn's own."""
-        new = self._router.store.reads.transcript_after(self.agent_id, self._position)
-        if new:
-            self._history.extend(payload for _position, payload in new)
-            self._position = new[-1][0]
+        """The transcript as the model sees it. The process keeps each agent's transcript as
+        it last read it (:attr:`Store.transcripts`): a call reads only the entries appended
+        since, by this turn, another process or the router (drained messages, tool results,
+        answers). The list returned is the turn's own; its entries are shared with the
+        process's copy and must not be changed in place."""
+        cached = self.cached_transcript()
+        with cached.lock:
+            if len(self._history) > len(cached.entries) or self._generation != cached.generation:
+                self._history = []  # the rows were read again whole
+                self._generation = cached.generation
+            self._history.extend(cached.entries[len(self._history) :])
         return self._history
+
+    def cached_transcript(self) -> CachedTranscript:
+        """This process's copy of the agent's transcript, brought up to date: the entries
+        appended since it was last read are read (and only those)."""
+        cached = self._router.store.transcripts.get(self.agent_id)
+        cached.refresh(self._router.store.reads.transcript_after)
+        return cached
+
+    def kept_transcript(self, length: int) -> CachedTranscript:
+        """This process's copy of the agent's transcript as :meth:`history` left it, read again
+        only if it holds fewer than ``length`` entries (the process let it go since, for other
+        agents): no read when it is as long as the history just taken."""
+        cached = self._router.store.transcripts.get(self.agent_id)
+        if len(cached.entries) < length:
+            cached.refresh(self._router.store.reads.transcript_after)
+        return cached
 
     def ask(
         self,
@@ -208,8 +231,11 @@ class Turn:
         completion_tokens: int,
         cached_tokens: int = 0,
         estimated: bool = False,
+        context: Mapping[str, Any] | None = None,
     ) -> TokenUsage:
-        """Record a model call's tokens (and their cost by the price table) for this turn."""
+        """Record a model call's tokens (and their cost by the price table) for this turn.
+        ``context``: what the request left out of the transcript, given on the call where
+        that changed (its ``model_call`` event carries it)."""
         return self._router.record_usage(
             self,
             model=model,
@@ -217,6 +243,7 @@ class Turn:
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
             estimated=estimated,
+            context=context,
         )
 
     def start_background(self, signature: Any) -> BackgroundJob:

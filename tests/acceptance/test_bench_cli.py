@@ -80,10 +80,9 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
             assert isinstance(ours, int | float) and ours > 0, (backend, figure)
             if floor is None:
                 assert ratio is None, (backend, figure)
-                assert figure.startswith(("drain", "database round trip", "Celery round trip")), (
-                    backend,
-                    figure,
-                )
+                assert figure.startswith(
+                    ("drain", "database round trip", "Celery round trip", "router CPU per")
+                ), (backend, figure)
             else:
                 assert isinstance(floor, int | float) and floor > 0, (backend, figure)
                 assert _ratio_of(ratio, ours, floor), (backend, figure)
@@ -120,6 +119,14 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         # loaded machine, senders slower than two turns could be answered by a third.)
         burst = figures["turns fired for a burst of 100"]
         assert burst["floor"] == 100 and 1 <= int(str(burst["ours"])) < 10, burst
+        # The router's own CPU for one model call, at three transcript lengths (a model that
+        # answers at once): printed, in microseconds, with no floor and no target.
+        per_call = {f: r for f, r in figures.items() if f.startswith("router CPU per model call")}
+        assert set(per_call) == {
+            f"router CPU per model call ({n} transcript entries)" for n in ("10", "100", "1,000")
+        }, backend
+        for figure, row in per_call.items():
+            assert row["unit"] == "us" and row["floor"] is None and row["target"] is None, figure
         assert figures["route p50 (idle)"]["unit"] == "ms"
         assert figures["routed msgs/s (4 senders)"]["unit"] == "msg/s"
 

@@ -361,15 +361,21 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
         def expire(self) -> None:
             self.each(lambda _s, r, _t: r.expire_questions())
 
-        @rule(name=st.sampled_from(NAMES), limit=st.sampled_from([None, 1, 3, 100]))
-        def budget(self, name: str, limit: int | None) -> None:
+        @rule(
+            name=st.sampled_from(NAMES),
+            limit=st.sampled_from([None, 1, 3, 100]),
+            left_out=st.sampled_from([None, 0, 7]),
+        )
+        def budget(self, name: str, limit: int | None, left_out: int | None) -> None:
             limits = {BudgetName.TURNS: limit, BudgetName.MODEL_CALLS: limit}
             self.each(lambda _s, r, t: r.store.set_limits(t, limits, by="test"))
             self.with_turn(name, lambda turn: turn.charge_model_call())
+            # On the call where what the request leaves out changed, the event says so.
+            context = None if left_out is None else {"target_tokens": 100, "left_out": left_out}
             self.with_turn(
                 name,
                 lambda turn: turn.record_usage(
-                    model="gpt-4o", prompt_tokens=10, completion_tokens=5
+                    model="gpt-4o", prompt_tokens=10, completion_tokens=5, context=context
                 ),
             )
 

@@ -12,8 +12,11 @@ from hypothesis import strategies as st
 
 from agent_router import formats
 from agent_router.agents.context import (
+    LOW_WATER,
     NORMAL,
     TIGHT,
+    WINDOW_NOTE,
+    ContextWindow,
     compact,
     count_tokens,
     estimate_tokens,
@@ -175,6 +178,86 @@ def test_compaction_keeps_pairing_and_the_newest_messages(
     assert sent[0] == messages[0]
     assert sent[-1] == messages[-1]
     assert count_tokens(sent) <= max(limit, count_tokens(messages))
+
+
+# --------------------------------------------------------------------------- the window
+
+
+def window_of(messages: list[dict[str, Any]], budget: int, *, one_by_one: bool) -> ContextWindow:
+    window = ContextWindow(target=budget, budget=budget)
+    if one_by_one:
+        for n in range(1, len(messages) + 1):
+            window.extend(messages[:n])
+    else:
+        window.extend(messages)
+    return window
+
+
+@settings(max_examples=200, deadline=None)
+@given(transcripts(), st.integers(50, 20_000))
+def test_the_window_keeps_pairing_and_its_cut_is_a_function_of_the_transcript(
+    messages: list[dict[str, Any]], budget: int
+) -> None:
+    before = copy.deepcopy(messages)
+    at_once = window_of(messages, budget, one_by_one=False)
+    request = at_once.request()
+    assert messages == before
+    assert pairing_holds(request.messages)
+    assert request.messages[0] == messages[0]
+    assert request.messages[-1] == messages[-1]
+    assert request.tokens == count_tokens(request.messages) or request.left_out
+    # Built entry by entry (as calls come) or from the whole transcript (another process),
+    # the window leaves out the same entries.
+    assert window_of(messages, budget, one_by_one=True).cut == at_once.cut
+
+
+def test_a_long_transcript_plateaus_in_steps_keeping_task_and_open_question() -> None:
+    messages = transcript(0)
+    messages.append(env(MessageType.ASK, "Which endpoint?", mid=2, question_id=7))
+    messages.append(env(MessageType.ASK, "Which port?", mid=3, question_id=8))
+    budget = 6000
+    window = ContextWindow(target=budget, budget=budget)
+    sizes, left_out, moves = [], [], 0
+    for n in range(400):
+        messages += work(n, "r" * 400)
+        if n == 3:  # the second question is answered early on
+            call = {
+                "id": "a8",
+                "type": "function",
+                "function": {
+                    "name": "answer_other_agent",
+                    "arguments": '{"question_id": 8, "answer": "80"}',
+                },
+            }
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "a8", "content": "sent"}]  # fmt: skip
+        window.extend(messages)
+        request = window.request()
+        moves += request.moved
+        sizes.append(count_tokens(request.messages))
+        left_out.append(request.left_out)
+        assert pairing_holds(request.messages)
+    assert max(sizes) <= budget + 50  # the note's estimate against its text
+    assert sizes[-1] < count_tokens(messages) // 10
+    # The cut moves in steps down to LOW_WATER of the budget: a few moves, not one per call.
+    assert 2 <= moves <= 400 * 250 // int(budget * (1 - LOW_WATER)) + 1
+    assert left_out == sorted(left_out)
+    last = window.request().messages
+    assert last[1] == messages[1], "the first task"
+    assert WINDOW_NOTE.split("{n}")[1][:30] in last[2]["content"]
+    assert 'question_id="7"' in last[3]["content"], "the open question"
+    assert not any('question_id="8"' in str(m["content"]) for m in last), "answered: left out"
+    assert window.request().moved is False, "nothing new, nothing moved"
+
+
+def test_a_window_without_a_target_leaves_nothing_out() -> None:
+    messages = transcript(50)
+    window = ContextWindow(target=None, budget=None)
+    window.extend(messages)
+    request = window.request()
+    assert request.left_out == 0 and request.messages == messages
+    assert request.tokens == count_tokens(messages)
+    assert window.call_ids == {f"c{n}" for n in range(50)}
 
 
 # --------------------------------------------------------------------------- usage and cost

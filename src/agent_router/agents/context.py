@@ -43,7 +43,9 @@ _ANSWER_TOOLS = frozenset({"answer_other_agent", "answer_sub_agent_question"})
 
 def estimate_tokens(text: str) -> int:
     """The documented estimate: one token per 4 ASCII characters, one per other character."""
-    ascii_chars = sum(1 for c in text if c < "\x80")
+    if text.isascii():
+        return (len(text) + 3) // 4
+    ascii_chars = len(text.encode("ascii", "ignore"))
     return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)
 
 
@@ -134,6 +136,161 @@ def compact(
     fewer = _without(out, left_out)
     # The notes cost tokens too: leaving out only short messages may not pay for them.
     return fewer if sum(message_tokens(m, count) for m in fewer) < sum(sizes) else out
+
+
+#: A request kept near its target is cut down to this share of it, so that it then grows for a
+#: while before the next cut: what is left out changes in steps, not at every model call.
+LOW_WATER = 0.6
+
+#: The note that stands for what a request near its target leaves out.
+WINDOW_NOTE = (
+    "[{n} earlier messages of this conversation are left out of this request to keep it near "
+    "{target} tokens; the transcript keeps them all. Still here: your instructions, your first "
+    "task, the questions asked of you that are still open, and the latest messages.]"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowRequest:
+    """The transcript's part of one request (:meth:`ContextWindow.request`)."""
+
+    messages: list[dict[str, Any]]  # assistant replies quoted as the model reads them back
+    tokens: int  # their estimated tokens (:func:`message_tokens`)
+    left_out: int  # transcript entries not in it
+    moved: bool  # what is left out changed since the window's last request
+
+
+class ContextWindow:
+    """An agent's request kept near a target size, built from its transcript one entry at a
+    time: a model call costs the entries appended since the last one, not the whole history.
+
+    Each entry is counted (:func:`estimate_tokens`) and quoted as the model reads it back
+    (:func:`agent_router.formats.quote_reply`) once, when it arrives. After each entry, when
+    the request it would make passes ``budget`` tokens (the target less the protocol section
+    and the tool schemas), the cut moves forward over whole units (an assistant message with
+    its tool results, or one message alone) until the request is at most :data:`LOW_WATER`
+    of the budget, never past the newest ``keep_recent`` units. A request is then: the
+    leading system prompt and the first task, one note saying how many earlier messages are
+    left out (:data:`WINDOW_NOTE`), every question asked of the agent that it has not
+    answered, and everything from the cut on. The cut only moves forward, and it is a
+    function of the transcript, so another process that builds the window from the same
+    entries reaches the same one. ``budget`` ``None``: nothing is left out.
+    """
+
+    def __init__(self, *, target: int | None, budget: int | None, keep_recent: int = 8) -> None:
+        self.target = target
+        self.budget = budget
+        self.keep_recent = keep_recent
+        self.quoted: list[dict[str, Any]] = []
+        self.tokens: list[int] = []
+        self._prefix = [0]  # tokens of the entries before each index
+        self._starts: list[int] = []  # where each unit starts
+        self._head: list[int] = []  # the leading system entries and the first user message
+        self._leading = True
+        self._tool_unit = False  # the last unit is an assistant's tool calls: results join it
+        self._open: dict[int, int] = {}  # open question id -> index of its ask
+        self._answered: set[int] = set()
+        self.call_ids: set[str] = set()  # every tool call id of the transcript
+        self.cut = 0  # the first entry of the transcript's tail
+        self._cut_unit = 0
+        self._reported = 0  # the cut of the last request
+        self._note = message_tokens({"content": WINDOW_NOTE.format(n=10**6, target=target)})
+
+    def __len__(self) -> int:
+        return len(self.quoted)
+
+    def extend(self, entries: Sequence[dict[str, Any]], *, quiet: bool = False) -> None:
+        """Take in the entries past those it holds (``entries``: the whole transcript).
+        ``quiet``: what the cut does now was already reported (a window built again from
+        a transcript other requests were made of)."""
+        for entry in entries[len(self.quoted) :]:
+            self._add(entry)
+            self._fit()
+        if quiet:
+            self._reported = self.cut
+
+    def continue_from(self, other: ContextWindow) -> None:
+        """Report this window's cut against the one ``other`` (the window it replaces) last
+        reported."""
+        self._reported = other._reported
+
+    def request(self) -> WindowRequest:
+        """The transcript's part of the next request, and whether its cut moved."""
+        pinned = self._pinned()
+        left_out = self.cut - len(pinned)
+        head = [i for i in pinned if i in self._head]
+        asked = [i for i in pinned if i not in self._head]
+        messages = [self.quoted[i] for i in head]
+        if left_out:
+            note = WINDOW_NOTE.format(n=left_out, target=self.target)
+            messages.append({"role": "user", "content": note})
+        messages += [self.quoted[i] for i in asked]
+        messages += self.quoted[self.cut :]
+        moved, self._reported = self.cut != self._reported, self.cut
+        return WindowRequest(
+            messages=messages, tokens=self._size(pinned), left_out=left_out, moved=moved
+        )
+
+    def _add(self, entry: dict[str, Any]) -> None:
+        index = len(self.quoted)
+        role = entry.get("role")
+        quoted = formats.quote_reply(entry) if role == "assistant" else entry
+        self.quoted.append(quoted)
+        self.tokens.append(message_tokens(quoted))
+        self._prefix.append(self._prefix[-1] + self.tokens[-1])
+        if role != "tool" or not self._tool_unit:
+            self._starts.append(index)
+            self._tool_unit = role == "assistant" and bool(entry.get("tool_calls"))
+        if self._leading and role in ("system", "developer"):
+            self._head.append(index)
+        else:
+            self._leading = False
+        if role == "user":
+            if not any(self.quoted[i].get("role") == "user" for i in self._head):
+                self._head.append(index)
+            env = _envelope(entry)
+            question = env.question_id if env is not None and env.type is MessageType.ASK else None
+            if question is not None and question not in self._answered:
+                self._open[question] = index
+        for call in entry.get("tool_calls") or () if role == "assistant" else ():
+            if not isinstance(call, dict):
+                continue
+            self.call_ids.add(str(call.get("id")))
+            question = _answered_question(call)
+            if question is not None:
+                self._answered.add(question)
+                self._open.pop(question, None)
+
+    def _pinned(self) -> list[int]:
+        """Entries before the cut that every request keeps, in transcript order."""
+        kept = {*self._head, *self._open.values()}
+        return sorted(i for i in kept if i < self.cut)
+
+    def _size(self, pinned: list[int]) -> int:
+        tail = self._prefix[-1] - self._prefix[self.cut]
+        note = self._note if self.cut > len(pinned) else 0
+        return tail + note + sum(self.tokens[i] for i in pinned)
+
+    def _fit(self) -> None:
+        if self.budget is None or self._size(self._pinned()) <= self.budget:
+            return
+        low = self.budget * LOW_WATER
+        while len(self._starts) - (self._cut_unit + 1) >= self.keep_recent:
+            self._cut_unit += 1
+            self.cut = self._starts[self._cut_unit]
+            if self._size(self._pinned()) <= low:
+                break
+
+
+def _answered_question(call: dict[str, Any]) -> int | None:
+    """The question a call of an answer tool closes."""
+    function = call.get("function")
+    if not isinstance(function, dict) or function.get("name") not in _ANSWER_TOOLS:
+        return None
+    try:
+        return int(json.loads(function.get("arguments") or "{}")["question_id"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
 
 
 def _units(messages: list[dict[str, Any]]) -> list[list[int]]:
@@ -286,10 +443,14 @@ def pairing_holds(messages: Sequence[dict[str, Any]]) -> bool:
 
 
 __all__ = [
+    "LOW_WATER",
     "NORMAL",
     "TIGHT",
+    "WINDOW_NOTE",
     "Compaction",
+    "ContextWindow",
     "TokenCounter",
+    "WindowRequest",
     "compact",
     "count_tokens",
     "estimate_tokens",

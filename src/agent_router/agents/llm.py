@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol
 
 from agent_router import formats
@@ -42,15 +43,20 @@ ModelFactory = Callable[[Agent], Model]
 
 
 def complete(
-    model: Model, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    model: Model,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    *,
+    prompt_tokens: int | None = None,
 ) -> Completion:
     """One model call with its usage: the model's own report (:class:`ReportsUsage`), else an
-    estimate from the request and the reply."""
+    estimate from the request (``prompt_tokens`` when the caller counted it already) and the
+    reply."""
     if isinstance(model, ReportsUsage):
         return model.respond(messages, tools)
     message = model.complete(messages, tools)
     usage = Usage(
-        prompt_tokens=count_tokens(messages, tools),
+        prompt_tokens=count_tokens(messages, tools) if prompt_tokens is None else prompt_tokens,
         completion_tokens=count_tokens([message]),
         estimated=True,
     )
@@ -147,8 +153,15 @@ def _first_line(text: str, limit: int = 80) -> str:
 
 
 def _envelope(entry: dict[str, Any]) -> formats.Envelope | None:
+    return _parsed(str(entry.get("content") or ""))
+
+
+@lru_cache(maxsize=8192)
+def _parsed(content: str) -> formats.Envelope | None:
+    """A scripted model reads its whole request at every call; the entries it reads again are
+    the same texts (a string keeps its hash), so each is parsed once."""
     try:
-        return formats.parse(str(entry.get("content") or ""))
+        return formats.parse(content)
     except ValueError:
         return None
 

@@ -42,17 +42,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, TypeVar
 
 from agent_router import errors, formats
 from agent_router import validation as check
 from agent_router.agents import reminders
-from agent_router.agents.context import count_tokens
+from agent_router.agents.context import (
+    MESSAGE_OVERHEAD,
+    ContextWindow,
+    compact,
+    count_tokens,
+    estimate_tokens,
+)
 from agent_router.agents.llm import Model, ModelFactory, complete
 from agent_router.agents.openai_model import NAMELESS_TOOL
-from agent_router.agents.protocol import protocol_section, with_protocol
+from agent_router.agents.protocol import protocol_section, with_section
 from agent_router.agents.tools import (
     RESULT_RECORDED,
     ToolContext,
@@ -260,6 +266,8 @@ def _steps(
 ) -> str:
     """The model/tool loop; returns the final reply's text."""
     schemas = tools.schemas(agent)
+    tool_tokens = count_tokens([], schemas)
+    target = context_target(router, agent, tools)
     names = [str(s["function"]["name"]) for s in schemas]
     ctx = ToolContext(router=router, turn=turn, agent=agent, settings=router.settings)
     # A continuation (or any turn that finds its last batch unfinished) runs the rest first.
@@ -276,9 +284,13 @@ def _steps(
         _drain_all(router, turn)
         history = turn.history()
         section = protocol_section(agent, router.agents(turn.team_id), schemas, tools.roles)
-        reply = _reply(turn, model, with_protocol(history, section), schemas)
+        request = _request(
+            router, turn, section, len(history), target=target, tool_tokens=tool_tokens
+        )
+        reply = _reply(turn, model, request, schemas)
         _boundary(turn, heartbeat)
-        reply = _unique_call_ids(reply, history)  # as the transcript holds it: calls run so
+        # As the transcript holds it: calls run so.
+        reply = _unique_call_ids(reply, len(history), request.call_ids)
         # Only this turn writes the transcript now: the reply lands at the end.
         ctx = replace(ctx, reply_index=len(history))
         turn.append_assistant(reply)
@@ -331,17 +343,104 @@ def _ending(
     return nudge
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Request:
+    """What one model call is sent, built from the agent's :class:`ContextWindow`."""
+
+    messages: list[dict[str, Any]]
+    tokens: int  # estimated, tool schemas included
+    context: dict[str, Any] | None  # what is left out, when that changed: its ledger detail
+    call_ids: set[str]  # every tool call id of the transcript
+
+
+def context_target(router: Router, agent: Agent, tools: ToolRegistry) -> int | None:
+    """The tokens the agent's requests are kept near: its role's ``context_target_tokens``,
+    else the settings', and never more than its role's window less the reply's reserve."""
+    role = tools.roles.get(agent.role) if tools.roles is not None else None
+    settings = router.settings
+    target = (role and role.context_target_tokens) or settings.context_target_tokens
+    window = role.context_window if role is not None else None
+    if window is not None:
+        room = window - min(settings.context_reserve_tokens, window // 4)
+        target = room if target is None else min(target, room)
+    return target
+
+
+def _request(
+    router: Router,
+    turn: Turn,
+    section: str,
+    length: int,
+    *,
+    target: int | None,
+    tool_tokens: int,
+) -> _Request:
+    """The next request: the agent's window over its transcript (kept in this process beside
+    the transcript, so only the entries new since the last call are taken in), the protocol
+    section, and its size; compacted further (:func:`compact`) only when the newest messages
+    alone pass the target. ``length``: the entries of the turn's history."""
+    cached = turn.kept_transcript(length)  # turn.history() brought it up to date
+    overhead = estimate_tokens(section) + MESSAGE_OVERHEAD + tool_tokens
+    # The transcript's budget is the target less the section and the schemas, rounded up to a
+    # step: workers that build an agent's window reach the same cut unless its team changed
+    # enough to cross a step, and a window is rebuilt only then.
+    reserve = -(-overhead // OVERHEAD_STEP) * OVERHEAD_STEP
+    budget = None if target is None else max(target // 4, target - reserve)
+    with cached.lock:
+        kept = cached.views.get(WINDOW_VIEW)
+        window = kept if isinstance(kept, ContextWindow) else None
+        if window is not None and (window.target, window.budget) == (target, budget):
+            window.extend(cached.entries)
+        else:
+            built = ContextWindow(target=target, budget=budget)
+            # A window built anew (a new process, another budget) reports no cut it reaches
+            # now, as the requests made of these entries did, wherever they were made; one
+            # built again here reports a cut other than the one this process last sent.
+            built.extend(cached.entries, quiet=True)
+            if window is not None:
+                built.continue_from(window)
+            window = cached.views[WINDOW_VIEW] = built
+        part = window.request()
+        call_ids = set(window.call_ids)
+    messages = with_section(part.messages, section)
+    tokens = part.tokens + overhead
+    if target is not None and tokens > target:
+        messages = compact(messages, limit=max(1, target - tool_tokens))
+        tokens = count_tokens(messages) + tool_tokens
+    context = None
+    if part.moved:
+        context = {
+            "target_tokens": target,
+            "left_out": part.left_out,
+            "messages": len(messages),
+            "request_tokens": tokens,
+        }
+        logger.info(
+            "context compacted", extra={"action": "context_compacted", **context, **_ids(turn)}
+        )
+    return _Request(messages=messages, tokens=tokens, context=context, call_ids=call_ids)
+
+
+#: Where an agent's :class:`ContextWindow` is kept beside its cached transcript.
+WINDOW_VIEW = "context_window"
+#: Tokens the protocol section and the tool schemas are reserved in, for a window's budget.
+OVERHEAD_STEP = 1024
+
+
 def _complete(
     turn: Turn,
     model: Model,
-    messages: list[dict[str, Any]],
+    request: _Request,
     schemas: list[dict[str, Any]],
+    *,
+    context: dict[str, Any] | None = None,
 ) -> Any:
-    """One model call on the transcript as stored (the model may compact what it sends), its
+    """One model call on the request (the model may compact what it sends further), its
     reply as the transcript holds it (:func:`check.model_reply`) and its usage recorded for the
-    turn. An estimated usage counts the reply as kept: arguments too large to keep are never
-    sent back, so they are not counted as if they were."""
-    result = complete(model, messages, schemas)
+    turn, with ``context`` (what the request left out, when that changed). An estimated usage
+    counts the reply as kept: arguments too large to keep are never sent back, so they are not
+    counted as if they were."""
+    result = complete(model, request.messages, schemas, prompt_tokens=request.tokens)
     limit = turn.settings.max_tool_argument_bytes
     message = check.model_reply(result.message, max_argument_bytes=limit)
     usage = result.usage
@@ -355,6 +454,7 @@ def _complete(
                 completion_tokens=usage.completion_tokens,
                 cached_tokens=usage.cached_tokens,
                 estimated=usage.estimated,
+                context=context,
             )
         )
     return message
@@ -366,38 +466,31 @@ def _tell_last_step(router: Router, turn: Turn, max_steps: int) -> None:
     reminders.notice(router, turn, text, f"last-step:{turn.id}", wake=False)
 
 
-def _reply(
-    turn: Turn, model: Model, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]
-) -> Any:
+def _reply(turn: Turn, model: Model, request: _Request, schemas: list[dict[str, Any]]) -> Any:
     """One model reply (charged by the caller); an empty one (no text, no tool calls) is asked
     for once more, that call charged to the team's budgets too."""
-    reply = _complete(turn, model, messages, schemas)
+    reply = _complete(turn, model, request, schemas, context=request.context)
     if not reply.get("tool_calls") and not str(reply.get("content") or "").strip():
         logger.warning("empty model reply, asking again", extra={"action": "model_reply_empty"})
         turn.charge_model_call()
-        reply = _complete(turn, model, messages, schemas)
+        reply = _complete(turn, model, request, schemas)
         if not reply.get("tool_calls"):
             reply = {**reply, "content": str(reply.get("content") or "")}
     return reply
 
 
-def _unique_call_ids(reply: dict[str, Any], transcript: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tool call ids unique within the transcript: some servers number calls from 0 in every
-    reply, and a repeated id would pair a result with the wrong call."""
+def _unique_call_ids(reply: dict[str, Any], length: int, used: set[str]) -> dict[str, Any]:
+    """Tool call ids unique within the transcript (``length`` entries, whose call ids are
+    ``used``): some servers number calls from 0 in every reply, and a repeated id would pair
+    a result with the wrong call."""
     calls = reply.get("tool_calls") or []
-    used = {
-        str(c.get("id"))
-        for e in transcript
-        if e.get("role") == "assistant"
-        for c in e.get("tool_calls") or []
-    }
     if not any(c.get("id") in used for c in calls):
         return reply
     fixed = []
     for i, call in enumerate(calls):
         unique = call
         if call.get("id") in used:
-            unique = {**call, "id": check.call_id(f"{call.get('id')}_{len(transcript)}_{i}")}
+            unique = {**call, "id": check.call_id(f"{call.get('id')}_{length}_{i}")}
         used.add(str(unique["id"]))
         fixed.append(unique)
     return {**reply, "tool_calls": fixed}
@@ -410,7 +503,8 @@ def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
     if not open_ids:
         return 0, []
     transcript = turn.history()
-    index = max(i for i, e in enumerate(transcript) if e.get("role") == "assistant")
+    index = next(i for i in range(len(transcript) - 1, -1, -1)
+                 if transcript[i].get("role") == "assistant")  # fmt: skip
     return index, [c for c in transcript[index].get("tool_calls") or [] if c["id"] in open_ids]
 
 

@@ -159,7 +159,12 @@ def with_protocol(messages: list[dict[str, Any]], section: str) -> list[dict[str
     """The request's messages: ``section`` appended to the system prompt (one is put first when
     the transcript has none), and the model's own earlier replies neutralised
     (:func:`agent_router.formats.quote_reply`). The transcript itself is not changed."""
-    messages = quoted_replies(messages)
+    return with_section(quoted_replies(messages), section)
+
+
+def with_section(messages: list[dict[str, Any]], section: str) -> list[dict[str, Any]]:
+    """``section`` appended to the system prompt of messages already quoted (one is put
+    first when they have none)."""
     if messages and messages[0].get("role") == "system":
         prompt = str(messages[0].get("content") or "")
         if HEADING in prompt:

@@ -114,8 +114,11 @@ def _questions_text(questions: list[Question], tool_names: Collection[str]) -> s
 
 
 def _has_read(transcript: list[dict[str, Any]], question_id: int) -> bool:
-    for entry in transcript:
-        if entry.get("role") != "user":
+    # Newest first, and only entries that name the question are parsed: the question is most
+    # often recent, and a long transcript is not read whole at every turn's end.
+    named = f'question_id="{question_id}"'
+    for entry in reversed(transcript):
+        if entry.get("role") != "user" or named not in str(entry.get("content") or ""):
             continue
         try:
             env = formats.parse(str(entry.get("content") or ""))

@@ -9,6 +9,7 @@ A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table 
     model = "gpt-4o-mini"      # optional: overrides the default model for this role
     temperature = 0.2          # optional
     context_window = 32000     # optional: tokens the role's model reads (else the settings')
+    context_target_tokens = 16000  # optional: tokens its requests are kept near (else settings')
     mcp_servers = ["time"]     # optional: the MCP servers this role gets (docs/tools.md)
     mcp_tools = { time = ["get_current_time"] }  # optional: only these tools of a server
     host_tools = ["*"]         # optional: host functions by name, "*" for all
@@ -48,6 +49,7 @@ class Role:
     tools: ToolDeclaration = field(default_factory=ToolDeclaration)  # beside the router's own tools
     runner: str | None = None  # the host's Celery task for this role's turns; None: built-in loop
     context_window: int | None = None  # None: the model's row of the price table, or settings
+    context_target_tokens: int | None = None  # None: the settings' context_target_tokens
 
     def __post_init__(self) -> None:
         if not self.name.strip() or any(c in self.name for c in '"\n\r<>'):
@@ -58,6 +60,8 @@ class Role:
             raise ConfigurationError(f"role {self.name!r}: temperature must be in [0, 2]")
         if self.context_window is not None and self.context_window <= 0:
             raise ConfigurationError(f"role {self.name!r}: context_window must be positive")
+        if self.context_target_tokens is not None and self.context_target_tokens <= 0:
+            raise ConfigurationError(f"role {self.name!r}: context_target_tokens must be positive")
 
 
 class RoleCatalogue:
@@ -130,7 +134,7 @@ def _role(entry: Any, source: str) -> Role:
         raise ConfigurationError(f"{source}: each [[roles]] entry must be a table")
     unknown = set(entry) - {
         *("name", "description", "system_prompt", "model", "temperature", "runner"),
-        *("mcp_servers", "mcp_tools", "host_tools", "context_window"),
+        *("mcp_servers", "mcp_tools", "host_tools", "context_window", "context_target_tokens"),
     }
     if unknown:
         raise ConfigurationError(f"{source}: unknown role keys {sorted(unknown)}")
@@ -153,6 +157,11 @@ def _role(entry: Any, source: str) -> Role:
     window = entry.get("context_window")
     if window is not None and (not isinstance(window, int) or isinstance(window, bool)):
         raise ConfigurationError(f"{source}: role {name!r}: context_window must be an integer")
+    target = entry.get("context_target_tokens")
+    if target is not None and (not isinstance(target, int) or isinstance(target, bool)):
+        raise ConfigurationError(
+            f"{source}: role {name!r}: context_target_tokens must be an integer"
+        )
     return Role(
         name=name.strip(),
         description=description.strip(),
@@ -162,6 +171,7 @@ def _role(entry: Any, source: str) -> Role:
         tools=ToolDeclaration.from_table(entry, source=f"{source}: role {name!r}"),
         runner=runner,
         context_window=window,
+        context_target_tokens=target,
     )
 
 

@@ -36,6 +36,17 @@ from agent_router.waker import InProcessWaker, RedisWaker
 
 #: Rounds of each rate in :meth:`Bench.throughput`, the floor's and ours alternating.
 THROUGHPUT_ROUNDS = 3
+#: Transcript lengths at which the router's CPU per model call is measured: it should be flat.
+TRANSCRIPT_ENTRIES = (10, 100, 1000)
+#: Turns measured per transcript length (after one that warms the worker up), and the model
+#: calls each makes: two ``do_work`` calls, then the final reply.
+MODEL_CALL_TURNS = 7
+MODEL_CALLS_PER_TURN = 3
+#: A transcript entry's text in the model call figures: a short message, as agents send them.
+ENTRY_TEXT = (
+    "Progress: the login form now posts to /api/session; tests for the reset flow pass, the "
+    "mail template still needs review. Next: wire the audit log and re-run the suite. "
+)
 
 
 def _call(i: int, calls: str = "ask") -> dict[str, Any]:
@@ -366,6 +377,28 @@ class Bench:
             )
         )
 
+    def model_calls(self) -> None:
+        """The router's own CPU for one model call (reading the transcript, building the
+        request, the protocol section, the checks, the token counts, compaction) at 10, 100
+        and 1,000 transcript entries, the model answering at once: the median of several
+        turns, in microseconds (``do_work`` takes no time here)."""
+        settings = self.settings.model_copy(update={"work_seconds": 0.0})
+        router = Router(settings, publisher=None, waker=InProcessWaker())
+        try:
+            for entries in TRANSCRIPT_ENTRIES:
+                per_call, _ = model_call_cpu(router, entries)
+                self.rows.append(
+                    row(
+                        f"router CPU per model call ({entries:,} transcript entries)",
+                        self.backend,
+                        statistics.median(per_call) * 1e6,
+                        None,
+                        "us",
+                    )
+                )
+        finally:
+            router.close()
+
     def celery_figures(self) -> None:
         """Turn start latency and the burst, with a real worker on the configured broker."""
         from celery.contrib.testing.worker import start_worker
@@ -425,6 +458,62 @@ class Bench:
             runtime.reset()
             with rt.app.connection_for_write() as conn:
                 Queue(queue, channel=conn.default_channel).delete()
+
+
+class InstantModel:
+    """A model that answers at once and reads nothing: ``calls`` ``do_work`` calls, then a
+    final reply. What a model call costs then is the router's own work alone."""
+
+    def __init__(self, calls: int = MODEL_CALLS_PER_TURN - 1) -> None:
+        self.tool_calls = calls
+        self.calls = 0
+
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls <= self.tool_calls:
+            call = {
+                "id": f"instant_{uuid.uuid4().hex[:12]}",
+                "type": "function",
+                "function": {"name": "do_work", "arguments": '{"step": "one step"}'},
+            }
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+        return {"role": "assistant", "content": "Done."}
+
+
+def _same_model(model: InstantModel, _agent: object) -> InstantModel:
+    return model
+
+
+def model_call_cpu(
+    router: Router, entries: int, *, turns: int = MODEL_CALL_TURNS
+) -> tuple[list[float], int]:
+    """Process CPU seconds per model call of ``turns`` turns of an agent whose transcript holds
+    about ``entries`` entries (an :class:`InstantModel`, in this process), after one turn that
+    warms the worker up; and the model calls made. Each turn appends a few entries more."""
+    from agent_router.agents.loop import run_turn
+    from agent_router.agents.tools import default_registry
+
+    tools = default_registry()
+    team = router.create_team()
+    agent = router.create_agent(team.id, role="Bench")
+    # The transcript: the system prompt, the messages drained by the warm-up turn.
+    router.seed_mailbox(agent.id, max(0, entries - 3), content=ENTRY_TEXT)
+    per_call: list[float] = []
+    calls = 0
+    for sample in range(turns + 1):
+        router.send(team.id, to=agent.display_name, content=ENTRY_TEXT, sender="user")
+        turn = router.claim_turn(team.id, agent.display_name)
+        assert turn is not None
+        model = InstantModel()
+        start = time.process_time()
+        run_turn(router, turn, models=partial(_same_model, model), tools=tools)
+        spent = time.process_time() - start
+        if sample:  # the first turn drains the seeded messages and warms the worker up
+            per_call.append(spent / model.calls)
+            calls += model.calls
+    return per_call, calls
 
 
 class _NoopTask:
@@ -589,5 +678,6 @@ def run(
             bench.fan_out()
             bench.celery_figures()
             bench.drain(queued)
+            bench.model_calls()
             rows.extend(bench.rows)
     return rows

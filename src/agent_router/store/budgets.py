@@ -249,9 +249,10 @@ def record_usage(
     usage: TokenUsage,
     estimated: bool,
     agent: str | None = None,
+    context: Mapping[str, Any] | None = None,
 ) -> BudgetCheck:
     """One model call's usage: a row per call, the team's totals, one ledger event (whose log
-    line names ``agent``)."""
+    line names ``agent``; with ``context``, what the request left out, when that changed)."""
     ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
     tokens = {name: getattr(usage, name) for name in _TOKEN_COUNTS}
     cost_nano = round(usage.cost_usd * NANO)
@@ -279,6 +280,7 @@ def record_usage(
         cost_usd=cost_nano / NANO,
         estimated=estimated,
         **ids,
+        **({} if context is None else {"context": dict(context)}),
     )
     return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
 

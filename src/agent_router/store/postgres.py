@@ -386,6 +386,7 @@ class PostgresStore(Store):
         usage: TokenUsage,
         estimated: bool,
         agent: str | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> BudgetCheck:
         result = self._call(
             "record_usage",
@@ -399,6 +400,7 @@ class PostgresStore(Store):
             cached_tokens=usage.cached_tokens,
             cost_nano=round(usage.cost_usd * budgets.NANO),
             estimated=estimated,
+            context=None if context is None else json.dumps(dict(context)),
             **self._budget_params(),
         )
         return _check(result["budget"])

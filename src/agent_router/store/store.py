@@ -62,6 +62,7 @@ from agent_router.store import (
 from agent_router.store.engine import make_engine
 from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
+from agent_router.store.transcripts import TranscriptCache
 from agent_router.store.tx import Refused, Tx, drop_ledger_buffer, write_ledger_buffer
 from agent_router.store.values import Ask, Claim, NewAgent, SendRequest
 
@@ -96,6 +97,8 @@ class Store:
         event.listen(self._sessions, "before_commit", write_ledger_buffer)
         event.listen(self._sessions, "after_transaction_end", drop_ledger_buffer)
         self.reads = Reads(self._sessions, self.engine)
+        # What turns in this process read of transcripts: a model call reads what is new.
+        self.transcripts = TranscriptCache(settings.transcript_cache_agents)
         self._after_commit: AfterCommit | None = None
 
     # ------------------------------------------------------------------ plumbing
@@ -420,8 +423,10 @@ class Store:
         usage: TokenUsage,
         estimated: bool,
         agent: str | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> BudgetCheck:
-        """``agent``: the display name the ``model_call`` log line shows."""
+        """``agent``: the display name the ``model_call`` log line shows; ``context``: what
+        the request left out, on the call where that changed (the event's ``context``)."""
         with self._tx() as tx:
             return budgets.record_usage(
                 tx,
@@ -432,6 +437,7 @@ class Store:
                 usage=usage,
                 estimated=estimated,
                 agent=agent,
+                context=context,
             )
 
     @faults.retrying

@@ -53,9 +53,11 @@ RETURNING id
 SELECT ar_charge_model_call(:team, :agent, :turn, :ratio, CAST(:defaults AS jsonb))
 
 -- name: record_usage
--- One model call's tokens and cost: its row, the team's sums, its event.
+-- One model call's tokens and cost: its row, the team's sums, its event (with what the request
+-- left out, on the call where that changed).
 SELECT ar_record_usage(:team, :agent, :turn, :model, :prompt_tokens, :completion_tokens,
-                       :cached_tokens, :cost_nano, :estimated, :ratio, CAST(:defaults AS jsonb))
+                       :cached_tokens, :cost_nano, :estimated, :ratio, CAST(:defaults AS jsonb),
+                       CAST(:context AS jsonb))
 
 -- name: charge_sub_agent
 -- Refuse a new sub-agent when the team has created, or has active, as many as it may.

@@ -1,0 +1,231 @@
+"""A model call costs the router what is new, not the whole history; and a long-lived agent's
+requests stop growing at their target (the transcript stays complete). Real SQLite and
+PostgreSQL; the model answers at once (two ``do_work`` calls, then a final reply)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from agent_router import Router, Settings
+from agent_router.agents.context import WINDOW_NOTE, count_tokens, pairing_holds
+from agent_router.agents.loop import WINDOW_VIEW, TurnOutcome, context_target, run_turn
+from agent_router.agents.protocol import HEADING
+from agent_router.agents.roles import RoleCatalogue
+from agent_router.agents.tools import default_registry
+from agent_router.domain import LedgerAction
+from agent_router.ops.bench import ENTRY_TEXT, InstantModel
+from agent_router.outbox import RecordingPublisher
+from agent_router.turn import Turn
+
+TARGET = 3000
+
+
+class Recording(InstantModel):
+    """An :class:`InstantModel` that keeps every request it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        self.requests.append((messages, tools))
+        return super().complete(messages, tools)
+
+
+@pytest.fixture
+def quick(settings: Settings) -> Iterator[Callable[..., Router]]:
+    """Routers on the test's database, each with its own process-wide caches (a worker each)."""
+    made: list[Router] = []
+
+    def make(**update: Any) -> Router:
+        router = Router(settings.model_copy(update={"work_seconds": 0.0, **update}),
+                        publisher=RecordingPublisher())  # fmt: skip
+        made.append(router)
+        return router
+
+    yield make
+    for router in made:
+        router.close()
+
+
+def _turn(router: Router, team_id: int, name: str, model: InstantModel) -> None:
+    router.send(team_id, to=name, content=ENTRY_TEXT, sender="user")
+    turn = router.claim_turn(team_id, name)
+    assert turn is not None
+    outcome = run_turn(router, turn, models=lambda _agent: model, tools=default_registry())
+    assert outcome is TurnOutcome.ENDED
+
+
+def _counting_reads(router: Router, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The transcript rows each read of this router's store returned."""
+    counts: list[int] = []
+    read = router.store.reads.transcript_after
+
+    def counted(agent_id: int, position: int | None) -> list[tuple[int, dict[str, Any]]]:
+        rows = read(agent_id, position)
+        counts.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(router.store.reads, "transcript_after", counted)
+    return counts
+
+
+def test_a_model_call_reads_only_the_entries_appended_since(
+    quick: Callable[..., Router], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker, other = quick(), quick()
+    team = worker.create_team()
+    agent = worker.create_agent(team.id, role="Bench")
+    worker.store.seed_mailbox(agent.id, 1000, content=ENTRY_TEXT)
+    _turn(worker, team.id, agent.display_name, InstantModel())  # reads the 1,000 it drains
+    counts = _counting_reads(worker, monkeypatch)
+    _turn(worker, team.id, agent.display_name, InstantModel())
+    # Three model calls, a read before each (and at the turn's start): the entry it had read
+    # last (which tells that the rows are the ones it holds) and those appended since.
+    assert counts and max(counts) <= 3, counts
+    assert sum(counts) <= 3 * len(counts), counts
+    # Another worker runs the agent's next turn; this one then reads what it appended, the
+    # message that wakes it and the entry it held.
+    held = len(worker.store.transcripts.get(agent.id).entries)
+    _turn(other, team.id, agent.display_name, InstantModel())
+    appended = len(worker.store.reads.transcript(agent.id)) - held
+    counts.clear()
+    recording = Recording()
+    _turn(worker, team.id, agent.display_name, recording)
+    assert counts[0] == appended + 2 and max(counts[1:]) <= 3, (appended, counts)
+    stored = worker.store.reads.transcript(agent.id)
+    assert len(stored) > 1000
+    # This process's copy is the stored transcript: nothing was missed,
+    # and the model read the newest entry (the message that woke it) last.
+    cached = worker.store.transcripts.get(agent.id)
+    assert cached.entries == stored[:-1], "all but the final reply, written after the last call"
+    assert cached.refresh(worker.store.reads.transcript_after) == 1
+    assert cached.entries == stored
+    woke = recording.requests[0][0][-1]
+    assert woke["role"] == "user" and ENTRY_TEXT.strip() in woke["content"]
+
+
+def test_a_transcript_read_again_whole_when_its_rows_are_not_the_ones_kept(
+    quick: Callable[..., Router],
+) -> None:
+    worker = quick()
+    team = worker.create_team()
+    agent = worker.create_agent(team.id, role="Bench")
+    _turn(worker, team.id, agent.display_name, InstantModel())
+    cached = worker.store.transcripts.get(agent.id)
+    cached.refresh(worker.store.reads.transcript_after)
+    assert cached.entries == worker.store.reads.transcript(agent.id)
+    # The last entry this process holds is not the one stored at its position (as when the
+    # agent's rows were deleted and its id given to another): it reads the transcript whole.
+    cached.entries[-1] = {"role": "assistant", "content": "not what is stored"}
+    generation = cached.generation
+    cached.refresh(worker.store.reads.transcript_after)
+    assert cached.generation == generation + 1
+    assert cached.entries == worker.store.reads.transcript(agent.id)
+
+
+def test_requests_plateau_at_the_target_and_the_transcript_stays_whole(
+    quick: Callable[..., Router],
+) -> None:
+    router = quick(context_target_tokens=TARGET)
+    team = router.create_team()
+    agent = router.create_agent(team.id, role="Bench")
+    name = agent.display_name
+    first = Recording()
+    _turn(router, team.id, name, first)  # the first task: "start" for the window
+    task = first.requests[0][0][1]["content"]
+    # The lead asks the agent a question it does not answer; then 2,000 notices arrive.
+    router.send(team.id, to=team.lead.display_name, content="go", sender="user")
+    lead_turn = router.claim_turn(team.id, team.lead.display_name)
+    assert isinstance(lead_turn, Turn)
+    lead_turn.drain()
+    call = {"id": "ask-1", "type": "function",
+            "function": {"name": "ask_sub_agent", "arguments": "{}"}}  # fmt: skip
+    lead_turn.append_assistant({"role": "assistant", "content": None, "tool_calls": [call]})
+    question = lead_turn.ask(name, "Which endpoint does the reset form post to?",
+                             tool_call_id="ask-1")  # fmt: skip
+    router.store.seed_mailbox(agent.id, 2000, content=ENTRY_TEXT)
+    models = [Recording() for _ in range(4)]
+    for model in models:
+        _turn(router, team.id, name, model)
+    stored = router.store.reads.transcript(agent.id)
+    assert len(stored) > 2000
+    requests = [r for m in models for r in m.requests]
+    for messages, tools in requests:
+        assert count_tokens(messages, tools) <= TARGET
+        assert messages[0]["role"] == "system" and HEADING in messages[0]["content"]
+        assert messages[1]["content"] == task, "the first task stays"
+        assert WINDOW_NOTE.split("{n}")[1][:40] in messages[2]["content"]
+        assert f'question_id="{question.id}"' in messages[3]["content"], "the open question"
+        assert pairing_holds(messages), "a tool call and its results stay together"
+    # The last request ends with the newest entries as stored (the final reply came after).
+    assert models[-1].requests[-1][0][-2:] == stored[-3:-1]
+    events = [
+        e for e in router.ledger(team.id)
+        if e.action is LedgerAction.MODEL_CALL and "context" in e.detail
+    ]  # fmt: skip
+    # One event each time what the request leaves out changed, not one per call.
+    left_out = [int(messages[2]["content"][1:].split()[0]) for messages, _ in requests]
+    changes = [n for i, n in enumerate(left_out) if i == 0 or n != left_out[i - 1]]
+    assert [e.detail["context"]["left_out"] for e in events] == changes
+    assert len(events) < len(requests) // 3
+    for event in events:
+        context = event.detail["context"]
+        assert context["target_tokens"] == TARGET and context["request_tokens"] <= TARGET
+    assert left_out[0] > 1900
+
+
+def test_another_worker_reaches_the_same_cut_and_reports_none_it_caught_up_on(
+    quick: Callable[..., Router],
+) -> None:
+    worker, other = quick(context_target_tokens=TARGET), quick(context_target_tokens=TARGET)
+    team = worker.create_team()
+    agent = worker.create_agent(team.id, role="Bench")
+    _turn(worker, team.id, agent.display_name, InstantModel())
+    worker.store.seed_mailbox(agent.id, 600, content=ENTRY_TEXT)
+    _turn(worker, team.id, agent.display_name, InstantModel())
+    reported = [e.id for e in worker.ledger(team.id) if "context" in e.detail]
+    assert len(reported) == 1
+    # The other worker builds the agent's window from the whole transcript: the cut the
+    # first worker reached, and no event for what it caught up on.
+    recording = Recording()
+    _turn(other, team.id, agent.display_name, recording)
+    assert [e.id for e in worker.ledger(team.id) if "context" in e.detail] == reported
+    mine = worker.store.transcripts.get(agent.id)
+    mine.refresh(worker.store.reads.transcript_after)
+    theirs = other.store.transcripts.get(agent.id)
+    theirs.refresh(other.store.reads.transcript_after)
+    assert mine.entries == theirs.entries
+    mine.views[WINDOW_VIEW].extend(mine.entries)
+    theirs.views[WINDOW_VIEW].extend(theirs.entries)
+    assert mine.views[WINDOW_VIEW].cut == theirs.views[WINDOW_VIEW].cut > 500
+
+
+def test_a_role_sets_its_own_target_within_its_window(quick: Callable[..., Router]) -> None:
+    roles = RoleCatalogue.from_toml(
+        '[[roles]]\nname = "Reviewer"\nsystem_prompt = "You review."\n'
+        "context_target_tokens = 2500\n\n"
+        '[[roles]]\nname = "Small"\nsystem_prompt = "You are small."\ncontext_window = 8000\n'
+    )
+    tools = default_registry(roles)
+    router = quick(context_target_tokens=TARGET * 4)
+    team = router.create_team()
+    reviewer = router.create_agent(team.id, role="Reviewer")
+    small = router.create_agent(team.id, role="Small")
+    other = router.create_agent(team.id, role="Bench")
+    assert context_target(router, reviewer, tools) == 2500
+    assert context_target(router, small, tools) == 8000 - 2000  # its window less the reserve
+    assert context_target(router, other, tools) == TARGET * 4
+    router.store.seed_mailbox(reviewer.id, 300, content=ENTRY_TEXT)
+    model = Recording()
+    router.send(team.id, to=reviewer.display_name, content=ENTRY_TEXT, sender="user")
+    turn = router.claim_turn(team.id, reviewer.display_name)
+    assert turn is not None
+    assert run_turn(router, turn, models=lambda _agent: model, tools=tools) is TurnOutcome.ENDED
+    for messages, schemas in model.requests:
+        assert count_tokens(messages, schemas) <= 2500
