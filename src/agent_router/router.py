@@ -86,7 +86,11 @@ class Router:
         # The one after-commit path: every committed transition's outbox rows come here.
         self.store.set_publisher(self._publish_committed)
         self.waker: Waker = waker or (
-            RedisWaker(self.settings.redis_url) if self.settings.redis_url else InProcessWaker()
+            RedisWaker(
+                self.settings.redis_url, max_block_seconds=self.settings.wake_recheck_seconds
+            )
+            if self.settings.redis_url
+            else InProcessWaker()
         )
         # Always a chain: a hook that raises is logged, never fails the transition it watches.
         self.hooks: RouterHooks = (
