@@ -402,29 +402,39 @@ class Router:
         self, turn: Turn, question: Question, *, block_seconds: float | None = None
     ) -> WaitOutcome:
         """Block the turn's worker until ``question`` stops blocking it (answered, released,
-        expired), for at most ``block_seconds`` (default ``Settings.ask_block_seconds``); then
-        suspend. The database decides: the question is read first and again every
-        ``wake_recheck_seconds``; a wake signal is sent only after the transaction that ended
-        the wait committed (its row is written there), so a signal popped ends the wait without
-        a read; and whether the answer or the suspension came first is settled under the agent
-        lock."""
+        expired), then suspend: after at most ``block_seconds`` (default
+        ``Settings.ask_block_seconds``) while the agent asked is at work (a turn of its holds a
+        worker), and after ``Settings.ask_grace_seconds`` once it is not (idle, or its turn
+        queued behind others): a slot held for an answerer that needs a slot itself could be
+        the one it waits for. The database decides: the question and its target's state are
+        read first and again every ``wake_recheck_seconds``; a wake signal is sent only after
+        the transaction that ended the wait committed (its row is written there), so a signal
+        popped ends the wait without a read; and whether the answer or the suspension came first
+        is settled under the agent lock."""
         block = self.settings.ask_block_seconds if block_seconds is None else block_seconds
         started = time.monotonic()
-        outcome = self._wait(turn, question, give_up_at=started + block)
+        outcome = self._wait(
+            turn,
+            question,
+            give_up_at=started + block,
+            idle_give_up_at=started + min(block, self.settings.ask_grace_seconds),
+        )
         self.hooks.after_wait(turn, outcome, time.monotonic() - started)
         return outcome
 
-    def _wait(self, turn: Turn, question: Question, *, give_up_at: float) -> WaitOutcome:
+    def _wait(
+        self, turn: Turn, question: Question, *, give_up_at: float, idle_give_up_at: float
+    ) -> WaitOutcome:
         try:
             while True:
-                waiting, deadline = self.store.reads.wait_state(question.id)
+                waiting, deadline, target_at_work = self.store.reads.wait_state(question.id)
                 if not waiting:
                     return WaitOutcome.RESOLVED
                 until_deadline = (deadline - _utcnow()) / timedelta(seconds=1)
                 if until_deadline <= 0:
                     self.store.expire_questions(question_id=question.id)
                     continue
-                remaining = give_up_at - time.monotonic()
+                remaining = (give_up_at if target_at_work else idle_give_up_at) - time.monotonic()
                 if remaining <= 0:
                     if self.store.suspend(turn.record):
                         return WaitOutcome.SUSPENDED

@@ -70,7 +70,16 @@ class Settings(BaseSettings):
         1000, gt=0, description="Most messages one drain moves into a transcript."
     )
     ask_block_seconds: float = Field(
-        30.0, gt=0, description="How long a blocked ask holds a worker before it suspends."
+        30.0,
+        gt=0,
+        description="How long a blocked ask holds a worker before it suspends, while the agent "
+        "asked is at work (its turn holds a worker).",
+    )
+    ask_grace_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="How long a blocked ask holds a worker while the agent asked is not at work "
+        "(idle, or its turn queued): then it suspends, freeing the slot the answerer may need.",
     )
     question_timeout_seconds: float = Field(
         3600.0, gt=0, description="Default deadline of a question; then it resolves `expired`."
