@@ -510,18 +510,39 @@ class Router:
         return deletion
 
     def prune(
-        self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
+        self,
+        *,
+        older_than_seconds: float,
+        dry_run: bool = False,
+        include_undelivered: bool = False,
+        ledger_older_than_seconds: float | None = None,
     ) -> Deletion:
         """Retention: delete every finished team (no agent scheduled, running or waiting, no
         ledger event for ``older_than_seconds``) that owes nothing (``include_undelivered``:
         those that do too, what they owed ledgered) and published outbox rows that old. Teams
-        kept because they owe something are listed in ``Deletion.kept``."""
+        kept because they owe something are listed in ``Deletion.kept``. Then the routine
+        ledger events of the teams left older than ``ledger_older_than_seconds`` (default:
+        ``Settings.ledger_retention_days``; unset: none), counted in ``rows["ar_ledger"]``."""
         older = check.seconds(older_than_seconds, "older_than_seconds", maximum=1e10)
+        dry_run = _flag(dry_run, "dry_run")
+        if ledger_older_than_seconds is None and self.settings.ledger_retention_days is not None:
+            ledger_older_than_seconds = self.settings.ledger_retention_days * 86400
+        if ledger_older_than_seconds is not None:
+            ledger_older_than_seconds = check.seconds(
+                ledger_older_than_seconds, "ledger_older_than_seconds", maximum=1e10
+            )
         deletion = self.store.prune(
             older_than_seconds=older,
-            dry_run=_flag(dry_run, "dry_run"),
+            dry_run=dry_run,
             include_undelivered=_flag(include_undelivered, "include_undelivered"),
         )
+        if ledger_older_than_seconds is not None:
+            ledger = self.store.prune_ledger(
+                older_than_seconds=ledger_older_than_seconds, dry_run=dry_run
+            )
+            rows = dict(deletion.rows)
+            rows["ar_ledger"] = rows.get("ar_ledger", 0) + ledger
+            deletion = dataclasses.replace(deletion, rows=rows)
         _forget(self.waker, deletion)
         return deletion
 

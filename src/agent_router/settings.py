@@ -91,6 +91,15 @@ class Settings(BaseSettings):
     sweep_seconds: float = Field(
         5.0, gt=0, description="Period of the sweeper (each worker's timer, and beat's schedule)."
     )
+    ledger_retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Routine ledger events (routes, drains, claims, turn ends that did not "
+        "fail, model calls, publishes, answered asks) older than this are deleted, a batch per "
+        "sweeper pass and by `agent-router prune`, for teams that stay active too; what "
+        "`check` and the sweeper read (stops, failures, refusals, take-overs, quarantines, "
+        "drops) is kept. Unset: the ledger of a live team is kept whole.",
+    )
     background_batch_seconds: float = Field(
         1.0,
         ge=0,

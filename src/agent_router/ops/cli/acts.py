@@ -451,7 +451,7 @@ def team_delete(
 
 @app.command()
 @_one_line_errors
-def prune(
+def prune(  # noqa: PLR0917 - typer options
     older_than_days: Annotated[
         float,
         typer.Option(
@@ -460,6 +460,14 @@ def prune(
             "published this long ago.",
         ),
     ] = 30.0,
+    ledger_older_than_days: Annotated[
+        float | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_LEDGER_RETENTION_DAYS",
+            help="Also the routine ledger events (routes, drains, claims, turn ends, model "
+            "calls, ...) older than this, of live teams too; what check reads is kept.",
+        ),
+    ] = None,
     dry_run: DryRunOption = False,
     include_undelivered: IncludeUndeliveredOption = False,
     database_url: DatabaseUrlOption = None,
@@ -468,10 +476,17 @@ def prune(
     """Retention: delete finished teams (no agent scheduled, running or waiting) idle for
     --older-than-days that owe nothing (undelivered mail, open questions, a spent budget,
     unpublished outbox rows: those are kept, and listed, unless --include-undelivered), and
-    outbox rows published that long ago."""
+    outbox rows published that long ago; with --ledger-older-than-days, the routine ledger
+    events that old of the teams left."""
     with _acting_router(database_url, None) as router:
         seconds = older_than_days * 86400 if older_than_days >= 0 else -1.0
+        ledger = None
+        if ledger_older_than_days is not None:
+            ledger = ledger_older_than_days * 86400 if ledger_older_than_days >= 0 else -1.0
         deletion = router.prune(
-            older_than_seconds=seconds, dry_run=dry_run, include_undelivered=include_undelivered
+            older_than_seconds=seconds,
+            dry_run=dry_run,
+            include_undelivered=include_undelivered,
+            ledger_older_than_seconds=ledger,
         )
         _print_deletion(deletion, as_json)
