@@ -186,7 +186,11 @@ def soak_runtime(settings: Settings, app: Celery) -> Runtime:
     )
 
 
-def _start_snapshots(frames: int, directory: Path, every: float = 30.0) -> None:
+#: How often a soak worker takes a tracemalloc snapshot.
+SNAPSHOT_SECONDS = 30.0
+
+
+def _start_snapshots(frames: int, directory: Path, every: float = SNAPSHOT_SECONDS) -> None:
     import tracemalloc
 
     tracemalloc.start(frames)
@@ -203,7 +207,8 @@ def _start_snapshots(frames: int, directory: Path, every: float = 30.0) -> None:
 
 def tracemalloc_growth(directory: Path, top: int = 12) -> list[str]:
     """For each worker's snapshots: the allocation sites that grew most between its second
-    snapshot (the worker warmed up) and its last, one line each."""
+    snapshot (the worker warmed up) and its last (taken at rest, once every team rested), one
+    line each, its frames from the oldest call to the allocation."""
     import tracemalloc
 
     lines: list[str] = []
@@ -218,7 +223,7 @@ def tracemalloc_growth(directory: Path, top: int = 12) -> list[str]:
         stats = last.compare_to(first, "traceback")
         lines.append(f"worker {pid}: {len(paths) - 2} snapshot intervals")
         for stat in stats[:top]:
-            frames = " <- ".join(
+            frames = " -> ".join(
                 f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in stat.traceback
             )
             lines.append(
@@ -445,7 +450,11 @@ class _Soak:
         self.result.sends = self.sends
         self._slopes()
         self._settle_and_check(router, teams)
+        self.at_rest(probe)
         if options.tracemalloc_frames:
+            # The last snapshot of each worker is then one of a worker at rest: what it still
+            # holds once its turns are over.
+            time.sleep(SNAPSHOT_SECONDS + 5)
             workers.stop_all()
             self.result.tracemalloc = tracemalloc_growth(self.workdir / "tracemalloc")
             for line in self.result.tracemalloc:
@@ -530,6 +539,12 @@ class _Soak:
             self.out(f"  {line}")
         self.out(_agents_updates(router))
 
+    def at_rest(self, probe: _Probe) -> None:
+        """The workers' resident size once every team rests (their turns are over)."""
+        time.sleep(2.0)
+        sizes = ", ".join(f"{rss / 2**20:.1f}" for rss in probe.rss())
+        self.out(f"workers at rest: RSS MiB {sizes}")
+
 
 def _agents_updates(router: Router) -> str:
     """ar_agents' updates and the share written HOT, and its dead rows (the statistics
@@ -600,7 +615,7 @@ class _Probe:
                 total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         return total
 
-    def _rss(self) -> list[int]:
+    def rss(self) -> list[int]:
         found = []
         for pid in self._pids():
             with contextlib.suppress(OSError):
@@ -615,7 +630,7 @@ class _Probe:
             sends = self.soak.sends
         ended = turns - self.last_turns
         asked = requests[0] - self.last_requests[0]
-        rss = self._rss()
+        rss = self.rss()
         with self.router.store.engine.connect() as conn:
             tables = (
                 conn.execute(
