@@ -540,10 +540,15 @@ class _Soak:
         self.out(_agents_updates(router))
 
     def at_rest(self, probe: _Probe) -> None:
-        """The workers' resident size once every team rests (their turns are over)."""
+        """The workers' resident size once every team rests (their turns are over), and the
+        storage per send of each table."""
         time.sleep(2.0)
         sizes = ", ".join(f"{rss / 2**20:.1f}" for rss in probe.rss())
         self.out(f"workers at rest: RSS MiB {sizes}")
+        sends = max(self.result.sends, 1)
+        self.out("per send, by table (rows, bytes with indexes and TOAST):")
+        for table, rows, size in probe.tables():
+            self.out(f"  {table:<18} {rows / sends:8.2f} {size / sends:10.0f}")
 
 
 def _agents_updates(router: Router) -> str:
@@ -623,6 +628,23 @@ class _Probe:
                     if line.startswith("VmRSS:"):
                         found.append(int(line.split()[1]) * 1024)
         return found
+
+    def tables(self) -> list[tuple[str, int, int]]:
+        """Each ar_* table's rows and bytes (pg_total_relation_size), largest first."""
+        found = []
+        with self.router.store.engine.connect() as conn:
+            names = conn.execute(
+                sa.text(
+                    "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE 'ar\\_%'"
+                )
+            ).scalars()
+            for table in list(names):
+                rows = conn.execute(sa.text(f'SELECT count(*) FROM "{table}"')).scalar_one()
+                size = conn.execute(
+                    sa.text("SELECT pg_total_relation_size(:t)"), {"t": table}
+                ).scalar_one()
+                found.append((str(table), int(rows), int(size)))
+        return sorted(found, key=lambda t: -t[2])
 
     def row(self, minute: float) -> dict[str, float]:
         turns, cpu, requests = self._turns(), self._cpu(), self.soak.server.counts()

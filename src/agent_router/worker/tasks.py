@@ -22,7 +22,7 @@ from celery import Task, shared_task
 from agent_router import errors
 from agent_router.constants import BACKGROUND_DONE, RUN_AGENT_TURN, SWEEP
 from agent_router.sweeper import sweep as sweep_once
-from agent_router.worker import memory, runtime, task_events
+from agent_router.worker import runtime, task_events
 from agent_router.worker.publisher import CeleryPublisher, job_result_text, send_turn
 
 logger = logging.getLogger(__name__)
@@ -87,8 +87,7 @@ def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epo
             extra={"action": "claim_refused", "agent_id": agent_id, "epoch": epoch},
         )
         return "refused"
-    with memory.turn_running():
-        return rt.runner(rt.router, turn, models=rt.models, tools=rt.tools).value
+    return rt.runner(rt.router, turn, models=rt.models, tools=rt.tools).value
 
 
 @shared_task(bind=True, name=SWEEP, **RELIABLE)
