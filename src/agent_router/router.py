@@ -88,7 +88,11 @@ class Router:
         # The one after-commit path: every committed transition's outbox rows come here.
         self.store.set_publisher(self._publish_committed)
         self.waker: Waker = waker or (
-            RedisWaker(self.settings.redis_url) if self.settings.redis_url else InProcessWaker()
+            RedisWaker(
+                self.settings.redis_url, max_block_seconds=self.settings.wake_recheck_seconds
+            )
+            if self.settings.redis_url
+            else InProcessWaker()
         )
         # Always a chain: a hook that raises is logged, never fails the transition it watches.
         self.hooks: RouterHooks = (
@@ -485,29 +489,39 @@ class Router:
         self, turn: Turn, question: Question, *, block_seconds: float | None = None
     ) -> WaitOutcome:
         """Block the turn's worker until ``question`` stops blocking it (answered, released,
-        expired), for at most ``block_seconds`` (default ``Settings.ask_block_seconds``); then
-        suspend. The database decides: the question is read first and again every
-        ``wake_recheck_seconds``; a wake signal is sent only after the transaction that ended
-        the wait committed (its row is written there), so a signal popped ends the wait without
-        a read; and whether the answer or the suspension came first is settled under the agent
-        lock."""
+        expired), then suspend: after at most ``block_seconds`` (default
+        ``Settings.ask_block_seconds``) while the agent asked is at work (a turn of its holds a
+        worker), and after ``Settings.ask_grace_seconds`` once it is not (idle, or its turn
+        queued behind others): a slot held for an answerer that needs a slot itself could be
+        the one it waits for. The database decides: the question and its target's state are
+        read first and again every ``wake_recheck_seconds``; a wake signal is sent only after
+        the transaction that ended the wait committed (its row is written there), so a signal
+        popped ends the wait without a read; and whether the answer or the suspension came first
+        is settled under the agent lock."""
         block = self.settings.ask_block_seconds if block_seconds is None else block_seconds
         started = time.monotonic()
-        outcome = self._wait(turn, question, give_up_at=started + block)
+        outcome = self._wait(
+            turn,
+            question,
+            give_up_at=started + block,
+            idle_give_up_at=started + min(block, self.settings.ask_grace_seconds),
+        )
         self.hooks.after_wait(turn, outcome, time.monotonic() - started)
         return outcome
 
-    def _wait(self, turn: Turn, question: Question, *, give_up_at: float) -> WaitOutcome:
+    def _wait(
+        self, turn: Turn, question: Question, *, give_up_at: float, idle_give_up_at: float
+    ) -> WaitOutcome:
         try:
             while True:
-                waiting, deadline = self.store.reads.wait_state(question.id)
+                waiting, deadline, target_at_work = self.store.reads.wait_state(question.id)
                 if not waiting:
                     return WaitOutcome.RESOLVED
                 until_deadline = (deadline - _utcnow()) / timedelta(seconds=1)
                 if until_deadline <= 0:
                     self.store.expire_questions(question_id=question.id)
                     continue
-                remaining = give_up_at - time.monotonic()
+                remaining = (give_up_at if target_at_work else idle_give_up_at) - time.monotonic()
                 if remaining <= 0:
                     if self.store.suspend(turn.record):
                         return WaitOutcome.SUSPENDED
@@ -583,18 +597,39 @@ class Router:
         return deletion
 
     def prune(
-        self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
+        self,
+        *,
+        older_than_seconds: float,
+        dry_run: bool = False,
+        include_undelivered: bool = False,
+        ledger_older_than_seconds: float | None = None,
     ) -> Deletion:
         """Retention: delete every finished team (no agent scheduled, running or waiting, no
         ledger event for ``older_than_seconds``) that owes nothing (``include_undelivered``:
         those that do too, what they owed ledgered) and published outbox rows that old. Teams
-        kept because they owe something are listed in ``Deletion.kept``."""
+        kept because they owe something are listed in ``Deletion.kept``. Then the routine
+        ledger events of the teams left older than ``ledger_older_than_seconds`` (default:
+        ``Settings.ledger_retention_days``; unset: none), counted in ``rows["ar_ledger"]``."""
         older = check.seconds(older_than_seconds, "older_than_seconds", maximum=1e10)
+        dry_run = _flag(dry_run, "dry_run")
+        if ledger_older_than_seconds is None and self.settings.ledger_retention_days is not None:
+            ledger_older_than_seconds = self.settings.ledger_retention_days * 86400
+        if ledger_older_than_seconds is not None:
+            ledger_older_than_seconds = check.seconds(
+                ledger_older_than_seconds, "ledger_older_than_seconds", maximum=1e10
+            )
         deletion = self.store.prune(
             older_than_seconds=older,
-            dry_run=_flag(dry_run, "dry_run"),
+            dry_run=dry_run,
             include_undelivered=_flag(include_undelivered, "include_undelivered"),
         )
+        if ledger_older_than_seconds is not None:
+            ledger = self.store.prune_ledger(
+                older_than_seconds=ledger_older_than_seconds, dry_run=dry_run
+            )
+            rows = dict(deletion.rows)
+            rows["ar_ledger"] = rows.get("ar_ledger", 0) + ledger
+            deletion = dataclasses.replace(deletion, rows=rows)
         _forget(self.waker, deletion)
         return deletion
 

@@ -70,7 +70,16 @@ class Settings(BaseSettings):
         1000, gt=0, description="Most messages one drain moves into a transcript."
     )
     ask_block_seconds: float = Field(
-        30.0, gt=0, description="How long a blocked ask holds a worker before it suspends."
+        30.0,
+        gt=0,
+        description="How long a blocked ask holds a worker before it suspends, while the agent "
+        "asked is at work (its turn holds a worker).",
+    )
+    ask_grace_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="How long a blocked ask holds a worker while the agent asked is not at work "
+        "(idle, or its turn queued): then it suspends, freeing the slot the answerer may need.",
     )
     question_timeout_seconds: float = Field(
         3600.0, gt=0, description="Default deadline of a question; then it resolves `expired`."
@@ -81,6 +90,15 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(10.0, gt=0, description="How often a turn renews its lease.")
     sweep_seconds: float = Field(
         5.0, gt=0, description="Period of the sweeper (each worker's timer, and beat's schedule)."
+    )
+    ledger_retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Routine ledger events (routes, drains, claims, turn ends that did not "
+        "fail, model calls, publishes, answered asks) older than this are deleted, a batch per "
+        "sweeper pass and by `agent-router prune`, for teams that stay active too; what "
+        "`check` and the sweeper read (stops, failures, refusals, take-overs, quarantines, "
+        "drops) is kept. Unset: the ledger of a live team is kept whole.",
     )
     background_batch_seconds: float = Field(
         1.0,

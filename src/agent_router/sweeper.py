@@ -83,6 +83,7 @@ class SweepReport:
     reenqueued: int  # agents stuck in `scheduled` whose turn task vanished
     expired: int  # questions resolved `expired` past their deadline
     jobs_reported: int = 0  # background jobs whose completion callback was lost
+    ledger_pruned: int = 0  # routine ledger events past ledger_retention_days, deleted
     failed: int = 0  # repairs that failed for an agent (each ledgered `sweep_failed`)
     skipped: int = 0  # agents left alone: a repair failed for them in an earlier pass
     failures: tuple[SweepFailure, ...] = ()
@@ -201,7 +202,19 @@ def _whole_pass(router: Sweepable, bulkhead: Bulkhead) -> SweepReport:
         reenqueued=_reenqueue(router, bulkhead),
         expired=_expire(router, bulkhead),
         jobs_reported=poll_jobs(router, bulkhead),
+        ledger_pruned=_prune_ledger(router),
     )
+
+
+def _prune_ledger(router: Sweepable) -> int:
+    """One batch of the ledger's retention by age, when ``ledger_retention_days`` is set: a
+    pass deletes at most :data:`~agent_router.store.lifecycle.LEDGER_PRUNE_BATCH` rows, more
+    than a busy deployment writes in a sweep period, so the ledger of live teams stays within
+    its retention without a job of its own."""
+    days = router.settings.ledger_retention_days
+    if days is None:
+        return 0
+    return router.store.prune_ledger(older_than_seconds=days * 86400, batches=1)
 
 
 def _republish(router: Sweepable, bulkhead: Bulkhead) -> int:

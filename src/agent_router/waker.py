@@ -86,20 +86,29 @@ class RedisWaker:
     Redis being down never fails an ask: a notify that cannot be sent is dropped (the waiter
     re-reads the database every ``wake_recheck_seconds``), and a wait that cannot reach Redis
     sleeps out its timeout instead, so the caller's loop falls back to re-reading the
-    database."""
+    database.
 
-    def __init__(self, url: str, *, ttl_seconds: int = 24 * 3600) -> None:
+    A ``BLPOP`` blocks at most ``max_block_seconds`` (the Router's ``wake_recheck_seconds``)
+    and the socket waits 5 s longer, so a quiet wait is never a socket timeout. The wakers of a
+    process share one connection pool per URL."""
+
+    def __init__(
+        self, url: str, *, ttl_seconds: int = 24 * 3600, max_block_seconds: float = 5.0
+    ) -> None:
         import redis  # here, not at the top: a process that never waits on Redis never loads it
 
-        self._client: redis.Redis = redis.Redis.from_url(
-            url, socket_keepalive=True, health_check_interval=30, socket_connect_timeout=2.0
-        )
+        # One BLPOP never blocks longer than this; the socket waits longer still (see
+        # _shared_pool), so a quiet wait ends by BLPOP's own timeout, never the socket's.
+        self._max_block = max_block_seconds
+        self._pool_key = (url, _socket_timeout(max_block_seconds))
+        self._client: redis.Redis = redis.Redis(connection_pool=_shared_pool(*self._pool_key))
         self._redis_error: type[Exception] = redis.RedisError
         self._ttl = ttl_seconds
         # Questions whose last wait popped a signal: the pop emptied their list (Redis deletes
         # an empty list), so forgetting them needs no round trip.
         self._popped: set[int] = set()
         self._popped_lock = threading.Lock()
+        self._closed = False
 
     def notify(self, question_id: int, token: str) -> None:
         key = wake_key(question_id)
@@ -118,7 +127,8 @@ class RedisWaker:
         started = time.monotonic()
         try:
             # BLPOP takes whole or fractional seconds; 0 would mean forever.
-            found = self._client.blpop([wake_key(question_id)], timeout=max(timeout, 0.01))
+            block = min(max(timeout, 0.01), self._max_block)
+            found = self._client.blpop([wake_key(question_id)], timeout=block)
         except self._redis_error as exc:
             logger.warning(
                 "wake signals unavailable; re-reading the database instead",
@@ -147,4 +157,54 @@ class RedisWaker:
             self._client.delete(wake_key(question_id))
 
     def close(self) -> None:
-        self._client.close()
+        """Let go of the process's pool for this URL; the last waker to close disconnects it."""
+        if not self._closed:
+            self._closed = True
+            _release_pool(*self._pool_key)
+
+
+#: How much longer than its longest BLPOP a wake connection's socket waits for a reply: the
+#: server answers a BLPOP that timed out at once, so a reply later than this is a dead link.
+SOCKET_TIMEOUT_MARGIN_SECONDS = 5.0
+
+
+def _socket_timeout(max_block_seconds: float) -> float:
+    return max_block_seconds + SOCKET_TIMEOUT_MARGIN_SECONDS
+
+
+class _Pools:
+    """The process's Redis connection pools for wake signals, one per URL and socket timeout,
+    shared by every waker (and so every Router and thread) of the process: a connection is
+    held only while a call uses it, so the process holds at most as many as it has concurrent
+    waits, however many waits and Routers come and go. redis-py's pool notices a fork and
+    opens new connections in the child."""
+
+    lock = threading.Lock()
+    pools: dict[tuple[str, float], tuple[redis.ConnectionPool, int]] = {}  # pool, users
+
+
+def _shared_pool(url: str, socket_timeout: float) -> redis.ConnectionPool:
+    import redis
+
+    with _Pools.lock:
+        pool, users = _Pools.pools.get((url, socket_timeout), (None, 0))
+        if pool is None:
+            pool = redis.ConnectionPool.from_url(
+                url,
+                socket_keepalive=True,
+                health_check_interval=30,
+                socket_connect_timeout=2.0,
+                socket_timeout=socket_timeout,
+            )
+        _Pools.pools[(url, socket_timeout)] = (pool, users + 1)
+        return pool
+
+
+def _release_pool(url: str, socket_timeout: float) -> None:
+    with _Pools.lock:
+        pool, users = _Pools.pools[(url, socket_timeout)]
+        if users > 1:
+            _Pools.pools[(url, socket_timeout)] = (pool, users - 1)
+            return
+        del _Pools.pools[(url, socket_timeout)]
+    pool.disconnect()

@@ -39,7 +39,8 @@ from .helpers import assistant, start_running, tool_call
 def asks_router(
     request: pytest.FixtureRequest, database_url: str, redis_url: str
 ) -> Iterator[Router]:
-    settings = Settings(database_url=database_url, wake_recheck_seconds=5.0)
+    # The lead these tests ask runs no turn: a grace as long as the blocks keeps them blocking.
+    settings = Settings(database_url=database_url, wake_recheck_seconds=5.0, ask_grace_seconds=60)
     waker = RedisWaker(redis_url) if request.param == "redis" else InProcessWaker()
     router = Router(settings, publisher=RecordingPublisher(), waker=waker)
     yield router
@@ -102,6 +103,72 @@ def test_blocked_ask_suspends_and_the_answer_schedules_a_continuation(asks_route
     cont.append_assistant(assistant("continuing"))
     assert cont.end().follow_up is False
     assert check_team(router, team.id).ok
+
+
+@pytest.fixture
+def graced_router(database_url: str, redis_url: str) -> Iterator[Router]:
+    """Asks that hold a worker for 0.1 s while the agent asked is not at work."""
+    settings = Settings(database_url=database_url, ask_grace_seconds=0.1, ask_block_seconds=60)
+    router = Router(settings, publisher=RecordingPublisher(), waker=RedisWaker(redis_url))
+    yield router
+    router.close()
+
+
+def test_an_ask_to_an_agent_not_at_work_suspends_after_the_grace(graced_router: Router) -> None:
+    """The lead is idle: the ask schedules its turn, which needs a worker slot, maybe the one the
+    asker holds; so the asker gives it up after the grace, not after ``ask_block_seconds``."""
+    router = graced_router
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    turn, q = _asking(router, team.id, "Engineer_1", "Team Leader")
+    assert router.agent(team.id, "Team Leader").state is AgentState.SCHEDULED
+    result: list[WaitOutcome] = []
+    waiter = threading.Thread(target=lambda: result.append(turn.wait_for(q)))
+    waiter.start()
+    waiter.join(timeout=30)  # half of ask_block_seconds
+    assert result == [WaitOutcome.SUSPENDED]
+    agent = router.agent(team.id, "Engineer_1")
+    assert (agent.state, agent.suspended) == (AgentState.WAITING, True)
+    lead = router.claim_turn(team.id, "Team Leader")
+    assert lead is not None
+    lead.drain()
+    _answer(router, team.id, "Engineer_1", q.id)
+    cont = router.claim_turn(team.id, "Engineer_1")
+    assert cont is not None and cont.trigger is TurnTrigger.CONTINUATION
+    assert [e.get("tool_call_id") for e in cont.transcript()].count("ask-1") == 1  # one result
+    cont.append_assistant(assistant("continuing"))
+    cont.end()
+    lead.append_assistant(assistant("answered"))
+    lead.end()
+    report = check_team(router, team.id, quiescent=True)
+    assert report.ok, report.violations
+
+
+def test_an_ask_to_an_agent_at_work_blocks_past_the_grace(graced_router: Router) -> None:
+    """The lead's turn holds a worker: its answer can come without a slot, so the asker keeps
+    its own (up to ``ask_block_seconds``) and the answer returns into the blocked call."""
+    router = graced_router
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    lead = start_running(router, team.id, "Team Leader")
+    turn, q = _asking(router, team.id, "Engineer_1", "Team Leader")
+    result: list[WaitOutcome] = []
+    waiter = threading.Thread(target=lambda: result.append(turn.wait_for(q)))
+    waiter.start()
+    time.sleep(1.0)  # ten graces
+    assert waiter.is_alive()
+    agent = router.agent(team.id, "Engineer_1")
+    assert (agent.state, agent.suspended) == (AgentState.WAITING, False)
+    _answer(router, team.id, "Engineer_1", q.id)
+    waiter.join(timeout=30)
+    assert result == [WaitOutcome.RESOLVED]
+    turn.append_assistant(assistant("thanks"))
+    turn.end()
+    lead.drain()
+    lead.append_assistant(assistant("answered"))
+    lead.end()
+    report = check_team(router, team.id, quiescent=True)
+    assert report.ok, report.violations
 
 
 @with_pgbouncer

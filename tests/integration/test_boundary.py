@@ -130,6 +130,9 @@ OPERATIONS: dict[str, Op] = {
     "prune.include_undelivered": lambda r, t, turn, v: r.prune(
         older_than_seconds=3600, dry_run=True, include_undelivered=v
     ),
+    "prune.ledger_older_than": lambda r, t, turn, v: r.prune(
+        older_than_seconds=3600, dry_run=True, ledger_older_than_seconds=v
+    ),
     "finish_background.job": lambda r, t, turn, v: r.finish_background(v, ok=True, result="x"),
     "budget.team": lambda r, t, turn, v: r.budget(v),
     "charge_sub_agent.team": lambda r, t, turn, v: r.charge_sub_agent(v, "Tester"),

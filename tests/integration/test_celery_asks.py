@@ -87,3 +87,69 @@ def test_two_askers_and_the_lead_share_one_worker_slot(one_slot_worker: Runtime)
     assert all(router.agent(team.id, n).state is AgentState.COMPLETED for n in names)
     report = check_team(router, team.id, quiescent=True)
     assert report.ok, report.violations
+
+
+@pytest.fixture
+def two_slot_worker(celery_settings: Settings, celery_app: Celery) -> Iterator[Runtime]:
+    """Two slots; an ask holds its slot for ten minutes while the agent asked is at work, a
+    fraction of a second while it is not."""
+    settings = celery_settings.model_copy(
+        update={"ask_block_seconds": 600.0, "ask_grace_seconds": 0.3, "scripted_write_seconds": 0.0}
+    )
+    rt = runtime.configure(settings, app=celery_app)
+    try:
+        with start_worker(
+            celery_app,
+            pool="threads",
+            concurrency=2,
+            perform_ping_check=False,
+            shutdown_timeout=60.0,
+            queues=[settings.queue],
+        ):
+            yield rt
+    finally:
+        runtime.reset()
+
+
+def test_asks_to_a_queued_lead_free_their_slots_and_each_is_answered_once(
+    two_slot_worker: Runtime,
+) -> None:
+    """Four sub-agents ask their lead at once; the lead's turn is queued behind them on a worker
+    of two slots. Blocking until ``ask_block_seconds`` would hold both slots for ten minutes;
+    the asks give them up after the grace instead, the lead runs and answers each, and each
+    asker continues exactly once with its answer."""
+    router = two_slot_worker.router
+    team = router.create_team()
+    roles = ("UI Operator", "Designer", "Engineer", "Researcher")
+    names = [router.create_agent(team.id, role=r).display_name for r in roles]
+    for name in names:
+        router.send(
+            team.id,
+            to=name,
+            content=f"Start.\n{directive('ask_master', question=f'{name}: go ahead?')}",
+            sender="user",
+            type=MessageType.TASK,
+        )
+    wait_quiescent(router, team.id, timeout=TIMEOUT)
+
+    messages = router.messages(team.id)
+    asks = [m for m in messages if m.type is MessageType.ASK]
+    assert sorted(m.source_name for m in asks) == sorted(names)
+    for ask in asks:
+        question = router.question(ask.question_id or 0)
+        assert question.status is QuestionStatus.ANSWERED
+        results = [
+            e
+            for e in router.transcript(team.id, ask.source_name)
+            if e.get("tool_call_id") == question.tool_call_id
+        ]
+        assert len(results) == 1
+        assert parse(results[0]["content"]).message_id == question.answer_message_id
+    for name in names:
+        turns = router.store.reads.turns(router.agent(team.id, name).id)
+        suspended = [t for t in turns if t.status is TurnStatus.SUSPENDED]
+        continued = [t for t in turns if t.trigger is TurnTrigger.CONTINUATION]
+        assert len(continued) == len(suspended) <= 1
+        assert router.agent(team.id, name).state is AgentState.COMPLETED
+    report = check_team(router, team.id, quiescent=True)
+    assert report.ok, report.violations

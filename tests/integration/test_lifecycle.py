@@ -252,3 +252,78 @@ def test_prune_never_takes_a_team_at_work_nor_its_open_question(router: Router) 
         router.delete_team(team.id)
     assert refused.value.owed["open_questions"] == 1
     assert refused.value.owed["current_transcripts"] >= 1
+
+
+def _age_ledger(router: Router, days: float) -> None:
+    """Move every ledger event ``days`` into the past."""
+    from datetime import timedelta
+
+    from agent_router.store.models import LedgerRow
+
+    with router.store.engine.begin() as conn:
+        for event_id, created_at in conn.execute(sa.select(LedgerRow.id, LedgerRow.created_at)):
+            conn.execute(
+                sa.update(LedgerRow)
+                .where(LedgerRow.id == event_id)
+                .values(created_at=created_at - timedelta(days))
+            )
+
+
+def test_ledger_retention_deletes_routine_events_of_a_live_team_and_keeps_what_check_reads(
+    router: Router,
+) -> None:
+    from agent_router.ops.checks import check_team
+    from agent_router.ops.timeline import team_timeline
+    from agent_router.store.lifecycle import ROUTINE_LEDGER
+    from agent_router.sweeper import sweep
+
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    for n in range(3):  # routine work: routes, claims, drains, appends, ends
+        turn = start_running(router, team.id, "Engineer_1", content=f"task {n}")
+        turn.append_assistant(assistant(f"done {n}"))
+        turn.end()
+    failed = start_running(router, team.id, "Engineer_1", content="the failing one")
+    failed.append_assistant(assistant("trying"))
+    failed.end(failed=True, error="the model went away")
+    with pytest.raises(UnknownAgentError):
+        router.send(team.id, to="Nobody_1", content="lost", sender="Engineer_1")
+    report = check_team(router, team.id, quiescent=True)
+    assert report.failures and not report.violations
+    _age_ledger(router, 10)
+    router.send(team.id, to="Engineer_1", content="fresh", sender="user")  # a recent event
+    before = router.ledger(team.id)
+
+    dry = router.prune(
+        older_than_seconds=30 * 86400, ledger_older_than_seconds=5 * 86400, dry_run=True
+    )
+    assert router.ledger(team.id) == before  # a dry run deletes nothing
+    pruned = router.prune(older_than_seconds=30 * 86400, ledger_older_than_seconds=5 * 86400)
+    assert dry.teams == pruned.teams == ()  # the team is live
+    after = router.ledger(team.id)
+    assert pruned.rows["ar_ledger"] == dry.rows["ar_ledger"] == len(before) - len(after) > 0
+    # Left: the rare events, the failed turn's end, and the recent send's route.
+    assert before[-1] in after
+    for event in after[:-1]:
+        assert event.action not in ROUTINE_LEDGER or (
+            event.action is LedgerAction.TURN_ENDED and event.detail.get("failed")
+        ), event
+    kept = {e.action for e in after}
+    assert {LedgerAction.TEAM_CREATED, LedgerAction.SEND_REJECTED} <= kept
+    again = check_team(router, team.id)
+    assert (again.failures, again.violations) == (report.failures, report.violations)
+    assert team_timeline(router, team.id)  # still reads
+
+    # The sweeper deletes a batch per pass once ledger_retention_days is set.
+    _age_ledger(router, 10)
+    keeping = Router(
+        router.settings.model_copy(update={"ledger_retention_days": 5.0}),
+        publisher=RecordingPublisher(),
+        waker=router.waker,
+    )
+    try:
+        assert sweep(keeping).ledger_pruned == 1  # the recent send's route, now old
+        assert sweep(keeping).ledger_pruned == 0
+    finally:
+        keeping.store.dispose()
+    assert len(router.ledger(team.id)) == len(after) - 1

@@ -18,6 +18,8 @@ from agent_router.store import functions, migrations
 from agent_router.store.migrate import VERSION_TABLE, downgrade, upgrade
 from agent_router.store.models import Base
 
+from ..conftest import _new_database
+
 
 def _diff(url: str) -> list[object]:
     engine = sa.create_engine(url)
@@ -276,3 +278,34 @@ def test_a_database_without_this_releases_functions_says_what_to_run(fresh_pg_ur
         assert router.send(team.id, to="Team Leader", content="go").seq == 1
     finally:
         router.close()
+
+
+def _agents_options(url: str) -> list[str] | None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found: list[str] | None = conn.execute(
+                sa.text("SELECT reloptions FROM pg_class WHERE relname = 'ar_agents'")
+            ).scalar_one()
+            return found
+    finally:
+        engine.dispose()
+
+
+def test_ar_agents_leaves_room_for_hot_updates_after_upgrade_and_create_schema(
+    fresh_pg_url: str,
+) -> None:
+    """0011 sets ar_agents' fillfactor as create_schema does; going back resets it."""
+    from agent_router.store.models import AGENTS_FILLFACTOR
+
+    upgrade(fresh_pg_url)
+    assert _agents_options(fresh_pg_url) == [f"fillfactor={AGENTS_FILLFACTOR}"]
+    downgrade(fresh_pg_url, "0009")
+    assert _agents_options(fresh_pg_url) is None
+    upgrade(fresh_pg_url)
+    assert _agents_options(fresh_pg_url) == [f"fillfactor={AGENTS_FILLFACTOR}"]
+    with _new_database("ar_fill") as url:
+        router = Router(Settings(database_url=url))
+        router.create_schema()
+        router.close()
+        assert _agents_options(url) == [f"fillfactor={AGENTS_FILLFACTOR}"]

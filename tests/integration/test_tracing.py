@@ -17,7 +17,7 @@ from agent_router.hooks import HookChain
 from agent_router.outbox import RecordingPublisher
 from agent_router.worker import runtime
 from agent_router.worker.tracing import TracingHooks
-from tests.integration.helpers import assistant
+from tests.integration.helpers import assistant, tool_call
 
 
 @pytest.fixture
@@ -85,6 +85,35 @@ def test_route_and_turn_spans_are_linked(traced: Router, exporter: InMemorySpanE
 
     [rejected] = [s for s in routes if attrs(s)["outcome"] == "rejected"]
     assert rejected.status.status_code is StatusCode.ERROR
+
+
+def test_a_suspended_turn_ends_its_span_and_wakers_are_bounded(
+    traced: Router, exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn that suspends in a wait has no end-of-turn hook: its span ends at the wait, and
+    the hooks keep nothing of it. Route spans kept for turns claimed elsewhere are bounded."""
+    from agent_router.worker import tracing
+
+    hooks = traced.hooks.hooks[0] if isinstance(traced.hooks, HookChain) else traced.hooks
+    assert isinstance(hooks, TracingHooks)
+    team = traced.create_team().id
+    traced.create_agent(team, role="Engineer")
+    traced.send(team, to="Engineer_1", content="Ask the lead.")
+    turn = traced.claim_turn(team, "Engineer_1")
+    assert turn is not None
+    turn.drain()
+    turn.append_assistant(assistant(None, tool_call("q1", "ask_master")))
+    question = turn.ask("Team Leader", "which?", tool_call_id="q1")
+    assert turn.wait_for(question, block_seconds=0.01).value == "suspended"
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "agent_router.turn"]
+    assert attrs(span)["suspended"] is True and attrs(span)["turn_id"] == turn.id
+    assert hooks._turns == {}
+
+    monkeypatch.setattr(tracing, "WAKERS_KEPT", 5)
+    for n in range(8):
+        name = traced.create_agent(team, role="Writer").display_name
+        traced.send(team, to=name, content=f"task {n}")
+    assert len(hooks._wakers) == 5
 
 
 def test_tracing_is_off_unless_configured(sqlite_url: str) -> None:

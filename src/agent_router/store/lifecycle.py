@@ -1,5 +1,5 @@
-"""Storage lifecycle: deleting a team with every row it owns, and retention (finished teams and
-published outbox rows older than a cutoff).
+"""Storage lifecycle: deleting a team with every row it owns, and retention (finished teams,
+published outbox rows and routine ledger events older than a cutoff).
 
 Some rows are still owed to someone (:data:`OWED`): undelivered mail, open questions, a team
 waiting for its spent budget to be raised, unpublished outbox rows, and the transcripts of
@@ -287,6 +287,52 @@ def _remove(tx: Tx, table: type[Any], where: sa.ColumnElement[bool], *, dry_run:
         return tx.session.scalar(sa.select(sa.func.count()).where(where)) or 0
     return queries.changed(
         tx.session, sa.delete(table).where(where).execution_options(synchronize_session=False)
+    )
+
+
+#: The ledger events a retention by age deletes: the record of routine work, one or more per
+#: message routed. Every other action stays until its team is deleted: what ``check`` reads
+#: (stops that keep mail, failed turns, refused outputs), what the store reads back (a stop's
+#: reason, the latest refusal it counts repeats on), and the rare events that explain a repair
+#: (take-overs, re-enqueues, fenced writes, quarantines, drops, budgets, terminations).
+ROUTINE_LEDGER = frozenset(
+    {
+        LedgerAction.ROUTE,
+        LedgerAction.DUPLICATE_SEND,
+        LedgerAction.TURN_CLAIMED,
+        LedgerAction.DRAIN,
+        LedgerAction.TURN_ENDED,  # but not a failed turn's: check reports it
+        LedgerAction.FOLLOW_UP,
+        LedgerAction.ASK,
+        LedgerAction.WAIT_OUTPUT,
+        LedgerAction.QUESTION_RESOLVED,
+        LedgerAction.OUTBOX_PUBLISHED,
+        LedgerAction.MODEL_CALL,
+        LedgerAction.JOB_STARTED,
+        LedgerAction.JOB_FINISHED,
+    }
+)
+#: Ledger rows one retention transaction deletes; a sweeper pass deletes one batch.
+LEDGER_PRUNE_BATCH = 5000
+
+
+def prune_ledger(tx: Tx, *, before: datetime, limit: int, dry_run: bool) -> int:
+    """Delete up to ``limit`` routine ledger events (:data:`ROUTINE_LEDGER`) older than
+    ``before``, oldest first; how many (``dry_run``: count every one, delete none)."""
+    failed = LedgerRow.detail["failed"].as_boolean()
+    where = sa.and_(
+        LedgerRow.created_at < before,
+        LedgerRow.action.in_(ROUTINE_LEDGER),
+        sa.or_(LedgerRow.action != LedgerAction.TURN_ENDED, failed.is_(None), failed.is_(False)),
+    )
+    if dry_run:
+        return tx.session.scalar(sa.select(sa.func.count()).where(where)) or 0
+    batch = sa.select(LedgerRow.id).where(where).order_by(LedgerRow.id).limit(limit)
+    return queries.changed(
+        tx.session,
+        sa.delete(LedgerRow)
+        .where(LedgerRow.id.in_(batch.scalar_subquery()))
+        .execution_options(synchronize_session=False),
     )
 
 

@@ -149,9 +149,11 @@ class Reads:
             return session.get(TeamRow, team_id) is not None
 
     @faults.wrapped_read
-    def wait_state(self, question_id: int) -> tuple[bool, datetime]:
-        """Whether the asker still waits on the question, and its deadline: what a blocked
-        call re-reads after every wake signal (one statement built once, no ORM). On PostgreSQL
+    def wait_state(self, question_id: int) -> tuple[bool, datetime, bool]:
+        """Whether the asker still waits on the question, its deadline, and whether the agent
+        asked is at work (a turn of its holds a worker: running, or waiting blocked in a
+        worker): what a blocked call re-reads after every wake signal (one statement built
+        once, no ORM). On PostgreSQL
         the statement is its own transaction (autocommit): one round trip, no ``BEGIN`` and no
         ``ROLLBACK``; one statement reads one snapshot either way."""
         conn = self._engine.connect()
@@ -161,7 +163,7 @@ class Reads:
             found = conn.execute(_WAIT_STATE, {"b_question": question_id}).one_or_none()
         if found is None:
             raise errors.UnknownQuestionError(f"no question {question_id}")
-        return bool(found.waiting), found.deadline
+        return bool(found.waiting), found.deadline, bool(found.target_at_work)
 
     @faults.wrapped_read
     def question(self, question_id: int) -> Question:
@@ -624,8 +626,17 @@ def _row(session: Session, row: type[R], key: int, missing: errors.AgentRouterEr
     return found
 
 
-_WAIT_STATE = sa.select(QuestionRow.waiting, QuestionRow.deadline).where(
-    QuestionRow.id == sa.bindparam("b_question")
+_WAIT_STATE = (
+    sa.select(
+        QuestionRow.waiting,
+        QuestionRow.deadline,
+        sa.or_(
+            AgentRow.state == AgentState.RUNNING,
+            sa.and_(AgentRow.state == AgentState.WAITING, sa.not_(AgentRow.suspended)),
+        ).label("target_at_work"),
+    )
+    .join(AgentRow, AgentRow.id == QuestionRow.target_agent_id)
+    .where(QuestionRow.id == sa.bindparam("b_question"))
 )
 
 

@@ -486,6 +486,31 @@ class Store:
             )
 
     @faults.retrying
+    def prune_ledger(
+        self, *, older_than_seconds: float, dry_run: bool = False, batches: int | None = None
+    ) -> int:
+        """Retention of live teams' ledgers: delete routine ledger events
+        (:data:`~agent_router.store.lifecycle.ROUTINE_LEDGER`) older than
+        ``older_than_seconds``, a batch per transaction, at most ``batches`` of them (``None``:
+        until none is left); how many."""
+        before = utcnow() - timedelta(seconds=older_than_seconds)
+        if dry_run:
+            with self._tx() as tx:
+                return lifecycle.prune_ledger(tx, before=before, limit=0, dry_run=True)
+        deleted = 0
+        done = 0
+        while batches is None or done < batches:
+            with self._tx() as tx:
+                count = lifecycle.prune_ledger(
+                    tx, before=before, limit=lifecycle.LEDGER_PRUNE_BATCH, dry_run=False
+                )
+            deleted += count
+            done += 1
+            if count < lifecycle.LEDGER_PRUNE_BATCH:
+                break
+        return deleted
+
+    @faults.retrying
     def prune(
         self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
     ) -> lifecycle.Deletion:

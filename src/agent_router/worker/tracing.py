@@ -3,9 +3,9 @@
 spans go to whatever tracer provider the process configured (the SDK and an exporter, e.g.
 through the standard ``OTEL_*`` variables and ``opentelemetry-instrument``).
 
-- ``agent_router.turn``: one span per turn, from its claim to its end-of-turn hook, with the
-  agent, team, turn id, epoch, trigger and how it ended (an error status when it failed). A turn
-  started by a message links to that message's route span.
+- ``agent_router.turn``: one span per turn, from its claim to its end-of-turn hook (or the wait
+  it suspended in), with the agent, team, turn id, epoch, trigger and how it ended (an error
+  status when it failed). A turn started by a message links to that message's route span.
 - ``agent_router.route``: one span per message routed (or refused), with sender, receiver,
   outcome and message id; a message sent from inside a turn is a child of that turn's span.
 """
@@ -13,19 +13,23 @@ through the standard ``OTEL_*`` variables and ``opentelemetry-instrument``).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from agent_router.domain import RouteOutcome
+from agent_router.domain import RouteOutcome, WaitOutcome
 from agent_router.hooks import RouterHooks, route_fields
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, TracerProvider
 
-    from agent_router.domain import Delivery, EndOfTurn, WaitOutcome
+    from agent_router.domain import Delivery, EndOfTurn
     from agent_router.errors import AgentRouterError
     from agent_router.turn import Turn
 
 PREFIX = "agent_router."
+#: Route spans kept to link the turns they wake. A route's turn is often claimed by another
+#: process, so most entries of a sender's process are never taken: the oldest go first.
+WAKERS_KEPT = 10_000
 
 
 class TracingHooks(RouterHooks):
@@ -39,7 +43,7 @@ class TracingHooks(RouterHooks):
         self._lock = threading.Lock()
         # Open turn spans by (team, agent), and the route span that woke an agent, to link.
         self._turns: dict[tuple[int, str], Span] = {}
-        self._wakers: dict[tuple[int, str], SpanContext] = {}
+        self._wakers: OrderedDict[tuple[int, str], SpanContext] = OrderedDict()
 
     def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
         with self._lock:
@@ -56,8 +60,12 @@ class TracingHooks(RouterHooks):
         )
         span.end()
         if delivery.outcome is RouteOutcome.TRIGGERED_NEW_TURN:
+            key = (team_id, delivery.target)
             with self._lock:
-                self._wakers[(team_id, delivery.target)] = span.get_span_context()
+                self._wakers[key] = span.get_span_context()
+                self._wakers.move_to_end(key)
+                while len(self._wakers) > WAKERS_KEPT:
+                    self._wakers.popitem(last=False)
 
     def after_reject(self, team_id: int | None, sender: str, error: AgentRouterError) -> None:
         from opentelemetry.trace import Status, StatusCode
@@ -91,10 +99,17 @@ class TracingHooks(RouterHooks):
             self._turns[key] = span
 
     def after_wait(self, turn: Turn, outcome: WaitOutcome, seconds: float) -> None:
+        key = (turn.team_id, turn.display_name)
         with self._lock:
-            span = self._turns.get((turn.team_id, turn.display_name))
+            # A suspended turn ends here: no end-of-turn hook follows (its continuation is a
+            # turn of its own, maybe in another process).
+            suspended = outcome is WaitOutcome.SUSPENDED
+            span = self._turns.pop(key, None) if suspended else self._turns.get(key)
         if span is not None:
             span.add_event("wait", _attributes(outcome=outcome.value, seconds=round(seconds, 3)))
+            if suspended:
+                span.set_attributes(_attributes(suspended=True))
+                span.end()
 
     def after_end_turn(self, turn: Turn, end: EndOfTurn, seconds: float, *, failed: bool) -> None:
         from opentelemetry.trace import Status, StatusCode

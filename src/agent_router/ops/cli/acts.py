@@ -9,7 +9,7 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -281,13 +281,60 @@ def bench(  # noqa: PLR0917 - typer options
     as_json: Annotated[bool, json_option("A JSON list, one object per row.")] = False,
     scale: ScaleOption = None,
     svg: SvgOption = None,
+    soak: Annotated[
+        float | None,
+        own_option(
+            "bench",
+            "soak",
+            "Run the soak instead for this many minutes: worker processes, a scripted "
+            "OpenAI-compatible model server, teams sent tasks at a steady rate; a row of figures "
+            "per period, their slopes, and the guarantee checks (needs --postgres-url).",
+        ),
+    ] = None,
+    workers: Annotated[int, own_option("bench", "workers", "--soak: worker processes.")] = 2,
+    concurrency: Annotated[
+        int, own_option("bench", "concurrency", "--soak: slots per worker.")
+    ] = 8,
+    teams: Annotated[int, own_option("bench", "teams", "--soak: teams of a lead and 3.")] = 20,
+    rate: Annotated[float, own_option("bench", "rate", "--soak: sends per second.")] = 2.0,
+    asks: Annotated[
+        float, own_option("bench", "asks", "--soak: percent of tasks that ask the lead first.")
+    ] = 0.0,
+    period: Annotated[
+        float, own_option("bench", "period", "--soak: seconds per row of figures.")
+    ] = 60.0,
+    tracemalloc_frames: Annotated[
+        int,
+        own_option(
+            "bench",
+            "tracemalloc",
+            "--soak: the workers take tracemalloc snapshots keeping this many frames, and the "
+            "end prints what grew most (0: none).",
+            "--tracemalloc",
+        ),
+    ] = 0,
 ) -> None:
     """Measure routing, wake, turn start, throughput, burst and drain figures, each beside the
-    floor of this machine measured in the same run (see docs/benchmarks.md)."""
+    floor of this machine measured in the same run (see docs/benchmarks.md); or, with --soak,
+    run production-shaped load for minutes and print what grows (docs/deployment.md)."""
 
     from agent_router.ops import bench as bench_mod
     from agent_router.ops.bench_report import render, to_json
 
+    if soak is not None:
+        _soak(
+            postgres_url,
+            redis_url,
+            soak=soak,
+            workers=workers,
+            concurrency=concurrency,
+            teams=teams,
+            rate=rate,
+            asks=asks,
+            period=period,
+            tracemalloc_frames=tracemalloc_frames,
+        )
+        return
     if scale is not None:
         _scale_curve(postgres_url, scale, samples, svg, as_json)
         return
@@ -301,6 +348,25 @@ def bench(  # noqa: PLR0917 - typer options
             queued=queued,
         )
     print(to_json(rows) if as_json else render(rows))
+
+
+def _soak(postgres_url: str | None, redis_url: str | None, *, soak: float, **given: Any) -> None:
+    from agent_router.ops import soak as soak_mod
+
+    if not postgres_url or not postgres_url.startswith("postgresql"):
+        raise typer.BadParameter(
+            "the soak creates a database of its own on a PostgreSQL server: give one",
+            param_hint="--postgres-url",
+        )
+    if soak <= 0 or given["rate"] <= 0 or given["period"] <= 0 or given["workers"] < 1:
+        raise typer.BadParameter("--soak, --rate, --period and --workers must be positive")
+    logging.getLogger("celery").setLevel(logging.WARNING)
+    result = soak_mod.run(
+        soak_mod.SoakOptions(minutes=soak, database_url=postgres_url, redis_url=redis_url, **given),
+        out=lambda line: print(line, flush=True),
+    )
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 def _scale_curve(
@@ -451,7 +517,7 @@ def team_delete(
 
 @app.command()
 @_one_line_errors
-def prune(
+def prune(  # noqa: PLR0917 - typer options
     older_than_days: Annotated[
         float,
         typer.Option(
@@ -460,6 +526,14 @@ def prune(
             "published this long ago.",
         ),
     ] = 30.0,
+    ledger_older_than_days: Annotated[
+        float | None,
+        typer.Option(
+            envvar="AGENT_ROUTER_LEDGER_RETENTION_DAYS",
+            help="Also the routine ledger events (routes, drains, claims, turn ends, model "
+            "calls, ...) older than this, of live teams too; what check reads is kept.",
+        ),
+    ] = None,
     dry_run: DryRunOption = False,
     include_undelivered: IncludeUndeliveredOption = False,
     database_url: DatabaseUrlOption = None,
@@ -468,10 +542,17 @@ def prune(
     """Retention: delete finished teams (no agent scheduled, running or waiting) idle for
     --older-than-days that owe nothing (undelivered mail, open questions, a spent budget,
     unpublished outbox rows: those are kept, and listed, unless --include-undelivered), and
-    outbox rows published that long ago."""
+    outbox rows published that long ago; with --ledger-older-than-days, the routine ledger
+    events that old of the teams left."""
     with _acting_router(database_url, None) as router:
         seconds = older_than_days * 86400 if older_than_days >= 0 else -1.0
+        ledger = None
+        if ledger_older_than_days is not None:
+            ledger = ledger_older_than_days * 86400 if ledger_older_than_days >= 0 else -1.0
         deletion = router.prune(
-            older_than_seconds=seconds, dry_run=dry_run, include_undelivered=include_undelivered
+            older_than_seconds=seconds,
+            dry_run=dry_run,
+            include_undelivered=include_undelivered,
+            ledger_older_than_seconds=ledger,
         )
         _print_deletion(deletion, as_json)
