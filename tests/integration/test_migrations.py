@@ -295,7 +295,7 @@ def _agents_options(url: str) -> list[str] | None:
 def test_ar_agents_leaves_room_for_hot_updates_after_upgrade_and_create_schema(
     fresh_pg_url: str,
 ) -> None:
-    """0011 sets ar_agents' fillfactor as create_schema does; going back resets it."""
+    """0010 sets ar_agents' fillfactor as create_schema does; going back resets it."""
     from agent_router.store.models import AGENTS_FILLFACTOR
 
     upgrade(fresh_pg_url)

@@ -41,6 +41,7 @@ import sqlalchemy as sa
 from agent_router.agents.llm import DEFAULT_SCRIPT, ScriptedModel, directive
 from agent_router.domain import RESTING_STATES, AgentState, MessageType
 from agent_router.settings import Settings
+from agent_router.store import make_engine
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -551,10 +552,23 @@ class _Soak:
             self.out(f"  {table:<18} {rows / sends:8.2f} {size / sends:10.0f}")
 
 
+#: The soak's own engines on the databases it watches (one per URL, for its statistics reads).
+_ENGINES: dict[str, sa.Engine] = {}
+
+
+def _database(router: Router) -> sa.Engine:
+    """The soak's own engine on the router's database: its probes read statistics and
+    states there, beside the router's pool, never through it."""
+    url = router.settings.database_url
+    if url not in _ENGINES:
+        _ENGINES[url] = make_engine(router.settings)
+    return _ENGINES[url]
+
+
 def _agents_updates(router: Router) -> str:
     """ar_agents' updates and the share written HOT, and its dead rows (the statistics
     collector's figures, flushed at each transaction's end)."""
-    with router.store.engine.connect() as conn:
+    with _database(router).connect() as conn:
         upd, hot, dead = conn.execute(
             sa.text(
                 "SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup FROM pg_stat_user_tables "
@@ -566,7 +580,7 @@ def _agents_updates(router: Router) -> str:
 
 
 def _resting(router: Router) -> bool:
-    with router.store.engine.connect() as conn:
+    with _database(router).connect() as conn:
         busy = conn.execute(
             sa.text("SELECT count(*) FROM ar_agents WHERE NOT (state = ANY(:resting))"),
             {"resting": [s.value for s in (*RESTING_STATES, AgentState.TERMINATED)]},
@@ -600,7 +614,7 @@ class _Probe:
         self.last_sends = 0
 
     def _turns(self) -> int:
-        with self.router.store.engine.connect() as conn:
+        with _database(self.router).connect() as conn:
             return int(
                 conn.execute(
                     sa.text("SELECT count(*) FROM ar_turns WHERE ended_at IS NOT NULL")
@@ -632,7 +646,7 @@ class _Probe:
     def tables(self) -> list[tuple[str, int, int]]:
         """Each ar_* table's rows and bytes (pg_total_relation_size), largest first."""
         found = []
-        with self.router.store.engine.connect() as conn:
+        with _database(self.router).connect() as conn:
             names = conn.execute(
                 sa.text(
                     "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE 'ar\\_%'"
@@ -653,7 +667,7 @@ class _Probe:
         ended = turns - self.last_turns
         asked = requests[0] - self.last_requests[0]
         rss = self.rss()
-        with self.router.store.engine.connect() as conn:
+        with _database(self.router).connect() as conn:
             tables = (
                 conn.execute(
                     sa.text(
