@@ -247,6 +247,7 @@ class SoakOptions:
     rate: float = 2.0  # sends per second
     asks: float = 0.0  # percent of the tasks that ask the lead first
     period: float = 60.0  # seconds per row
+    warmup: float = 0.0  # minutes whose rows the slopes leave out (the transcripts filling up)
     settle_seconds: float = 300.0  # how long the end waits for every team to rest
     tracemalloc_frames: int = 0
     keep_database: bool = False
@@ -501,9 +502,11 @@ class _Soak:
             stop.wait(max(0.0, due - time.monotonic()))
 
     def _slopes(self) -> None:
-        rows = self.result.rows
+        warm = [r for r in self.result.rows if r["minute"] > self.options.warmup]
+        rows = warm if len(warm) >= 3 else self.result.rows
         xs = [r["minute"] for r in rows]
-        self.out("slopes per minute (± standard error):")
+        since = f", from minute {rows[0]['minute']:.1f}" if rows and rows[0]["minute"] > 1 else ""
+        self.out(f"slopes per minute (± standard error{since}):")
         for key in SLOPED:
             b, se = slope(xs, [r[key] for r in rows])
             self.result.slopes[key] = (b, se)

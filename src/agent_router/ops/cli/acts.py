@@ -303,6 +303,15 @@ def bench(  # noqa: PLR0917 - typer options
     period: Annotated[
         float, own_option("bench", "period", "--soak: seconds per row of figures.")
     ] = 60.0,
+    warmup: Annotated[
+        float,
+        own_option(
+            "bench",
+            "warmup",
+            "--soak: minutes the slopes leave out, while transcripts fill up to the context "
+            "target (with at least three rows left).",
+        ),
+    ] = 0.0,
     tracemalloc_frames: Annotated[
         int,
         own_option(
@@ -332,6 +341,7 @@ def bench(  # noqa: PLR0917 - typer options
             rate=rate,
             asks=asks,
             period=period,
+            warmup=warmup,
             tracemalloc_frames=tracemalloc_frames,
         )
         return
