@@ -117,6 +117,14 @@ def installed(conn: sa.Connection) -> str | None:
 
 
 @cache
+def driver_sql(name: str, dialect: sa.Dialect) -> str:
+    """The named statement as the driver takes it (``%(name)s`` placeholders), compiled once
+    by SQLAlchemy for ``dialect``: a call sent with ``exec_driver_sql`` skips compiling and
+    processing its parameters each time, and the engine's events still see it."""
+    return str(queries()[name].compile(dialect=dialect))
+
+
+@cache
 def queries() -> dict[str, sa.TextClause]:
     """The statements the store sends, by their names in ``postgresql/queries.sql``."""
     return {

@@ -116,7 +116,8 @@ class PostgresStore(Store):
         logged (with the agent's display name: the function's, else ``_named``) and the outbox
         rows it wrote handed to the publisher. A refusal raises its error."""
         with self._alone() as conn:
-            result: dict[str, Any] = conn.execute(functions.queries()[query], params).scalar_one()
+            statement = functions.driver_sql(query, conn.dialect)
+            result: dict[str, Any] = conn.exec_driver_sql(statement, params).scalar_one()
         for event in result.get("events", ()):
             log_event(_event(event), agent=event.get("agent") or _named)
         refused = result.get("refused")
