@@ -308,6 +308,14 @@ class Settings(BaseSettings):
         "agent let go is read whole again at its next turn's first call, so set it to the "
         "agents a worker serves when memory allows.",
     )
+    transcript_cache_entries: int = Field(
+        50_000,
+        gt=0,
+        description="Transcript entries a process keeps in memory in all, whatever the agents: "
+        "the least recently used agents are let go past it (the most recent one is kept "
+        "whatever its length), so a worker's memory stays bounded while the transcripts of "
+        "long-lived agents grow (about 35 MB at entries of a few hundred characters).",
+    )
     context_reserve_tokens: int = Field(
         4096,
         ge=0,

@@ -98,7 +98,9 @@ class Store:
         event.listen(self._sessions, "after_transaction_end", drop_ledger_buffer)
         self.reads = Reads(self._sessions, self.engine)
         # What turns in this process read of transcripts: a model call reads what is new.
-        self.transcripts = TranscriptCache(settings.transcript_cache_agents)
+        self.transcripts = TranscriptCache(
+            settings.transcript_cache_agents, settings.transcript_cache_entries
+        )
         self._after_commit: AfterCommit | None = None
 
     # ------------------------------------------------------------------ plumbing

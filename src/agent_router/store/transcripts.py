@@ -10,8 +10,10 @@ read again whole.
 
 :class:`CachedTranscript` also keeps ``views``: what a reader derives from the entries one at a
 time (the agent loop's request window, :mod:`agent_router.agents.context`), kept beside them so
-that it too is extended, never rebuilt. The cache holds the ``capacity`` agents read most
-recently.
+that it too is extended, never rebuilt. The cache holds the agents read most recently: at most
+``capacity`` of them, and at most ``max_entries`` entries in all, so that a process's memory
+stays bounded while the transcripts it keeps grow (an agent let go is read whole again at its
+next turn's first call).
 """
 
 from __future__ import annotations
@@ -60,24 +62,38 @@ class CachedTranscript:
 
 
 class TranscriptCache:
-    """The ``capacity`` transcripts this process read most recently; safe between threads."""
+    """The transcripts this process read most recently, at most ``capacity`` agents' and
+    ``max_entries`` entries in all (the most recent agent is kept whatever its length); safe
+    between threads."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_entries: int | None = None) -> None:
         self.capacity = capacity
+        self.max_entries = max_entries
         self._lock = threading.Lock()
         self._agents: OrderedDict[int, CachedTranscript] = OrderedDict()
 
     def get(self, agent_id: int) -> CachedTranscript:
-        """The agent's cached transcript (empty until refreshed), now the most recent."""
+        """The agent's cached transcript (empty until refreshed), now the most recent; the
+        least recent are let go while the cache holds more than it may."""
         with self._lock:
             cached = self._agents.get(agent_id)
             if cached is None:
                 cached = self._agents[agent_id] = CachedTranscript(agent_id)
-                while len(self._agents) > max(1, self.capacity):
-                    self._agents.popitem(last=False)
             else:
                 self._agents.move_to_end(agent_id)
+            while len(self._agents) > max(1, self.capacity):
+                self._agents.popitem(last=False)
+            if self.max_entries is not None:
+                held = sum(len(kept.entries) for kept in self._agents.values())
+                while held > self.max_entries and len(self._agents) > 1:
+                    _agent, oldest = self._agents.popitem(last=False)
+                    held -= len(oldest.entries)
             return cached
+
+    def entries(self) -> int:
+        """The entries held, of every agent kept."""
+        with self._lock:
+            return sum(len(kept.entries) for kept in self._agents.values())
 
     def forget(self, agent_id: int) -> None:
         with self._lock:
