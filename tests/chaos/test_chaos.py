@@ -51,8 +51,10 @@ def test_nothing_is_lost_under_chaos(redis_url: str) -> None:
 
 
 #: Behind PgBouncer, a minute of chaos at most: fewer messages and asks, the same faults and kills.
+#: A run on a quiet machine ends once every agent sent its share: 45 sends each ended one after
+#: two kills, so each agent sends 70 (a loaded machine ends the run at the minute instead).
 PGBOUNCER_PROFILE = replace(
-    CI_PROFILE, sends_per_agent=45, asks_per_agent=9, duration=60.0, settle_seconds=45.0
+    CI_PROFILE, sends_per_agent=70, asks_per_agent=14, duration=60.0, settle_seconds=45.0
 )
 #: Server connections for the 3 workers' 12 slots, their sweepers and their beat.
 PGBOUNCER_POOL = 4
@@ -78,7 +80,7 @@ def test_nothing_is_lost_under_chaos_behind_pgbouncer(redis_url: str) -> None:
     assert any(terminated.search(event) for event in result.events)
     assert result.kills >= 3
     # A run that ends on time stops each agent at what it has sent: at least a hundred messages
-    # and ten asks went through PgBouncer (394 and 53 when every agent sent its share).
+    # and ten asks went through PgBouncer.
     assert result.report.messages >= 100
     assert result.questions >= 10
     assert result.late_takeovers == [], result.recovery_line()
