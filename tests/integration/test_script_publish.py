@@ -28,7 +28,12 @@ def test_a_router_made_from_settings_publishes_what_it_commits(
             "the published turn to run",
             timeout=TIMEOUT,
         )
-        unpublished = {e.payload["agent"] for e in script.store.reads.unpublished()}
+        # This team's turn tasks (the database holds other tests' rows, wake rows among them).
+        unpublished = {
+            e.payload["agent"]
+            for e in script.store.reads.unpublished()
+            if e.payload.get("team_id") == team and "agent" in e.payload
+        }
         assert "UI Operator_1" in unpublished
         assert "Full-Stack Engineer_1" not in unpublished
         assert script.agent(team, "UI Operator_1").state is AgentState.SCHEDULED
