@@ -107,10 +107,6 @@ class AgentRow(Base):
         sa.Index("ix_ar_agents_id_team", "id", "team_id", unique=True),
         # The sweeper's scan for agents left scheduled.
         sa.Index("ix_ar_agents_state_scheduled", "state", "scheduled_at"),
-        # Room in each page for the new versions of its rows: every send and every append
-        # bumps a counter (next_seq, next_position), no indexed column, so the update is HOT
-        # (no index entry, the dead version pruned in the page) as long as the page has room.
-        {"postgresql_with": {"fillfactor": AGENTS_FILLFACTOR}},
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

@@ -116,6 +116,11 @@ class Store:
         Base.metadata.create_all(self.engine)
         if not self.settings.is_sqlite:
             with self.engine.begin() as conn:
+                # Room in each page of ar_agents for the new versions of its rows: every send
+                # and append bumps a counter (next_seq, next_position), no indexed column, so
+                # the update is HOT as long as the page has room (models.AGENTS_FILLFACTOR; set
+                # here, as migration 0010 sets it, for the table options SQLAlchemy 2.0 lacks).
+                conn.execute(sa.text("ALTER TABLE ar_agents SET (fillfactor = 50)"))
                 functions.install(conn)
 
     def dispose(self, *, close: bool = True) -> None:
