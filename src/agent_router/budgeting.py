@@ -161,10 +161,12 @@ def record_usage(
     *,
     estimated: bool,
     context: Mapping[str, Any] | None = None,
+    window: Mapping[str, Any] | None = None,
 ) -> TokenUsage:
     """Record one model call's ``usage`` (:func:`priced`) for the turn: counted against the
     team's budgets, then reported to the hooks. ``context``: what the request left out, on
-    the call where that changed (the ``model_call`` event carries it)."""
+    the call where that changed (the ``model_call`` event carries it); ``window``: where the
+    request window then stood, kept on the agent."""
     check = router.store.record_usage(
         turn.team_id,
         turn.agent_id,
@@ -174,6 +176,7 @@ def record_usage(
         estimated=estimated,
         agent=turn.display_name,
         context=context,
+        window=window,
     )
     router.hooks.after_model_call(turn, model, usage)
     _after(router, turn.team_id, check)

@@ -422,10 +422,12 @@ class Router:
         cached_tokens: int = 0,
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
+        window: Mapping[str, Any] | None = None,
     ) -> TokenUsage:
         """Record one model call's tokens for ``turn``, priced by ``Settings.models``, against
         its team's budgets; the hooks hear of it (see :meth:`Turn.record_usage`). ``context``:
-        what the request left out of the transcript, on the call where that changed."""
+        what the request left out of the transcript, on the call where that changed;
+        ``window``: where the request window then stood, kept on the agent."""
         counts = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -448,6 +450,7 @@ class Router:
             usage,
             estimated=estimated,
             context=None if context is None else check.storable(dict(context)),
+            window=None if window is None else check.storable(dict(window)),
         )
 
     def charge_sub_agent(self, team_id: int, role: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_router import validation as check
@@ -74,6 +74,7 @@ class TurnHost(Protocol):
         cached_tokens: int = 0,
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
+        window: Mapping[str, Any] | None = None,
     ) -> TokenUsage: ...
 
     def track_background(self, team_id: int, agent: str, signature: Any) -> BackgroundJob: ...
@@ -163,14 +164,26 @@ class Turn:
         cached.refresh(self._router.store.reads.transcript_after)
         return cached
 
-    def kept_transcript(self, length: int) -> CachedTranscript:
-        """This process's copy of the agent's transcript as :meth:`history` left it, read again
-        only if it holds fewer than ``length`` entries (the process let it go since, for other
-        agents): no read when it is as long as the history just taken."""
-        cached = self._router.store.transcripts.get(self.agent_id)
-        if len(cached.entries) < length:
-            cached.refresh(self._router.store.reads.transcript_after)
-        return cached
+    def kept(self) -> CachedTranscript:
+        """This process's copy of the agent's transcript as it is, read or not: its ``views``
+        keep what the built-in loop derives from the transcript (its request window)."""
+        return self._router.store.transcripts.get(self.agent_id)
+
+    def transcript_rows(
+        self, after: int | None = None, *, also: Sequence[int] = ()
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """The entries after position ``after`` (all with ``None``) and those at positions
+        ``also``, with their positions, in order."""
+        return self._router.store.reads.transcript_after(self.agent_id, after, also=also)
+
+    def window_checkpoint(self) -> dict[str, Any] | None:
+        """Where the agent's request window stood when what it leaves out last moved (as
+        :meth:`record_usage` was given it); ``None`` if it never did."""
+        return self._router.store.reads.window_checkpoint(self.agent_id)
+
+    def last_assistant(self) -> tuple[int, dict[str, Any]] | None:
+        """The agent's last assistant entry, with its position in the transcript."""
+        return self._router.store.reads.last_assistant(self.agent_id)
 
     def ask(
         self,
@@ -232,10 +245,12 @@ class Turn:
         cached_tokens: int = 0,
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
+        window: Mapping[str, Any] | None = None,
     ) -> TokenUsage:
         """Record a model call's tokens (and their cost by the price table) for this turn.
         ``context``: what the request left out of the transcript, given on the call where
-        that changed (its ``model_call`` event carries it)."""
+        that changed (its ``model_call`` event carries it); ``window``: where the built-in
+        loop's request window then stood (kept on the agent, see :meth:`window_checkpoint`)."""
         return self._router.record_usage(
             self,
             model=model,
@@ -244,6 +259,7 @@ class Turn:
             cached_tokens=cached_tokens,
             estimated=estimated,
             context=context,
+            window=window,
         )
 
     def start_background(self, signature: Any) -> BackgroundJob:

@@ -372,10 +372,16 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             self.with_turn(name, lambda turn: turn.charge_model_call())
             # On the call where what the request leaves out changed, the event says so.
             context = None if left_out is None else {"target_tokens": 100, "left_out": left_out}
+            # And where the request window then stood, kept on the agent.
+            window = None if left_out is None else {"cut": left_out, "open": {"7": left_out}}
             self.with_turn(
                 name,
                 lambda turn: turn.record_usage(
-                    model="gpt-4o", prompt_tokens=10, completion_tokens=5, context=context
+                    model="gpt-4o",
+                    prompt_tokens=10,
+                    completion_tokens=5,
+                    context=context,
+                    window=window,
                 ),
             )
 

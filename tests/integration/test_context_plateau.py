@@ -4,13 +4,13 @@ PostgreSQL; the model answers at once (two ``do_work`` calls, then a final reply
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from agent_router import Router, Settings
-from agent_router.agents.context import WINDOW_NOTE, count_tokens, pairing_holds
+from agent_router.agents.context import WINDOW_NOTE, ContextWindow, count_tokens, pairing_holds
 from agent_router.agents.loop import WINDOW_VIEW, TurnOutcome, context_target, run_turn
 from agent_router.agents.protocol import HEADING
 from agent_router.agents.roles import RoleCatalogue
@@ -66,8 +66,10 @@ def _counting_reads(router: Router, monkeypatch: pytest.MonkeyPatch) -> list[int
     counts: list[int] = []
     read = router.store.reads.transcript_after
 
-    def counted(agent_id: int, position: int | None) -> list[tuple[int, dict[str, Any]]]:
-        rows = read(agent_id, position)
+    def counted(
+        agent_id: int, position: int | None, *, also: Sequence[int] = ()
+    ) -> list[tuple[int, dict[str, Any]]]:
+        rows = read(agent_id, position, also=also)
         counts.append(len(rows))
         return rows
 
@@ -75,23 +77,36 @@ def _counting_reads(router: Router, monkeypatch: pytest.MonkeyPatch) -> list[int
     return counts
 
 
+def _window(router: Router, agent_id: int) -> ContextWindow:
+    window = router.store.transcripts.get(agent_id).views[WINDOW_VIEW]
+    assert isinstance(window, ContextWindow)
+    return window
+
+
+def _built_whole(router: Router, agent_id: int, length: int, target: int) -> ContextWindow:
+    """The agent's window as a process that reads the whole transcript builds it."""
+    window = ContextWindow(target=target, budget=_window(router, agent_id).budget)
+    window.extend(router.store.reads.transcript(agent_id)[:length])
+    return window
+
+
 def test_a_model_call_reads_only_the_entries_appended_since(
     quick: Callable[..., Router], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    worker, other = quick(), quick()
+    worker, other = quick(context_target_tokens=TARGET), quick(context_target_tokens=TARGET)
     team = worker.create_team()
     agent = worker.create_agent(team.id, role="Bench")
     worker.store.seed_mailbox(agent.id, 1000, content=ENTRY_TEXT)
     _turn(worker, team.id, agent.display_name, InstantModel())  # reads the 1,000 it drains
     counts = _counting_reads(worker, monkeypatch)
     _turn(worker, team.id, agent.display_name, InstantModel())
-    # Three model calls, a read before each (and at the turn's start): the entry it had read
-    # last (which tells that the rows are the ones it holds) and those appended since.
+    # Three model calls, a read before each: the entry it took in last (which tells that the
+    # rows are the ones it holds) and those appended since.
     assert counts and max(counts) <= 3, counts
     assert sum(counts) <= 3 * len(counts), counts
     # Another worker runs the agent's next turn; this one then reads what it appended, the
-    # message that wakes it and the entry it held.
-    held = len(worker.store.transcripts.get(agent.id).entries)
+    # message that wakes it and the entry it took in last.
+    held = _window(worker, agent.id).length
     _turn(other, team.id, agent.display_name, InstantModel())
     appended = len(worker.store.reads.transcript(agent.id)) - held
     counts.clear()
@@ -100,14 +115,65 @@ def test_a_model_call_reads_only_the_entries_appended_since(
     assert counts[0] == appended + 2 and max(counts[1:]) <= 3, (appended, counts)
     stored = worker.store.reads.transcript(agent.id)
     assert len(stored) > 1000
-    # This process's copy is the stored transcript: nothing was missed,
+    # This process's window is the one built from the stored transcript: nothing was missed,
     # and the model read the newest entry (the message that woke it) last.
-    cached = worker.store.transcripts.get(agent.id)
-    assert cached.entries == stored[:-1], "all but the final reply, written after the last call"
-    assert cached.refresh(worker.store.reads.transcript_after) == 1
-    assert cached.entries == stored
+    window = _window(worker, agent.id)
+    assert window.length == len(stored) - 1, "all but the final reply, after the last call"
+    whole = _built_whole(worker, agent.id, window.length, TARGET)
+    assert (whole.cut, whole.request().messages) == (window.cut, window.request().messages)
+    assert whole.cut > 900
+    # It holds what its requests hold, not the transcript.
+    assert len(window) < 100
     woke = recording.requests[0][0][-1]
     assert woke["role"] == "user" and ENTRY_TEXT.strip() in woke["content"]
+
+
+def test_a_window_let_go_is_read_again_from_its_cut_not_whole(
+    quick: Callable[..., Router], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker that keeps one agent at a time lets the other's window go between its turns.
+    worker = quick(context_target_tokens=TARGET, transcript_cache_agents=1)
+    team = worker.create_team()
+    first = worker.create_agent(team.id, role="Bench")
+    second = worker.create_agent(team.id, role="Bench")
+    for agent in (first, second):
+        worker.store.seed_mailbox(agent.id, 1500, content=ENTRY_TEXT)
+        _turn(worker, team.id, agent.display_name, InstantModel())
+    counts = _counting_reads(worker, monkeypatch)
+    for _ in range(3):
+        for agent in (first, second):
+            counts.clear()
+            recording = Recording()
+            _turn(worker, team.id, agent.display_name, recording)
+            # The first call reads the pinned entries and those from the cut on: what the
+            # request holds (a few more: the cut moves in steps), not 1,500 entries.
+            window = _window(worker, agent.id)
+            assert counts[0] <= len(window) + 3 < 100, counts
+            whole = _built_whole(worker, agent.id, window.length, TARGET)
+            assert whole.cut == window.cut > 1400
+            assert recording.requests[-1][0][1:] == whole.request().messages
+    # Where it stood is kept on the agent.
+    checkpoint = worker.store.reads.window_checkpoint(first.id)
+    assert checkpoint is not None and checkpoint["cut"] > 1400
+
+
+def test_a_kept_window_whose_last_entry_changed_is_built_again(
+    quick: Callable[..., Router],
+) -> None:
+    worker = quick(context_target_tokens=TARGET)
+    team = worker.create_team()
+    agent = worker.create_agent(team.id, role="Bench")
+    worker.store.seed_mailbox(agent.id, 600, content=ENTRY_TEXT)
+    _turn(worker, team.id, agent.display_name, InstantModel())
+    kept = _window(worker, agent.id)
+    # The last entry this process took in is not the one stored at its position (as when the
+    # agent's rows were deleted and its id given to another): the window is built again.
+    kept._last = {"role": "assistant", "content": "not what is stored"}
+    _turn(worker, team.id, agent.display_name, InstantModel())
+    window = _window(worker, agent.id)
+    assert window is not kept
+    whole = _built_whole(worker, agent.id, window.length, TARGET)
+    assert (whole.cut, whole.request().messages) == (window.cut, window.request().messages)
 
 
 def test_a_transcript_read_again_whole_when_its_rows_are_not_the_ones_kept(
@@ -180,30 +246,35 @@ def test_requests_plateau_at_the_target_and_the_transcript_stays_whole(
     assert left_out[0] > 1900
 
 
-def test_another_worker_reaches_the_same_cut_and_reports_none_it_caught_up_on(
-    quick: Callable[..., Router],
-) -> None:
-    worker, other = quick(context_target_tokens=TARGET), quick(context_target_tokens=TARGET)
-    team = worker.create_team()
-    agent = worker.create_agent(team.id, role="Bench")
-    _turn(worker, team.id, agent.display_name, InstantModel())
-    worker.store.seed_mailbox(agent.id, 600, content=ENTRY_TEXT)
-    _turn(worker, team.id, agent.display_name, InstantModel())
-    reported = [e.id for e in worker.ledger(team.id) if "context" in e.detail]
-    assert len(reported) == 1
-    # The other worker builds the agent's window from the whole transcript: the cut the
-    # first worker reached, and no event for what it caught up on.
-    recording = Recording()
-    _turn(other, team.id, agent.display_name, recording)
-    assert [e.id for e in worker.ledger(team.id) if "context" in e.detail] == reported
-    mine = worker.store.transcripts.get(agent.id)
-    mine.refresh(worker.store.reads.transcript_after)
-    theirs = other.store.transcripts.get(agent.id)
-    theirs.refresh(other.store.reads.transcript_after)
-    assert mine.entries == theirs.entries
-    mine.views[WINDOW_VIEW].extend(mine.entries)
-    theirs.views[WINDOW_VIEW].extend(theirs.entries)
-    assert mine.views[WINDOW_VIEW].cut == theirs.views[WINDOW_VIEW].cut > 500
+def _left_out(messages: list[dict[str, Any]]) -> int:
+    return int(messages[2]["content"][1:].split()[0])
+
+
+def test_workers_take_turns_and_report_each_cut_once(quick: Callable[..., Router]) -> None:
+    workers = [quick(context_target_tokens=TARGET), quick(context_target_tokens=TARGET)]
+    team = workers[0].create_team()
+    agent = workers[0].create_agent(team.id, role="Bench")
+    _turn(workers[0], team.id, agent.display_name, InstantModel())
+    workers[0].store.seed_mailbox(agent.id, 600, content=ENTRY_TEXT)
+    sent: list[int] = []  # what each request left out, in order
+    for n in range(8):
+        # The agent's turns alternate between two workers; each builds the window it does
+        # not hold from where the other's stood, and catches up on the entries since.
+        worker = workers[n % 2]
+        recording = Recording()
+        _turn(worker, team.id, agent.display_name, recording)
+        sent += [_left_out(messages) for messages, _tools in recording.requests]
+        window = _window(worker, agent.id)
+        whole = _built_whole(worker, agent.id, window.length, TARGET)
+        assert (whole.cut, whole.request().messages) == (window.cut, window.request().messages)
+        if n:
+            worker.store.seed_mailbox(agent.id, 40, content=ENTRY_TEXT)
+    reported = [
+        e.detail["context"]["left_out"] for e in workers[0].ledger(team.id) if "context" in e.detail
+    ]
+    # Each cut a request was sent with is reported once, by whichever worker sent it first.
+    assert reported == sorted(set(sent)), (reported, sent)
+    assert len(reported) >= 3
 
 
 def test_a_role_sets_its_own_target_within_its_window(quick: Callable[..., Router]) -> None:

@@ -211,6 +211,62 @@ def test_the_window_keeps_pairing_and_its_cut_is_a_function_of_the_transcript(
     assert window_of(messages, budget, one_by_one=True).cut == at_once.cut
 
 
+@st.composite
+def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Transcripts with questions asked of the agent, some answered by its answer calls."""
+    messages = [{"role": "system", "content": "s"}] if draw(st.booleans()) else []
+    asked: list[int] = []
+    for n in range(draw(st.integers(1, 60))):
+        kind = draw(st.sampled_from(["work", "ask", "answer", "user", "prose"]))
+        size = draw(st.sampled_from([10, 300, 3000]))
+        if kind == "work":
+            messages += work(n, "r" * size)
+        elif kind == "ask":
+            asked.append(n)
+            messages.append(env(MessageType.ASK, "q" * size, mid=n, question_id=n))
+        elif kind == "answer" and asked:
+            question = draw(st.sampled_from(asked))
+            call = {"id": f"a{n}", "type": "function", "function": {
+                "name": "answer_other_agent",
+                "arguments": json.dumps({"question_id": question, "answer": "a"})}}  # fmt: skip
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": f"a{n}", "content": "sent"}]  # fmt: skip
+        elif kind == "user":
+            messages.append(env(MessageType.MESSAGE, "m" * size, mid=n))
+        else:
+            messages.append({"role": "assistant", "content": "p" * size})
+    return messages
+
+
+@settings(max_examples=300, deadline=None)
+@given(conversations(), st.integers(200, 20_000), st.data())
+def test_a_window_built_again_from_its_checkpoint_is_the_same_window(
+    messages: list[dict[str, Any]], budget: int, data: st.DataObject
+) -> None:
+    # A worker took in the first ``taken`` entries and kept where its window stood; another
+    # builds it again from that, the pinned entries and those from the cut on, then both take
+    # in the rest.
+    taken = data.draw(st.integers(1, len(messages)))
+    window = window_of(messages[:taken], budget, one_by_one=data.draw(st.booleans()))
+    checkpoint = json.loads(json.dumps(window.checkpoint()))
+    pins = ContextWindow.pinned_positions(checkpoint)
+    rows = [(p, m) for p, m in enumerate(messages) if p >= checkpoint["cut"] or p in pins]
+    restored = ContextWindow.restore(checkpoint, rows, target=budget, budget=budget)
+    assert restored is not None
+    window.extend(messages)
+    whole = window_of(messages, budget, one_by_one=False)
+    for built in (restored, window):
+        assert (built.length, built.cut) == (whole.length, whole.cut)
+        assert built.request().messages == whole.request().messages
+        assert built.call_ids == whole.call_ids
+        # A window holds what its requests hold: the tail and the pinned entries.
+        request = whole.request()
+        assert len(built) == len(request.messages) - (1 if request.left_out else 0)
+    # Rows that are not the transcript it was taken of are refused.
+    if rows[1:]:
+        assert ContextWindow.restore(checkpoint, rows[1:], target=budget, budget=budget) is None
+
+
 def test_a_long_transcript_plateaus_in_steps_keeping_task_and_open_question() -> None:
     messages = transcript(0)
     messages.append(env(MessageType.ASK, "Which endpoint?", mid=2, question_id=7))

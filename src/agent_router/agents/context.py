@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -160,9 +160,14 @@ class WindowRequest:
     moved: bool  # what is left out changed since the window's last request
 
 
+#: One transcript entry with its position (0, 1, 2, ... in the agent's transcript).
+Row = tuple[int, dict[str, Any]]
+
+
 class ContextWindow:
     """An agent's request kept near a target size, built from its transcript one entry at a
-    time: a model call costs the entries appended since the last one, not the whole history.
+    time: a model call costs the entries appended since the last one, not the whole history,
+    and the window holds only what its requests hold.
 
     Each entry is counted (:func:`estimate_tokens`) and quoted as the model reads it back
     (:func:`agent_router.formats.quote_reply`) once, when it arrives. After each entry, when
@@ -172,94 +177,213 @@ class ContextWindow:
     of the budget, never past the newest ``keep_recent`` units. A request is then: the
     leading system prompt and the first task, one note saying how many earlier messages are
     left out (:data:`WINDOW_NOTE`), every question asked of the agent that it has not
-    answered, and everything from the cut on. The cut only moves forward, and it is a
-    function of the transcript, so another process that builds the window from the same
-    entries reaches the same one. ``budget`` ``None``: nothing is left out.
+    answered, and everything from the cut on. The cut only moves forward (a larger budget lets
+    the tail grow), and it is a function of the transcript: another process that builds the
+    window from the same entries, whole or from a :meth:`checkpoint`, reaches the same one.
+    ``budget`` ``None``: nothing more is left out.
+
+    Entries before the cut are let go, but for the pinned ones (the head, open questions), so
+    the window's memory is bounded by its requests. :meth:`checkpoint` says where it stands;
+    :meth:`restore` builds the same window from that and the entries from the cut on, without
+    the ones before it.
     """
 
     def __init__(self, *, target: int | None, budget: int | None, keep_recent: int = 8) -> None:
         self.target = target
         self.budget = budget
         self.keep_recent = keep_recent
-        self.quoted: list[dict[str, Any]] = []
-        self.tokens: list[int] = []
-        self._prefix = [0]  # tokens of the entries before each index
-        self._starts: list[int] = []  # where each unit starts
+        self.length = 0  # entries taken in: the position of the next one
+        self.cut = 0  # the position of the first entry of the tail
+        self._tail: list[dict[str, Any]] = []  # quoted entries from _base on
+        self._tokens: list[int] = []  # theirs
+        self._prefix = [0]  # tokens of the tail's entries before each of its indices
+        self._base = 0  # the position of _tail[0]: the cut, once the cut's move is done
+        self._starts: list[int] = []  # positions where units start, from the cut's unit on
+        self._cut_unit = 0  # the index in _starts of the cut's unit
+        self._pins: dict[int, tuple[dict[str, Any], int]] = {}  # pinned entries before _base
         self._head: list[int] = []  # the leading system entries and the first user message
+        self._has_task = False
         self._leading = True
         self._tool_unit = False  # the last unit is an assistant's tool calls: results join it
-        self._open: dict[int, int] = {}  # open question id -> index of its ask
-        self._answered: set[int] = set()
-        self.call_ids: set[str] = set()  # every tool call id of the transcript
-        self.cut = 0  # the first entry of the transcript's tail
-        self._cut_unit = 0
+        self._open: dict[int, int] = {}  # open question id -> position of its ask
+        self._last: dict[str, Any] | None = None  # the last entry taken in, as stored
         self._reported = 0  # the cut of the last request
         self._note = message_tokens({"content": WINDOW_NOTE.format(n=10**6, target=target)})
 
     def __len__(self) -> int:
-        return len(self.quoted)
+        """The entries held (the tail and the pinned ones before it)."""
+        return len(self._tail) + len(self._pins)
 
-    def extend(self, entries: Sequence[dict[str, Any]], *, quiet: bool = False) -> None:
-        """Take in the entries past those it holds (``entries``: the whole transcript).
-        ``quiet``: what the cut does now was already reported (a window built again from
-        a transcript other requests were made of)."""
-        for entry in entries[len(self.quoted) :]:
-            self._add(entry)
+    @property
+    def call_ids(self) -> set[str]:
+        """The tool call ids of the entries a request holds (every one of the transcript
+        while nothing is left out)."""
+        return {
+            str(call.get("id"))
+            for entry in self._tail
+            if entry.get("role") == "assistant"
+            for call in entry.get("tool_calls") or ()
+            if isinstance(call, dict)
+        }
+
+    def extend(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Take in the entries past those taken in (``entries``: the whole transcript)."""
+        self.take(enumerate(entries[self.length :], self.length))
+
+    def take(self, rows: Iterable[Row]) -> None:
+        """Take in ``rows``, the entries from position :attr:`length` on, in order."""
+        for position, entry in rows:
+            self._add(position, entry)
             self._fit()
-        if quiet:
-            self._reported = self.cut
 
-    def continue_from(self, other: ContextWindow) -> None:
-        """Report this window's cut against the one ``other`` (the window it replaces) last
-        reported."""
-        self._reported = other._reported
+    def follows(self, row: Row | None) -> bool:
+        """Is ``row`` the last entry taken in, as stored? (``None``: nothing was.) A window
+        whose last entry is not there any more (its agent's rows were deleted, or SQLite gave
+        a deleted agent's id to a new one) is built again."""
+        if row is None:
+            return self.length == 0
+        return row[0] == self.length - 1 and row[1] == self._last
+
+    def retarget(self, target: int | None, budget: int | None) -> None:
+        """Keep requests near another target from now on; the cut never moves back."""
+        if (target, budget) == (self.target, self.budget):
+            return
+        self.target, self.budget = target, budget
+        self._note = message_tokens({"content": WINDOW_NOTE.format(n=10**6, target=target)})
+        self._fit()
 
     def request(self) -> WindowRequest:
         """The transcript's part of the next request, and whether its cut moved."""
         pinned = self._pinned()
         left_out = self.cut - len(pinned)
-        head = [i for i in pinned if i in self._head]
-        asked = [i for i in pinned if i not in self._head]
-        messages = [self.quoted[i] for i in head]
+        messages = [self._entry(p)[0] for p in pinned if p in self._head]
         if left_out:
             note = WINDOW_NOTE.format(n=left_out, target=self.target)
             messages.append({"role": "user", "content": note})
-        messages += [self.quoted[i] for i in asked]
-        messages += self.quoted[self.cut :]
+        messages += [self._entry(p)[0] for p in pinned if p not in self._head]
+        messages += self._tail[self.cut - self._base :]
         moved, self._reported = self.cut != self._reported, self.cut
         return WindowRequest(
             messages=messages, tokens=self._size(pinned), left_out=left_out, moved=moved
         )
 
-    def _add(self, entry: dict[str, Any]) -> None:
-        index = len(self.quoted)
+    def held(self) -> list[dict[str, Any]]:
+        """The entries held, in transcript order: what the requests are built from."""
+        return [self._pins[p][0] for p in sorted(self._pins)] + self._tail
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Where the window stands, as JSON: enough, with the entries from the cut on and the
+        pinned ones, to build it again (:meth:`restore`)."""
+        return {
+            "length": self.length,
+            "cut": self.cut,
+            "head": list(self._head),
+            "open": {str(q): p for q, p in self._open.items()},
+            "leading": self._leading,
+            "has_task": self._has_task,
+            "target": self.target,
+            "budget": self.budget,
+        }
+
+    @staticmethod
+    def pinned_positions(checkpoint: Mapping[str, Any]) -> list[int]:
+        """The positions before a checkpoint's cut that a window restored from it holds."""
+        cut = int(checkpoint["cut"])
+        held = [*checkpoint["head"], *checkpoint["open"].values()]
+        return sorted({int(p) for p in held if int(p) < cut})
+
+    @classmethod
+    def restore(
+        cls,
+        checkpoint: Mapping[str, Any],
+        rows: Sequence[Row],
+        *,
+        target: int | None,
+        budget: int | None,
+        keep_recent: int = 8,
+    ) -> ContextWindow | None:
+        """The window a :meth:`checkpoint` describes, from ``rows``: its pinned entries and
+        every entry from its cut on, in order (later entries are taken in as new ones). ``None``
+        when the rows are not those (the transcript is not the one it was taken of)."""
+        try:
+            cut, length = int(checkpoint["cut"]), int(checkpoint["length"])
+            pins = cls.pinned_positions(checkpoint)
+            head = [int(p) for p in checkpoint["head"]]
+            opened = {int(q): int(p) for q, p in checkpoint["open"].items()}
+            leading, has_task = bool(checkpoint["leading"]), bool(checkpoint["has_task"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        by_position = dict(rows)
+        tail = [(p, e) for p, e in rows if p >= cut]
+        if (
+            not 0 <= cut < length
+            or any(p not in by_position for p in pins)
+            or [p for p, _e in tail[: length - cut]] != list(range(cut, length))
+        ):
+            return None
+        window = cls(
+            target=checkpoint.get("target"), budget=checkpoint.get("budget"),
+            keep_recent=keep_recent,
+        )  # fmt: skip
+        window.length = window.cut = window._base = window._reported = cut
+        window._head, window._has_task, window._leading = head, has_task, leading
+        window._open = {q: p for q, p in opened.items() if p < cut}
+        for p in pins:
+            entry = by_position[p]
+            quoted = formats.quote_reply(entry) if entry.get("role") == "assistant" else entry
+            window._pins[p] = (quoted, message_tokens(quoted))
+        for position, entry in tail[: length - cut]:  # fitted when the checkpoint was taken
+            window._add(position, entry)
+        if window._starts[:1] != [cut]:
+            return None
+        window.retarget(target, budget)
+        window.take(tail[length - cut :])
+        return window
+
+    # ------------------------------------------------------------------ the cut
+
+    def _add(self, position: int, entry: dict[str, Any]) -> None:
+        if position != self.length:
+            raise ValueError(f"entry {position} taken in after {self.length - 1}")
         role = entry.get("role")
         quoted = formats.quote_reply(entry) if role == "assistant" else entry
-        self.quoted.append(quoted)
-        self.tokens.append(message_tokens(quoted))
-        self._prefix.append(self._prefix[-1] + self.tokens[-1])
+        self._tail.append(quoted)
+        self._tokens.append(message_tokens(quoted))
+        self._prefix.append(self._prefix[-1] + self._tokens[-1])
         if role != "tool" or not self._tool_unit:
-            self._starts.append(index)
+            self._starts.append(position)
             self._tool_unit = role == "assistant" and bool(entry.get("tool_calls"))
         if self._leading and role in ("system", "developer"):
-            self._head.append(index)
+            self._head.append(position)
         else:
             self._leading = False
         if role == "user":
-            if not any(self.quoted[i].get("role") == "user" for i in self._head):
-                self._head.append(index)
+            if not self._has_task:
+                self._head.append(position)
+                self._has_task = True
             env = _envelope(entry)
             question = env.question_id if env is not None and env.type is MessageType.ASK else None
-            if question is not None and question not in self._answered:
-                self._open[question] = index
+            if question is not None:
+                self._open[question] = position
         for call in entry.get("tool_calls") or () if role == "assistant" else ():
             if not isinstance(call, dict):
                 continue
-            self.call_ids.add(str(call.get("id")))
             question = _answered_question(call)
             if question is not None:
-                self._answered.add(question)
-                self._open.pop(question, None)
+                asked = self._open.pop(question, None)
+                if asked is not None and asked not in self._head:
+                    self._pins.pop(asked, None)
+        self.length += 1
+        self._last = entry
+
+    def _entry(self, position: int) -> tuple[dict[str, Any], int]:
+        """A held entry before the cut, quoted, with its tokens."""
+        if position < self._base:
+            return self._pins[position]
+        index = position - self._base
+        return self._tail[index], self._tokens[index]
 
     def _pinned(self) -> list[int]:
         """Entries before the cut that every request keeps, in transcript order."""
@@ -267,9 +391,9 @@ class ContextWindow:
         return sorted(i for i in kept if i < self.cut)
 
     def _size(self, pinned: list[int]) -> int:
-        tail = self._prefix[-1] - self._prefix[self.cut]
+        tail = self._prefix[-1] - self._prefix[self.cut - self._base]
         note = self._note if self.cut > len(pinned) else 0
-        return tail + note + sum(self.tokens[i] for i in pinned)
+        return tail + note + sum(self._entry(p)[1] for p in pinned)
 
     def _fit(self) -> None:
         if self.budget is None or self._size(self._pinned()) <= self.budget:
@@ -280,6 +404,22 @@ class ContextWindow:
             self.cut = self._starts[self._cut_unit]
             if self._size(self._pinned()) <= low:
                 break
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Drop the entries before the cut, keeping the pinned ones."""
+        if self.cut == self._base:
+            return
+        pinned = {*self._head, *self._open.values()}
+        for position in range(self._base, self.cut):
+            if position in pinned:
+                self._pins[position] = self._entry(position)
+        gone = self.cut - self._base
+        del self._tail[:gone], self._tokens[:gone]
+        self._prefix = [n - self._prefix[gone] for n in self._prefix[gone:]]
+        self._starts = self._starts[self._cut_unit :]
+        self._cut_unit = 0
+        self._base = self.cut
 
 
 def _answered_question(call: dict[str, Any]) -> int | None:
@@ -449,6 +589,7 @@ __all__ = [
     "WINDOW_NOTE",
     "Compaction",
     "ContextWindow",
+    "Row",
     "TokenCounter",
     "WindowRequest",
     "compact",

@@ -282,17 +282,14 @@ def _steps(
             _tell_last_step(router, turn, max_steps)
         turn.charge_model_call()  # the team's budgets; a wrap-up notice is drained just below
         _drain_all(router, turn)
-        history = turn.history()
         section = protocol_section(agent, router.agents(turn.team_id), schemas, tools.roles)
-        request = _request(
-            router, turn, section, len(history), target=target, tool_tokens=tool_tokens
-        )
+        request = _request(turn, section, target=target, tool_tokens=tool_tokens)
         reply = _reply(turn, model, request, schemas)
         _boundary(turn, heartbeat)
         # As the transcript holds it: calls run so.
-        reply = _unique_call_ids(reply, len(history), request.call_ids)
+        reply = _unique_call_ids(reply, request.length, request.call_ids)
         # Only this turn writes the transcript now: the reply lands at the end.
-        ctx = replace(ctx, reply_index=len(history))
+        ctx = replace(ctx, reply_index=request.length)
         turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = str(reply.get("content") or "")
@@ -301,7 +298,7 @@ def _steps(
                 turn.append_tool_result(call["id"], NOT_RUN.format(n=max_steps))
         if not calls or last:
             nudge = _ending(
-                router, turn, agent, text, history=history, names=names, given=given, last=last
+                router, turn, agent, text, read=request.read, names=names, given=given, last=last
             )
             if nudge is None:
                 return text
@@ -328,18 +325,18 @@ def _ending(
     agent: Agent,
     text: str,
     *,
-    history: list[dict[str, Any]],
+    read: list[dict[str, Any]],
     names: list[str],
     given: set[reminders.Nudge],
     last: bool,
 ) -> tuple[reminders.Nudge, str] | None:
     """The reminder due before a reply without tool calls ends the turn (none on the last
     step: that reply ends it). With no reminder due, a final text is the answer to the one
-    question left open."""
+    question left open, if the model read it (``read``: the entries its request held)."""
     questions = reminders.open_questions(router, agent)
     nudge = None if last else reminders.nudge_for(text, questions, names, given)
     if nudge is None and len(questions) == 1:
-        reminders.answer_in_prose(router, turn, questions[0], text, history)
+        reminders.answer_in_prose(router, turn, questions[0], text, read)
     return nudge
 
 
@@ -350,7 +347,10 @@ class _Request:
     messages: list[dict[str, Any]]
     tokens: int  # estimated, tool schemas included
     context: dict[str, Any] | None  # what is left out, when that changed: its ledger detail
-    call_ids: set[str]  # every tool call id of the transcript
+    window: dict[str, Any] | None  # where the window stands, when that changed: the agent's
+    length: int  # the transcript's entries: the position of the reply
+    call_ids: set[str]  # the tool call ids of the entries the request holds
+    read: list[dict[str, Any]]  # the entries the request was built from
 
 
 def context_target(router: Router, agent: Agent, tools: ToolRegistry) -> int | None:
@@ -367,41 +367,29 @@ def context_target(router: Router, agent: Agent, tools: ToolRegistry) -> int | N
 
 
 def _request(
-    router: Router,
     turn: Turn,
     section: str,
-    length: int,
     *,
     target: int | None,
     tool_tokens: int,
 ) -> _Request:
-    """The next request: the agent's window over its transcript (kept in this process beside
-    the transcript, so only the entries new since the last call are taken in), the protocol
-    section, and its size; compacted further (:func:`compact`) only when the newest messages
-    alone pass the target. ``length``: the entries of the turn's history."""
-    cached = turn.kept_transcript(length)  # turn.history() brought it up to date
+    """The next request: the agent's window over its transcript (kept in this process, so
+    only the entries new since the last call are read), the protocol section, and its size;
+    compacted further (:func:`compact`) only when the newest messages alone pass the
+    target."""
     overhead = estimate_tokens(section) + MESSAGE_OVERHEAD + tool_tokens
     # The transcript's budget is the target less the section and the schemas, rounded up to a
     # step: workers that build an agent's window reach the same cut unless its team changed
-    # enough to cross a step, and a window is rebuilt only then.
+    # enough to cross a step.
     reserve = -(-overhead // OVERHEAD_STEP) * OVERHEAD_STEP
     budget = None if target is None else max(target // 4, target - reserve)
-    with cached.lock:
-        kept = cached.views.get(WINDOW_VIEW)
-        window = kept if isinstance(kept, ContextWindow) else None
-        if window is not None and (window.target, window.budget) == (target, budget):
-            window.extend(cached.entries)
-        else:
-            built = ContextWindow(target=target, budget=budget)
-            # A window built anew (a new process, another budget) reports no cut it reaches
-            # now, as the requests made of these entries did, wherever they were made; one
-            # built again here reports a cut other than the one this process last sent.
-            built.extend(cached.entries, quiet=True)
-            if window is not None:
-                built.continue_from(window)
-            window = cached.views[WINDOW_VIEW] = built
+    kept = turn.kept()
+    with kept.lock:
+        window = _window(turn, kept.views.get(WINDOW_VIEW), target=target, budget=budget)
+        kept.views[WINDOW_VIEW] = window
         part = window.request()
-        call_ids = set(window.call_ids)
+        call_ids, read, length = window.call_ids, window.held(), window.length
+        checkpoint = window.checkpoint() if part.moved else None
     messages = with_section(part.messages, section)
     tokens = part.tokens + overhead
     if target is not None and tokens > target:
@@ -418,7 +406,43 @@ def _request(
         logger.info(
             "context compacted", extra={"action": "context_compacted", **context, **_ids(turn)}
         )
-    return _Request(messages=messages, tokens=tokens, context=context, call_ids=call_ids)
+    return _Request(
+        messages=messages,
+        tokens=tokens,
+        context=context,
+        window=checkpoint,
+        length=length,
+        call_ids=call_ids,
+        read=read,
+    )
+
+
+def _window(turn: Turn, kept: Any, *, target: int | None, budget: int | None) -> ContextWindow:
+    """The agent's window, up to date: the one this process kept, given the entries appended
+    since; else built again from where the last window that moved stood (the agent's
+    checkpoint) and the entries from its cut on; else, when it never moved (the transcript
+    fit, or no checkpoint is usable), from the whole transcript."""
+    if isinstance(kept, ContextWindow):
+        # From the last entry it took in, which must still be there as it was.
+        rows = turn.transcript_rows(kept.length - 2 if kept.length else None)
+        if kept.length == 0 or (rows and kept.follows(rows[0])):
+            kept.retarget(target, budget)
+            kept.take(rows[1:] if kept.length else rows)
+            return kept
+    checkpoint = turn.window_checkpoint()
+    if checkpoint is not None:
+        try:
+            cut, pins = int(checkpoint["cut"]), ContextWindow.pinned_positions(checkpoint)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass  # not a checkpoint this release wrote
+        else:
+            rows = turn.transcript_rows(cut - 1, also=pins)
+            restored = ContextWindow.restore(checkpoint, rows, target=target, budget=budget)
+            if restored is not None:
+                return restored
+    window = ContextWindow(target=target, budget=budget)
+    window.take(turn.transcript_rows())
+    return window
 
 
 #: Where an agent's :class:`ContextWindow` is kept beside its cached transcript.
@@ -441,6 +465,7 @@ def _complete(
     counts the reply as kept: arguments too large to keep are never sent back, so they are not
     counted as if they were."""
     result = complete(model, request.messages, schemas, prompt_tokens=request.tokens)
+    window = request.window if context is not None else None
     limit = turn.settings.max_tool_argument_bytes
     message = check.model_reply(result.message, max_argument_bytes=limit)
     usage = result.usage
@@ -455,6 +480,7 @@ def _complete(
                 cached_tokens=usage.cached_tokens,
                 estimated=usage.estimated,
                 context=context,
+                window=window,
             )
         )
     return message
@@ -480,9 +506,9 @@ def _reply(turn: Turn, model: Model, request: _Request, schemas: list[dict[str, 
 
 
 def _unique_call_ids(reply: dict[str, Any], length: int, used: set[str]) -> dict[str, Any]:
-    """Tool call ids unique within the transcript (``length`` entries, whose call ids are
-    ``used``): some servers number calls from 0 in every reply, and a repeated id would pair
-    a result with the wrong call."""
+    """Tool call ids unique within what the model reads back (``used``: the call ids of the
+    entries its request held, of a transcript of ``length`` entries): some servers number
+    calls from 0 in every reply, and a repeated id would pair a result with the wrong call."""
     calls = reply.get("tool_calls") or []
     if not any(c.get("id") in used for c in calls):
         return reply
@@ -500,12 +526,11 @@ def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
     """The transcript index of the last assistant message and its calls that still have no
     result, in order."""
     open_ids = turn.open_tool_calls()
-    if not open_ids:
+    last = turn.last_assistant() if open_ids else None
+    if last is None:
         return 0, []
-    transcript = turn.history()
-    index = next(i for i in range(len(transcript) - 1, -1, -1)
-                 if transcript[i].get("role") == "assistant")  # fmt: skip
-    return index, [c for c in transcript[index].get("tool_calls") or [] if c["id"] in open_ids]
+    index, entry = last
+    return index, [c for c in entry.get("tool_calls") or [] if c["id"] in open_ids]
 
 
 def _run_calls(

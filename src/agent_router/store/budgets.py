@@ -250,9 +250,11 @@ def record_usage(
     estimated: bool,
     agent: str | None = None,
     context: Mapping[str, Any] | None = None,
+    window: Mapping[str, Any] | None = None,
 ) -> BudgetCheck:
     """One model call's usage: a row per call, the team's totals, one ledger event (whose log
-    line names ``agent``; with ``context``, what the request left out, when that changed)."""
+    line names ``agent``; with ``context``, what the request left out, when that changed);
+    ``window``, where the agent's request window then stood, is kept on the agent."""
     ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
     tokens = {name: getattr(usage, name) for name in _TOKEN_COUNTS}
     cost_nano = round(usage.cost_usd * NANO)
@@ -260,6 +262,10 @@ def record_usage(
     for name, count in tokens.items():
         setattr(row, name, getattr(row, name) + count)
     row.cost_nano += cost_nano
+    if window is not None:
+        agent_row = tx.session.get(AgentRow, agent_id)
+        if agent_row is not None:
+            agent_row.context_window = dict(window)
     tx.session.add(
         ModelCallRow(
             team_id=team_id,

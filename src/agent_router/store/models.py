@@ -132,6 +132,10 @@ class AgentRow(Base):
     # The Celery task (``name`` or ``name@queue``) that runs this agent's turns when a host owns
     # them; NULL: the built-in loop (``agent_router.run_agent_turn``).
     runner: Mapped[str | None] = mapped_column(limits.RUNNER)
+    # Where the built-in loop's request window stood when what it leaves out last moved (its
+    # cut, the entries before it every request keeps): a process that has not kept the window
+    # builds it again from here and the entries from the cut on, not from the whole transcript.
+    context_window: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
 
 class MessageRow(Base):

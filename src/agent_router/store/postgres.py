@@ -388,6 +388,7 @@ class PostgresStore(Store):
         estimated: bool,
         agent: str | None = None,
         context: Mapping[str, Any] | None = None,
+        window: Mapping[str, Any] | None = None,
     ) -> BudgetCheck:
         result = self._call(
             "record_usage",
@@ -402,6 +403,7 @@ class PostgresStore(Store):
             cost_nano=round(usage.cost_usd * budgets.NANO),
             estimated=estimated,
             context=None if context is None else json.dumps(dict(context)),
+            window=None if window is None else json.dumps(dict(window)),
             **self._budget_params(),
         )
         return _check(result["budget"])

@@ -211,18 +211,43 @@ class Reads:
 
     @faults.wrapped_read
     def transcript_after(
-        self, agent_id: int, position: int | None
+        self, agent_id: int, position: int | None, *, also: Sequence[int] = ()
     ) -> list[tuple[int, dict[str, Any]]]:
-        """The entries after ``position`` (all with ``None``), with their positions: a turn
-        reads its transcript once and then only what was appended since."""
+        """The entries after ``position`` (all with ``None``) and those at the positions
+        ``also``, with their positions, in order: a turn reads its transcript once and then
+        only what was appended since."""
         with self._sessions() as session:
             stmt = sa.select(TranscriptEntryRow.position, TranscriptEntryRow.payload).where(
                 TranscriptEntryRow.agent_id == agent_id
             )
             if position is not None:
-                stmt = stmt.where(TranscriptEntryRow.position > position)
+                after = TranscriptEntryRow.position > position
+                if also:
+                    after = sa.or_(after, TranscriptEntryRow.position.in_(sorted(set(also))))
+                stmt = stmt.where(after)
             rows = session.execute(stmt.order_by(TranscriptEntryRow.position)).all()
             return [(p, payload) for p, payload in rows]
+
+    @faults.wrapped_read
+    def window_checkpoint(self, agent_id: int) -> dict[str, Any] | None:
+        """Where the agent's request window stood when its cut last moved (``None``: never)."""
+        with self._sessions() as session:
+            return session.scalar(sa.select(AgentRow.context_window).where(AgentRow.id == agent_id))
+
+    @faults.wrapped_read
+    def last_assistant(self, agent_id: int) -> tuple[int, dict[str, Any]] | None:
+        """The agent's last assistant entry, with its position."""
+        with self._sessions() as session:
+            row = session.execute(
+                sa.select(TranscriptEntryRow.position, TranscriptEntryRow.payload)
+                .where(
+                    TranscriptEntryRow.agent_id == agent_id,
+                    TranscriptEntryRow.role == "assistant",
+                )
+                .order_by(TranscriptEntryRow.position.desc())
+                .limit(1)
+            ).one_or_none()
+            return None if row is None else (row[0], row[1])
 
     @faults.wrapped_read
     def transcript_entries(

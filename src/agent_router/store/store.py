@@ -431,9 +431,11 @@ class Store:
         estimated: bool,
         agent: str | None = None,
         context: Mapping[str, Any] | None = None,
+        window: Mapping[str, Any] | None = None,
     ) -> BudgetCheck:
         """``agent``: the display name the ``model_call`` log line shows; ``context``: what
-        the request left out, on the call where that changed (the event's ``context``)."""
+        the request left out, on the call where that changed (the event's ``context``);
+        ``window``: where the agent's request window then stood (its ``context_window``)."""
         with self._tx() as tx:
             return budgets.record_usage(
                 tx,
@@ -445,6 +447,7 @@ class Store:
                 estimated=estimated,
                 agent=agent,
                 context=context,
+                window=window,
             )
 
     @faults.retrying

@@ -8,19 +8,21 @@ The read starts at ``p`` itself and checks that the entry there is the one kept:
 (the rows were deleted, or SQLite gave a deleted agent's id to a new one), the transcript is
 read again whole.
 
-:class:`CachedTranscript` also keeps ``views``: what a reader derives from the entries one at a
-time (the agent loop's request window, :mod:`agent_router.agents.context`), kept beside them so
-that it too is extended, never rebuilt. The cache holds the agents read most recently: at most
-``capacity`` of them, and at most ``max_entries`` entries in all, so that a process's memory
-stays bounded while the transcripts it keeps grow (an agent let go is read whole again at its
-next turn's first call).
+:class:`CachedTranscript` also keeps ``views``: what a reader derives from the transcript (the
+agent loop's request window, :mod:`agent_router.agents.context`, which holds only the entries
+its requests hold and reads only those). The cache holds the agents used most recently: at most
+``capacity`` of them, and at most ``max_entries`` entries in all (those read and those a view
+holds), so that a process's memory stays bounded while the transcripts grow. An agent let go is
+read again at its next turn's first call: its request window from where it last stood (see
+:class:`~agent_router.agents.context.ContextWindow`), its whole transcript only for a reader of
+the whole (:meth:`~agent_router.turn.Turn.history`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
 #: Reads the entries after a position (all with ``None``), with their positions.
@@ -54,6 +56,12 @@ class CachedTranscript:
             self.generation += 1
             return self._extend(read_after(self.agent_id, None))
 
+    def size(self) -> int:
+        """The entries held: read, and held by the views (their ``len``)."""
+        return len(self.entries) + sum(
+            len(view) for view in self.views.values() if isinstance(view, Sized)
+        )
+
     def _extend(self, rows: list[tuple[int, dict[str, Any]]]) -> int:
         if rows:
             self.entries.extend(payload for _position, payload in rows)
@@ -84,16 +92,16 @@ class TranscriptCache:
             while len(self._agents) > max(1, self.capacity):
                 self._agents.popitem(last=False)
             if self.max_entries is not None:
-                held = sum(len(kept.entries) for kept in self._agents.values())
+                held = sum(kept.size() for kept in self._agents.values())
                 while held > self.max_entries and len(self._agents) > 1:
                     _agent, oldest = self._agents.popitem(last=False)
-                    held -= len(oldest.entries)
+                    held -= oldest.size()
             return cached
 
     def entries(self) -> int:
-        """The entries held, of every agent kept."""
+        """The entries held, of every agent kept (:meth:`CachedTranscript.size`)."""
         with self._lock:
-            return sum(len(kept.entries) for kept in self._agents.values())
+            return sum(kept.size() for kept in self._agents.values())
 
     def forget(self, agent_id: int) -> None:
         with self._lock:

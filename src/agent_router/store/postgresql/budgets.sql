@@ -179,11 +179,12 @@ BEGIN
 END $$;
 
 -- One model call's usage: a row per call, the team's totals, one `model_call` event (its
--- `context`: what the request left out, on the call where that changed).
+-- `context`: what the request left out, on the call where that changed); `p_window`, where the
+-- agent's request window then stood, is kept on the agent.
 CREATE OR REPLACE FUNCTION ar_record_usage(
     p_team bigint, p_agent bigint, p_turn bigint, p_model text, p_prompt bigint,
     p_completion bigint, p_cached bigint, p_cost_nano bigint, p_estimated boolean,
-    p_ratio float8, p_defaults jsonb, p_context jsonb)
+    p_ratio float8, p_defaults jsonb, p_context jsonb, p_window jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -198,6 +199,9 @@ BEGIN
                           cached_tokens = cached_tokens + p_cached,
                           cost_nano = cost_nano + p_cost_nano
     WHERE team_id = p_team RETURNING * INTO b;
+    IF p_window IS NOT NULL THEN
+        UPDATE ar_agents SET context_window = p_window WHERE id = p_agent;
+    END IF;
     INSERT INTO ar_model_calls (team_id, agent_id, turn_id, model, prompt_tokens,
                                 completion_tokens, cached_tokens, cost_nano, estimated, created_at)
     VALUES (p_team, p_agent, p_turn, p_model, p_prompt, p_completion, p_cached, p_cost_nano,
