@@ -123,7 +123,9 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         # answers at once): printed, in microseconds, with no floor and no target.
         per_call = {f: r for f, r in figures.items() if f.startswith("router CPU per model call")}
         assert set(per_call) == {
-            f"router CPU per model call ({n} transcript entries)" for n in ("10", "100", "1,000")
+            f"router CPU per model call ({n} transcript entries{how})"
+            for n in ("10", "100", "1,000")
+            for how in ("", ", window let go")
         }, backend
         for figure, row in per_call.items():
             assert row["unit"] == "us" and row["floor"] is None and row["target"] is None, figure

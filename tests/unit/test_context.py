@@ -14,6 +14,7 @@ from agent_router import formats
 from agent_router.agents.context import (
     LOW_WATER,
     NORMAL,
+    OPEN_QUESTIONS_KEPT,
     TIGHT,
     WINDOW_NOTE,
     ContextWindow,
@@ -265,6 +266,22 @@ def test_a_window_built_again_from_its_checkpoint_is_the_same_window(
     # Rows that are not the transcript it was taken of are refused.
     if rows[1:]:
         assert ContextWindow.restore(checkpoint, rows[1:], target=budget, budget=budget) is None
+
+
+def test_a_request_keeps_the_newest_open_questions_not_every_one_ever_asked() -> None:
+    # Questions answered in prose (or expired) have no answer call: the window keeps the
+    # newest few open ones before its cut, so they do not pile up in every request.
+    messages = transcript(0)
+    for n in range(30):
+        messages.append(env(MessageType.ASK, f"Question {n}?", mid=10 + n, question_id=n))
+        messages += work(n, "r" * 2000)
+    window = window_of(messages, 3000, one_by_one=True)
+    request = window.request()
+    asked = [n for n in range(30) if any(f'question_id="{n}"' in str(m["content"])
+                                         for m in request.messages)]  # fmt: skip
+    assert asked[-OPEN_QUESTIONS_KEPT:] == list(range(30 - len(asked), 30))
+    assert len(asked) <= OPEN_QUESTIONS_KEPT + 8  # the kept ones and those in the tail
+    assert len(window) < 40
 
 
 def test_a_long_transcript_plateaus_in_steps_keeping_task_and_open_question() -> None:

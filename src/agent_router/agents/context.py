@@ -142,6 +142,11 @@ def compact(
 #: while before the next cut: what is left out changes in steps, not at every model call.
 LOW_WATER = 0.6
 
+#: The open questions a request keeps from before its cut, the newest: a question answered in
+#: prose, expired or cancelled has no answer call to close it in the transcript, and must not
+#: stay in every request for ever.
+OPEN_QUESTIONS_KEPT = 8
+
 #: The note that stands for what a request near its target leaves out.
 WINDOW_NOTE = (
     "[{n} earlier messages of this conversation are left out of this request to keep it near "
@@ -176,8 +181,9 @@ class ContextWindow:
     its tool results, or one message alone) until the request is at most :data:`LOW_WATER`
     of the budget, never past the newest ``keep_recent`` units. A request is then: the
     leading system prompt and the first task, one note saying how many earlier messages are
-    left out (:data:`WINDOW_NOTE`), every question asked of the agent that it has not
-    answered, and everything from the cut on. The cut only moves forward (a larger budget lets
+    left out (:data:`WINDOW_NOTE`), the questions asked of the agent that it has not answered
+    with an answer call (the newest :data:`OPEN_QUESTIONS_KEPT`), and everything from the cut
+    on. The cut only moves forward (a larger budget lets
     the tail grow), and it is a function of the transcript: another process that builds the
     window from the same entries, whole or from a :meth:`checkpoint`, reaches the same one.
     ``budget`` ``None``: nothing more is left out.
@@ -367,16 +373,22 @@ class ContextWindow:
             question = env.question_id if env is not None and env.type is MessageType.ASK else None
             if question is not None:
                 self._open[question] = position
+                while len(self._open) > OPEN_QUESTIONS_KEPT:
+                    oldest = next(iter(self._open))
+                    self._unpin(self._open.pop(oldest))
         for call in entry.get("tool_calls") or () if role == "assistant" else ():
             if not isinstance(call, dict):
                 continue
             question = _answered_question(call)
-            if question is not None:
-                asked = self._open.pop(question, None)
-                if asked is not None and asked not in self._head:
-                    self._pins.pop(asked, None)
+            if question is not None and question in self._open:
+                self._unpin(self._open.pop(question))
         self.length += 1
         self._last = entry
+
+    def _unpin(self, position: int) -> None:
+        """An ask no longer open (or no longer kept) is left out with the rest before the cut."""
+        if position not in self._head:
+            self._pins.pop(position, None)
 
     def _entry(self, position: int) -> tuple[dict[str, Any], int]:
         """A held entry before the cut, quoted, with its tokens."""
@@ -585,6 +597,7 @@ def pairing_holds(messages: Sequence[dict[str, Any]]) -> bool:
 __all__ = [
     "LOW_WATER",
     "NORMAL",
+    "OPEN_QUESTIONS_KEPT",
     "TIGHT",
     "WINDOW_NOTE",
     "Compaction",

@@ -381,23 +381,29 @@ class Bench:
         """The router's own CPU for one model call (reading the transcript, building the
         request, the protocol section, the checks, the token counts, compaction) at 10, 100
         and 1,000 transcript entries, the model answering at once: the median of several
-        turns, in microseconds (``do_work`` takes no time here)."""
-        settings = self.settings.model_copy(update={"work_seconds": 0.0})
-        router = Router(settings, publisher=None, waker=InProcessWaker())
-        try:
-            for entries in TRANSCRIPT_ENTRIES:
-                per_call, _ = model_call_cpu(router, entries)
-                self.rows.append(
-                    row(
-                        f"router CPU per model call ({entries:,} transcript entries)",
-                        self.backend,
-                        statistics.median(per_call) * 1e6,
-                        None,
-                        "us",
+        turns, in microseconds (``do_work`` takes no time here). Twice: with the agent's
+        request window kept in the process between turns, and let go (a worker that keeps one
+        agent ran another's turn in between, so each turn builds the window again)."""
+        for let_go in (False, True):
+            update = {"work_seconds": 0.0} | ({"transcript_cache_agents": 1} if let_go else {})
+            router = Router(
+                self.settings.model_copy(update=update), publisher=None, waker=InProcessWaker()
+            )
+            how = ", window let go" if let_go else ""
+            try:
+                for entries in TRANSCRIPT_ENTRIES:
+                    per_call, _ = model_call_cpu(router, entries, let_go=let_go)
+                    self.rows.append(
+                        row(
+                            f"router CPU per model call ({entries:,} transcript entries{how})",
+                            self.backend,
+                            statistics.median(per_call) * 1e6,
+                            None,
+                            "us",
+                        )
                     )
-                )
-        finally:
-            router.close()
+            finally:
+                router.close()
 
     def celery_figures(self) -> None:
         """Turn start latency and the burst, with a real worker on the configured broker."""
@@ -487,11 +493,13 @@ def _same_model(model: InstantModel, _agent: object) -> InstantModel:
 
 
 def model_call_cpu(
-    router: Router, entries: int, *, turns: int = MODEL_CALL_TURNS
+    router: Router, entries: int, *, turns: int = MODEL_CALL_TURNS, let_go: bool = False
 ) -> tuple[list[float], int]:
     """Process CPU seconds per model call of ``turns`` turns of an agent whose transcript holds
     about ``entries`` entries (an :class:`InstantModel`, in this process), after one turn that
-    warms the worker up; and the model calls made. Each turn appends a few entries more."""
+    warms the worker up; and the model calls made. Each turn appends a few entries more.
+    ``let_go``: another agent's turn (not measured) runs before each, so that a router which
+    keeps one agent's window builds this one's again."""
     from agent_router.agents.loop import run_turn
     from agent_router.agents.tools import default_registry
 
@@ -500,9 +508,15 @@ def model_call_cpu(
     agent = router.create_agent(team.id, role="Bench")
     # The transcript: the system prompt, the messages drained by the warm-up turn.
     router.seed_mailbox(agent.id, max(0, entries - 3), content=ENTRY_TEXT)
+    other = router.create_agent(team.id, role="Bench") if let_go else None
     per_call: list[float] = []
     calls = 0
     for sample in range(turns + 1):
+        if other is not None:
+            router.send(team.id, to=other.display_name, content=ENTRY_TEXT, sender="user")
+            other_turn = router.claim_turn(team.id, other.display_name)
+            assert other_turn is not None
+            run_turn(router, other_turn, models=partial(_same_model, InstantModel()), tools=tools)
         router.send(team.id, to=agent.display_name, content=ENTRY_TEXT, sender="user")
         turn = router.claim_turn(team.id, agent.display_name)
         assert turn is not None
