@@ -302,19 +302,20 @@ class Settings(BaseSettings):
     transcript_cache_agents: int = Field(
         256,
         gt=0,
-        description="Agents whose transcript a process keeps in memory (the most recently "
-        "used), so that a model call reads only the entries appended since. Memory grows with "
-        "their transcripts (about 0.7 MB per 1,000 entries of a few hundred characters); an "
-        "agent let go is read whole again at its next turn's first call, so set it to the "
-        "agents a worker serves when memory allows.",
+        description="Agents whose request window a process keeps in memory (the most recently "
+        "used), so that a model call reads only the entries appended since. A window holds "
+        "what its requests hold (up to `context_target_tokens`); an agent let go is read again "
+        "at its next turn's first call from where its window last stood, so its cost stays "
+        "that of one request. A host loop's `Turn.history()` keeps whole transcripts here too "
+        "(about 0.7 MB per 1,000 entries of a few hundred characters).",
     )
     transcript_cache_entries: int = Field(
         50_000,
         gt=0,
-        description="Transcript entries a process keeps in memory in all, whatever the agents: "
-        "the least recently used agents are let go past it (the most recent one is kept "
-        "whatever its length), so a worker's memory stays bounded while the transcripts of "
-        "long-lived agents grow (about 35 MB at entries of a few hundred characters).",
+        description="Transcript entries a process keeps in memory in all (those its windows "
+        "hold and whole transcripts read), whatever the agents: the least recently used agents "
+        "are let go past it (the most recent one is kept whatever its length), so a worker's "
+        "memory stays bounded (about 35 MB at entries of a few hundred characters).",
     )
     context_reserve_tokens: int = Field(
         4096,
