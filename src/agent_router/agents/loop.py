@@ -347,7 +347,7 @@ class _Request:
     messages: list[dict[str, Any]]
     tokens: int  # estimated, tool schemas included
     context: dict[str, Any] | None  # what is left out, when that changed: its ledger detail
-    window: dict[str, Any] | None  # where the window stands, when that changed: the agent's
+    window: dict[str, Any] | None  # where the window stands, when that changed (kept)
     length: int  # the transcript's entries: the position of the reply
     call_ids: set[str]  # the tool call ids of the entries the request holds
     read: list[dict[str, Any]]  # the entries the request was built from

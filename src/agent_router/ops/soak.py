@@ -259,6 +259,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("sends", "sends", "{:6d}"),
     ("turns", "turns", "{:6d}"),
     ("cpu_ms_per_turn", "cpu ms/turn", "{:11.1f}"),
+    ("delivered", "delivered", "{:9d}"),
+    ("cpu_ms_per_message", "cpu ms/msg", "{:10.2f}"),
     ("request_kib", "req KiB", "{:7.1f}"),
     ("worker_rss_mib", "RSS MiB", "{:7.1f}"),
     ("redis_connections", "redis conn", "{:10d}"),
@@ -270,6 +272,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 #: The figures whose slope the end reports.
 SLOPED = (
     "cpu_ms_per_turn",
+    "cpu_ms_per_message",
     "request_kib",
     "worker_rss_mib",
     "redis_connections",
@@ -615,6 +618,7 @@ class _Probe:
         self.last_cpu = self._cpu()
         self.last_requests = soak.server.counts()
         self.last_sends = 0
+        self.last_delivered = 0
 
     def _turns(self) -> int:
         with _database(self.router).connect() as conn:
@@ -693,11 +697,21 @@ class _Probe:
             scheduled = conn.execute(
                 sa.text("SELECT count(*) FROM ar_agents WHERE state = 'scheduled'")
             ).scalar_one()
+            delivered = int(
+                conn.execute(
+                    sa.text("SELECT count(*) FROM ar_messages WHERE status = 'delivered'")
+                ).scalar_one()
+            )
+        spent = cpu - self.last_cpu
+        moved = delivered - self.last_delivered
         row = {
             "minute": minute,
             "sends": sends - self.last_sends,
             "turns": ended,
-            "cpu_ms_per_turn": (cpu - self.last_cpu) * 1000 / ended if ended else 0.0,
+            "cpu_ms_per_turn": spent * 1000 / ended if ended else 0.0,
+            # Under a backlog a turn takes in more messages: the work per message is the rate.
+            "delivered": moved,
+            "cpu_ms_per_message": spent * 1000 / moved if moved else 0.0,
             "request_kib": (requests[1] - self.last_requests[1]) / asked / 1024 if asked else 0.0,
             "worker_rss_mib": statistics.fmean(rss) / 2**20 if rss else 0.0,
             "redis_connections": int(self.redis.info("clients")["connected_clients"]) - 1,
@@ -707,5 +721,5 @@ class _Probe:
             "backlog": int(scheduled) + int(self.redis.llen(self.soak.queue)),
         }
         self.last_turns, self.last_cpu, self.last_requests = turns, cpu, requests
-        self.last_sends = sends
+        self.last_sends, self.last_delivered = sends, delivered
         return row
