@@ -129,7 +129,14 @@ class PostgresStore(Store):
         logged (with the agent's display name: the function's, else ``_named``) and the outbox
         rows it wrote handed to the publisher. A refusal raises its error."""
         with self._alone() as conn:
-            result: dict[str, Any] = _run(conn, functions.driver_sql(query, conn.dialect), params)
+            statement = functions.driver_sql(query, conn.dialect)
+            result: dict[str, Any] = (
+                # A listener of the engine's events (a host's SQLAlchemy instrumentation, a
+                # test's) sees the call as SQLAlchemy sends it, with its execution context.
+                conn.exec_driver_sql(statement, params).scalar_one()
+                if conn.engine._has_events
+                else _run(conn, statement, params)
+            )
         if logging_events():
             for event in result.get("events", ()):
                 log_event(_event(event), agent=event.get("agent") or _named)
@@ -472,21 +479,15 @@ class PostgresStore(Store):
 
 
 def _run(conn: sa.Connection, statement: str, params: dict[str, Any]) -> Any:
-    """The one value the call ``statement`` returns, sent on the driver's cursor of ``conn``
-    (SQLAlchemy's execution around it costs more client CPU than the call itself). The engine's
-    ``before_cursor_execute`` and ``after_cursor_execute`` listeners are called as SQLAlchemy
-    calls them, with the connection, the cursor, the statement and its parameters, and no
-    execution context (``None``). A driver error leaves as SQLAlchemy's, as from ``execute``."""
+    """The one value the call ``statement`` returns, sent on the driver's cursor of ``conn``:
+    SQLAlchemy's execution around it costs more client CPU than the call itself. A driver
+    error leaves as SQLAlchemy's (a disconnect marked as one), as from ``exec_driver_sql``, so
+    that :meth:`PostgresStore._alone` handles it the same way."""
     dbapi: Any = conn.connection.dbapi_connection
     cursor = dbapi.cursor()
     try:
-        dispatch = conn.dispatch
-        for before in dispatch.before_cursor_execute:
-            statement, params = before(conn, cursor, statement, params, None, False)
         cursor.execute(statement, params)
         row = cursor.fetchone()
-        for after in dispatch.after_cursor_execute:
-            after(conn, cursor, statement, params, None, False)
     except psycopg.Error as exc:
         lost = conn.dialect.is_disconnect(cast(Any, exc), dbapi, cursor)
         raise sa.exc.DBAPIError.instance(
