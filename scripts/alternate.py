@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 HERE = Path(__file__).resolve().parent
 BENCH_FIGURES = {
+    "floor transaction p50 (raw driver)": ("raw floor p50 ms", "ours"),
     "route p50 (idle)": ("route idle ms", "ours"),
     "route p50 (running)": ("route running ms", "ours"),
     "route p50 (waiting)": ("route waiting ms", "ours"),
