@@ -119,8 +119,8 @@ def installed(conn: sa.Connection) -> str | None:
 @cache
 def driver_sql(name: str, dialect: sa.Dialect) -> str:
     """The named statement as the driver takes it (``%(name)s`` placeholders), compiled once
-    by SQLAlchemy for ``dialect``: a call sent with ``exec_driver_sql`` skips compiling and
-    processing its parameters each time, and the engine's events still see it."""
+    by SQLAlchemy for ``dialect``: a call sent on the driver's cursor with it skips compiling
+    and processing its parameters each time."""
     return str(queries()[name].compile(dialect=dialect))
 
 

@@ -18,8 +18,9 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -65,7 +66,7 @@ from agent_router.store import (
 from agent_router.store.engine import closed_by_server
 from agent_router.store.models import BudgetRow, utcnow
 from agent_router.store.store import Store
-from agent_router.store.tx import log_event
+from agent_router.store.tx import log_event, logging_events
 from agent_router.store.values import Ask, Claim, NewAgent, SendRequest
 
 #: The SQLSTATE of a call to a function the database does not have.
@@ -92,8 +93,14 @@ class PostgresStore(Store):
                 raise errors.StoreError(
                     "the server closed the connection before the statement", retryable=True
                 )
+            # Autocommit on the driver's connection itself, for this checkout only (a
+            # transaction of store/tx.py gets the connection back as the pool keeps it):
+            # cheaper than SQLAlchemy's isolation level option, which it set and reset at each
+            # call.
+            dbapi: Any = conn.connection.dbapi_connection
+            dbapi.autocommit = True
             try:
-                yield conn.execution_options(isolation_level="AUTOCOMMIT")
+                yield conn
             except SQLAlchemyError as exc:
                 if faults.sqlstate(exc) == _UNDEFINED_FUNCTION and _functions_missing(conn):
                     raise errors.StoreError(
@@ -110,6 +117,12 @@ class PostgresStore(Store):
                 # interruption reaches the caller; whether the call committed is unknown.
                 conn.invalidate()
                 raise
+            finally:
+                if not conn.invalidated:
+                    try:
+                        dbapi.autocommit = False
+                    except psycopg.Error:  # a connection it cannot be reset on is not kept
+                        conn.invalidate()
 
     def _call(self, query: str, /, *, _named: str | None = None, **params: Any) -> dict[str, Any]:
         """Run the named statement (one transition); its result, once the events it wrote are
@@ -117,9 +130,16 @@ class PostgresStore(Store):
         rows it wrote handed to the publisher. A refusal raises its error."""
         with self._alone() as conn:
             statement = functions.driver_sql(query, conn.dialect)
-            result: dict[str, Any] = conn.exec_driver_sql(statement, params).scalar_one()
-        for event in result.get("events", ()):
-            log_event(_event(event), agent=event.get("agent") or _named)
+            result: dict[str, Any] = (
+                # A listener of the engine's events (a host's SQLAlchemy instrumentation, a
+                # test's) sees the call as SQLAlchemy sends it, with its execution context.
+                conn.exec_driver_sql(statement, params).scalar_one()
+                if conn.engine._has_events
+                else _run(conn, statement, params)
+            )
+        if logging_events():
+            for event in result.get("events", ()):
+                log_event(_event(event), agent=event.get("agent") or _named)
         refused = result.get("refused")
         if refused is not None:
             raise _error(refused)
@@ -458,6 +478,27 @@ class PostgresStore(Store):
             max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
         )
         return _job(found["job"])
+
+
+def _run(conn: sa.Connection, statement: str, params: dict[str, Any]) -> Any:
+    """The one value the call ``statement`` returns, sent on the driver's cursor of ``conn``:
+    SQLAlchemy's execution around it costs more client CPU than the call itself. A driver
+    error leaves as SQLAlchemy's (a disconnect marked as one), as from ``exec_driver_sql``, so
+    that :meth:`PostgresStore._alone` handles it the same way."""
+    dbapi: Any = conn.connection.dbapi_connection
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    except psycopg.Error as exc:
+        lost = conn.dialect.is_disconnect(cast(Any, exc), dbapi, cursor)
+        raise sa.exc.DBAPIError.instance(
+            statement, params, exc, psycopg.Error, connection_invalidated=lost
+        ) from exc
+    finally:
+        cursor.close()
+    assert row is not None
+    return row[0]
 
 
 def _functions_missing(conn: sa.Connection) -> bool:

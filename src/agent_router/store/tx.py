@@ -163,6 +163,11 @@ def ledger_row(
     }
 
 
+def logging_events() -> bool:
+    """Whether ledger events are logged (their log lines are INFO)."""
+    return logger.isEnabledFor(logging.INFO)
+
+
 def log_event(row: Mapping[str, Any], *, agent: str | None = None) -> None:
     """The log line of a ledger event, from its row (``action``, ``team_id``, ``agent_id`` and
     ``detail``; ``outcome``, ``message_id``, ``turn_id`` and ``epoch`` where it has them) and

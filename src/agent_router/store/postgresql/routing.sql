@@ -124,6 +124,16 @@ END $$;
 
 -- Route one message (store/routing.py's route): the result's "delivery", or "refused" with
 -- nothing written (its event is for the caller to write).
+--
+-- The receiver's row is taken one of two ways. A send that can change nothing of it but its
+-- counter (a message that is no answer, names no question and carries no dedup key, from an
+-- outside sender or a live agent other than the receiver, to a receiver that is running or
+-- scheduled, or idle or completed and not woken) takes it with the UPDATE that writes the
+-- counter: one statement locks and writes the row, and there is nothing to refuse. Any other
+-- send, and this one when that UPDATE matched no row (the receiver in another state, unknown,
+-- of another team), locks the row first, checks and refuses, and writes it back once decided.
+-- Either way the outcome is ar__decide's and the message, its event and the delivery are
+-- written below by the same statements.
 CREATE OR REPLACE FUNCTION ar__route(
     INOUT o jsonb, p_team bigint, p_to text, p_sender text, p_external boolean,
     p_type ar_message_type, p_subtype ar_message_subtype, p_content text, p_body text,
@@ -141,107 +151,127 @@ DECLARE
     v_before ar_agent_state;
     v_outcome ar_route_outcome;
     v_now timestamp;
+    v_taken boolean := false;
 BEGIN
-    SELECT * INTO t FROM ar_agents WHERE team_id = p_team AND display_name = p_to
-    FOR NO KEY UPDATE;
-    v_found := FOUND;
-    v_now := ar__now();
-    IF NOT v_found AND NOT EXISTS (SELECT 1 FROM ar_teams WHERE id = p_team) THEN
-        o := ar__refused(o, 'UnknownTeamError', format('unknown team %s', p_team));
-        RETURN;
-    END IF;
-    IF NOT p_external THEN
-        SELECT id, state INTO v_source, v_source_state FROM ar_agents
-        WHERE team_id = p_team AND display_name = p_sender;
-        IF v_source IS NULL THEN
-            o := ar__rejected(o, 'UnknownAgentError', format(
-                    'unknown sender %s: not an agent of team %s, nor ''user'', ''system'' or '
-                    '''job:<name>''', ar__repr(p_sender), p_team),
-                'unknown_sender', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        ELSIF v_source_state = 'terminated' THEN
-            o := ar__rejected(o, 'AgentTerminatedError',
-                format('sender %s is terminated', ar__repr(p_sender)),
-                'sender_terminated', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
+    IF p_type <> 'answer' AND p_question IS NULL AND p_dedup IS NULL
+       AND (p_external OR p_sender <> p_to) THEN
+        IF NOT p_external THEN
+            SELECT id, state INTO v_source, v_source_state FROM ar_agents
+            WHERE team_id = p_team AND display_name = p_sender;
+        END IF;
+        IF p_external OR v_source_state <> 'terminated' THEN
+            UPDATE ar_agents SET next_seq = next_seq + 1
+            WHERE team_id = p_team AND display_name = p_to
+              AND (state IN ('running', 'scheduled')
+                   OR (state IN ('idle', 'completed') AND NOT p_wake))
+            RETURNING * INTO t;
+            v_taken := FOUND;
+            v_now := ar__now();
         END IF;
     END IF;
-    IF NOT v_found THEN
-        o := ar__rejected(o, 'UnknownAgentError',
-            format('no agent %s in team %s', ar__repr(p_to), p_team),
-            'unknown_target', p_team, p_to, p_sender, p_type, p_subtype);
-        RETURN;
-    END IF;
-    IF v_source = t.id THEN
-        o := ar__rejected(o, 'InvalidMessageError', 'an agent cannot message itself',
-            'self_send', p_team, p_to, p_sender, p_type, p_subtype);
-        RETURN;
-    END IF;
-    IF t.state = 'terminated' THEN
-        o := ar__rejected(o, 'AgentTerminatedError',
-            format('agent %s is terminated', ar__repr(p_to)),
-            'terminated', p_team, p_to, p_sender, p_type, p_subtype);
-        RETURN;
-    END IF;
-    -- A retried send finds its first delivery by its dedup key.
-    IF p_dedup IS NOT NULL THEN
-        SELECT * INTO m FROM ar_messages WHERE target_agent_id = t.id AND dedup_key = p_dedup;
-        IF FOUND THEN
-            IF (m.content, m.source_name, m.type, m.subtype, m.question_id)
-               IS DISTINCT FROM (p_content, p_sender, p_type, p_subtype, p_question) THEN
-                o := ar__rejected(o, 'DedupConflictError', format(
-                        'dedup key %s was used for message %s to %s with other content, '
-                        'sender or type', ar__repr(p_dedup), m.id, t.display_name),
-                    'dedup_conflict', p_team, p_to, p_sender, p_type, p_subtype);
+    IF NOT v_taken THEN
+        SELECT * INTO t FROM ar_agents WHERE team_id = p_team AND display_name = p_to
+        FOR NO KEY UPDATE;
+        v_found := FOUND;
+        v_now := ar__now();
+        IF NOT v_found AND NOT EXISTS (SELECT 1 FROM ar_teams WHERE id = p_team) THEN
+            o := ar__refused(o, 'UnknownTeamError', format('unknown team %s', p_team));
+            RETURN;
+        END IF;
+        IF NOT p_external THEN
+            SELECT id, state INTO v_source, v_source_state FROM ar_agents
+            WHERE team_id = p_team AND display_name = p_sender;
+            IF v_source IS NULL THEN
+                o := ar__rejected(o, 'UnknownAgentError', format(
+                        'unknown sender %s: not an agent of team %s, nor ''user'', ''system'' or '
+                        '''job:<name>''', ar__repr(p_sender), p_team),
+                    'unknown_sender', p_team, p_to, p_sender, p_type, p_subtype);
+                RETURN;
+            ELSIF v_source_state = 'terminated' THEN
+                o := ar__rejected(o, 'AgentTerminatedError',
+                    format('sender %s is terminated', ar__repr(p_sender)),
+                    'sender_terminated', p_team, p_to, p_sender, p_type, p_subtype);
                 RETURN;
             END IF;
-            o := ar__agent_event(o, 'duplicate_send', t, v_now,
-                                 jsonb_build_object('dedup_key', p_dedup), m.outcome, m.id);
-            o := o || jsonb_build_object('delivery', jsonb_build_object(
-                'message_id', m.id, 'outcome', m.outcome, 'target', t.display_name,
-                'seq', m.seq, 'epoch', t.epoch, 'duplicate', true));
+        END IF;
+        IF NOT v_found THEN
+            o := ar__rejected(o, 'UnknownAgentError',
+                format('no agent %s in team %s', ar__repr(p_to), p_team),
+                'unknown_target', p_team, p_to, p_sender, p_type, p_subtype);
             RETURN;
+        END IF;
+        IF v_source = t.id THEN
+            o := ar__rejected(o, 'InvalidMessageError', 'an agent cannot message itself',
+                'self_send', p_team, p_to, p_sender, p_type, p_subtype);
+            RETURN;
+        END IF;
+        IF t.state = 'terminated' THEN
+            o := ar__rejected(o, 'AgentTerminatedError',
+                format('agent %s is terminated', ar__repr(p_to)),
+                'terminated', p_team, p_to, p_sender, p_type, p_subtype);
+            RETURN;
+        END IF;
+        -- A retried send finds its first delivery by its dedup key.
+        IF p_dedup IS NOT NULL THEN
+            SELECT * INTO m FROM ar_messages WHERE target_agent_id = t.id AND dedup_key = p_dedup;
+            IF FOUND THEN
+                IF (m.content, m.source_name, m.type, m.subtype, m.question_id)
+                   IS DISTINCT FROM (p_content, p_sender, p_type, p_subtype, p_question) THEN
+                    o := ar__rejected(o, 'DedupConflictError', format(
+                            'dedup key %s was used for message %s to %s with other content, '
+                            'sender or type', ar__repr(p_dedup), m.id, t.display_name),
+                        'dedup_conflict', p_team, p_to, p_sender, p_type, p_subtype);
+                    RETURN;
+                END IF;
+                o := ar__agent_event(o, 'duplicate_send', t, v_now,
+                                     jsonb_build_object('dedup_key', p_dedup), m.outcome, m.id);
+                o := o || jsonb_build_object('delivery', jsonb_build_object(
+                    'message_id', m.id, 'outcome', m.outcome, 'target', t.display_name,
+                    'seq', m.seq, 'epoch', t.epoch, 'duplicate', true));
+                RETURN;
+            END IF;
+        END IF;
+        v_before := t.state;
+        -- An answer answers an open question that its receiver asked.
+        IF p_type = 'answer' THEN
+            IF p_question IS NULL THEN
+                o := ar__rejected(o, 'InvalidMessageError', 'an answer needs a question_id',
+                    'no_question_id', p_team, p_to, p_sender, p_type, p_subtype);
+                RETURN;
+            END IF;
+            SELECT * INTO q FROM ar_questions WHERE id = p_question FOR NO KEY UPDATE;
+            IF NOT FOUND OR q.team_id <> p_team THEN
+                o := ar__rejected(o, 'UnknownQuestionError',
+                    format('no question %s in team %s', p_question, p_team),
+                    'unknown_question', p_team, p_to, p_sender, p_type, p_subtype);
+                RETURN;
+            ELSIF q.asker_agent_id <> t.id THEN
+                o := ar__rejected(o, 'WrongQuestionError',
+                    format('question %s was not asked by %s', q.id, ar__repr(t.display_name)),
+                    'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
+                RETURN;
+            ELSIF q.kind <> 'ask' THEN
+                o := ar__rejected(o, 'WrongQuestionError', format(
+                        '%s is not a question but a wait for output: nothing to answer', q.id),
+                    'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
+                RETURN;
+            ELSIF q.status <> 'open' THEN
+                o := ar__rejected(o, 'QuestionClosedError',
+                    format('question %s is already %s', q.id, q.status),
+                    'question_closed', p_team, p_to, p_sender, p_type, p_subtype);
+                RETURN;
+            END IF;
+        END IF;
+        -- The question a waiting receiver is blocked on (usually the very one answered).
+        IF t.state = 'waiting' THEN
+            IF q.id IS NOT NULL AND q.waiting THEN
+                w := q;
+            ELSE
+                w := ar__waiting_question(t.id);
+            END IF;
         END IF;
     END IF;
-    v_before := t.state;
-    -- An answer answers an open question that its receiver asked.
-    IF p_type = 'answer' THEN
-        IF p_question IS NULL THEN
-            o := ar__rejected(o, 'InvalidMessageError', 'an answer needs a question_id',
-                'no_question_id', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        END IF;
-        SELECT * INTO q FROM ar_questions WHERE id = p_question FOR NO KEY UPDATE;
-        IF NOT FOUND OR q.team_id <> p_team THEN
-            o := ar__rejected(o, 'UnknownQuestionError',
-                format('no question %s in team %s', p_question, p_team),
-                'unknown_question', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        ELSIF q.asker_agent_id <> t.id THEN
-            o := ar__rejected(o, 'WrongQuestionError',
-                format('question %s was not asked by %s', q.id, ar__repr(t.display_name)),
-                'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        ELSIF q.kind <> 'ask' THEN
-            o := ar__rejected(o, 'WrongQuestionError', format(
-                    '%s is not a question but a wait for output: nothing to answer', q.id),
-                'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        ELSIF q.status <> 'open' THEN
-            o := ar__rejected(o, 'QuestionClosedError',
-                format('question %s is already %s', q.id, q.status),
-                'question_closed', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        END IF;
-    END IF;
-    -- The question a waiting receiver is blocked on (usually the very one answered).
-    IF t.state = 'waiting' THEN
-        IF q.id IS NOT NULL AND q.waiting THEN
-            w := q;
-        ELSE
-            w := ar__waiting_question(t.id);
-        END IF;
-    END IF;
+    v_before := coalesce(v_before, t.state);
     v_outcome := ar__decide(t.state, w.id, w.kind, w.target_agent_id, p_type, p_subtype,
                             v_source, p_wake, q.id);
     -- The message, final as inserted: one that resolves a wait is delivered as it is
@@ -249,13 +279,16 @@ BEGIN
     INSERT INTO ar_messages (team_id, seq, source_name, source_agent_id, target_agent_id, type,
                              subtype, content, body, question_id, wake, dedup_key, outcome,
                              status, consumed_turn_id, consumed_at, created_at)
-    VALUES (p_team, t.next_seq, p_sender, v_source, t.id, p_type, p_subtype, p_content, p_body,
-            p_question, p_wake, p_dedup, v_outcome,
+    VALUES (p_team, CASE WHEN v_taken THEN t.next_seq - 1 ELSE t.next_seq END, p_sender,
+            v_source, t.id, p_type, p_subtype, p_content, p_body, p_question, p_wake, p_dedup,
+            v_outcome,
             CASE WHEN v_outcome = 'resolved' THEN 'delivered' ELSE 'pending' END::ar_message_status,
             CASE WHEN v_outcome = 'resolved' THEN ar__waiter_turn(t.id, w.asker_epoch) END,
             CASE WHEN v_outcome = 'resolved' THEN v_now END, v_now)
     RETURNING * INTO m;
-    t.next_seq := t.next_seq + 1;
+    IF NOT v_taken THEN
+        t.next_seq := t.next_seq + 1;
+    END IF;
     IF q.id IS NOT NULL THEN
         q := ar__close_question(q, 'answered', v_now, m.id);
     END IF;
@@ -273,7 +306,9 @@ BEGIN
         t := r.a;
         o := r.o;
     END IF;
-    PERFORM ar__save_agent(t);
+    IF NOT v_taken THEN
+        PERFORM ar__save_agent(t);
+    END IF;
     o := ar__agent_event(o, 'route', t, v_now, jsonb_build_object(
             'seq', m.seq, 'type', p_type, 'sender', p_sender, 'wake', p_wake,
             'state_before', v_before, 'state_after', t.state),
