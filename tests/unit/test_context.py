@@ -215,7 +215,9 @@ def test_the_window_keeps_pairing_and_its_cut_is_a_function_of_the_transcript(
 @st.composite
 def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
     """Transcripts with questions asked of the agent, some answered by its answer calls."""
-    messages = [{"role": "system", "content": "s"}] if draw(st.booleans()) else []
+    messages: list[dict[str, Any]] = (
+        [{"role": "system", "content": "s"}] if draw(st.booleans()) else []
+    )
     asked: list[int] = []
     for n in range(draw(st.integers(1, 60))):
         kind = draw(st.sampled_from(["work", "ask", "answer", "user", "prose"]))
@@ -227,7 +229,7 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
             messages.append(env(MessageType.ASK, "q" * size, mid=n, question_id=n))
         elif kind == "answer" and asked:
             question = draw(st.sampled_from(asked))
-            call = {"id": f"a{n}", "type": "function", "function": {
+            call: dict[str, Any] = {"id": f"a{n}", "type": "function", "function": {
                 "name": "answer_other_agent",
                 "arguments": json.dumps({"question_id": question, "answer": "a"})}}  # fmt: skip
             messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
