@@ -10,7 +10,7 @@ bench's floors, route and throughput figures alone, through each checkout's ``Be
 machine compare only the figures of one run: the rounds alternate so that each checkout sees the
 same load::
 
-    .venv/bin/python scripts/alternate.py --what bench --rounds 3 base=/work/base mine=.
+    .venv/bin/python scripts/alternate.py --what bench --rounds 3 base=../base mine=.
 """
 
 from __future__ import annotations
