@@ -183,10 +183,10 @@ class ContextWindow:
     leading system prompt and the first task, one note saying how many earlier messages are
     left out (:data:`WINDOW_NOTE`), the questions asked of the agent that it has not answered
     with an answer call (the newest :data:`OPEN_QUESTIONS_KEPT`), and everything from the cut
-    on. The cut only moves forward (a larger budget lets
-    the tail grow), and it is a function of the transcript: another process that builds the
-    window from the same entries, whole or from a :meth:`checkpoint`, reaches the same one.
-    ``budget`` ``None``: nothing more is left out.
+    on. The cut only moves forward (a larger budget lets the tail grow), and it is a function
+    of the transcript: another process that builds the window from the same entries, whole or
+    from a :meth:`checkpoint`, reaches the same one. ``budget`` ``None``: nothing more is left
+    out.
 
     Entries before the cut are let go, but for the pinned ones (the head, open questions), so
     the window's memory is bounded by its requests. :meth:`checkpoint` says where it stands;
