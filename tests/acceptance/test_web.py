@@ -221,11 +221,17 @@ def test_live_page_follows_the_demo(database: str, web_server: str, tmp_path: Pa
 
         # "#/" is the list of teams: their agents by state, and no team's heading.
         driver.get(web_server + "/#/")
+        # Read at once in the page: the table is drawn again as the page refreshes, and an
+        # element found before a redraw is gone after it.
         rows = wait_for(
-            lambda: driver.find_elements(By.CSS_SELECTOR, "#teams tbody tr"), "the teams"
+            lambda: driver.execute_script(
+                "return Array.from(document.querySelectorAll('#teams tbody tr'),"
+                " r => [r.getAttribute('data-team'), r.innerText])"
+            ),
+            "the teams",
         )
-        assert [r.get_attribute("data-team") for r in rows] == ["1"]
-        assert "3" in rows[0].text and "completed" in rows[0].text
+        assert [team for team, _text in rows] == ["1"]
+        assert "3" in rows[0][1] and "completed" in rows[0][1]
         assert driver.find_element(By.ID, "where").text == "· teams"
         assert not driver.find_element(By.ID, "team-view").is_displayed()
 
