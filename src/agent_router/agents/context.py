@@ -293,34 +293,30 @@ class ContextWindow:
             "budget": self.budget,
         }
 
-    @staticmethod
-    def pinned_positions(checkpoint: Mapping[str, Any]) -> list[int]:
-        """The positions before a checkpoint's cut that a window restored from it holds."""
-        cut = int(checkpoint["cut"])
-        held = [*checkpoint["head"], *checkpoint["open"].values()]
-        return sorted({int(p) for p in held if int(p) < cut})
-
     @classmethod
     def restore(
         cls,
         checkpoint: Mapping[str, Any],
-        rows: Sequence[Row],
+        read: Callable[[int, list[int]], Sequence[Row]],
         *,
         target: int | None,
         budget: int | None,
         keep_recent: int = 8,
     ) -> ContextWindow | None:
-        """The window a :meth:`checkpoint` describes, from ``rows``: its pinned entries and
-        every entry from its cut on, in order (later entries are taken in as new ones). ``None``
-        when the rows are not those (the transcript is not the one it was taken of)."""
+        """The window a :meth:`checkpoint` describes, from the rows ``read(after, also)``
+        returns: the entries after position ``after`` (the cut's) and at the positions ``also``
+        (the pinned ones before it), in order; later entries are taken in as new ones. ``None``
+        when the checkpoint is not one this class wrote, or the rows are not those (the
+        transcript is not the one it was taken of)."""
         try:
             cut, length = int(checkpoint["cut"]), int(checkpoint["length"])
-            pins = cls.pinned_positions(checkpoint)
             head = [int(p) for p in checkpoint["head"]]
             opened = {int(q): int(p) for q, p in checkpoint["open"].items()}
             leading, has_task = bool(checkpoint["leading"]), bool(checkpoint["has_task"])
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
+        pins = sorted({p for p in [*head, *opened.values()] if p < cut})
+        rows = read(cut - 1, pins)
         by_position = dict(rows)
         tail = [(p, e) for p, e in rows if p >= cut]
         if (

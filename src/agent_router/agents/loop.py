@@ -431,15 +431,14 @@ def _window(turn: Turn, kept: Any, *, target: int | None, budget: int | None) ->
             return kept
     checkpoint = turn.window_checkpoint()
     if checkpoint is not None:
-        try:
-            cut, pins = int(checkpoint["cut"]), ContextWindow.pinned_positions(checkpoint)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            pass  # not a checkpoint this release wrote
-        else:
-            rows = turn.transcript_rows(cut - 1, also=pins)
-            restored = ContextWindow.restore(checkpoint, rows, target=target, budget=budget)
-            if restored is not None:
-                return restored
+        restored = ContextWindow.restore(
+            checkpoint,
+            lambda after, also: turn.transcript_rows(after, also=also),
+            target=target,
+            budget=budget,
+        )
+        if restored is not None:
+            return restored
     window = ContextWindow(target=target, budget=budget)
     window.take(turn.transcript_rows())
     return window
