@@ -53,8 +53,14 @@ def _ensure_database(admin_url: str, name: str) -> None:
     engine.dispose()
 
 
+def _output(command: list[str], directory: Path) -> Any:
+    """What ``command``, run in ``directory``, printed: one JSON value."""
+    done = subprocess.run(command, cwd=directory, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout)
+
+
 def _bench(directory: Path, url: str, args: argparse.Namespace) -> dict[str, float]:
-    out = subprocess.run(
+    out = _output(
         [
             str(directory / ".venv/bin/agent-router"),
             "bench",
@@ -68,12 +74,9 @@ def _bench(directory: Path, url: str, args: argparse.Namespace) -> dict[str, flo
             str(args.queued),
             "--json",
         ],
-        cwd=directory,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return _figures(json.loads(out))
+        directory,
+    )
+    return _figures(out)
 
 
 def _figures(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -109,7 +112,7 @@ finally:
 
 
 def _routes(directory: Path, url: str, args: argparse.Namespace) -> dict[str, float]:
-    out = subprocess.run(
+    out = _output(
         [
             str(directory / ".venv/bin/python"),
             "-c",
@@ -118,24 +121,17 @@ def _routes(directory: Path, url: str, args: argparse.Namespace) -> dict[str, fl
             args.redis_url,
             str(args.samples),
         ],
-        cwd=directory,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return _figures(json.loads(out))
+        directory,
+    )
+    return _figures(out)
 
 
 def _send_cost(directory: Path, url: str, _args: argparse.Namespace) -> dict[str, float]:
-    out = subprocess.run(
+    out = _output(
         [str(directory / ".venv/bin/python"), str(HERE / "send_cost.py"), "--postgres-url", url],
-        cwd=directory,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    found = json.loads(out)
-    return {"client us/send": found["client_median"], "server us/send": found["server_median"]}
+        directory,
+    )
+    return {"client us/send": out["client_median"], "server us/send": out["server_median"]}
 
 
 def main() -> None:
