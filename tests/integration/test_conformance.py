@@ -89,7 +89,21 @@ TABLES = [
     "ar_budgets",
     "ar_model_calls",
 ]
-_IDS_IN_TEXT = re.compile(r'(message_id|question_id)="(\d+)"')
+#: Ids quoted inside a sentence (a refusal's text in the ledger, an envelope's attributes): each
+#: database numbers its own rows, and a sequence on PostgreSQL is not given back when a
+#: statement that drew from it is refused, so the same sentence may quote different numbers.
+_IDS_IN_TEXT = re.compile(
+    r'\b(message_id|question_id)="(\d+)"|\b(message|question|turn|job|team) (\d+)\b'
+)
+_TEXT_TABLES = {
+    "message_id": "ar_messages",
+    "question_id": "ar_questions",
+    "message": "ar_messages",
+    "question": "ar_questions",
+    "turn": "ar_turns",
+    "job": "ar_background_jobs",
+    "team": "ar_teams",
+}
 
 
 def _team_rows(engine: sa.Engine, team_id: int) -> dict[str, list[dict[str, Any]]]:
@@ -142,6 +156,11 @@ class Snapshot:
                 out[column] = self._value(value)
         return out
 
+    def _text_id(self, m: re.Match[str]) -> str:
+        if m[1]:
+            return f'{m[1]}="{self._id(_TEXT_TABLES[m[1]], int(m[2]))}"'
+        return f"{m[3]} {self._id(_TEXT_TABLES[m[3]], int(m[4]))}"
+
     def _value(self, value: Any) -> Any:
         if isinstance(value, dict):
             return {
@@ -159,8 +178,7 @@ class Snapshot:
         if isinstance(value, list):
             return [self._value(v) for v in value]
         if isinstance(value, str):
-            table = {"message_id": "ar_messages", "question_id": "ar_questions"}
-            return _IDS_IN_TEXT.sub(lambda m: f'{m[1]}="{self._id(table[m[1]], int(m[2]))}"', value)
+            return _IDS_IN_TEXT.sub(self._text_id, value)
         if isinstance(value, float):
             return round(value, 6)
         return value
