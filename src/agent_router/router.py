@@ -147,7 +147,7 @@ class Router:
         """Add a sub-agent; its display name is ``{role}_{n}`` unless given. ``runner``: the
         host's Celery task for its turns (default ``Settings.runners[role]``, else the built-in
         loop)."""
-        role = check.name(role, "role")
+        role = check.role(role)
         new = _new_agent(role, display_name, system_prompt, self._runner(role, runner))
         agent, _ = self.store.create_agent(_team_id(team_id), new)
         return agent
@@ -166,7 +166,7 @@ class Router:
         """Add a sub-agent and send it its first ``task`` in one transaction: a crash or a
         refused task (too large, unknown sender, ...) leaves neither behind. The task wakes the
         new agent like any message to an idle one (``triggered_new_turn``)."""
-        role = check.name(role, "role")
+        role = check.role(role)
         new = _new_agent(role, display_name, system_prompt, self._runner(role, runner))
         # `to` is replaced by the new agent's display name.
         task_fields = {
@@ -458,7 +458,7 @@ class Router:
         (created, active at once): refused with
         :class:`~agent_router.errors.BudgetExhaustedError`, and a ``budget_refused`` event,
         when the team is at either limit. Nothing else stops."""
-        self.store.charge_sub_agent(_team_id(team_id), check.name(role, "role"))
+        self.store.charge_sub_agent(_team_id(team_id), check.role(role))
 
     def ask(
         self,
@@ -607,10 +607,12 @@ class Router:
         include_undelivered: bool = False,
         ledger_older_than_seconds: float | None = None,
     ) -> Deletion:
-        """Retention: delete every finished team (no agent scheduled, running or waiting, no
-        ledger event for ``older_than_seconds``) that owes nothing (``include_undelivered``:
-        those that do too, what they owed ledgered) and published outbox rows that old. Teams
-        kept because they owe something are listed in ``Deletion.kept``. Then the routine
+        """Retention: delete every finished team (no agent scheduled, running or waiting, and
+        no message, turn, model call or ledger event for ``older_than_seconds``: the ledger's
+        own retention never makes a live team look idle) that owes nothing
+        (``include_undelivered``: those that do too, what they owed ledgered) and published
+        outbox rows that old. Teams kept because they owe something, or because a send reached
+        them while the prune ran, are listed in ``Deletion.kept``. Then the routine
         ledger events of the teams left older than ``ledger_older_than_seconds`` (default:
         ``Settings.ledger_retention_days``; unset: none), counted in ``rows["ar_ledger"]``."""
         older = check.seconds(older_than_seconds, "older_than_seconds", maximum=1e10)

@@ -217,16 +217,27 @@ def _prune_ledger(router: Sweepable) -> int:
     return router.store.prune_ledger(older_than_seconds=days * 86400, batches=1)
 
 
+#: Publishes that fail in a row, with none taken by the broker in the pass, after which the
+#: sweeper asks the broker whether it is there at all.
+BROKER_AWAY_AFTER = 2
+
+
 def _republish(router: Sweepable, bulkhead: Bulkhead) -> int:
     """Publish again the outbox rows a lost publish left (those younger than a sweep period
-    are probably being published by their writer right now). A publish that fails for one
-    row while the next one goes through is that row's failure; two in a row mean the broker
-    is away, and the rest wait for the next pass (each would wait out its retries)."""
+    are probably being published by their writer right now). A publish that fails is its
+    row's failure, recorded in its agent's bulkhead (left alone with backoff, quarantined when
+    it keeps failing, which ``check`` reports), and the pass goes on to the other rows: a row
+    that can never be published holds back no other. Only a broker that is away ends the
+    step: after :data:`BROKER_AWAY_AFTER` failures in a row with none published, a broker that
+    cannot be asked for its queue's depth is taken to be away (those rows are not charged with
+    a failure; every row waits for the next pass, each would wait out the publisher's
+    retries), and one that answers leaves the failures to the rows."""
     if router.publisher is None:
         return 0
     entries = router.store.claim_unpublished(older_than_seconds=router.settings.sweep_seconds)
     published = 0
-    failing: tuple[OutboxEntry, Exception] | None = None
+    failing: list[tuple[OutboxEntry, Exception]] = []
+    broker_answers = False
     for entry in entries:
         if entry.agent_id in bulkhead.resting:
             bulkhead.skipped.add(entry.agent_id)
@@ -234,19 +245,37 @@ def _republish(router: Sweepable, bulkhead: Bulkhead) -> int:
         try:
             router.republish(entry)
         except Exception as exc:
-            if failing is not None:
-                logger.warning("outbox publish failed: %s", exc, extra={"action": "publish"})
+            failing.append((entry, exc))
+            if published or broker_answers or len(failing) < BROKER_AWAY_AFTER:
+                continue
+            if not _broker_answers(router):
+                logger.warning(
+                    "outbox publish failed: %s; the broker is away, the rows wait for the next "
+                    "pass",
+                    exc,
+                    extra={"action": "publish"},
+                )
                 return published
-            failing = (entry, exc)
+            broker_answers = True
             continue
         published += 1
-        if failing is not None:  # the broker took this one: the one before failed on its own
-            _fail_publish(bulkhead, *failing)
-            failing = None
         bulkhead.run(entry.agent_id, SweepStep.REPUBLISH, _nothing)  # lifts failures before
-    if failing is not None:
-        logger.warning("outbox publish failed: %s", failing[1], extra={"action": "publish"})
+    if failing and not published and not broker_answers and not _broker_answers(router):
+        # Every publish of the pass failed, and the broker cannot be asked: it is away.
+        logger.warning("outbox publish failed: %s", failing[-1][1], extra={"action": "publish"})
+        return published
+    for entry, exc in failing:
+        _fail_publish(bulkhead, entry, exc)
     return published
+
+
+def _broker_answers(router: Sweepable) -> bool:
+    """Can the broker be reached? Asked of a publisher that can tell a queue's depth; one that
+    cannot is taken to be reachable (its failures are then its rows')."""
+    publisher = router.publisher
+    if not isinstance(publisher, QueueDepth):
+        return True
+    return publisher.queue_depth(router.settings.queue) is not None
 
 
 def _nothing() -> None:

@@ -39,6 +39,9 @@ MAX_ID: Final = limits.integer_range(limits.ID)[1]
 MIN_INT32, MAX_INT32 = limits.integer_range(limits.COUNTER)
 #: Display names, roles and senders (``job:<name>`` included).
 MAX_NAME_CHARS: Final = limits.chars(limits.NAME)
+#: Roles: a sub-agent's display name is ``{role}_{n}``, which must fit a name whatever ``n``
+#: (a 32-bit count) grows to.
+MAX_ROLE_CHARS: Final = MAX_NAME_CHARS - len("_") - len(str(MAX_INT32))
 #: A background job's name: its notices come from ``job:<name>``, a sender.
 MAX_JOB_NAME_CHARS: Final = limits.chars(limits.NAME) - len(EXTERNAL_PREFIX)
 #: Dedup keys and tool call ids.
@@ -167,6 +170,18 @@ def _reading(value: str) -> str:
 
 _RESERVED_READINGS: Final = frozenset(map(_reading, RESERVED_NAMES))
 _JOB_READING: Final = _reading(EXTERNAL_PREFIX)
+
+
+def role(value: Any) -> str:
+    """A role: a :func:`name` of at most :data:`MAX_ROLE_CHARS` characters, so that the
+    display names made from it (``{role}_{n}``) are names too."""
+    checked = name(value, "role")
+    if len(checked) > MAX_ROLE_CHARS:
+        raise errors.InvalidNameError(
+            f"invalid role {checked[:40]!r}...: {len(checked)} characters, at most "
+            f"{MAX_ROLE_CHARS} (its agents are named {{role}}_{{n}})"
+        )
+    return checked
 
 
 def display_name(value: Any) -> str:

@@ -22,7 +22,12 @@ from agent_router import (
     UnknownQuestionError,
     UnknownTeamError,
 )
-from agent_router.errors import AskRefusedError, InvalidArgumentError, WrongQuestionError
+from agent_router.errors import (
+    AskRefusedError,
+    InvalidArgumentError,
+    InvalidNameError,
+    WrongQuestionError,
+)
 
 from .helpers import assistant, start_running, start_waiting, tool_call
 
@@ -146,6 +151,26 @@ def test_duplicate_and_malformed_display_names(router: Router) -> None:
     router.create_agent(team.id, role="Engineer", display_name="Engineer_1")
     assert router.create_agent(team.id, role="Engineer").display_name == "Engineer_2"
     assert router.create_agent(team.id, role="Designer").display_name == "Designer_1"
+
+
+def test_a_role_as_long_as_the_boundary_allows_is_one_the_store_takes(router: Router) -> None:
+    """One limit for a role, read by the boundary and the store alike: the longest role the
+    boundary passes makes an agent (its display name ``{role}_{n}`` fits a name), one
+    character more is refused by the boundary, with one typed error and nothing written."""
+    from agent_router.validation import MAX_NAME_CHARS, MAX_ROLE_CHARS
+
+    team = router.create_team()
+    for length in (150, MAX_ROLE_CHARS):
+        role = "R" * length
+        agent = router.create_agent(team.id, role=role)
+        assert (agent.role, agent.display_name) == (role, f"{role}_1")
+        assert len(agent.display_name) <= MAX_NAME_CHARS
+        with_task, _ = router.create_agent_with_task(team.id, role=role, task="go")
+        assert with_task.display_name == f"{role}_2"
+    before = (router.agents(team.id), router.ledger(team.id))
+    with pytest.raises(InvalidNameError, match="at most"):
+        router.create_agent(team.id, role="R" * (MAX_ROLE_CHARS + 1))
+    assert (router.agents(team.id), router.ledger(team.id)) == before
 
 
 @pytest.mark.parametrize(

@@ -195,3 +195,87 @@ def test_a_turn_whose_end_cannot_be_written_is_taken_over_like_a_crashed_one(
         router, recovery, models=lambda agent: Finishing(), tools=default_registry()
     ) is (TurnOutcome.ENDED)
     assert check_team(router, team.id, quiescent=True).ok
+
+
+def test_two_rows_the_broker_refuses_hold_back_no_other_team(
+    own_database: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Two outbox rows whose publish fails for themselves (their host runner's queue is a Redis
+    key holding a string: WRONGTYPE) sit ahead of another team's three. The pass publishes the
+    three, charges each bad row's agent with a failure (ledgered, left alone with backoff),
+    and the bad agents end quarantined, which ``check`` names. A broker that is away charges
+    no row."""
+    import redis
+
+    from agent_router.ops.chaos_processes import PrivateRedis
+    from agent_router.worker.celery_app import create_app
+    from agent_router.worker.publisher import CeleryPublisher
+
+    queue = f"agent_router.test.{uuid.uuid4().hex[:10]}"
+    settings = Settings(
+        database_url=own_database, broker_url=redis_url, queue=queue, sweep_seconds=0.2
+    )
+    router = Router(settings, publisher=None)  # every row stays unpublished
+    router.create_schema()
+    client = redis.Redis.from_url(redis_url)
+    bad_teams = []
+    try:
+        for _ in range(2):
+            bad_queue = f"agent_router.test.bad.{uuid.uuid4().hex[:10]}"
+            client.set(bad_queue, "not a list")
+            team = router.create_team(lead_runner=f"host.lead_turn@{bad_queue}")
+            router.send(team.id, to="Team Leader", content="hello", type=MessageType.TASK)
+            bad_teams.append(team.id)
+        good = router.create_team()
+        for role in ("Engineer", "Designer"):
+            router.create_agent(good.id, role=role)
+        for name in ("Team Leader", "Engineer_1", "Designer_1"):
+            router.send(good.id, to=name, content="go", type=MessageType.TASK)
+        router.publisher = CeleryPublisher(create_app(settings))
+        time.sleep(settings.sweep_seconds * 1.5)  # the rows are past a sweep period
+
+        first = router.sweep()
+        assert (first.republished, first.failed) == (3, 2), first
+        assert [e.agent_id for e in router.store.reads.unpublished()] == [
+            router.team(t).lead.id for t in bad_teams
+        ]
+        for team_id in bad_teams:
+            assert _events(router, team_id, LedgerAction.SWEEP_FAILED) == ["Team Leader"]
+
+        # Each failure leaves its agent alone a while, then it is tried again, until quarantined.
+        def held() -> list[int]:
+            return [
+                q.team_id
+                for q in router.store.reads.quarantined()
+                if q.failures >= QUARANTINE_AFTER
+            ]
+
+        deadline = time.monotonic() + 60
+        while len(held()) < 2 and time.monotonic() < deadline:
+            time.sleep(settings.sweep_seconds)
+            router.sweep()
+        assert sorted(held()) == bad_teams
+        report = check_team(router, bad_teams[0])
+        assert report.quarantined == 1
+        assert any("quarantined" in f and "republish" in f for f in report.failures)
+    finally:
+        client.close()
+        router.close()
+
+    # A broker that is away: the pass ends, and no row is charged with a failure.
+    server = PrivateRedis(tmp_path)
+    server.start()
+    away = Router(settings.model_copy(update={"broker_url": server.url}), publisher=None)
+    try:
+        team = away.create_team()
+        away.send(team.id, to="Team Leader", content="hello", type=MessageType.TASK)
+        away.create_agent(team.id, role="Engineer")
+        away.send(team.id, to="Engineer_1", content="hello", type=MessageType.TASK)
+        away.publisher = CeleryPublisher(create_app(away.settings))
+        server.stop()
+        time.sleep(settings.sweep_seconds * 1.5)
+        report = away.sweep()
+        assert (report.republished, report.failed) == (0, 0), report
+        assert _events(away, team.id, LedgerAction.SWEEP_FAILED) == []
+    finally:
+        away.close()

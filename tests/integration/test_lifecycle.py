@@ -327,3 +327,148 @@ def test_ledger_retention_deletes_routine_events_of_a_live_team_and_keeps_what_c
     finally:
         keeping.store.dispose()
     assert len(router.ledger(team.id)) == len(after) - 1
+
+
+def _age_team(router: Router, team_id: int, days: float) -> None:
+    """Move the team's rows ``days`` into the past: when each was created, started, ended,
+    consumed, closed or published (not its deadlines and leases, which stay ahead)."""
+    from datetime import timedelta
+
+    past = {"created_at", "started_at", "ended_at", "consumed_at", "closed_at", "published_at"}
+    tables = Base.metadata.tables
+    agents = sa.select(tables["ar_agents"].c.id).where(tables["ar_agents"].c.team_id == team_id)
+    with router.store.engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            clocks = [c for c in table.c if c.name in past]
+            if not clocks or table.name == "ar_budgets":
+                continue
+            if table.name == "ar_teams":
+                where = table.c.id == team_id
+            elif "team_id" in table.c:
+                where = table.c.team_id == team_id
+            elif "agent_id" in table.c:
+                where = table.c.agent_id.in_(agents)
+            else:
+                continue
+            keys = list(table.primary_key.columns)
+            for row in conn.execute(sa.select(*keys, *clocks).where(where)).mappings().all():
+                moved = {
+                    c.name: row[c.name] - timedelta(days) for c in clocks if row[c.name] is not None
+                }
+                if moved:
+                    match = sa.and_(*(k == row[k.name] for k in keys))
+                    conn.execute(sa.update(table).where(match).values(moved))
+
+
+def test_prune_keeps_a_team_active_within_its_window_after_ledger_retention(
+    router: Router,
+) -> None:
+    """Ledger retention deletes a live team's routine events; prune still sees the team's
+    recent turn and message, and keeps it. A team idle for as long is pruned."""
+    idle = _resting_team(router)
+    _age_team(router, idle, 8)
+    active = _resting_team(router)
+    _age_team(router, active, 8)  # created 8 days ago...
+    turn = start_running(router, active, "Engineer_1", content="one more thing")  # ...active now
+    turn.append_assistant(assistant("done"))
+    turn.end()
+    _age_ledger(router, 3)  # every event 3 days old: retention of 2 days deletes the routine ones
+    assert router.store.prune_ledger(older_than_seconds=2 * 86400) > 0
+    assert all(e.created_at < turn.record.started_at for e in router.ledger(active))
+    pruned = router.prune(older_than_seconds=6 * 86400)
+    assert pruned.teams == (idle,)
+    assert router.team(active).id == active
+    assert [m.content for m in router.messages(active)][-1] == "one more thing"
+
+
+@pytest.mark.slow
+def test_prune_beside_live_sends_keeps_every_team_a_send_reached(router: Router) -> None:
+    """A prune running while senders reach old, finished teams never fails for a team that
+    became owed meanwhile, and never deletes a team holding a message it accepted: a send is
+    either refused (its team was deleted first) or its message is there after the prune."""
+    import threading
+
+    from agent_router import AgentRouterError
+
+    teams = [_resting_team(router) for _ in range(40)]
+    for team_id in teams:
+        _age_team(router, team_id, 2)
+    accepted: list[tuple[int, int]] = []
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def send() -> None:
+        for team_id in teams:
+            try:
+                d = router.send(team_id, to="Engineer_1", content="late", wake=False)
+            except AgentRouterError:
+                continue  # the team was pruned before the send: refused, nothing half-written
+            accepted.append((team_id, d.message_id))
+        done.set()
+
+    def prune() -> None:
+        try:
+            while not done.is_set():
+                router.prune(older_than_seconds=86400)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=send), threading.Thread(target=prune)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    router.prune(older_than_seconds=86400)
+    for team_id, message_id in accepted:
+        assert message_id in {m.id for m in router.messages(team_id)}
+
+
+def test_prune_keeps_a_team_a_send_reached_between_its_choice_and_its_lock(
+    router: Router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race made certain: a send commits right after the prune chose the team and before
+    it locks it. The prune keeps the team (in ``kept``) and the message, and fails nothing.
+    (On SQLite a prune's transaction holds the write lock from its start, so no send can
+    commit in between; the send then comes after the prune.)"""
+    import threading
+
+    from agent_router.store import lifecycle
+
+    team_id = _resting_team(router)
+    _age_team(router, team_id, 2)
+    choose = lifecycle.finished_teams
+    sent: list[int] = []
+
+    def chosen_then_sent(*args: Any, **kwargs: Any) -> tuple[list[int], list[int]]:
+        result = choose(*args, **kwargs)
+        if team_id in result[0] and not sent:
+
+            def send() -> None:
+                try:
+                    d = router.send(team_id, to="Engineer_1", content="just in time", wake=False)
+                except UnknownTeamError:
+                    return  # the prune deleted the team first
+                sent.append(d.message_id)
+
+            thread = threading.Thread(target=send)
+            thread.start()
+            if router.store.engine.dialect.name == "postgresql":
+                thread.join()  # committed before the prune locks the team
+            else:
+                sent.append(-1)  # waits for the prune's write lock
+                threads.append(thread)
+        return result
+
+    threads: list[threading.Thread] = []
+    monkeypatch.setattr(lifecycle, "finished_teams", chosen_then_sent)
+    pruned = router.prune(older_than_seconds=86400)
+    for thread in threads:
+        thread.join()
+    if router.store.engine.dialect.name == "postgresql":
+        assert pruned.teams == () and pruned.kept == (team_id,)
+        assert sent[0] in {m.id for m in router.messages(team_id)}
+    else:
+        assert pruned.teams == (team_id,)  # pruned first; the send then found no team
+        with pytest.raises(UnknownTeamError):
+            router.team(team_id)

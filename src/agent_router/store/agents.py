@@ -8,6 +8,7 @@ from dataclasses import replace
 import sqlalchemy as sa
 
 from agent_router import errors
+from agent_router import validation as check
 from agent_router.domain import (
     Agent,
     AgentState,
@@ -51,7 +52,7 @@ def check_role(role: str) -> str:
     role = role.strip()
     if (
         not role
-        or len(role) > 100
+        or len(role) > check.MAX_ROLE_CHARS
         or any(c in role for c in '"\n\r<>')
         or role.startswith(routing.EXTERNAL_PREFIX)
     ):

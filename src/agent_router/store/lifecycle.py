@@ -64,7 +64,7 @@ class Deletion:
     questions: tuple[int, ...] = ()  # their wake keys go too
     dry_run: bool = False
     owed: dict[str, int] = field(default_factory=dict)  # owed rows dropped, by kind (OWED)
-    kept: tuple[int, ...] = ()  # teams a prune left because they owe something
+    kept: tuple[int, ...] = ()  # teams a prune left: they owe something, or a send reached them
 
     @property
     def total(self) -> int:
@@ -184,14 +184,23 @@ def delete_teams(
     outbox_pruned_before: datetime | None = None,
     include_undelivered: bool = False,
     by: str = "delete",
+    idle_since: datetime | None = None,
 ) -> Deletion:
     """Delete the teams ``team_ids`` (locked first) and every row they own. A team that still
     owes rows (:data:`OWED`) is refused (:class:`~agent_router.errors.OwedRowsError`), or with
-    ``include_undelivered`` deleted and what it owed ledgered."""
+    ``include_undelivered`` deleted and what it owed ledgered. With ``idle_since`` (a prune,
+    which chose the teams before locking them), a team that became active since then or owes
+    rows now (a send that committed in between) is kept, not deleted nor refused: it is in
+    the result's ``kept``."""
     session = tx.session
-    locked = session.scalars(
-        sa.select(TeamRow.id).where(TeamRow.id.in_(team_ids)).order_by(TeamRow.id).with_for_update()
-    ).all()
+    locked = list(
+        session.scalars(
+            sa.select(TeamRow.id)
+            .where(TeamRow.id.in_(team_ids))
+            .order_by(TeamRow.id)
+            .with_for_update()
+        ).all()
+    )
     if not locked:
         return Deletion(dry_run=dry_run)
     # Their agents too, in id order after the teams (the canonical order): a row of an agent is
@@ -205,6 +214,19 @@ def delete_teams(
     )
     owed_rows: dict[str, int] = {}
     per_team = {team_id: owed(tx, [team_id]) for team_id in locked}
+    kept: list[int] = []
+    if idle_since is not None:
+        # Read again under the locks: what committed since the teams were chosen is seen now.
+        live = set(
+            session.scalars(
+                sa.select(TeamRow.id).where(TeamRow.id.in_(locked), _live(TeamRow.id, idle_since))
+            ).all()
+        )
+        kept = [t for t in locked if t in live or (per_team[t] and not include_undelivered)]
+        locked = [t for t in locked if t not in kept]
+        per_team = {t: found for t, found in per_team.items() if t in locked}
+        if not locked:
+            return Deletion(dry_run=dry_run, kept=tuple(kept))
     for team_id, found in per_team.items():
         if found and not include_undelivered:
             listed = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in found.items())
@@ -234,6 +256,7 @@ def delete_teams(
         questions=tuple(questions),
         dry_run=dry_run,
         owed=owed_rows,
+        kept=tuple(kept),
     )
 
 
@@ -246,18 +269,42 @@ def delete_team(
     return deletion
 
 
+def _live(team_id: sa.ColumnElement[int], since: datetime) -> sa.ColumnElement[bool]:
+    """Is the team ``team_id`` at work (an agent scheduled, running or waiting), or was it
+    active since ``since``? Activity is read from rows that ledger retention never deletes (the
+    messages, turns, model calls and agents of the team) as well as from the ledger, so a team
+    whose routine events were deleted is still seen as active by its last message or turn."""
+    return sa.or_(
+        sa.select(AgentRow.id)
+        .where(AgentRow.team_id == team_id, AgentRow.state.in_(_BUSY_STATES))
+        .exists(),
+        sa.select(AgentRow.id)
+        .where(AgentRow.team_id == team_id, AgentRow.created_at >= since)
+        .exists(),
+        sa.select(MessageRow.id)
+        .where(MessageRow.team_id == team_id, MessageRow.created_at >= since)
+        .exists(),
+        sa.select(TurnRow.id)
+        .where(
+            TurnRow.team_id == team_id,
+            sa.or_(TurnRow.started_at >= since, TurnRow.ended_at >= since),
+        )
+        .exists(),
+        sa.select(ModelCallRow.id)
+        .where(ModelCallRow.team_id == team_id, ModelCallRow.created_at >= since)
+        .exists(),
+        sa.select(LedgerRow.id)
+        .where(LedgerRow.team_id == team_id, LedgerRow.created_at >= since)
+        .exists(),
+    )
+
+
 def finished_teams(
     tx: Tx, *, before: datetime, limit: int, after: int = 0, include_undelivered: bool = False
 ) -> tuple[list[int], list[int]]:
     """Teams (ids above ``after``) with nothing in flight (no agent scheduled, running or
-    waiting) and no ledger event since ``before``: those that owe nothing else (with
-    ``include_undelivered``: every one), and those kept because they do."""
-    busy = sa.select(AgentRow.id).where(
-        AgentRow.team_id == TeamRow.id, AgentRow.state.in_(_BUSY_STATES)
-    )
-    recent = sa.select(LedgerRow.id).where(
-        LedgerRow.team_id == TeamRow.id, LedgerRow.created_at >= before
-    )
+    waiting) and no activity since ``before`` (:func:`_live`): those that owe nothing else
+    (with ``include_undelivered``: every one), and those kept because they do."""
     owing = sa.or_(
         *(
             sa.select(table).where(where).exists()
@@ -266,7 +313,7 @@ def finished_teams(
     )
     rows = tx.session.execute(
         sa.select(TeamRow.id, owing)
-        .where(TeamRow.id > after, TeamRow.created_at < before, ~busy.exists(), ~recent.exists())
+        .where(TeamRow.id > after, TeamRow.created_at < before, ~_live(TeamRow.id, before))
         .order_by(TeamRow.id)
         .limit(limit)
     ).all()

@@ -524,9 +524,11 @@ class Store:
     def prune(
         self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
     ) -> lifecycle.Deletion:
-        """Retention: delete finished teams (nothing in flight, no ledger event within
-        ``older_than_seconds``) that owe nothing (with ``include_undelivered``: those that do
-        too, their drop ledgered) and published outbox rows older than that, in batches."""
+        """Retention: delete finished teams (nothing in flight, no activity within
+        ``older_than_seconds``: no message, turn, model call or ledger event) that owe nothing
+        (with ``include_undelivered``: those that do too, their drop ledgered) and published
+        outbox rows older than that, in batches. A team that a send reaches while the prune
+        runs is kept (in the result's ``kept``), never deleted nor a reason to fail."""
         before = utcnow() - timedelta(seconds=older_than_seconds)
         with self._tx() as tx:  # first, so that a dry run counts each row once
             published = lifecycle.prune_outbox(tx, before=before, dry_run=dry_run)
@@ -551,9 +553,10 @@ class Store:
                     outbox_pruned_before=before,
                     include_undelivered=include_undelivered,
                     by="prune",
+                    idle_since=before,
                 )
             teams += deletion.teams
-            kept += held
+            kept += held + list(deletion.kept)
             questions += deletion.questions
             for name, count in deletion.rows.items():
                 rows[name] = rows.get(name, 0) + count
