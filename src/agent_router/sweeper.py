@@ -264,8 +264,8 @@ def _republish(router: Sweepable, bulkhead: Bulkhead) -> int:
         # Every publish of the pass failed, and the broker cannot be asked: it is away.
         logger.warning("outbox publish failed: %s", failing[-1][1], extra={"action": "publish"})
         return published
-    for entry, exc in failing:
-        _fail_publish(bulkhead, entry, exc)
+    for entry, error in failing:
+        _fail_publish(bulkhead, entry, error)
     return published
 
 

@@ -153,6 +153,18 @@ def test_duplicate_and_malformed_display_names(router: Router) -> None:
     assert router.create_agent(team.id, role="Designer").display_name == "Designer_1"
 
 
+def test_an_id_beyond_64_bits_is_one_typed_error_on_both_databases(router: Router) -> None:
+    """A store call given an integer no column holds: the same error on both databases (SQLite's
+    driver cannot send it; PostgreSQL would look for a function taking ``numeric``), in the
+    router's words."""
+    from agent_router.errors import StoreError
+    from agent_router.store.faults import OUT_OF_RANGE
+
+    with pytest.raises(StoreError) as refused:
+        router.store.budget(10**23)
+    assert str(refused.value) == OUT_OF_RANGE
+
+
 def test_a_role_as_long_as_the_boundary_allows_is_one_the_store_takes(router: Router) -> None:
     """One limit for a role, read by the boundary and the store alike: the longest role the
     boundary passes makes an agent (its display name ``{role}_{n}`` fits a name), one

@@ -149,6 +149,20 @@ def test_one_poisoned_agent_stops_no_pass_and_is_quarantined(router: Router) -> 
         checked = check_team(router, poisoned.id)
         assert (checked.quarantined, checked.stuck_turns) == (1, 1)
         assert any("Engineer_1: quarantined" in f and "take_over" in f for f in checked.failures)
+        assert not any("CONTEXT" in f or "psycopg" in f for f in checked.failures)
+        quiet = check_team(router, poisoned.id, quiescent=True)
+        assert any(
+            f"turn {stuck.id} (epoch {stuck.epoch}" in v and "still running" in v
+            for v in quiet.violations
+        ), quiet.violations
+        assert not any("TurnRecord" in v for v in quiet.violations)
+        # In the router's words: what the database said, never the driver's text (PL/pgSQL's
+        # CONTEXT with the function's arguments, the exception's class).
+        for event in router.ledger(poisoned.id):
+            if event.action is LedgerAction.SWEEP_FAILED:
+                assert "poisoned row" in event.detail["error"]
+                assert "CONTEXT" not in event.detail["error"], event.detail
+                assert "psycopg" not in event.detail["error"], event.detail
         assert check_team(router, healthy.id).ok
 
     # The row can be written again: once its backoff is over, the take-over goes through.
@@ -255,9 +269,9 @@ def test_two_rows_the_broker_refuses_hold_back_no_other_team(
             time.sleep(settings.sweep_seconds)
             router.sweep()
         assert sorted(held()) == bad_teams
-        report = check_team(router, bad_teams[0])
-        assert report.quarantined == 1
-        assert any("quarantined" in f and "republish" in f for f in report.failures)
+        checked = check_team(router, bad_teams[0])
+        assert checked.quarantined == 1
+        assert any("quarantined" in f and "republish" in f for f in checked.failures)
     finally:
         client.close()
         router.close()

@@ -282,9 +282,17 @@ def _check_agent(  # noqa: PLR0917 - one private call site
         report.violations.append(f"{agent.display_name}: {problem}")
 
     running = [t for t in turns if t.status is TurnStatus.RUNNING]
-    if len(running) > 1 or (quiescent and running):
+    listed = ", ".join(
+        f"{t.id} (epoch {t.epoch}, started {t.started_at:%H:%M:%S})" for t in running
+    )
+    if len(running) > 1:
         report.overlapping_turns += 1
-        report.violations.append(f"{agent.display_name}: turns {running} running at once")
+        report.violations.append(f"{agent.display_name}: turns {listed} running at once")
+    elif quiescent and running:
+        report.overlapping_turns += 1
+        report.violations.append(
+            f"{agent.display_name}: turn {listed} is still running where nothing should run"
+        )
     spans = sorted((t.started_at, t.ended_at, t.id) for t in turns if t.ended_at is not None)
     for (_s1, e1, id1), (s2, _e2, id2) in itertools.pairwise(spans):
         if e1 is not None and s2 < e1:

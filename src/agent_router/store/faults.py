@@ -54,17 +54,48 @@ def sqlstate(exc: BaseException) -> str | None:
     return state if isinstance(state, str) else None
 
 
+def said(cause: BaseException) -> str:
+    """What the database said, in one line: psycopg's primary message and its SQLSTATE, or the
+    first line of any other driver's text. Never the rest of the driver's text (PL/pgSQL's
+    ``CONTEXT`` with the function's arguments, the statement, the exception's class), which is
+    logged at DEBUG for whoever digs."""
+    diag = getattr(cause, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    text = primary if isinstance(primary, str) and primary else str(cause)
+    text = text.strip().split("\n", 1)[0] or type(cause).__name__
+    state = getattr(cause, "sqlstate", None)
+    return f"{text} (SQLSTATE {state})" if isinstance(state, str) else text
+
+
 def store_error(exc: SQLAlchemyError, *, committing: bool) -> errors.StoreError:
     """The library's error for ``exc``; ``committing``: it was raised by the COMMIT itself (or
-    by a statement that is its own transaction)."""
-    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    by a statement that is its own transaction). Its message is the router's, with what the
+    database said (:func:`said`); the driver's whole text goes to the log at DEBUG."""
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    logger.debug("driver error: %r", cause, extra={"action": "driver_error"})
+    words = said(cause)
     if rolled_back(exc):  # the server answered: known not written, whatever was committing
-        return errors.StoreError(f"database conflict, rolled back: {cause!r}", retryable=True)
+        return errors.StoreError(f"database conflict, rolled back: {words}", retryable=True)
     if committing and connection_lost(exc):
         return errors.CommitUnknownError(
-            f"the connection was lost while committing; the write may have happened: {cause!r}"
+            f"the connection was lost while committing; the write may have happened: {words}"
         )
-    return errors.StoreError(f"database error: {cause!r}", retryable=connection_lost(exc))
+    return errors.StoreError(f"database error: {words}", retryable=connection_lost(exc))
+
+
+#: A value no column can hold: an integer beyond 64 bits, refused before any database sees it
+#: (SQLite's driver cannot send one; PostgreSQL would look for a function taking ``numeric``).
+OUT_OF_RANGE = "database error: a number is out of range (beyond 64 bits)"
+#: The integers a store call may send.
+INT64 = range(-(2**63), 2**63)
+
+
+def check_integers(params: dict[str, Any]) -> None:
+    """Refuse a call whose integers no column can hold (:data:`OUT_OF_RANGE`), as SQLite's
+    driver refuses them, so both databases give the same error."""
+    for value in params.values():
+        if isinstance(value, int) and not isinstance(value, bool) and value not in INT64:
+            raise errors.StoreError(OUT_OF_RANGE)
 
 
 #: Runs of a transaction after the first when its connection is lost before COMMIT: with the
@@ -133,7 +164,7 @@ def boundary_error(exc: BaseException) -> errors.AgentRouterError | None:
             assert isinstance(wrapped, DBAPIError)
             return store_error(wrapped, committing=False)
     if isinstance(exc, OverflowError):
-        return errors.StoreError(f"database error: a number is out of range: {exc}")
+        return errors.StoreError(OUT_OF_RANGE)
     if isinstance(exc, RecursionError):
         return errors.StoreError("database error: a value nests too deep to be written")
     return None

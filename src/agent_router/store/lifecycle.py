@@ -269,7 +269,7 @@ def delete_team(
     return deletion
 
 
-def _live(team_id: sa.ColumnElement[int], since: datetime) -> sa.ColumnElement[bool]:
+def _live(team_id: sa.orm.InstrumentedAttribute[int], since: datetime) -> sa.ColumnElement[bool]:
     """Is the team ``team_id`` at work (an agent scheduled, running or waiting), or was it
     active since ``since``? Activity is read from rows that ledger retention never deletes (the
     messages, turns, model calls and agents of the team) as well as from the ledger, so a team

@@ -128,6 +128,7 @@ class PostgresStore(Store):
         """Run the named statement (one transition); its result, once the events it wrote are
         logged (with the agent's display name: the function's, else ``_named``) and the outbox
         rows it wrote handed to the publisher. A refusal raises its error."""
+        faults.check_integers(params)
         with self._alone() as conn:
             statement = functions.driver_sql(query, conn.dialect)
             result: dict[str, Any] = (
