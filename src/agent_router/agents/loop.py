@@ -506,19 +506,13 @@ def _reply(turn: Turn, model: Model, request: _Request, schemas: list[dict[str, 
 
 def _unique_call_ids(reply: dict[str, Any], length: int, used: set[str]) -> dict[str, Any]:
     """Tool call ids unique within what the model reads back (``used``: the call ids of the
-    entries its request held, of a transcript of ``length`` entries): some servers number
+    entries its request held, of a transcript of ``length`` entries) and within the reply
+    (:func:`check.unique_call_ids`, as the OpenAI model's replies are): some servers number
     calls from 0 in every reply, and a repeated id would pair a result with the wrong call."""
     calls = reply.get("tool_calls") or []
-    if not any(c.get("id") in used for c in calls):
-        return reply
-    fixed = []
-    for i, call in enumerate(calls):
-        unique = call
-        if call.get("id") in used:
-            unique = {**call, "id": check.call_id(f"{call.get('id')}_{length}_{i}")}
-        used.add(str(unique["id"]))
-        fixed.append(unique)
-    return {**reply, "tool_calls": fixed}
+    fixed = check.unique_call_ids(calls, used, salt=f"{length}_")
+    used.update(str(c.get("id")) for c in fixed if isinstance(c, dict))
+    return reply if fixed is calls else {**reply, "tool_calls": fixed}
 
 
 def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
