@@ -67,6 +67,7 @@ from agent_router.agents.tools import (
     TurnSuspended,
     fail,
 )
+from agent_router.agents.usage import bounded
 from agent_router.domain import (
     Agent,
     EndOfTurn,
@@ -467,7 +468,7 @@ def _complete(
     window = request.window if context is not None else None
     limit = turn.settings.max_tool_argument_bytes
     message = check.model_reply(result.message, max_argument_bytes=limit)
-    usage = result.usage
+    usage = None if result.usage is None else bounded(result.usage)
     if usage is not None and usage.estimated and message != result.message:
         usage = replace(usage, completion_tokens=count_tokens([message]))
     if usage is not None:
