@@ -315,7 +315,7 @@ def escape_json(text: str) -> str:
 
 
 def _escape_storable(text: str) -> str:
-    return escape(limits.storable(text))
+    return escape(limits.encodable(text))
 
 
 def unescape_json(text: str) -> str:
@@ -330,7 +330,7 @@ def unescape_json(text: str) -> str:
 
 
 def _unescape_storable(text: str) -> str:
-    return unescape(limits.storable(text))
+    return unescape(limits.encodable(text))
 
 
 def quote_reply(entry: dict[str, Any]) -> dict[str, Any]:
@@ -340,7 +340,7 @@ def quote_reply(entry: dict[str, Any]) -> dict[str, Any]:
     content = entry.get("content")
     calls = entry.get("tool_calls")
     quoted: dict[str, Any] = {}
-    if isinstance(content, str) and (escaped := escape(limits.storable(content))) is not content:
+    if isinstance(content, str) and (escaped := escape(limits.encodable(content))) is not content:
         quoted["content"] = escaped
     if isinstance(calls, list) and any(_call_needs_quoting(c) for c in calls):
         quoted["tool_calls"] = [_quote_call(c) for c in calls]
