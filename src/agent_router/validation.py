@@ -543,8 +543,8 @@ def json_depth(value: Any) -> int:
 
 #: The longest text a value a tool returned that is not JSON is shown as (its ``repr``).
 MAX_SHOWN_CHARS: Final = 2000
-#: The most values (containers and scalars) of one tool's return value written as JSON; the
-#: rest is written as a short text that says so.
+#: The most values (containers and scalars) of one tool's return value written as JSON; each
+#: container's rest past them is one short text that says how many were left out.
 MAX_OUTPUT_VALUES: Final = 100_000
 
 
@@ -576,8 +576,6 @@ def _jsonable(value: Any, *, depth: int, path: frozenset[int], budget: list[int]
     """``value`` as a JSON value holds it (see :func:`tool_output`); ``path``: the ids of the
     containers it sits in; ``budget``: the values left to write."""
     budget[0] -= 1
-    if budget[0] < 0:
-        return "(more values than are shown: not shown)"
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -594,12 +592,21 @@ def _jsonable(value: Any, *, depth: int, path: frozenset[int], budget: list[int]
         return f"(nested deeper than {MAX_JSON_DEPTH} levels: not shown)"
     inner = path | {id(value)}
     if isinstance(value, Mapping):
-        return {
-            _key(k): _jsonable(v, depth=depth + 1, path=inner, budget=budget)
-            for k, v in value.items()
-        }
+        written: dict[str, Any] = {}
+        for i, (k, v) in enumerate(value.items()):
+            if budget[0] <= 0:
+                written["…"] = _left_out(len(value) - i)
+                break
+            written[_key(k)] = _jsonable(v, depth=depth + 1, path=inner, budget=budget)
+        return written
     if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v, depth=depth + 1, path=inner, budget=budget) for v in value]
+        items: list[Any] = []
+        for i, v in enumerate(value):
+            if budget[0] <= 0:
+                items.append(_left_out(len(value) - i))
+                break
+            items.append(_jsonable(v, depth=depth + 1, path=inner, budget=budget))
+        return items
     try:
         converted = to_jsonable_python(value)
     except Exception:  # any object may fail to convert: it is shown instead
@@ -607,6 +614,10 @@ def _jsonable(value: Any, *, depth: int, path: frozenset[int], budget: list[int]
     if isinstance(converted, dict | list):
         return _jsonable(converted, depth=depth + 1, path=inner, budget=budget)
     return _jsonable(converted, depth=depth, path=inner, budget=budget)
+
+
+def _left_out(count: int) -> str:
+    return f"({count} more values: not shown, past {MAX_OUTPUT_VALUES} in all)"
 
 
 def _writable(value: int) -> bool:
