@@ -171,6 +171,13 @@ class Opaque:
         return "Opaque(42)"
 
 
+class Unprintable(Exception):  # noqa: N818 - named for what it is
+    """An error whose message raises when it is made."""
+
+    def __str__(self) -> str:
+        raise ValueError("no message")
+
+
 def test_a_host_tool_may_return_anything_and_the_model_reads_it(
     router: Router, server: ChatServer
 ) -> None:
@@ -196,7 +203,13 @@ def test_a_host_tool_may_return_anything_and_the_model_reads_it(
         """Bytes, an object and a huge number inside JSON."""
         return {"data": b"\xff", "thing": Opaque(), "n": 10**5000, "ok": [1, 2.5, None]}
 
-    calls = [tool_call(name, name, {}) for name in ("raw_bytes", "opaque", "huge", "nested")]
+    @host.tool
+    def broken() -> str:
+        """Raises an error whose message cannot be made."""
+        raise Unprintable
+
+    names = ("raw_bytes", "opaque", "huge", "nested", "broken")
+    calls = [tool_call(name, name, {}) for name in names]
 
     def engineer(view: View) -> Reply:
         return completion(None, calls) if view.replies() == 0 else completion("Done.")
@@ -216,6 +229,7 @@ def test_a_host_tool_may_return_anything_and_the_model_reads_it(
     inside = json.loads(stored["nested"])
     assert inside["data"] == REPLACEMENT and inside["thing"] == "Opaque(42)"
     assert "too long to show" in inside["n"] and inside["ok"] == [1, 2.5, None]
+    assert json.loads(stored["broken"])["error"] == "Unprintable"
     # The model read each result in its next request.
     second = team.sloppy.requests_of(ENG)[1]
     read = {m["tool_call_id"]: m["content"] for m in second.fresh_results()}

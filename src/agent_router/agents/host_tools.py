@@ -233,10 +233,20 @@ def _caller(
                 exc_info=True,
                 extra={"action": "host_tool_failed", "tool": function.__name__},
             )
-            return fail(f"{type(exc).__name__}: {exc}"[:2000], "tool_failed")
+            return fail(_raised(exc), "tool_failed")
         return check.tool_output(result)
 
     return call
+
+
+def _raised(exc: Exception) -> str:
+    """What a function raised, as its result says it: the type and the message (the type alone
+    when even the message cannot be made)."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a broken __str__, a number too long to write
+        text = type(exc).__name__
+    return check.scrub(text[:2000])
 
 
 def _problems(exc: pydantic.ValidationError) -> str:

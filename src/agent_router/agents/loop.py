@@ -227,7 +227,7 @@ def interrupted(turn: Turn) -> TurnOutcome:
 
 def _fail(router: Router, turn: Turn, agent: Agent, lead: str, exc: Exception) -> TurnOutcome:
     """End the turn as failed; a lead's turn is retried once, a sub-agent's lead is told."""
-    error = f"{type(exc).__name__}: {exc}"[:1000]
+    error = failure_text(exc)
     logger.exception("turn failed", extra={"action": "turn_failed", **_ids(turn)})
     try:
         end = _with_retries(lambda: turn.end(failed=True, error=error))
@@ -244,6 +244,19 @@ def _fail(router: Router, turn: Turn, agent: Agent, lead: str, exc: Exception) -
     else:
         _notify_failure(router, turn, lead, error)
     return TurnOutcome.FAILED
+
+
+def failure_text(exc: Exception) -> str:
+    """Why a turn failed, in one line the lead (a model) and the ledger may read: the error's
+    type and message, but for a database error, whose message is the driver's (SQL, a
+    server's wording), only that the database refused the turn's write; the log has the
+    rest."""
+    if isinstance(exc, errors.StoreError):
+        return (
+            f"{type(exc).__name__}: the database refused a write of this turn (the worker's log "
+            "has the database's own message)"
+        )
+    return f"{type(exc).__name__}: {exc}"[:1000]
 
 
 def _boundary(turn: Turn, heartbeat: Heartbeat) -> None:
