@@ -62,6 +62,7 @@ from html import entities
 from html import unescape as _html_unescape
 from typing import Any
 
+from agent_router import limits
 from agent_router.domain import Message, MessageSubtype, MessageType
 
 #: The router's fences, by name.
@@ -307,8 +308,14 @@ def escape_json(text: str) -> str:
         return escape(text)
     if not isinstance(value, dict | list | str):
         return text
-    # Re-encoded without \\u escapes: "\\u003c" is a "<" a reader may take for one too.
-    return json.dumps(_each_string(value, escape), ensure_ascii=False)
+    # Re-encoded without \\u escapes: "\\u003c" is a "<" a reader may take for one too. An
+    # escape of a lone surrogate ("\\ud800") decodes to a character no encoding writes: it
+    # becomes U+FFFD, so that the text can be sent (a request that holds it cannot).
+    return json.dumps(_each_string(value, _escape_storable), ensure_ascii=False)
+
+
+def _escape_storable(text: str) -> str:
+    return escape(limits.encodable(text))
 
 
 def unescape_json(text: str) -> str:
@@ -319,7 +326,11 @@ def unescape_json(text: str) -> str:
         return unescape(text)
     if not isinstance(value, dict | list | str):
         return text
-    return json.dumps(_each_string(value, unescape), ensure_ascii=False)
+    return json.dumps(_each_string(value, _unescape_storable), ensure_ascii=False)
+
+
+def _unescape_storable(text: str) -> str:
+    return unescape(limits.encodable(text))
 
 
 def quote_reply(entry: dict[str, Any]) -> dict[str, Any]:
@@ -329,7 +340,7 @@ def quote_reply(entry: dict[str, Any]) -> dict[str, Any]:
     content = entry.get("content")
     calls = entry.get("tool_calls")
     quoted: dict[str, Any] = {}
-    if isinstance(content, str) and (escaped := escape(content)) is not content:
+    if isinstance(content, str) and (escaped := escape(limits.encodable(content))) is not content:
         quoted["content"] = escaped
     if isinstance(calls, list) and any(_call_needs_quoting(c) for c in calls):
         quoted["tool_calls"] = [_quote_call(c) for c in calls]

@@ -140,6 +140,13 @@ def storable(value: str) -> str:
     become U+FFFD."""
     if "\x00" in value:
         value = value.replace("\x00", REPLACEMENT)
+    return encodable(value)
+
+
+def encodable(value: str) -> str:
+    """``value`` as UTF-8 can write it, nothing else changed: lone surrogates (which a JSON
+    escape such as ``"\\ud800"`` decodes to) become U+FFFD. The same object when there are
+    none."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

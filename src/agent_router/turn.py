@@ -119,17 +119,18 @@ class Turn:
         """Move pending messages into the transcript (sequence order); returns them."""
         return self._router.store.drain(self.record, limit=limit)
 
-    def append_assistant(self, message: dict[str, Any]) -> None:
+    def append_assistant(self, message: dict[str, Any]) -> dict[str, Any]:
         """Store the model's reply as the transcript can hold it (:func:`check.model_reply`):
-        a NUL or lone surrogate in what the model wrote becomes U+FFFD, a tool call id no
-        column holds (longer than 200 characters, blank, with control characters) is
-        replaced by one the router makes from it, arguments over
-        ``Settings.max_tool_argument_bytes`` are not kept. The reply is never refused for
-        what the model wrote."""
+        a NUL or lone surrogate in what the model wrote (in its arguments' JSON escapes too)
+        becomes U+FFFD, a tool call id no column holds (longer than 200 characters, blank,
+        with control characters) is replaced by one the router makes from it, an id repeated
+        within the reply is renamed, arguments over ``Settings.max_tool_argument_bytes`` are
+        not kept. The reply is never refused for what the model wrote; returns it as stored
+        (its calls are answered under the ids it holds)."""
         limit = self.settings.max_tool_argument_bytes
-        self._router.store.append_assistant(
-            self.record, check.model_reply(message, max_argument_bytes=limit)
-        )
+        stored = check.model_reply(message, max_argument_bytes=limit)
+        self._router.store.append_assistant(self.record, stored)
+        return stored
 
     def append_tool_result(self, tool_call_id: str, content: str) -> None:
         """The result of the open call ``tool_call_id``: the model's own id, or the one the

@@ -8,8 +8,9 @@ check raises a :class:`~agent_router.errors.RefusedError` subclass, so a bad arg
 same typed error on SQLite and PostgreSQL and writes nothing. Names are plain and printable, so
 that they cannot imitate an envelope, hide characters or pass for another name.
 
-What a model or a job produced is not refused but made storable (:func:`scrub`,
-:func:`model_reply`): the model reads what became of it and can act on it.
+What a model, a tool or a job produced is not refused but made storable (:func:`scrub`,
+:func:`model_reply`, :func:`tool_output`): the model reads what became of it and can act on
+it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import json
 import math
 import sys
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
+
+from pydantic_core import to_jsonable_python
 
 from agent_router import errors, formats, limits
 from agent_router.domain import LEAD_DISPLAY_NAME, BudgetName, MessageType
@@ -375,10 +378,12 @@ def model_reply(message: Mapping[str, Any], *, max_argument_bytes: int) -> dict[
     """A model's reply as the transcript can hold it, nothing refused: every string made
     storable (:func:`scrub`), each tool call's id one a column holds (:func:`call_id`), a tool
     name longer than a name cut to its head (no tool has it: the call is answered as an
-    unknown tool), and arguments larger than ``max_argument_bytes`` replaced by
+    unknown tool), arguments larger than ``max_argument_bytes`` replaced by
     :data:`ARGUMENTS_NOT_KEPT`, their size and their head (the call is answered with an error
-    that says so, and the model never reads them back). A reply already so is returned
-    unchanged."""
+    that says so, and the model never reads them back), arguments whose JSON escapes spell a
+    lone surrogate (``"\\ud800"``) written again with U+FFFD in its place, and a tool call id
+    repeated within the reply renamed (:func:`unique_call_ids`). A reply already so is
+    returned unchanged."""
     if not isinstance(message, Mapping):
         raise errors.InvalidTranscriptEntryError(
             f"an assistant message is a mapping, not {type(message).__name__}"
@@ -386,10 +391,42 @@ def model_reply(message: Mapping[str, Any], *, max_argument_bytes: int) -> dict[
     reply: dict[str, Any] = _storable(dict(message), depth=0)
     calls = reply.get("tool_calls")
     if isinstance(calls, list):
-        reply["tool_calls"] = [
+        bounded = [
             _bounded_call(c, max_argument_bytes) if isinstance(c, dict) else c for c in calls
         ]
+        reply["tool_calls"] = unique_call_ids(bounded)
     return reply
+
+
+def unique_call_ids(calls: list[Any], used: Collection[str] = (), *, salt: str = "") -> list[Any]:
+    """``calls`` with every id unique: one already in ``used`` (the ids the model reads back
+    in its request) or repeated within ``calls`` is renamed :func:`call_id` of it, ``salt`` and
+    its position (some servers number calls from 0 in every reply, others repeat one id in a
+    reply; a repeated id would pair a result with the wrong call, and the store refuses two
+    calls of one message under one id). The same calls always get the same ids; calls already
+    unique are returned as they are."""
+    taken = set(used)
+    ids = [c.get("id") if isinstance(c, dict) else None for c in calls]
+    if not (taken.intersection(i for i in ids if isinstance(i, str)) or _repeats(ids)):
+        return calls
+    fixed: list[Any] = []
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            fixed.append(call)
+            continue
+        unique = str(call.get("id"))
+        if unique in taken:
+            unique = call_id(f"{unique}_{salt}{i}")
+            while unique in taken:
+                unique = call_id(f"{unique}_")
+        taken.add(unique)
+        fixed.append(call if unique == call.get("id") else {**call, "id": unique})
+    return fixed
+
+
+def _repeats(ids: list[Any]) -> bool:
+    present = [i for i in ids if i is not None]
+    return len(set(present)) != len(present)
 
 
 def _bounded_call(call: dict[str, Any], max_argument_bytes: int) -> dict[str, Any]:
@@ -403,6 +440,7 @@ def _bounded_call(call: dict[str, Any], max_argument_bytes: int) -> dict[str, An
         function["name"] = name_[: MAX_NAME_CHARS - 1] + "…"
     arguments = function.get("arguments")
     if isinstance(arguments, str):
+        arguments = function["arguments"] = _encodable_arguments(arguments)
         size = len(arguments.encode("utf-8"))
         if size > max_argument_bytes:
             head = arguments[:_HEAD_CHARS]
@@ -411,6 +449,43 @@ def _bounded_call(call: dict[str, Any], max_argument_bytes: int) -> dict[str, An
             )
     call["function"] = function
     return call
+
+
+def _encodable_arguments(arguments: str) -> str:
+    """Arguments whose JSON escapes spell a lone surrogate (``"\\ud800"``), which every
+    reader that decodes them (a tool, the request that quotes them back) would get as a
+    character no encoding writes, written again with U+FFFD in its place; any other text is
+    kept as the model wrote it."""
+    if "\\u" not in arguments:
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    if json_depth(value) > MAX_JSON_DEPTH or _all_encodable(value):
+        return arguments
+    return json.dumps(_strings_storable(value), ensure_ascii=False)
+
+
+def _all_encodable(value: Any) -> bool:
+    if isinstance(value, str):
+        return limits.storable(value) is value
+    if isinstance(value, dict):
+        return all(_all_encodable(k) and _all_encodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(map(_all_encodable, value))
+    return True
+
+
+def _strings_storable(value: Any) -> Any:
+    """``value`` with every string in it (keys included) made storable, nothing else changed."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub(k): _strings_storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strings_storable(v) for v in value]
+    return value
 
 
 def _storable(value: Any, *, depth: int) -> Any:
@@ -477,3 +552,111 @@ def json_depth(value: Any) -> int:
             deepest = max(deepest, depth + 1)
             stack.extend((v, depth + 1) for v in item)
     return deepest
+
+
+# ---------------------------------------------------------------------------- what tools return
+
+#: The longest text a value a tool returned that is not JSON is shown as (its ``repr``).
+MAX_SHOWN_CHARS: Final = 2000
+#: The most values (containers and scalars) of one tool's return value written as JSON; each
+#: container's rest past them is one short text that says how many were left out.
+MAX_OUTPUT_VALUES: Final = 100_000
+
+
+def tool_output(value: Any) -> str:
+    """What a tool returned as the text of its result, whatever its type; never raises. A
+    ``str`` is kept (made storable, :func:`scrub`); ``bytes`` are decoded as UTF-8, a byte
+    that is not replaced by U+FFFD; anything else is written as JSON (pydantic's conversion:
+    dataclasses, models, dates, sets), where an integer too long to write as text (Python
+    writes at most 4,300 digits), a number that is not finite, a value that contains itself,
+    one nested deeper than :data:`MAX_JSON_DEPTH` and any object JSON cannot hold are each
+    written as a short readable text (at most :data:`MAX_SHOWN_CHARS`) saying what they
+    were."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return scrub(bytes(value).decode("utf-8", "replace"))
+    budget = [MAX_OUTPUT_VALUES]
+    try:
+        return json.dumps(
+            _jsonable(value, depth=0, path=frozenset(), budget=budget),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (ValueError, TypeError, RecursionError):  # a to_jsonable_python result gone wrong
+        return json.dumps(_readable(value), ensure_ascii=False)
+
+
+def _jsonable(value: Any, *, depth: int, path: frozenset[int], budget: list[int]) -> Any:
+    """``value`` as a JSON value holds it (see :func:`tool_output`); ``path``: the ids of the
+    containers it sits in; ``budget``: the values left to write."""
+    budget[0] -= 1
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return scrub(bytes(value).decode("utf-8", "replace"))
+    if isinstance(value, int):
+        return int(value) if _writable(value) else _readable(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if id(value) in path:
+        return f"(this {type(value).__name__} contains itself: not shown again)"
+    if depth >= MAX_JSON_DEPTH:
+        return f"(nested deeper than {MAX_JSON_DEPTH} levels: not shown)"
+    inner = path | {id(value)}
+    if isinstance(value, Mapping):
+        written: dict[str, Any] = {}
+        for i, (k, v) in enumerate(value.items()):
+            if budget[0] <= 0:
+                written["…"] = _left_out(len(value) - i)
+                break
+            written[_key(k)] = _jsonable(v, depth=depth + 1, path=inner, budget=budget)
+        return written
+    if isinstance(value, list | tuple | set | frozenset):
+        items: list[Any] = []
+        for i, v in enumerate(value):
+            if budget[0] <= 0:
+                items.append(_left_out(len(value) - i))
+                break
+            items.append(_jsonable(v, depth=depth + 1, path=inner, budget=budget))
+        return items
+    try:
+        converted = to_jsonable_python(value)
+    except Exception:  # any object may fail to convert: it is shown instead
+        return _readable(value)
+    if isinstance(converted, dict | list):
+        return _jsonable(converted, depth=depth + 1, path=inner, budget=budget)
+    return _jsonable(converted, depth=depth, path=inner, budget=budget)
+
+
+def _left_out(count: int) -> str:
+    return f"({count} more values: not shown, past {MAX_OUTPUT_VALUES} in all)"
+
+
+def _writable(value: int) -> bool:
+    """An integer Python writes as text (at most ``sys.get_int_max_str_digits()`` digits)."""
+    limit = sys.get_int_max_str_digits()
+    return not limit or value.bit_length() * math.log10(2) < limit - 1
+
+
+def _key(value: Any) -> str:
+    """A mapping's key as a JSON object's: a string (made storable), else its readable text."""
+    return scrub(value) if isinstance(value, str) else _readable(value)
+
+
+def _readable(value: Any) -> str:
+    """Any value as a short text: its ``repr`` cut to :data:`MAX_SHOWN_CHARS` (an integer too
+    long to write: its size), or its type when even that fails."""
+    if isinstance(value, int) and not _writable(value):
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"(an integer of about {digits} digits: too long to show)"
+    try:
+        shown_text = repr(value)
+    except Exception:  # a broken __repr__: shown by its type
+        shown_text = f"<{type(value).__qualname__} object>"
+    shown_text = scrub(shown_text)
+    if len(shown_text) > MAX_SHOWN_CHARS:
+        shown_text = shown_text[: MAX_SHOWN_CHARS - 1] + "…"
+    return shown_text

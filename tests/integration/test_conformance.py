@@ -25,6 +25,7 @@ from agent_router import AgentRouterError, MessageSubtype, Router, Settings, Tur
 from agent_router.domain import BudgetName
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.models import Base
+from agent_router.validation import MAX_TOKENS_PER_CALL
 
 from .helpers import assistant, tool_call
 
@@ -383,8 +384,9 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             name=st.sampled_from(NAMES),
             limit=st.sampled_from([None, 1, 3, 100]),
             left_out=st.sampled_from([None, 0, 7]),
+            tokens=st.sampled_from([10, MAX_TOKENS_PER_CALL]),
         )
-        def budget(self, name: str, limit: int | None, left_out: int | None) -> None:
+        def budget(self, name: str, limit: int | None, left_out: int | None, tokens: int) -> None:
             limits = {BudgetName.TURNS: limit, BudgetName.MODEL_CALLS: limit}
             self.each(lambda _s, r, t: r.store.set_limits(t, limits, by="test"))
             self.with_turn(name, lambda turn: turn.charge_model_call())
@@ -396,7 +398,7 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
                 name,
                 lambda turn: turn.record_usage(
                     model="gpt-4o",
-                    prompt_tokens=10,
+                    prompt_tokens=tokens,
                     completion_tokens=5,
                     context=context,
                     window=window,
@@ -444,7 +446,10 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
 def lockstep(tmp_path: Any, own_pg_schema_url: str) -> Iterator[tuple[Router, Router]]:
     made = []
     for url in (f"sqlite:///{tmp_path / 'router.db'}", own_pg_schema_url):
-        router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+        # A price so high that 2**40 tokens cost more than the 64-bit cost columns hold: both
+        # saturate them the same way.
+        models = {"gpt-4o": {"input": 1e9, "output": 1e9}}
+        router = Router(Settings(database_url=url, models=models), publisher=RecordingPublisher())
         router.create_schema()
         made.append(router)
     yield made[0], made[1]

@@ -742,7 +742,8 @@ def _(r: Router) -> Case:
 @branch("append: the model's reply", "append")
 def _(r: Router) -> Case:
     turn = start_running(r, _team(r, "Engineer"), ENGINEER)
-    return Case(lambda: turn.append_assistant(assistant("done")), lambda returned: returned is None)
+    reply = assistant("done")
+    return Case(lambda: turn.append_assistant(reply), lambda returned: returned == reply)
 
 
 @branch("append: refused, a reply while a tool call has no result", "append")

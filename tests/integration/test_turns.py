@@ -91,8 +91,14 @@ def test_tool_results_must_match_open_calls(router: Router) -> None:
         turn.append_tool_result("a", "twice")
     with pytest.raises(InvalidTranscriptEntryError):
         turn.append_assistant({"role": "user", "content": "not an assistant"})
-    with pytest.raises(InvalidTranscriptEntryError):
-        turn.append_assistant(assistant(None, tool_call("x"), tool_call("x")))
+    # Two calls under one id are stored under two (as every model's are), each answerable.
+    stored = turn.append_assistant(assistant(None, tool_call("x"), tool_call("x")))
+    first, second = (c["id"] for c in stored["tool_calls"])
+    assert first == "x" and second != "x"
+    assert sorted(turn.open_tool_calls()) == sorted([first, second])
+    turn.append_tool_result(first, "one")
+    turn.append_tool_result(second, "two")
+    assert turn.open_tool_calls() == []
 
 
 def test_end_with_pending_wake_messages_fires_exactly_one_follow_up(router: Router) -> None:

@@ -204,3 +204,13 @@ def test_what_the_store_writes_on_its_own_account_is_always_storable() -> None:
     assert stored["a"] == "x\ufffd" and stored["1"] == 2
     plain = {"sender": "Team Leader", "seq": 3, "wake": True, "reason": None}
     assert limits.storable_json(plain) is plain  # the common event: not copied
+
+
+def test_a_call_cost_past_the_column_saturates_at_its_range() -> None:
+    from agent_router.store.budgets import MAX_STORED, NANO, call_cost_nano
+
+    assert MAX_STORED == 2**63 - 1
+    assert call_cost_nano(1.5) == 1_500_000_000
+    assert call_cost_nano(-1.0) == 0
+    for absurd in (MAX_STORED / NANO * 2, float("inf"), float("nan")):
+        assert call_cost_nano(absurd) == MAX_STORED

@@ -203,3 +203,16 @@ def test_the_transcript_is_read_once_per_turn_and_extended(router: Router) -> No
     assert len(reads) == 4  # one per model call
     assert "position >" not in reads[0]
     assert all("position >" in r for r in reads[1:])
+
+
+def test_a_failure_the_lead_reads_never_quotes_the_database_driver() -> None:
+    from agent_router.agents.loop import failure_text
+    from agent_router.errors import StoreError
+
+    driver = "database error: NumericValueOutOfRange('bigint out of range') UPDATE ar_budgets"
+
+    text = failure_text(StoreError(driver))
+
+    assert text.startswith("StoreError: the database refused a write of this turn")
+    assert "bigint" not in text and "ar_budgets" not in text
+    assert failure_text(ValueError("bad step")) == "ValueError: bad step"

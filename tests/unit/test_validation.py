@@ -103,3 +103,82 @@ def test_a_key_that_is_not_printable_is_refused(key: str) -> None:
 def test_printable_keys_are_accepted() -> None:
     for key in ("call_1", 'it\'s "quoted" \\ here', "呼び出し 1", "🚀"):
         assert check.key(key, "dedup_key") == key
+
+
+# ------------------------------------------------------------- what models and tools return
+
+ANY_VALUE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(alphabet=st.characters(codec=None, exclude_categories=()))
+    | st.binary(max_size=8)
+    | st.sampled_from([5000, -4400]).map(lambda n: n // abs(n) * 10 ** abs(n))  # past 4,300 digits
+    | st.builds(object),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(ANY_VALUE)
+def test_any_value_a_tool_returns_becomes_text_that_encodes(value: object) -> None:
+    text = check.tool_output(value)
+
+    text.encode("utf-8")  # no lone surrogate
+    assert "\x00" not in text
+
+
+def test_a_tool_output_keeps_what_json_holds_and_describes_the_rest() -> None:
+    class Loop(list[object]):
+        pass
+
+    itself = Loop()
+    itself.append(itself)
+
+    assert check.tool_output("as \ud800 is") == "as \ufffd is"
+    assert check.tool_output(b"a\xffb") == "a\ufffdb"
+    assert check.tool_output({"n": 3, "x": [1.5, None, True]}) == '{"n": 3, "x": [1.5, null, true]}'
+    assert check.tool_output(10**5000) == '"(an integer of about 5001 digits: too long to show)"'
+    assert check.tool_output([float("nan")]) == '["nan"]'
+    assert check.tool_output(itself) == '["(this Loop contains itself: not shown again)"]'
+    assert len(check.tool_output(["x" * 10] * 10**6)) < 10**6 * 13
+
+
+def test_repeated_call_ids_are_renamed_once_each_and_the_same_way_every_time() -> None:
+    calls = [{"id": "a"}, {"id": "a"}, {"id": "b"}, {"id": "a"}]
+
+    fixed = check.unique_call_ids(calls, {"b"})
+
+    ids = [c["id"] for c in fixed]
+    assert ids[0] == "a" and len(set(ids)) == 4 and "b" not in ids[2:3]
+    assert check.unique_call_ids(calls, {"b"}) == fixed
+    unique = [{"id": "x"}, {"id": "y"}]
+    assert check.unique_call_ids(unique, {"z"}) is unique
+
+
+def test_a_lone_surrogate_escape_in_arguments_is_stored_as_the_replacement() -> None:
+    reply = {
+        "role": "assistant",
+        "content": "ok \ud800",
+        "tool_calls": [
+            {"id": "c", "type": "function",
+             "function": {"name": "f", "arguments": '{"k\\udfff": ["\\ud800", "\\u00e9"]}'}},
+            {"id": "c", "type": "function",
+             "function": {"name": "f", "arguments": '{"pair": "\\ud83d\\ude00"}'}},
+        ],
+    }  # fmt: skip
+
+    stored = check.model_reply(reply, max_argument_bytes=10_000)
+
+    first, second = stored["tool_calls"]
+    assert stored["content"] == "ok \ufffd"
+    assert first["function"]["arguments"] == '{"k\ufffd": ["\ufffd", "é"]}'
+    # A surrogate pair is a character: the model's own spelling is kept.
+    assert second["function"]["arguments"] == '{"pair": "\\ud83d\\ude00"}'
+    assert first["id"] == "c" and second["id"] != "c"
+    assert check.model_reply(stored, max_argument_bytes=10_000) == stored

@@ -17,8 +17,12 @@ call is in that one result, and an argument the signature does not take is refus
 function returns reaches the model fenced as ``<tool-output tool="NAME" server="host">``
 (:mod:`agent_router.formats`). A parameter annotated
 :class:`~agent_router.agents.tools.ToolContext` receives the call's context instead of an
-argument. A ``str`` return is the result as it is; anything else is sent as JSON. An ``async``
-function runs to its end on an event loop of its own, on the turn's thread.
+argument. A ``str`` return is the result as it is; ``bytes`` are decoded (a byte that is not
+UTF-8 becomes U+FFFD); anything else is sent as JSON, and what JSON cannot hold (an integer of
+thousands of digits, an object pydantic cannot convert) as a short readable text
+(:func:`agent_router.validation.tool_output`): whatever the function returns, the model reads
+it as the call's result. An ``async`` function runs to its end on an event loop of its own, on
+the turn's thread.
 
 Importing a module registers its functions in :data:`default_host_tools`; workers import the
 module named by ``AGENT_ROUTER_HOST_TOOLS`` (``agent-router run --host-tools``).
@@ -29,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 import logging
 import re
 import threading
@@ -37,9 +40,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar, get_type_hints, overload
 
 import pydantic
-from pydantic_core import to_jsonable_python
 
 from agent_router import errors, formats
+from agent_router import validation as check
 from agent_router.agents.tools import (
     Audience,
     Tool,
@@ -230,12 +233,20 @@ def _caller(
                 exc_info=True,
                 extra={"action": "host_tool_failed", "tool": function.__name__},
             )
-            return fail(f"{type(exc).__name__}: {exc}"[:2000], "tool_failed")
-        if isinstance(result, str):
-            return result
-        return json.dumps(to_jsonable_python(result), ensure_ascii=False)
+            return fail(_raised(exc), "tool_failed")
+        return check.tool_output(result)
 
     return call
+
+
+def _raised(exc: Exception) -> str:
+    """What a function raised, as its result says it: the type and the message (the type alone
+    when even the message cannot be made)."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a broken __str__, a number too long to write
+        text = type(exc).__name__
+    return check.scrub(text[:2000])
 
 
 def _problems(exc: pydantic.ValidationError) -> str:

@@ -108,7 +108,8 @@ class HostedTurn:
             )
         loop._boundary(self.turn, self.heartbeat)
         reply_index = len(self.turn.history())
-        self.turn.append_assistant(reply)
+        # As stored: its calls run under the ids the transcript holds (a repeated id renamed).
+        reply = self.turn.append_assistant(reply)
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = reply.get("content")
         if not calls:

@@ -67,6 +67,7 @@ from agent_router.agents.tools import (
     TurnSuspended,
     fail,
 )
+from agent_router.agents.usage import bounded
 from agent_router.domain import (
     Agent,
     EndOfTurn,
@@ -226,7 +227,7 @@ def interrupted(turn: Turn) -> TurnOutcome:
 
 def _fail(router: Router, turn: Turn, agent: Agent, lead: str, exc: Exception) -> TurnOutcome:
     """End the turn as failed; a lead's turn is retried once, a sub-agent's lead is told."""
-    error = f"{type(exc).__name__}: {exc}"[:1000]
+    error = failure_text(exc)
     logger.exception("turn failed", extra={"action": "turn_failed", **_ids(turn)})
     try:
         end = _with_retries(lambda: turn.end(failed=True, error=error))
@@ -243,6 +244,19 @@ def _fail(router: Router, turn: Turn, agent: Agent, lead: str, exc: Exception) -
     else:
         _notify_failure(router, turn, lead, error)
     return TurnOutcome.FAILED
+
+
+def failure_text(exc: Exception) -> str:
+    """Why a turn failed, in one line the lead (a model) and the ledger may read: the error's
+    type and message, but for a database error, whose message is the driver's (SQL, a
+    server's wording), only that the database refused the turn's write; the log has the
+    rest."""
+    if isinstance(exc, errors.StoreError):
+        return (
+            f"{type(exc).__name__}: the database refused a write of this turn (the worker's log "
+            "has the database's own message)"
+        )
+    return f"{type(exc).__name__}: {exc}"[:1000]
 
 
 def _boundary(turn: Turn, heartbeat: Heartbeat) -> None:
@@ -467,7 +481,7 @@ def _complete(
     window = request.window if context is not None else None
     limit = turn.settings.max_tool_argument_bytes
     message = check.model_reply(result.message, max_argument_bytes=limit)
-    usage = result.usage
+    usage = None if result.usage is None else bounded(result.usage)
     if usage is not None and usage.estimated and message != result.message:
         usage = replace(usage, completion_tokens=count_tokens([message]))
     if usage is not None:
@@ -506,19 +520,13 @@ def _reply(turn: Turn, model: Model, request: _Request, schemas: list[dict[str, 
 
 def _unique_call_ids(reply: dict[str, Any], length: int, used: set[str]) -> dict[str, Any]:
     """Tool call ids unique within what the model reads back (``used``: the call ids of the
-    entries its request held, of a transcript of ``length`` entries): some servers number
+    entries its request held, of a transcript of ``length`` entries) and within the reply
+    (:func:`check.unique_call_ids`, as the OpenAI model's replies are): some servers number
     calls from 0 in every reply, and a repeated id would pair a result with the wrong call."""
     calls = reply.get("tool_calls") or []
-    if not any(c.get("id") in used for c in calls):
-        return reply
-    fixed = []
-    for i, call in enumerate(calls):
-        unique = call
-        if call.get("id") in used:
-            unique = {**call, "id": check.call_id(f"{call.get('id')}_{length}_{i}")}
-        used.add(str(unique["id"]))
-        fixed.append(unique)
-    return {**reply, "tool_calls": fixed}
+    fixed = check.unique_call_ids(calls, used, salt=f"{length}_")
+    used.update(str(c.get("id")) for c in fixed if isinstance(c, dict))
+    return reply if fixed is calls else {**reply, "tool_calls": fixed}
 
 
 def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:

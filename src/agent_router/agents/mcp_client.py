@@ -18,7 +18,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import hashlib
-import json
 import logging
 import os
 import re
@@ -36,6 +35,7 @@ from mcp.shared.exceptions import MCPError
 
 from agent_router.agents.tool_config import NAMESPACE_SEPARATOR, McpServerSpec
 from agent_router.agents.tools import fail
+from agent_router.validation import tool_output
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def result_text(result: types.CallToolResult) -> str:
     if result.is_error:
         return fail(text or "the tool reported an error", "tool_error")
     if not text and result.structured_content is not None:
-        return json.dumps(result.structured_content, ensure_ascii=False)
+        return tool_output(result.structured_content)
     return text
 
 

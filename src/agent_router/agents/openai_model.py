@@ -36,6 +36,7 @@ from agent_router.errors import (
     ModelError,
 )
 from agent_router.settings import Settings
+from agent_router.validation import scrub, unique_call_ids
 
 if TYPE_CHECKING:
     import openai
@@ -66,7 +67,8 @@ def request_messages(transcript: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 
     Keeps only the protocol's keys, drops an empty ``tool_calls`` list (servers reject it) and
     sends tool call arguments as the JSON string the protocol wants (a host may have stored a
-    dict). Raises :class:`InvalidTranscriptEntryError` on an entry no server could accept.
+    dict); a text no encoding writes is sent with U+FFFD in place of what it cannot. Raises
+    :class:`InvalidTranscriptEntryError` on an entry no server could accept.
     """
     out: list[dict[str, Any]] = []
     for i, entry in enumerate(transcript):
@@ -74,7 +76,7 @@ def request_messages(transcript: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         if not isinstance(role, str) or role not in _REQUEST_KEYS:
             raise InvalidTranscriptEntryError(f"transcript entry {i}: unknown role {role!r}")
         message: dict[str, Any] = {"role": role}
-        message.update({k: entry[k] for k in _REQUEST_KEYS[role] if k in entry})
+        message.update({k: _sendable(entry[k]) for k in _REQUEST_KEYS[role] if k in entry})
         if role == "tool" and not isinstance(entry.get("tool_call_id"), str):
             raise InvalidTranscriptEntryError(f"transcript entry {i}: tool result without id")
         if role == "assistant":
@@ -95,7 +97,7 @@ def _request_tool_call(i: int, call: Any) -> dict[str, Any]:
         or not isinstance(function.get("name"), str)
     ):
         raise InvalidTranscriptEntryError(f"transcript entry {i}: malformed tool call {call!r}")
-    arguments = function.get("arguments", "{}")
+    arguments = _sendable(function.get("arguments", "{}"))
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     elif not _is_json_object(arguments):
@@ -107,6 +109,12 @@ def _request_tool_call(i: int, call: Any) -> dict[str, Any]:
         "type": "function",
         "function": {"name": function["name"], "arguments": arguments},
     }
+
+
+def _sendable(value: Any) -> Any:
+    """A text as a request can carry it: a lone surrogate (in a transcript written before
+    replies were made storable) becomes U+FFFD, so that the request encodes."""
+    return scrub(value) if isinstance(value, str) else value
 
 
 def _is_json_object(text: str) -> bool:
@@ -131,10 +139,11 @@ def assistant_message(body: Any) -> dict[str, Any]:
     omitted when there are none.
 
     What a sloppy model writes is repaired, never discarded: content sent as a list of parts is
-    joined into one string; a tool call without an id gets a fresh one (a duplicate id too);
+    joined into one string; a tool call without an id gets a fresh one;
     arguments sent as an object are written as a JSON string; arguments that are not a JSON
     object are kept as they came (the loop answers that call with an error result the model
-    can fix, and runs the rest of the reply); a call without a function name is named
+    can fix, and runs the rest of the reply); a repeated id is renamed
+    (:func:`~agent_router.validation.unique_call_ids`); a call without a function name is named
     :data:`NAMELESS_TOOL`. A reply with neither content nor tool calls is an empty reply
     (``content`` ``""``): the loop asks again. Raises :class:`MalformedModelResponseError` only
     when the body is not a Chat Completions response at all.
@@ -159,14 +168,7 @@ def assistant_message(body: Any) -> dict[str, Any]:
         raw_calls = [raw_calls]  # one call not wrapped in a list
     if raw_calls is not None and not isinstance(raw_calls, list):
         raise _malformed("tool_calls is not a list", body)
-    calls: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for raw in raw_calls or ():
-        call = _response_tool_call(raw)
-        if call["id"] in seen:
-            call["id"] = _fresh_id()
-        seen.add(call["id"])
-        calls.append(call)
+    calls = unique_call_ids([_response_tool_call(raw) for raw in raw_calls or ()])
     if content is None and not calls:
         reason = choice.get("finish_reason") if isinstance(choice, Mapping) else None
         logger.warning(

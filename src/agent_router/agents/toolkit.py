@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from agent_router import errors, formats
+from agent_router import validation as check
 from agent_router.agents import lookup
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
@@ -223,7 +224,8 @@ class ToolRegistry:
     def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         """Run a tool. A bad call (unknown tool, arguments its schema refuses) and a refusal of
         the router are answered in the result, as a model expects; anything else the tool
-        raises propagates (a fenced turn stops, other errors fail the turn). The result is
+        raises propagates (a fenced turn stops, other errors fail the turn). What the tool
+        returned is written as text whatever its type (:func:`check.tool_output`) and
         neutralised for the transcript (:meth:`Tool.neutral`)."""
         tool = self._tools.get(name)
         if tool is None or not tool.visible_to(ctx.agent):
@@ -253,7 +255,10 @@ class ToolRegistry:
             return formats.escape_json(fail(advice, refusal_reason(exc), cycle=exc.cycle))
         except errors.RefusedError as exc:
             return formats.escape_json(fail(str(exc), refusal_reason(exc)))
-        return result if result is RESULT_RECORDED else tool.neutral(str(result))
+        if result is RESULT_RECORDED:
+            return result
+        # Whatever the function returned (bytes, a number of 5,000 digits, any object): text.
+        return tool.neutral(check.tool_output(result))
 
 
 # ---------------------------------------------------------------------- argument checks

@@ -15,7 +15,7 @@ missing from the table costs nothing: its tokens are still counted.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from agent_router.settings import ModelSpec
@@ -69,6 +69,20 @@ def cost_of(usage: Usage, model: str | None, table: Mapping[str, ModelSpec]) -> 
     return spec.cost(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
 
 
+def bounded(usage: Usage) -> Usage:
+    """``usage`` as the team's budgets record it: a count past
+    :data:`~agent_router.validation.MAX_TOKENS_PER_CALL` (far beyond any model's window, so
+    a model's own report gone wrong) counted as that most, never refused: the call happened
+    and its reply is kept."""
+    counts = {
+        name: min(getattr(usage, name), MAX_TOKENS_PER_CALL)
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens")
+    }
+    if all(getattr(usage, name) == count for name, count in counts.items()):
+        return usage
+    return replace(usage, **counts)
+
+
 def _count(value: Any) -> int | None:
     """A token count as a server reports it; not one (a negative number, a string, a number
     past any window): ``None``, and the call's usage is estimated instead."""
@@ -101,6 +115,7 @@ __all__ = [
     "ModelSpec",
     "ReportsUsage",
     "Usage",
+    "bounded",
     "cost_of",
     "usage_from_body",
 ]

@@ -15,11 +15,16 @@ check that finds a budget past ``budget_warning_ratio`` of its limit writes one
 (:func:`set_limits`) clear the mark when nothing is spent any more.
 
 Usage of every model call is a ``ar_model_calls`` row (tokens, cost, turn, agent) and a
-``model_call`` ledger event; the team totals are kept on the budget row.
+``model_call`` ledger event; the team totals are kept on the budget row. A cost and a total
+saturate at their column's range (64 bits) rather than overflow it: a call's cost past it (or
+not finite) is recorded as the most the column holds, a team's total stops there, and the
+``model_call`` event names what saturated (``saturated``: ``cost_usd`` for the call's cost,
+``team_<column>`` for a total). A team whose usage is that absurd has long spent any budget.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -55,6 +60,9 @@ LIMIT_COLUMNS: Mapping[BudgetName, str] = {
     BudgetName.SUB_AGENTS_CREATED: "max_sub_agents_created",
     BudgetName.SUB_AGENTS_ACTIVE: "max_sub_agents_active",
 }
+
+#: The most a cost (nano-dollars) or a team's total holds: the 64-bit columns' range.
+MAX_STORED = limits.integer_range(sa.BigInteger())[1]
 
 #: The token counts of a model call: a column each of its ``ar_model_calls`` row and of the
 #: team's budget row (the team's sums), and a field each of :class:`TokenUsage`.
@@ -257,11 +265,15 @@ def record_usage(
     ``window``, where the agent's request window then stood, is kept on the agent."""
     ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
     tokens = {name: getattr(usage, name) for name in _TOKEN_COUNTS}
-    cost_nano = round(usage.cost_usd * NANO)
+    cost_nano = call_cost_nano(usage.cost_usd)
+    saturated = ["cost_usd"] if cost_nano == MAX_STORED else []
     row, now = _row(tx, team_id), utcnow()
-    for name, count in tokens.items():
-        setattr(row, name, getattr(row, name) + count)
-    row.cost_nano += cost_nano
+    for name, count in (*tokens.items(), ("cost_nano", cost_nano)):
+        total = getattr(row, name) + count
+        if total > MAX_STORED:
+            total = MAX_STORED
+            saturated.append(f"team_{name}")
+        setattr(row, name, total)
     if window is not None:
         agent_row = tx.session.get(AgentRow, agent_id)
         if agent_row is not None:
@@ -287,8 +299,19 @@ def record_usage(
         estimated=estimated,
         **ids,
         **({} if context is None else {"context": dict(context)}),
+        **({"saturated": saturated} if saturated else {}),
     )
     return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
+
+
+def call_cost_nano(cost_usd: float) -> int:
+    """A model call's cost in nano-dollars as its column holds it: one past the column's range,
+    or not a finite number (a price times 2**40 tokens, an infinite price), is the most the
+    column holds (:data:`MAX_STORED`); a negative one is 0."""
+    nano = cost_usd * NANO
+    if math.isnan(nano) or nano >= MAX_STORED:
+        return MAX_STORED
+    return max(0, round(nano))
 
 
 def charge_sub_agent(tx: Tx, team_id: int, role: str) -> None:
@@ -385,7 +408,9 @@ def usage_sums(session: Session, where: Any, key: Any) -> dict[int, TokenUsage]:
             sa.func.sum(m.prompt_tokens),
             sa.func.sum(m.completion_tokens),
             sa.func.sum(m.cached_tokens),
-            sa.func.sum(m.cost_nano),
+            # A sum of costs may pass 64 bits (each saturates at them): SQLite's integer sum
+            # would refuse it, so costs are summed as floating point on both databases.
+            sa.func.sum(sa.cast(m.cost_nano, sa.Float)),
         )
         .where(where)
         .group_by(key)
@@ -396,7 +421,7 @@ def usage_sums(session: Session, where: Any, key: Any) -> dict[int, TokenUsage]:
             prompt_tokens=int(p),
             completion_tokens=int(c),
             cached_tokens=int(cached),
-            cost_usd=int(cost) / NANO,
+            cost_usd=float(cost) / NANO,
         )
         for k, n, p, c, cached, cost in session.execute(stmt)
         if k is not None

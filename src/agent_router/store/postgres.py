@@ -421,7 +421,7 @@ class PostgresStore(Store):
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             cached_tokens=usage.cached_tokens,
-            cost_nano=round(usage.cost_usd * budgets.NANO),
+            cost_nano=budgets.call_cost_nano(usage.cost_usd),
             estimated=estimated,
             context=None if context is None else json.dumps(dict(context)),
             window=None if window is None else json.dumps(dict(window)),

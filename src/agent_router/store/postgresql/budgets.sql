@@ -73,7 +73,7 @@ BEGIN
     RETURN CASE p_name
         WHEN 'model_calls' THEN b.model_calls::float8
         WHEN 'turns' THEN b.turns::float8
-        WHEN 'tokens' THEN (b.prompt_tokens + b.completion_tokens)::float8
+        WHEN 'tokens' THEN b.prompt_tokens::float8 + b.completion_tokens::float8
         WHEN 'cost' THEN b.cost_nano::float8 / 1000000000
         WHEN 'wall_seconds' THEN greatest(0, extract(epoch FROM p_now - b.started_at)::float8)
     END;
@@ -190,14 +190,28 @@ DECLARE
     o jsonb := ar__result();
     v_now timestamp := ar__now();
     b ar_budgets := ar__budget_row(p_team, p_defaults);
+    v_max constant numeric := 9223372036854775807;
+    v_saturated jsonb;
 BEGIN
     IF b.team_id IS NULL THEN
         RETURN ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
     END IF;
-    UPDATE ar_budgets SET prompt_tokens = prompt_tokens + p_prompt,
-                          completion_tokens = completion_tokens + p_completion,
-                          cached_tokens = cached_tokens + p_cached,
-                          cost_nano = cost_nano + p_cost_nano
+    -- A call's cost at the column's range saturated there (the caller caps it); a team's
+    -- total stops at it rather than overflow.
+    SELECT coalesce(jsonb_agg(name ORDER BY k), '[]'::jsonb) INTO v_saturated
+    FROM (VALUES (0, 'cost_usd', p_cost_nano >= v_max),
+                 (1, 'team_prompt_tokens', b.prompt_tokens::numeric + p_prompt > v_max),
+                 (2, 'team_completion_tokens',
+                  b.completion_tokens::numeric + p_completion > v_max),
+                 (3, 'team_cached_tokens', b.cached_tokens::numeric + p_cached > v_max),
+                 (4, 'team_cost_nano', b.cost_nano::numeric + p_cost_nano > v_max))
+         AS s(k, name, hit)
+    WHERE hit;
+    UPDATE ar_budgets SET
+        prompt_tokens = least(prompt_tokens::numeric + p_prompt, v_max)::bigint,
+        completion_tokens = least(completion_tokens::numeric + p_completion, v_max)::bigint,
+        cached_tokens = least(cached_tokens::numeric + p_cached, v_max)::bigint,
+        cost_nano = least(cost_nano::numeric + p_cost_nano, v_max)::bigint
     WHERE team_id = p_team RETURNING * INTO b;
     IF p_window IS NOT NULL THEN
         UPDATE ar_agents SET context_window = p_window WHERE id = p_agent;
@@ -210,7 +224,9 @@ BEGIN
         'model', p_model, 'prompt_tokens', p_prompt, 'completion_tokens', p_completion,
         'cached_tokens', p_cached, 'cost_usd', p_cost_nano::float8 / 1000000000,
         'estimated', p_estimated) || CASE WHEN p_context IS NULL THEN '{}'::jsonb
-                                        ELSE jsonb_build_object('context', p_context) END,
+                                        ELSE jsonb_build_object('context', p_context) END
+        || CASE WHEN v_saturated = '[]'::jsonb THEN '{}'::jsonb
+                ELSE jsonb_build_object('saturated', v_saturated) END,
         p_turn => p_turn);
     o := o || jsonb_build_object('budget', jsonb_build_object('ok', true));
     RETURN ar__budget_warn(o, b, p_ratio, p_agent, p_turn, v_now);
