@@ -575,3 +575,16 @@ def test_a_team_of_70000_agents_comes_in_pages(huge_database: str) -> None:
             assert "agents 1\u201360 of 70,001" in pager
             wait_for(lambda: (p := snapshot(driver)) and p["messages"] == 2 * 59, "every piece")
             screenshot(driver, "web_team_of_70000")
+
+    # Every lane at once (the exported page), and every lane a name keeps: more agents than a
+    # statement holds parameters (65,535), read alike on both databases.
+    from agent_router.store.timeline import TimelineQuery
+
+    router = Router(Settings(database_url=huge_database))
+    try:
+        for query in (TimelineQuery(end=1.0), TimelineQuery(end=1.0, name="Worker_")):
+            whole = router.store.reads.team_window(1, query)
+            assert len(whole.lanes) == (70_001 if query.name is None else 70_000)
+            assert len({t.agent_id for t in whole.turns}) > 100
+    finally:
+        router.close()

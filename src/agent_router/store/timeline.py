@@ -193,6 +193,11 @@ def _seconds_since_sqlite(element: _SecondsSince, compiler: Any, **kw: Any) -> s
     )
 
 
+#: Agents named to a statement: their ids, or the query of a page of them.
+AgentIds = list[int] | sa.Select[int]
+#: The most ids a statement lists; a larger page is named by its query.
+MAX_LISTED_IDS = 10_000
+
 #: The status rows of a page of agents (``Reads``' own: mailbox, questions, running turn).
 Statuses = Callable[[Session, Sequence[AgentRow], Any], list[AgentStatus]]
 
@@ -233,7 +238,17 @@ def window(
         .offset(query.offset)
         .limit(query.limit)
     ).all()
-    ids = [r.id for r in rows]
+    # A page of many agents (the whole of a large team) is named to the statements below by
+    # the query that reads it, not by its ids: a statement holds at most 65,535 parameters.
+    ids: AgentIds = [r.id for r in rows]
+    if len(rows) > MAX_LISTED_IDS:
+        ids = (
+            sa.select(AgentRow.id)
+            .where(*kept)
+            .order_by(AgentRow.id)
+            .offset(query.offset)
+            .limit(query.limit)
+        )
     whole = query.limit is None and query.offset == 0 and not query.name and focus is None
     arrows, complete_until = _arrows(
         session, team_id, query, ids=None if whole else ids, focus=focus, start=start, end=end
@@ -317,7 +332,7 @@ def _arrows(
     team_id: int,
     query: TimelineQuery,
     *,
-    ids: list[int] | None,
+    ids: AgentIds | None,
     focus: int | None,
     start: datetime,
     end: datetime | None,
@@ -460,9 +475,9 @@ def _arrow(row: Any) -> Arrow:
 
 
 def _turns(
-    session: Session, ids: list[int], start: datetime, end: datetime | None
+    session: Session, ids: AgentIds, start: datetime, end: datetime | None
 ) -> list[TurnRecord]:
-    if not ids:
+    if isinstance(ids, list) and not ids:
         return []
     stmt = sa.select(TurnRow).where(
         TurnRow.agent_id.in_(ids),
@@ -473,9 +488,9 @@ def _turns(
 
 
 def _waits(
-    session: Session, team_id: int, ids: list[int], start: datetime, end: datetime | None
+    session: Session, team_id: int, ids: AgentIds, start: datetime, end: datetime | None
 ) -> list[Wait]:
-    if not ids:
+    if isinstance(ids, list) and not ids:
         return []
     asker = sa.orm.aliased(AgentRow)
     target = sa.orm.aliased(AgentRow)
