@@ -27,6 +27,8 @@ import sqlalchemy as sa
 from celery import Celery
 
 from agent_router.agents.llm import Model, ScriptedModel
+from agent_router.agents.roles import roles_from_env
+from agent_router.agents.toolbox import agent_tools
 from agent_router.budgeting import NO_LIMITS
 from agent_router.domain import Agent, LedgerAction, MessageType
 from agent_router.ops.chaos_processes import PrivateRedis, Workers, private_database
@@ -63,9 +65,9 @@ def slow_runtime(settings: Settings, app: Celery) -> runtime.Runtime:
 
     # Built here, not by runtime.configure: the factory runs under the runtime's lock.
     router = Router(settings, publisher=CeleryPublisher(app), hooks=runtime.default_hooks(settings))
-    return runtime.Runtime(
-        router=router, models=models, tools=runtime.default_tools(settings), app=app
-    )
+    # The built-in tools, do_work included: the scripted sub-agents work through it.
+    tools = agent_tools(settings, roles_from_env())
+    return runtime.Runtime(router=router, models=models, tools=tools, app=app)
 
 
 def main(teams: int, model_seconds: float, lease: float) -> None:

@@ -177,6 +177,9 @@ class Team:
     id: int
     lead: Agent
     created_at: datetime
+    #: The model every agent of the team runs on (its turns in the built-in loop), whatever
+    #: its role names; ``None``: the role's model, else ``Settings.openai_model``.
+    model: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -121,11 +121,14 @@ class Router:
         lead_system_prompt: str | None = None,
         lead_runner: str | None = None,
         budget: Mapping[BudgetName, float | None] | None = None,
+        model: str | None = None,
     ) -> Team:
         """A new team with its lead and its budgets. ``lead_runner``: the host's Celery task
         that runs the lead's turns (``name`` or ``name@queue``; default
         ``Settings.runners["Team Leader"]``, else the built-in loop). ``budget`` overrides some
-        of the ``budget_*`` settings (``None``: unlimited)."""
+        of the ``budget_*`` settings (``None``: unlimited). ``model``: the model every agent of
+        the team runs on, kept with the team (``"scripted"``: the built-in scripted model);
+        ``None``: each role's model, else ``Settings.openai_model``."""
         lead = NewAgent(
             role=LEAD_ROLE,
             display_name=LEAD_DISPLAY_NAME,
@@ -133,7 +136,7 @@ class Router:
             runner=self._runner(LEAD_ROLE, lead_runner),
         )
         limits = None if budget is None else check.budget_limits(budget)
-        return self.store.create_team(lead, budget=limits)
+        return self.store.create_team(lead, budget=limits, model=check.model_name(model))
 
     def create_agent(
         self,

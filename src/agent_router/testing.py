@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from agent_router.agents.builder import scripted_models
 from agent_router.agents.llm import ModelFactory
 from agent_router.domain import Team
 from agent_router.router import Router
@@ -83,7 +84,7 @@ def agent_router_settings(agent_router_database_url: str) -> Settings:
 @pytest.fixture
 def agent_router_models(agent_router_settings: Settings) -> ModelFactory:
     """The model of each agent's turns: the scripted model, by role."""
-    return runtime.scripted_models(agent_router_settings)
+    return scripted_models(agent_router_settings)
 
 
 @pytest.fixture

@@ -115,8 +115,10 @@ class Reads:
             lead = session.scalars(
                 sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.is_lead.is_(True))
             ).one()
-            created = session.scalars(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
-            return Team(id=team_id, lead=values.agent(lead), created_at=created.one())
+            created, model = session.execute(
+                sa.select(TeamRow.created_at, TeamRow.model).where(TeamRow.id == team_id)
+            ).one()
+            return Team(id=team_id, lead=values.agent(lead), created_at=created, model=model)
 
     @faults.wrapped_read
     def agent(self, team_id: int, name: str) -> Agent:

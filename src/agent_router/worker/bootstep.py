@@ -18,7 +18,8 @@ the agent lock, a re-enqueue skips locked rows), so timers in many workers, and 
 them, duplicate at most a fenced turn task. Beat keeps working for whoever runs it.
 
 ``agent-router worker`` (and ``celery -A agent_router.celery_app worker``) install the step; a
-host app adds it with :func:`install`.
+host app adds it with :func:`install`, along with :class:`WorkerServes`, which logs at start what
+the worker's turns run on.
 """
 
 from __future__ import annotations
@@ -108,9 +109,54 @@ class WorkerSweeper(bootsteps.StartStopStep):
         self.stop(parent)
 
 
+class WorkerServes(bootsteps.StartStopStep):
+    """Worker bootstep: at start, one log record per model endpoint the worker's turns may call
+    (model name and base URL, never the API key) and one per tool source (an MCP server by name
+    and transport, a host-function module), as :func:`agent_router.agents.builder.build` builds
+    them from ``Settings()``; a warning when no model is configured, and the factory's name when
+    ``AGENT_ROUTER_RUNTIME_FACTORY`` builds the runtime instead."""
+
+    label = "agent-router serves"
+
+    def start(self, parent: Any) -> None:
+        try:
+            log_serves(Settings())
+        except Exception:  # the turns report a bad configuration; the worker still starts
+            logger.exception("agent-router: the models and tools cannot be built")
+
+
+def log_serves(settings: Settings) -> None:
+    """Log what a worker with ``settings`` runs turns with (see :class:`WorkerServes`)."""
+    if settings.runtime_factory:
+        logger.info(
+            "agent-router runtime from %s",
+            settings.runtime_factory,
+            extra={"action": "worker_runtime", "factory": settings.runtime_factory},
+        )
+        return
+    from agent_router.agents.builder import build
+
+    records = build(settings).describe()
+    for record in records:
+        kind = record.pop("kind")
+        what = record.get("model") or record.get("server") or record.get("host_module")
+        logger.info(
+            "agent-router serves %s %s", kind.replace("_", " "), what,
+            extra={"action": f"worker_{kind}", **record},
+        )  # fmt: skip
+    if not any(r.get("model") for r in records):
+        logger.warning(
+            "agent-router: no model configured; a turn fails unless its team or role names a "
+            "model: set AGENT_ROUTER_OPENAI_MODEL",
+            extra={"action": "worker_model"},
+        )
+
+
 def install(app: Celery) -> None:
     """Run the sweeper in every worker of ``app`` (it reads ``Settings()`` when a worker starts;
-    ``AGENT_ROUTER_WORKER_SWEEPER=false`` turns it off). Idempotent."""
+    ``AGENT_ROUTER_WORKER_SWEEPER=false`` turns it off), and log what its turns run on.
+    Idempotent."""
     steps = app.steps["worker"]
-    if WorkerSweeper not in steps:
-        steps.add(WorkerSweeper)
+    for step in (WorkerSweeper, WorkerServes):
+        if step not in steps:
+            steps.add(step)
