@@ -29,6 +29,7 @@ from celery import Celery
 from agent_router.agents.llm import Model, ScriptedModel
 from agent_router.agents.roles import roles_from_env
 from agent_router.agents.toolbox import agent_tools
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.budgeting import NO_LIMITS
 from agent_router.domain import Agent, LedgerAction, MessageType
 from agent_router.ops.chaos_processes import PrivateRedis, Workers, private_database
@@ -37,8 +38,6 @@ from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store.models import LedgerRow
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 
 ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/test"
 SUB_AGENTS = 4

@@ -758,9 +758,10 @@ def _broker_publisher(settings: Settings) -> Publisher | None:
     """The publisher of a Router given none: the settings' broker, unless ``memory://``."""
     if settings.broker_url.startswith("memory://"):
         return None
-    # The one import of the worker layer here, at call time: a process that only sends
-    # (a script, a web app) publishes the turn tasks it commits, as the README shows.
-    from agent_router.worker.celery_app import BrokerPublisher
+    # At call time: a process that never publishes (a Router on memory://, a read-only
+    # command) never loads Celery. One that only sends (a script, a web app) publishes the turn
+    # tasks it commits, as the README shows.
+    from agent_router.broker import BrokerPublisher
 
     return BrokerPublisher(settings)
 

@@ -34,11 +34,12 @@ from celery import Celery
 
 from agent_router.agents.builder import scripted_models
 from agent_router.agents.llm import ModelFactory
+from agent_router.broker import create_app
 from agent_router.domain import Team
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app, install
+from agent_router.worker.celery_app import install
 
 #: Worker threads of ``agent_router_worker``: every agent of a small team can run at once.
 WORKER_CONCURRENCY = 8

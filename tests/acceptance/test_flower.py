@@ -29,10 +29,10 @@ from celery.events.state import State
 from kombu import Queue
 
 from agent_router import Settings
+from agent_router.broker import create_app
 from agent_router.constants import RUN_AGENT_TURN
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app
 from tests.support.browser import chromium, screenshot
 
 BIN = Path(sys.executable).parent

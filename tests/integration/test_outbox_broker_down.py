@@ -13,11 +13,11 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from agent_router import MessageStatus, RouteOutcome, Settings
+from agent_router.broker import create_app
 from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app
 
 TIMEOUT = 60.0
 

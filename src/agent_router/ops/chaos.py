@@ -46,6 +46,7 @@ from typing import Any
 import psycopg
 
 from agent_router import errors
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.budgeting import NO_LIMITS
 from agent_router.domain import (
     RESTING_STATES,
@@ -71,8 +72,6 @@ from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store import make_engine
 from agent_router.store.engine import kill_connections
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 
 logger = logging.getLogger(__name__)
 

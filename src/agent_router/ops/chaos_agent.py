@@ -22,6 +22,7 @@ from agent_router import errors, formats
 from agent_router.agents.builder import scripted_models
 from agent_router.agents.llm import ModelFactory
 from agent_router.agents.tools import ToolRegistry, default_registry
+from agent_router.broker import CeleryPublisher
 from agent_router.domain import (
     MessageType,
     WaitOutcome,
@@ -29,7 +30,6 @@ from agent_router.domain import (
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.turn import Turn
-from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)

@@ -414,10 +414,9 @@ class _Soak:
         return env
 
     def run(self, stack: contextlib.ExitStack) -> SoakResult:
+        from agent_router.broker import CeleryPublisher, create_app
         from agent_router.ops.chaos_processes import Workers
         from agent_router.router import Router
-        from agent_router.worker.celery_app import create_app
-        from agent_router.worker.publisher import CeleryPublisher
 
         options = self.options
         app = create_app(self.settings, main=f"agent_router_soak_{uuid.uuid4().hex[:6]}")

@@ -61,9 +61,9 @@ class WorkerSweeper(bootsteps.StartStopStep):
             return None
         # Imported here: the router pulls in the store and its driver, which a process that only
         # configures an app (beat, a sender) need not load.
+        from agent_router.broker import CeleryPublisher
         from agent_router.router import Router
         from agent_router.worker.embedded import SweeperThread
-        from agent_router.worker.publisher import CeleryPublisher
 
         router = Router(settings, publisher=CeleryPublisher(parent.app))
         # A prefork pool's children are forks of this process: each drops its copy of this

@@ -23,12 +23,11 @@ from agent_router.agents import builder
 from agent_router.agents.llm import ModelFactory
 from agent_router.agents.loop import run_turn
 from agent_router.agents.tools import ToolRegistry
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.worker import metrics
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.task_events import TaskEventHooks
 
 #: Runs one claimed turn to its end (the built-in loop, or a host's own loop over the turn API);

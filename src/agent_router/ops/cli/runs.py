@@ -189,9 +189,9 @@ def demo(
     """Run the demo's team through the routing scenarios and print a live timeline.
 
     Exits non-zero if a scenario check or a guarantee (check_team) failed."""
+    from agent_router.broker import create_app
     from agent_router.ops.demo import run_scenarios, setup_team
     from agent_router.worker import runtime
-    from agent_router.worker.celery_app import create_app
 
     configured = Settings()  # AGENT_ROUTER_* variables, as every other command reads them
     broker_url = broker_url or configured.broker_url
@@ -432,9 +432,9 @@ def run(  # noqa: PLR0917 - typer options
     (exit 1) when a declared MCP server cannot be listed, unless --allow-missing-tools. Exits 1
     if a turn failed, a question expired unanswered, or the team did not settle, 3 if a team budget
     (AGENT_ROUTER_BUDGET_*) stopped it."""
+    from agent_router.broker import create_app
     from agent_router.ops import team_run
     from agent_router.worker import runtime
-    from agent_router.worker.celery_app import create_app
 
     in_process = _in_process(broker_url, embedded_workers)
     console = _timeline_console()
