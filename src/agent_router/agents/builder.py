@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent_router.agents.llm import SCRIPTED_MODEL, Model, ModelFactory, ScriptedModel
 from agent_router.agents.roles import RoleCatalogue, roles_from_env
@@ -76,6 +76,19 @@ def default_base_url(settings: Settings) -> str:
     return settings.openai_base_url or "https://api.openai.com/v1"
 
 
+@dataclass(frozen=True)
+class NoModel:
+    """The model of an agent that has none: its turn drains its messages as any turn does, then
+    fails at the first model call with :class:`~agent_router.errors.ModelNotConfiguredError`.
+    (Failing before the drain would leave the messages in the mailbox, and their wake would
+    start the next failing turn, again and again.)"""
+
+    reason: str
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        raise ModelNotConfiguredError(self.reason)
+
+
 class AgentModels:
     """A :data:`~agent_router.agents.llm.ModelFactory`: each agent's model by the precedence of
     the module docstring. One OpenAI client per (name, temperature, context window), shared
@@ -113,7 +126,7 @@ class AgentModels:
     def __call__(self, agent: Agent) -> Model:
         chosen = self.choice(agent)
         if chosen.name is None:
-            raise ModelNotConfiguredError(
+            return NoModel(
                 f"no model for {agent.display_name} (team {agent.team_id}, role "
                 f"{agent.role!r}) in this worker: set AGENT_ROUTER_OPENAI_MODEL, the role's "
                 "`model` in the roles file, or the team's model (create_team(model=...))"

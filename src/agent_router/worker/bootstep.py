@@ -125,6 +125,14 @@ class WorkerServes(bootsteps.StartStopStep):
             logger.exception("agent-router: the models and tools cannot be built")
 
 
+#: The log message of each kind of record :func:`log_serves` writes.
+_SERVES = {
+    "model": "agent-router serves model {model} at {base_url} ({source})",
+    "mcp_server": "agent-router serves MCP server {server} ({transport})",
+    "host_tools": "agent-router serves the host functions of module {host_module}",
+}
+
+
 def log_serves(settings: Settings) -> None:
     """Log what a worker with ``settings`` runs turns with (see :class:`WorkerServes`)."""
     if settings.runtime_factory:
@@ -138,12 +146,10 @@ def log_serves(settings: Settings) -> None:
 
     records = build(settings).describe()
     for record in records:
-        kind = record.pop("kind")
-        what = record.get("model") or record.get("server") or record.get("host_module")
-        logger.info(
-            "agent-router serves %s %s", kind.replace("_", " "), what,
-            extra={"action": f"worker_{kind}", **record},
-        )  # fmt: skip
+        # The message says it all: a host's worker prints no extra fields.
+        logger.info(_SERVES[record["kind"]].format(**record), extra={
+            "action": f"worker_{record['kind']}", **{k: v for k, v in record.items() if k != "kind"}
+        })  # fmt: skip
     if not any(r.get("model") for r in records):
         logger.warning(
             "agent-router: no model configured; a turn fails unless its team or role names a "
