@@ -85,7 +85,7 @@ def _check_cli(settings: Settings, team: int) -> subprocess.CompletedProcess[str
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
     env["AGENT_ROUTER_DATABASE_URL"] = settings.database_url
     return subprocess.run(
-        [CLI, "check", str(team)], env=env, capture_output=True, text=True, timeout=120
+        [CLI, "check", str(team)], env=env, capture_output=True, text=True, timeout=120, check=False
     )
 
 
