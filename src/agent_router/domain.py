@@ -318,6 +318,7 @@ class AgentStatus:
     questions_to_answer: tuple[int, ...] = ()  # open questions addressed to it
     turn_id: int | None = None  # its running turn, if any
     lease_expires_at: datetime | None = None  # naive UTC; past it the sweeper takes over
+    last_error: str | None = None  # why its last turn failed, when it did
 
 
 class BudgetName(enum.StrEnum):

@@ -81,11 +81,11 @@ def _start_worker(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[byte
     return proc, hostname
 
 
-def _check_cli(settings: Settings, team: int) -> subprocess.CompletedProcess[str]:
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
-    env["AGENT_ROUTER_DATABASE_URL"] = settings.database_url
+    env.update(AGENT_ROUTER_DATABASE_URL=settings.database_url, COLUMNS="200")
     return subprocess.run(
-        [CLI, "check", str(team)], env=env, capture_output=True, text=True, timeout=120, check=False
+        [CLI, *args], env=env, capture_output=True, text=True, timeout=120, check=False
     )
 
 
@@ -151,6 +151,8 @@ def test_a_turn_without_a_model_fails_with_the_typed_error_and_no_reply(router: 
     assert error.startswith(f"{ModelNotConfiguredError.__name__}: ")
     assert "AGENT_ROUTER_OPENAI_MODEL" in error
     assert _replies(router, team) == []
+    (status,) = router.reads.agent_statuses(team)
+    assert status.last_error == error
     # The scripted model runs for a team that names it, and only its agents get do_work.
     scripted = router.create_team(model=SCRIPTED_MODEL)
     engineer = router.create_agent(scripted.id, role="Full-Stack Engineer")
@@ -162,6 +164,7 @@ def test_a_turn_without_a_model_fails_with_the_typed_error_and_no_reply(router: 
     run_turn(router, turn, models=built.models, tools=built.tools)
     assert _failures(router, scripted.id) == []
     assert _replies(router, scripted.id)
+    assert [s.last_error for s in router.reads.agent_statuses(scripted.id)] == [None, None]
 
 
 # ---------------------------------------------------------------------- worker processes
@@ -270,9 +273,13 @@ def test_a_worker_without_a_model_fails_the_turn_in_the_ledger_and_check_says_wh
     ), errors
     assert _replies(router, team) == []  # no canned reply
     assert _failures(router, scripted) == [] and _replies(router, scripted)
-    checked = _check_cli(celery_settings, team)
+    checked = _cli(celery_settings, "check", str(team))
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "ModelNotConfiguredError" in checked.stdout
     assert "AGENT_ROUTER_OPENAI_MODEL" in checked.stdout
+    status = _cli(celery_settings, "status", str(team))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "Team Leader: last turn failed: ModelNotConfiguredError: " in status.stdout
+    assert "AGENT_ROUTER_OPENAI_MODEL" in status.stdout
     text = log.read_text()
     assert "no model configured" in text and "AGENT_ROUTER_OPENAI_MODEL" in text, text[-3000:]

@@ -359,8 +359,8 @@ RunBrokerUrlOption = Annotated[
         "run",
         "broker_url",
         "Celery broker: memory:// (default) runs turns on threads of this process; with "
-        "redis://... start workers with AGENT_ROUTER_RUNTIME_FACTORY="
-        "agent_router.ops.team_run:openai_runtime and the same AGENT_ROUTER_* settings.",
+        "redis://... start workers (`agent-router worker`) with the same AGENT_ROUTER_* "
+        "settings, AGENT_ROUTER_OPENAI_MODEL included: they build the same models and tools.",
     ),
 ]
 McpServerOption = Annotated[
