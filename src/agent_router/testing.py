@@ -33,7 +33,7 @@ import pytest
 from celery import Celery
 
 from agent_router.agents.builder import scripted_models
-from agent_router.agents.llm import ModelFactory
+from agent_router.agents.llm import SCRIPTED_MODEL, ModelFactory
 from agent_router.broker import create_app
 from agent_router.domain import Team
 from agent_router.router import Router
@@ -72,13 +72,15 @@ def agent_router_database_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def agent_router_settings(agent_router_database_url: str) -> Settings:
-    """Settings on ``agent_router_database_url``: no sweeper in the test's workers, and the
-    scripted model's pauses and the built-in work tool at zero."""
+    """Settings on ``agent_router_database_url``: no sweeper in the test's workers, every agent
+    on the scripted model (``openai_model="scripted"``, its sub-agents with the ``do_work``
+    tool), and its pauses and the work tool at zero."""
     return Settings(
         database_url=agent_router_database_url,
         worker_sweeper=False,
         work_seconds=0.0,
         scripted_write_seconds=0.0,
+        openai_model=SCRIPTED_MODEL,
     )
 
 

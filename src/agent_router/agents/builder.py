@@ -44,6 +44,9 @@ from agent_router.settings import ModelSpec, Settings
 if TYPE_CHECKING:
     from agent_router.router import Router
 
+#: Teams whose model a process keeps in memory (it is read again after that many teams).
+TEAMS_KEPT = 10_000
+
 #: A team's model by team id (``None``: the team names none).
 TeamModel = Callable[[int], str | None]
 
@@ -150,6 +153,8 @@ class AgentModels:
                 return self._teams[team_id]
         name = self.team_model(team_id)
         with self._lock:
+            if len(self._teams) >= TEAMS_KEPT:  # a long-lived worker meets ever new teams
+                self._teams.clear()
             self._teams[team_id] = name
         return name
 
