@@ -27,6 +27,9 @@ import sqlalchemy as sa
 from celery import Celery
 
 from agent_router.agents.llm import Model, ScriptedModel
+from agent_router.agents.roles import roles_from_env
+from agent_router.agents.toolbox import agent_tools
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.budgeting import NO_LIMITS
 from agent_router.domain import Agent, LedgerAction, MessageType
 from agent_router.ops.chaos_processes import PrivateRedis, Workers, private_database
@@ -35,8 +38,6 @@ from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store.models import LedgerRow
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 
 ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/test"
 SUB_AGENTS = 4
@@ -63,9 +64,9 @@ def slow_runtime(settings: Settings, app: Celery) -> runtime.Runtime:
 
     # Built here, not by runtime.configure: the factory runs under the runtime's lock.
     router = Router(settings, publisher=CeleryPublisher(app), hooks=runtime.default_hooks(settings))
-    return runtime.Runtime(
-        router=router, models=models, tools=runtime.default_tools(settings), app=app
-    )
+    # The built-in tools, do_work included: the scripted sub-agents work through it.
+    tools = agent_tools(settings, roles_from_env())
+    return runtime.Runtime(router=router, models=models, tools=tools, app=app)
 
 
 def main(teams: int, model_seconds: float, lease: float) -> None:

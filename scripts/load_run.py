@@ -15,6 +15,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.budgeting import NO_LIMITS
 from agent_router.domain import LedgerAction, MessageType
 from agent_router.ops import chaos
@@ -23,8 +24,6 @@ from agent_router.ops.chaos_processes import PrivateRedis, Workers, private_data
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store.models import LedgerRow
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 
 TEAMS, SUBS, SECONDS = (int(a) for a in (sys.argv[1:] or ["50", "4", "60"]))
 ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/test"

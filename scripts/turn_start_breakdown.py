@@ -99,6 +99,7 @@ def main() -> None:
         # As in the bench: the scripted reply takes a quarter second, no other work.
         "AGENT_ROUTER_SCRIPTED_WRITE_SECONDS": "0.25",
         "AGENT_ROUTER_WORK_SECONDS": "0",
+        "AGENT_ROUTER_OPENAI_MODEL": "scripted",  # every agent on the scripted model
     }
     settings = Settings(**{k.removeprefix("AGENT_ROUTER_").lower(): v for k, v in env.items()})
     rt = runtime.configure(settings)

@@ -5,7 +5,7 @@ and is built on first access, so importing this module never fails on a bad vari
 
 from typing import Any
 
-from agent_router.worker.celery_app import create_app
+from agent_router.broker import create_app
 
 __all__ = ["create_app"]  # and `app`, built on first access
 

@@ -177,6 +177,9 @@ class Team:
     id: int
     lead: Agent
     created_at: datetime
+    #: The model every agent of the team runs on (its turns in the built-in loop), whatever
+    #: its role names; ``None``: the role's model, else ``Settings.openai_model``.
+    model: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,6 +318,7 @@ class AgentStatus:
     questions_to_answer: tuple[int, ...] = ()  # open questions addressed to it
     turn_id: int | None = None  # its running turn, if any
     lease_expires_at: datetime | None = None  # naive UTC; past it the sweeper takes over
+    last_error: str | None = None  # why its last turn failed, when it did
 
 
 class BudgetName(enum.StrEnum):

@@ -14,6 +14,12 @@ class ConfigurationError(AgentRouterError):
     """Raised when settings are invalid or incomplete."""
 
 
+class ModelNotConfiguredError(ConfigurationError):
+    """Raised when a turn's agent has no model in this process: neither its team, nor its
+    role, nor ``AGENT_ROUTER_OPENAI_MODEL`` names one. The turn fails with this as its reason;
+    it never gets a reply."""
+
+
 class StoreError(AgentRouterError):
     """Raised when the database failed; the transaction rolled back and wrote nothing.
 

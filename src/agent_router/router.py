@@ -121,11 +121,14 @@ class Router:
         lead_system_prompt: str | None = None,
         lead_runner: str | None = None,
         budget: Mapping[BudgetName, float | None] | None = None,
+        model: str | None = None,
     ) -> Team:
         """A new team with its lead and its budgets. ``lead_runner``: the host's Celery task
         that runs the lead's turns (``name`` or ``name@queue``; default
         ``Settings.runners["Team Leader"]``, else the built-in loop). ``budget`` overrides some
-        of the ``budget_*`` settings (``None``: unlimited)."""
+        of the ``budget_*`` settings (``None``: unlimited). ``model``: the model every agent of
+        the team runs on, kept with the team (``"scripted"``: the built-in scripted model);
+        ``None``: each role's model, else ``Settings.openai_model``."""
         lead = NewAgent(
             role=LEAD_ROLE,
             display_name=LEAD_DISPLAY_NAME,
@@ -133,7 +136,7 @@ class Router:
             runner=self._runner(LEAD_ROLE, lead_runner),
         )
         limits = None if budget is None else check.budget_limits(budget)
-        return self.store.create_team(lead, budget=limits)
+        return self.store.create_team(lead, budget=limits, model=check.model_name(model))
 
     def create_agent(
         self,
@@ -757,9 +760,10 @@ def _broker_publisher(settings: Settings) -> Publisher | None:
     """The publisher of a Router given none: the settings' broker, unless ``memory://``."""
     if settings.broker_url.startswith("memory://"):
         return None
-    # The one import of the worker layer here, at call time: a process that only sends
-    # (a script, a web app) publishes the turn tasks it commits, as the README shows.
-    from agent_router.worker.celery_app import BrokerPublisher
+    # At call time: a process that never publishes (a Router on memory://, a read-only
+    # command) never loads Celery. One that only sends (a script, a web app) publishes the turn
+    # tasks it commits, as the README shows.
+    from agent_router.broker import BrokerPublisher
 
     return BrokerPublisher(settings)
 

@@ -110,8 +110,9 @@ class Settings(BaseSettings):
         None,
         description="`module:function` that builds a worker's runtime (called with the settings "
         "and the Celery app; returns agent_router.worker.runtime.Runtime): a host's own models, "
-        "tools "
-        "or turn runner in the standalone `agent-router worker`. Unset: the built-in ones.",
+        "tools or turn runner, in `agent-router worker` or a host's worker. Unset: each agent's "
+        "model and tools are built from these settings (the team's, the role's or "
+        "AGENT_ROUTER_OPENAI_MODEL's model; the roles' MCP servers and host functions).",
     )
     sqlite_busy_timeout_seconds: float = Field(
         30.0, gt=0, description="How long a SQLite writer waits for the write lock."
@@ -177,7 +178,10 @@ class Settings(BaseSettings):
     # The OpenAI-compatible model adapter.
     openai_model: str | None = Field(
         None,
-        description="Model name sent to the Chat Completions endpoint; required by OpenAIModel.",
+        description="The model of an agent whose team and role name none, sent to the Chat "
+        "Completions endpoint (a team's model: Router.create_team(model=...); a role's: `model` "
+        "in the roles file). `scripted`: the built-in scripted model (demo, tests). An agent "
+        "with no model fails its turn with ModelNotConfiguredError.",
     )
     openai_base_url: str | None = Field(
         None,

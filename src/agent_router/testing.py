@@ -32,12 +32,14 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from agent_router.agents.llm import ModelFactory
+from agent_router.agents.builder import scripted_models
+from agent_router.agents.llm import SCRIPTED_MODEL, ModelFactory
+from agent_router.broker import create_app
 from agent_router.domain import Team
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app, install
+from agent_router.worker.celery_app import install
 
 #: Worker threads of ``agent_router_worker``: every agent of a small team can run at once.
 WORKER_CONCURRENCY = 8
@@ -70,20 +72,22 @@ def agent_router_database_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def agent_router_settings(agent_router_database_url: str) -> Settings:
-    """Settings on ``agent_router_database_url``: no sweeper in the test's workers, and the
-    scripted model's pauses and the built-in work tool at zero."""
+    """Settings on ``agent_router_database_url``: no sweeper in the test's workers, every agent
+    on the scripted model (``openai_model="scripted"``, its sub-agents with the ``do_work``
+    tool), and its pauses and the work tool at zero."""
     return Settings(
         database_url=agent_router_database_url,
         worker_sweeper=False,
         work_seconds=0.0,
         scripted_write_seconds=0.0,
+        openai_model=SCRIPTED_MODEL,
     )
 
 
 @pytest.fixture
 def agent_router_models(agent_router_settings: Settings) -> ModelFactory:
     """The model of each agent's turns: the scripted model, by role."""
-    return runtime.scripted_models(agent_router_settings)
+    return scripted_models(agent_router_settings)
 
 
 @pytest.fixture

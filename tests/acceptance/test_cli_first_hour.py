@@ -181,13 +181,22 @@ def test_doctor_checks_the_model_list_at_the_base_url_given(pg_schema_url: str) 
         # The model list takes no scripted reply; only the request off /v1 is recorded.
         assert [r.path for r in server.requests] == ["/models"]
     with ChatServer(api_key="sk-right") as server:
-        status, line = model_line("--model", AGENT_ROUTER_OPENAI_BASE_URL=server.base_url,
+        status, line = model_line("--check-model", AGENT_ROUTER_OPENAI_BASE_URL=server.base_url,
                                   OPENAI_API_KEY="sk-wrong")  # fmt: skip
         assert status == 1 and "refused the API key (401)" in line
         status, line = model_line("--base-url", server.base_url, OPENAI_API_KEY="sk-right")
         assert status == 0 and line.startswith("ok")
     status, line = model_line("--base-url", "not-a-url")
     assert status == 1 and "is not an http(s):// URL" in line and "unreachable" not in line
+    # A model named is one the endpoint must list; naming one is what turns the check on.
+    with ChatServer() as server:
+        env = {"AGENT_ROUTER_OPENAI_BASE_URL": server.base_url}
+        status, line = model_line("--model", "test-model", **env)
+        assert status == 0 and "test-model among them" in line
+        status, line = model_line("--model", "gpt-typo", **env)
+        assert status == 1 and line.startswith("FAIL") and "does not list 'gpt-typo'" in line
+        status, line = model_line(AGENT_ROUTER_OPENAI_MODEL="gpt-typo", **env)
+        assert status == 1 and "does not list 'gpt-typo'" in line
 
 
 def test_run_names_only_the_option_that_is_wrong_and_says_what_tools_agents_get() -> None:

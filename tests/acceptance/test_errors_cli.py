@@ -239,7 +239,7 @@ def test_doctor_reports_each_service(pg_schema_url: str, redis_url: str) -> None
     assert all(c["ok"] for c in checks.values())
 
     bad = run(
-        "doctor", "--model", "--database-url", pg_schema_url, "--broker-url", DOWN_REDIS,
+        "doctor", "--check-model", "--database-url", pg_schema_url, "--broker-url", DOWN_REDIS,
         AGENT_ROUTER_OPENAI_BASE_URL=DOWN_MODEL,
     )  # fmt: skip
     assert bad.returncode == 1

@@ -29,10 +29,11 @@ from celery.events.state import State
 from kombu import Queue
 
 from agent_router import Settings
+from agent_router.agents.llm import SCRIPTED_MODEL
+from agent_router.broker import create_app
 from agent_router.constants import RUN_AGENT_TURN
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app
 from tests.support.browser import chromium, screenshot
 
 BIN = Path(sys.executable).parent
@@ -145,6 +146,7 @@ def test_flower_shows_turn_tasks_with_readable_args(
         queue=f"agent_router.test.{uuid.uuid4().hex[:10]}",
         work_seconds=0.01,
         scripted_write_seconds=0.0,
+        openai_model=SCRIPTED_MODEL,
     )
     flower_port, metrics_port = free_port(), free_port()
     hostname = f"ar-flower-{uuid.uuid4().hex[:8]}@localhost"
@@ -155,6 +157,7 @@ def test_flower_shows_turn_tasks_with_readable_args(
         AGENT_ROUTER_QUEUE=settings.queue,
         AGENT_ROUTER_WORK_SECONDS="0.01",
         AGENT_ROUTER_SCRIPTED_WRITE_SECONDS="0",
+        AGENT_ROUTER_OPENAI_MODEL=SCRIPTED_MODEL,
         AGENT_ROUTER_METRICS_PORT=str(metrics_port),
         AGENT_ROUTER_METRICS_CLUSTER_GAUGES="true",
         # The session database holds every earlier test's teams: no sweeping of their leftovers.

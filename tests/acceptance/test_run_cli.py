@@ -104,6 +104,16 @@ def test_run_timeline_and_a_missing_key() -> None:
     assert no_key.returncode == 1, no_key.stderr
     [line] = no_key.stderr.splitlines()
     assert line.startswith("agent-router: error:") and "API key" in line
+    # No model at all: the one line names both ways to give one.
+    no_model = subprocess.run(
+        [CLI, "run", "x", "--base-url", "http://127.0.0.1:9/v1"],
+        check=False, capture_output=True, text=True, timeout=TIMEOUT,
+        env={**env, "OPENAI_API_KEY": "sk-test"},
+    )  # fmt: skip
+    assert no_model.returncode == 1, no_model.stderr
+    [line] = no_model.stderr.splitlines()
+    assert line.startswith("agent-router: error:") and "--model" in line
+    assert "AGENT_ROUTER_OPENAI_MODEL" in line
 
 
 def test_run_stops_at_its_budget_and_an_operator_raises_it(tmp_path: Path) -> None:

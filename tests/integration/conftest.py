@@ -23,10 +23,11 @@ from celery.contrib.testing.worker import start_worker
 from kombu import Queue
 
 from agent_router import Router, Settings
+from agent_router.agents.llm import SCRIPTED_MODEL
+from agent_router.broker import create_app
 from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.outbox import RecordingPublisher
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app
 from agent_router.worker.runtime import Runtime
 
 #: Worker threads: every agent of a test team can run at once.
@@ -64,6 +65,8 @@ def celery_settings(request: pytest.FixtureRequest, broker_url: str, redis_url: 
         work_seconds=0.1,
         # Long enough that the demo's 3.4 message lands while the final reply is written.
         scripted_write_seconds=1.0,
+        # Every team's agents run on the built-in scripted model, with its do_work tool.
+        openai_model=SCRIPTED_MODEL,
     )
 
 
@@ -107,6 +110,8 @@ def _worker_env(settings: Settings, *, sweeper: bool = False) -> dict[str, str]:
         AGENT_ROUTER_WORK_SECONDS=str(settings.work_seconds),
         AGENT_ROUTER_SCRIPTED_WRITE_SECONDS=str(settings.scripted_write_seconds),
     )
+    if settings.openai_model:
+        env["AGENT_ROUTER_OPENAI_MODEL"] = settings.openai_model
     if settings.redis_url:
         env["AGENT_ROUTER_REDIS_URL"] = settings.redis_url
     return env

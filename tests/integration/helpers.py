@@ -12,8 +12,8 @@ from celery import Celery
 from sqlalchemy import event
 
 from agent_router import LedgerAction, Router, Settings, Turn
+from agent_router.broker import CeleryPublisher
 from agent_router.ops.demo import wait_until
-from agent_router.worker.publisher import CeleryPublisher
 
 
 def tool_call(call_id: str, name: str = "do_work", arguments: str = "{}") -> dict[str, Any]:

@@ -11,10 +11,10 @@ import pytest
 from celery import Celery
 
 from agent_router import MessageType, Router, Settings
+from agent_router.broker import CeleryPublisher
 from agent_router.domain import JobStatus
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent, wait_until
-from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
 
 TIMEOUT = 60.0

@@ -14,9 +14,9 @@ import pytest
 from celery import Celery
 
 from agent_router import LedgerAction, MessageType, Router, Settings
+from agent_router.broker import CeleryPublisher
 from agent_router.ops.chaos_processes import private_database
 from agent_router.ops.demo import wait_quiescent
-from agent_router.worker.publisher import CeleryPublisher
 
 from ..conftest import PG_ADMIN_URL
 from .conftest import _sweeping_worker, _wait_for_worker

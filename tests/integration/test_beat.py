@@ -13,11 +13,11 @@ import pytest
 from celery import Celery
 
 from agent_router import AgentState, LedgerAction, Router, Settings, TurnTrigger
+from agent_router.broker import beat_schedule, create_app
 from agent_router.constants import SWEEP, SWEEP_SCHEDULE_ENTRY
 from agent_router.ops.demo import wait_quiescent, wait_until
 from agent_router.outbox import RecordingPublisher
 from agent_router.worker.bootstep import WorkerSweeper, install
-from agent_router.worker.celery_app import beat_schedule, create_app
 from agent_router.worker.embedded import SweeperThread
 from agent_router.worker.runtime import Runtime
 

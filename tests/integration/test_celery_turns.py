@@ -24,6 +24,7 @@ from agent_router import (
     TurnTrigger,
 )
 from agent_router.agents.llm import Model, ScriptedModel
+from agent_router.broker import create_app
 from agent_router.constants import RUN_AGENT_TURN
 from agent_router.formats import parse
 from agent_router.ops.checks import check_team
@@ -40,7 +41,6 @@ from agent_router.ops.demo import (
 )
 from agent_router.outbox import RecordingPublisher
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app
 from agent_router.worker.runtime import Runtime
 
 TIMEOUT = 60.0

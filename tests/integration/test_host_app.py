@@ -18,11 +18,11 @@ from celery.schedules import crontab
 from kombu import Queue
 
 from agent_router import AgentState, LedgerAction, Settings, Team
+from agent_router.broker import CeleryPublisher
 from agent_router.constants import RUN_AGENT_TURN, SWEEP, SWEEP_SCHEDULE_ENTRY
 from agent_router.testing import settle
 from agent_router.worker import install
 from agent_router.worker.bootstep import WorkerSweeper
-from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
 
 TIMEOUT = 60.0

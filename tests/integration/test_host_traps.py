@@ -29,10 +29,9 @@ from kombu import Queue
 
 from agent_router import Router, Settings
 from agent_router.agents.llm import directive
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.ops.demo import wait_quiescent, wait_until
 from agent_router.worker import install
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.runtime import Runtime
 
 ROOT = Path(__file__).parents[2]

@@ -13,11 +13,12 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from agent_router import MessageStatus, RouteOutcome, Settings
+from agent_router.agents.llm import SCRIPTED_MODEL
+from agent_router.broker import create_app
 from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime
-from agent_router.worker.celery_app import create_app
 
 TIMEOUT = 60.0
 
@@ -40,6 +41,7 @@ def test_sends_survive_a_stopped_broker_and_turns_run_once_it_is_back(
         sweep_seconds=0.5,
         work_seconds=0.05,
         scripted_write_seconds=0.0,
+        openai_model=SCRIPTED_MODEL,
     )
     app = create_app(settings)
     # No publish-retry tuning here: the shipped configuration must keep sends fast.

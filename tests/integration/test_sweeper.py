@@ -26,13 +26,12 @@ from agent_router import (
     StaleTurnError,
     TurnTrigger,
 )
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.domain import OutboxKind
 from agent_router.ops.checks import check_team
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.models import AgentRow, OutboxRow
 from agent_router.store.recovery import BACKLOG_WINDOWS
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 
 from .helpers import assistant, start_running, tool_call
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from celery import Celery
 
 from agent_router import Router, Settings
+from agent_router.broker import CeleryPublisher
 from agent_router.ops.demo import wait_quiescent
-from agent_router.worker.publisher import CeleryPublisher
 from tests.acceptance.test_run_cli import scripted_llm
 from tests.integration.conftest import _wait_for_worker, _worker_env
 from tests.support.chat_server import ChatServer

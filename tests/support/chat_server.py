@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 CHAT_PATH = "/v1/chat/completions"
-#: The model list an OpenAI-compatible server serves (``agent-router doctor --model`` reads it).
+#: The model list an OpenAI-compatible server serves (``agent-router doctor`` reads it).
 MODELS_PATH = "/v1/models"
 
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LAYERS = "Layers: ops > worker > agents > core > store > base"
-CORE = "Core: router > budgeting, sweeper > hooks > turn, waker, outbox"
+CORE = "Core: router > budgeting, sweeper > hooks > turn, waker, outbox, broker"
 
 
 @pytest.fixture

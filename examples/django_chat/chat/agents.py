@@ -16,7 +16,7 @@ def router() -> Router:
 
 
 def open_room() -> Room:
-    team = router().create_team(lead_runner=LEAD_RUNNER)
+    team = router().create_team(lead_runner=LEAD_RUNNER, model=settings.CHAT_AGENT_MODEL)
     return Room.objects.create(team_id=team.id)
 
 

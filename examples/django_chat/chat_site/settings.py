@@ -28,3 +28,7 @@ DATABASES = {
 CELERY_BROKER_URL = os.environ.get("AGENT_ROUTER_BROKER_URL", "redis://127.0.0.1:6379/0")
 #: The host's own queue: its tasks, the lead's turns included.
 CHAT_QUEUE = os.environ.get("CHAT_QUEUE", "chat")
+#: The model a room's sub-agents run on (kept with the room's team): a model of the
+#: OpenAI-compatible server of the AGENT_ROUTER_OPENAI_* settings, or "scripted", the library's
+#: scripted model, which needs no server.
+CHAT_AGENT_MODEL = os.environ.get("CHAT_AGENT_MODEL", "scripted")

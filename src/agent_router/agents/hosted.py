@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_router import errors
-from agent_router.agents import loop
+from agent_router.agents import builder, loop
 from agent_router.agents.protocol import quoted_replies
-from agent_router.agents.tools import ToolContext, ToolRegistry, TurnSuspended, default_registry
+from agent_router.agents.tools import ToolContext, ToolRegistry, TurnSuspended, team_registry
 from agent_router.domain import Agent, MessageSubtype
 from agent_router.router import Router
 from agent_router.turn import Turn
@@ -151,12 +151,11 @@ def claim(
 ) -> Iterator[HostedTurn | None]:
     """Claim the fenced turn ``(agent_id, epoch)`` for a host's loop; ``None`` for a duplicate
     or stale delivery. ``router`` defaults to the worker's (``AGENT_ROUTER_*`` settings),
-    ``tools`` to the worker's (the built-in multi-agent tools unless configured)."""
+    ``tools`` to the worker's (:mod:`agent_router.agents.builder`: the multi-agent tools and
+    what the agent's role declares)."""
     if router is None:
-        from agent_router.worker import runtime
-
-        rt = runtime.current()
-        router, tools = rt.router, tools or rt.tools
+        router, worker_tools = builder.process_runtime()
+        tools = tools or worker_tools
     turn = router.claim(agent_id, epoch)
     if turn is None:
         yield None
@@ -168,7 +167,7 @@ def claim(
             turn=turn,
             agent=agent,
             lead=router.team(turn.team_id).lead.display_name,
-            registry=tools or default_registry(),
+            registry=tools or team_registry(),
             heartbeat=heartbeat,
         )
         try:

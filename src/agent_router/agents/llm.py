@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 #: :mod:`agent_router.agents.tools`).
 WORK_TOOL = "do_work"
 
+#: The model name (of a team, a role or ``AGENT_ROUTER_OPENAI_MODEL``) that runs
+#: :class:`ScriptedModel`, whose agents get :data:`WORK_TOOL` (see ``agents.builder``).
+SCRIPTED_MODEL = "scripted"
+
 
 class Model(Protocol):
     """One model call: the transcript so far and the tool schemas in, one assistant message out

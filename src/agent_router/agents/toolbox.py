@@ -39,6 +39,7 @@ from agent_router.agents.tool_config import (
     servers_from_mapping,
 )
 from agent_router.agents.tools import (
+    DO_WORK,
     Audience,
     Tool,
     ToolContext,
@@ -92,7 +93,8 @@ class _Assembled:
 class AgentTools(ToolRegistry):
     """The router's own tools (``builtin``) for everyone, and per agent what it declares.
     ``servers``: every server a declaration may name; ``default_servers``: those of a sub-agent
-    role that lists none; ``hub``: the MCP client (default: this process's)."""
+    role that lists none; ``hub``: the MCP client (default: this process's); ``works``: the
+    agents that also get the pretend ``do_work`` tool (those on the scripted model)."""
 
     roles: RoleCatalogue
 
@@ -107,8 +109,11 @@ class AgentTools(ToolRegistry):
         declare: DeclareTools | None = None,
         call_timeout: float = 60.0,
         hub: Callable[[], McpHub] | None = None,
+        works: Callable[[Agent], bool] | None = None,
     ) -> None:
         super().__init__(t for t in map(builtin.get, builtin.names()) if t is not None)
+        self.works = works
+        self._work = ToolRegistry([DO_WORK])
         self.roles = roles
         self.servers = dict(servers or {})
         self.default_servers = tuple(default_servers)
@@ -122,9 +127,14 @@ class AgentTools(ToolRegistry):
             self.declared(role)  # an unknown server or host function fails here, not in a turn
 
     def schemas(self, agent: Agent) -> list[dict[str, Any]]:
-        return self._assemble(self._declaration(agent)).registry.schemas(agent)
+        schemas = self._assemble(self._declaration(agent)).registry.schemas(agent)
+        if self.works is not None and self.works(agent):
+            schemas += self._work.schemas(agent)
+        return schemas
 
     def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        if name == DO_WORK.name and self.works is not None and self.works(ctx.agent):
+            return self._work.call(name, arguments, ctx)
         assembled = self._assemble(self._declaration(ctx.agent))
         server, separator, _ = name.partition(NAMESPACE_SEPARATOR)
         if assembled.registry.get(name) is None and separator and server in assembled.unavailable:
@@ -344,6 +354,7 @@ def agent_tools(
     server_options: Iterable[str] = (),
     host: HostToolset = default_host_tools,
     declare: DeclareTools | None = None,
+    works: Callable[[Agent], bool] | None = None,
 ) -> AgentTools:
     """The tools of ``agent-router run`` and of its workers: the router's own, the roles file's
     servers, ``settings.mcp_servers`` and ``server_options`` (``NAME=COMMAND_OR_URL``) as the
@@ -363,4 +374,5 @@ def agent_tools(
         declare=declare,
         call_timeout=settings.mcp_call_timeout_seconds,
         hub=lambda: _default_hub(settings.mcp_connect_timeout_seconds),
+        works=works,
     )

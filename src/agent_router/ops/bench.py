@@ -25,6 +25,7 @@ from typing import Any
 import redis
 from kombu import Queue
 
+from agent_router.agents.llm import SCRIPTED_MODEL
 from agent_router.domain import MessageType
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.ops.bench_report import Row, row
@@ -417,7 +418,12 @@ class Bench:
         # does in production, not between turns of a model that answers in no time. Turn start
         # is measured at the claim, before any model call.
         settings = self.settings.model_copy(
-            update={"queue": queue, "scripted_write_seconds": 0.25, "work_seconds": 0.0}
+            update={
+                "queue": queue,
+                "scripted_write_seconds": 0.25,
+                "work_seconds": 0.0,
+                "openai_model": SCRIPTED_MODEL,  # every agent of the run on the scripted model
+            }
         )
         rt = runtime.configure(settings)
         noop = _NoopTask(rt.app, queue)

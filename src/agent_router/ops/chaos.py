@@ -46,6 +46,8 @@ from typing import Any
 import psycopg
 
 from agent_router import errors
+from agent_router.agents.llm import SCRIPTED_MODEL
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.budgeting import NO_LIMITS
 from agent_router.domain import (
     RESTING_STATES,
@@ -71,8 +73,6 @@ from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.store import make_engine
 from agent_router.store.engine import kill_connections
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -313,8 +313,9 @@ def _start_beat(env: dict[str, str], workdir: Path) -> subprocess.Popen[bytes]:
 def _start_team(router: Router, profile: Profile) -> tuple[int, dict[str, int]]:
     """A team of scripted chaos agents, each given its task; returns the team and each agent's
     quota of sends."""
-    # Hours of turns on purpose: no budget may stop the team the run watches.
-    team = router.create_team(budget=NO_LIMITS)
+    # Hours of turns on purpose: no budget may stop the team the run watches. Its agents run
+    # on the scripted model (the chaos workers' runtime runs every agent on it).
+    team = router.create_team(budget=NO_LIMITS, model=SCRIPTED_MODEL)
     for _ in range(SUB_AGENTS):
         router.create_agent(team.id, role=ROLE)
     names = [a.display_name for a in router.agents(team.id)]

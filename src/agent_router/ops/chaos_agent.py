@@ -19,8 +19,10 @@ from typing import Any
 from celery import Celery
 
 from agent_router import errors, formats
+from agent_router.agents.builder import scripted_models
 from agent_router.agents.llm import ModelFactory
 from agent_router.agents.tools import ToolRegistry, default_registry
+from agent_router.broker import CeleryPublisher
 from agent_router.domain import (
     MessageType,
     WaitOutcome,
@@ -28,8 +30,7 @@ from agent_router.domain import (
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.turn import Turn
-from agent_router.worker.publisher import CeleryPublisher
-from agent_router.worker.runtime import Runtime, scripted_models
+from agent_router.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import ParamSpec
 
 from agent_router import errors
-from agent_router.agents.llm import AWAIT_QUESTION, directive
+from agent_router.agents.llm import AWAIT_QUESTION, SCRIPTED_MODEL, directive
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
     RESTING_STATES,
@@ -158,10 +158,13 @@ def has_stepped(router: Router, agent_id: int, turn_id: int, *, after: int = -1)
 
 
 def setup_team(router: Router, roles: RoleCatalogue | None = None) -> DemoTeam:
-    """A new team; its lead (with the catalogue's lead prompt) will create the sub-agents."""
+    """A new team on the scripted model (its sub-agents work through ``do_work``); its lead
+    (with the catalogue's lead prompt) will create the sub-agents."""
     lead = (roles or RoleCatalogue.default()).lead
     return DemoTeam(
-        team=router.create_team(lead_system_prompt=lead.system_prompt if lead else None)
+        team=router.create_team(
+            lead_system_prompt=lead.system_prompt if lead else None, model=SCRIPTED_MODEL
+        )
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,9 +218,10 @@ def redis_server(redis_url: str | None) -> Check:
 BASE_URL_HINT = "--base-url (or AGENT_ROUTER_OPENAI_BASE_URL)"
 
 
-def model_endpoint(settings: Settings, *, probe: bool = False) -> Check:
+def model_endpoint(settings: Settings, *, probe: bool = False, names: Sequence[str] = ()) -> Check:
     """The OpenAI-compatible server accepts a TCP connection; with ``probe``, it also answers
-    ``GET {base}/models`` (with the API key, when one is set) as such a server does."""
+    ``GET {base}/models`` (with the API key, when one is set) as such a server does, and its
+    list holds each model of ``names`` (when it lists any)."""
     base = settings.openai_base_url or "https://api.openai.com/v1"
     parts = urllib.parse.urlsplit(base)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -240,10 +242,10 @@ def model_endpoint(settings: Settings, *, probe: bool = False) -> Check:
         )
     if not probe:
         return Check("model", True, f"{base} accepts connections")
-    return _models_listing(base, settings.openai_api_key)
+    return _models_listing(base, settings.openai_api_key, names)
 
 
-def _models_listing(base: str, api_key: str | None) -> Check:
+def _models_listing(base: str, api_key: str | None, names: Sequence[str] = ()) -> Check:
     """``GET {base}/models``: what an OpenAI-compatible server answers with its model list."""
     import urllib.error
     import urllib.request
@@ -280,12 +282,50 @@ def _models_listing(base: str, api_key: str | None) -> Check:
             f"{url} did not answer with a model list",
             f"point {BASE_URL_HINT} at an OpenAI-compatible server",
         )
-    return Check("model", True, f"{base} answers: {len(models)} model(s)")
+    missing = [name for name in names if models and name not in models]
+    if missing:
+        return Check(
+            "model",
+            False,
+            f"{base} does not list {', '.join(map(repr, missing))}; it lists "
+            f"{one_line(', '.join(map(str, models)), MAX_REASON)}",
+            "check the model name: --model (or AGENT_ROUTER_OPENAI_MODEL), a role's `model` in "
+            "the roles file",
+        )
+    among = f", {', '.join(names)} among them" if names else ""
+    return Check("model", True, f"{base} answers: {len(models)} model(s){among}")
 
 
-def all_checks(settings: Settings, *, model: bool) -> list[Check]:
+def mcp_servers(settings: Settings) -> Check | None:
+    """The MCP servers the roles file (``AGENT_ROUTER_ROLES_FILE``) and
+    ``AGENT_ROUTER_MCP_SERVERS`` declare list their tools; ``None`` when none is declared."""
+    from agent_router.agents.builder import build
+
+    try:
+        tools = build(settings).tools
+    except errors.AgentRouterError as exc:
+        return Check(
+            "mcp", False, _reason(exc), "check the roles file and AGENT_ROUTER_MCP_SERVERS"
+        )
+    if not tools.servers:
+        return None
+    problems = tools.unlisted()
+    if problems:
+        what, why = next(iter(problems.items()))
+        return Check(
+            "mcp",
+            False,
+            f"MCP server {what} cannot give its tools: {one_line(why, MAX_REASON)}",
+            "check the server's command or URL; `agent-router run --list-tools` shows what each "
+            "role gets",
+        )
+    return Check("mcp", True, f"{len(tools.servers)} MCP server(s) list their tools")
+
+
+def all_checks(settings: Settings, *, model: bool, models: Sequence[str] = ()) -> list[Check]:
     """Every check, in the order a deployment needs them; the schema only when the database
-    answered, the model endpoint (its model list) only when asked for."""
+    answered, the model endpoint (its model list, holding ``models``) only when asked for, the
+    MCP servers when some are declared."""
     checks = [database(settings.database_url)]
     if checks[0].ok:
         checks.append(schema(settings.database_url))
@@ -296,7 +336,10 @@ def all_checks(settings: Settings, *, model: bool) -> list[Check]:
         redis_url = settings.broker_url
     checks.append(redis_server(redis_url))
     if model:
-        checks.append(model_endpoint(settings, probe=True))
+        checks.append(model_endpoint(settings, probe=True, names=models))
+    mcp = mcp_servers(settings)
+    if mcp is not None:
+        checks.append(mcp)
     return checks
 
 

@@ -172,17 +172,19 @@ def soak_runtime(settings: Settings, app: Celery) -> Runtime:
     and the built-in tools (``do_work`` included, which the scripted sub-agents call). With
     :data:`TRACEMALLOC_ENV` set, a thread of the worker writes a tracemalloc snapshot to
     :data:`TRACEMALLOC_DIR_ENV` every 30 s."""
+    from agent_router.agents.builder import for_router
     from agent_router.agents.roles import roles_from_env
-    from agent_router.ops.team_run import openai_models
-    from agent_router.worker.runtime import Runtime, default_tools, worker_router
+    from agent_router.agents.toolbox import agent_tools
+    from agent_router.worker.runtime import Runtime, worker_router
 
     frames = os.environ.get(TRACEMALLOC_ENV)
     if frames:
         _start_snapshots(int(frames), Path(os.environ[TRACEMALLOC_DIR_ENV]))
+    router = worker_router(settings, app)
     return Runtime(
-        router=worker_router(settings, app),
-        models=openai_models(settings, roles_from_env()),
-        tools=default_tools(settings),
+        router=router,
+        models=for_router(router).models,
+        tools=agent_tools(settings, roles_from_env()),  # the built-in tools, do_work included
         app=app,
     )
 
@@ -412,10 +414,9 @@ class _Soak:
         return env
 
     def run(self, stack: contextlib.ExitStack) -> SoakResult:
+        from agent_router.broker import CeleryPublisher, create_app
         from agent_router.ops.chaos_processes import Workers
         from agent_router.router import Router
-        from agent_router.worker.celery_app import create_app
-        from agent_router.worker.publisher import CeleryPublisher
 
         options = self.options
         app = create_app(self.settings, main=f"agent_router_soak_{uuid.uuid4().hex[:6]}")

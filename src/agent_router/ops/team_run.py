@@ -2,9 +2,11 @@
 OpenAI-compatible model until every agent rests.
 
 The lead gets the ``Team Leader`` role's system prompt and the lead tools; sub-agents are created
-by the lead (``create_sub_agent``) from the roles catalogue, each with its role's prompt and, if
-the role names one, its own model and temperature. Agents get the multi-agent tools (no
-pretend work tool) and, for sub-agents, the MCP servers and host functions their role declares.
+by the lead (``create_sub_agent``) from the roles catalogue, each with its role's prompt. Models
+and tools come from :func:`agent_router.agents.builder.build`, as in every process that runs
+turns: a role's own ``model`` and ``temperature`` when it names them, else ``--model``
+(``AGENT_ROUTER_OPENAI_MODEL``); the multi-agent tools (no pretend work tool) and, for
+sub-agents, the MCP servers and host functions their role declares.
 Questions get a deadline below the run's timeout, so that an unanswered one expires (and is
 reported) while the run still watches.
 
@@ -13,22 +15,22 @@ any more: no agent runs or is scheduled, and every waiting agent waits on an age
 with nothing to read (only a deadline could move the team on). The result says what the team was
 waiting on and why it stopped.
 
-Separate worker processes (``agent-router worker`` on a real broker) build the same runtime with
-``AGENT_ROUTER_RUNTIME_FACTORY=agent_router.ops.team_run:openai_runtime`` and the ``openai_*``
-settings (``AGENT_ROUTER_OPENAI_MODEL``, ``AGENT_ROUTER_OPENAI_BASE_URL``, the API key); their
-tools come from the roles file, ``AGENT_ROUTER_MCP_SERVERS`` and ``AGENT_ROUTER_HOST_TOOLS``.
+Separate worker processes (``agent-router worker`` on a real broker) build the same models and
+tools from the same settings: the ``openai_*`` settings (``AGENT_ROUTER_OPENAI_MODEL``,
+``AGENT_ROUTER_OPENAI_BASE_URL``, the API key), the roles file (``AGENT_ROUTER_ROLES_FILE``),
+``AGENT_ROUTER_MCP_SERVERS`` and ``AGENT_ROUTER_HOST_TOOLS``. No runtime factory is needed;
+:func:`openai_runtime` builds that same runtime for deployments that still name it in
+``AGENT_ROUTER_RUNTIME_FACTORY``.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agent_router.agents.llm import Model, ModelFactory
-from agent_router.agents.roles import RoleCatalogue, roles_from_env
+from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
     RESTING_STATES,
     AgentState,
@@ -39,65 +41,28 @@ from agent_router.domain import (
 from agent_router.ops import preflight
 from agent_router.ops.checks import TeamReport, check_team
 from agent_router.router import Router
-from agent_router.settings import ModelSpec, Settings
+from agent_router.settings import Settings
 
 if TYPE_CHECKING:
     from celery import Celery
 
     from agent_router.agents.toolbox import AgentTools
-    from agent_router.domain import Agent
     from agent_router.worker.runtime import Runtime
 
 #: Agents in these states are done for now: nothing runs and nothing is scheduled for them.
 SETTLED_STATES = RESTING_STATES | {AgentState.TERMINATED}
 
 
-def openai_models(settings: Settings, roles: RoleCatalogue) -> ModelFactory:
-    """One :class:`~agent_router.agents.openai_model.OpenAIModel` per (model, temperature,
-    context window), shared between threads; a role may override the default model, temperature
-    and context window."""
-    from agent_router.agents.openai_model import OpenAIModel
-
-    cache: dict[tuple[str | None, float | None, int | None], Model] = {}
-    lock = threading.Lock()
-
-    def factory(agent: Agent) -> Model:
-        role = roles.get(agent.role)
-        name = role.model if role and role.model else settings.openai_model
-        temperature = settings.openai_temperature
-        if role is not None and role.temperature is not None:
-            temperature = role.temperature
-        window = role.context_window if role else None
-        update: dict[str, object] = {"openai_model": name, "openai_temperature": temperature}
-        if window is not None:
-            spec = settings.models.get(name or "", ModelSpec())
-            update["models"] = settings.models | {name: spec.model_copy(update={
-                "context_window": window})}  # fmt: skip
-        with lock:
-            model = cache.get((name, temperature, window))
-            if model is None:
-                model = cache[(name, temperature, window)] = OpenAIModel(
-                    settings.model_copy(update=update)
-                )
-            return model
-
-    return factory
-
-
 def openai_runtime(settings: Settings, app: Celery) -> Runtime:
-    """``AGENT_ROUTER_RUNTIME_FACTORY`` target: a worker runtime that runs every agent with the
-    OpenAI-compatible model of the ``openai_*`` settings and the catalogue's roles."""
-    from agent_router.agents.toolbox import agent_tools
-    from agent_router.agents.tools import team_registry
+    """``AGENT_ROUTER_RUNTIME_FACTORY`` target: the runtime a worker builds without a factory
+    (:func:`agent_router.agents.builder.for_router`: the team's, the role's or the setting's
+    model, and the roles' tools)."""
+    from agent_router.agents.builder import for_router
     from agent_router.worker.runtime import Runtime, worker_router
 
-    roles = roles_from_env()
-    return Runtime(
-        router=worker_router(settings, app),
-        models=openai_models(settings, roles),
-        tools=agent_tools(settings, roles, builtin=team_registry(roles)),
-        app=app,
-    )
+    router = worker_router(settings, app)
+    built = for_router(router)
+    return Runtime(router=router, models=built.models, tools=built.tools, app=app)
 
 
 def print_tool_listing(tools: AgentTools, roles: RoleCatalogue, *, as_json: bool) -> bool:

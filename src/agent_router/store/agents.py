@@ -35,15 +35,16 @@ from agent_router.store.tx import Tx
 from agent_router.store.values import NewAgent, SendRequest
 
 
-def create_team(tx: Tx, lead: NewAgent) -> Team:
-    """A team and its ``lead`` (named by its display name, else by its role)."""
-    team = tx.added(TeamRow())
+def create_team(tx: Tx, lead: NewAgent, model: str | None = None) -> Team:
+    """A team and its ``lead`` (named by its display name, else by its role), whose agents run
+    on ``model`` when it is given."""
+    team = tx.added(TeamRow(model=model))
     name = lead.display_name or lead.role
     row = insert_agent(
         tx, team.id, name, lead.role, lead.system_prompt, is_lead=True, runner=lead.runner
     )
     tx.agent_ledger(LedgerAction.TEAM_CREATED, row)
-    return Team(id=team.id, lead=values.agent(row), created_at=team.created_at)
+    return Team(id=team.id, lead=values.agent(row), created_at=team.created_at, model=team.model)
 
 
 def check_role(role: str) -> str:

@@ -92,6 +92,8 @@ class TeamRow(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The model the team's agents run on; NULL: each role's, else the worker's setting.
+    model: Mapped[str | None] = mapped_column(sa.String(200), default=None)
 
 
 #: How full PostgreSQL fills a page of ar_agents on insert (percent): the rest is left to the

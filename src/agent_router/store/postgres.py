@@ -151,7 +151,11 @@ class PostgresStore(Store):
 
     @faults.retrying
     def create_team(
-        self, lead: NewAgent, *, budget: Mapping[BudgetName, float | None] | None = None
+        self,
+        lead: NewAgent,
+        *,
+        budget: Mapping[BudgetName, float | None] | None = None,
+        model: str | None = None,
     ) -> Team:
         limits = budgets.default_limits(self.settings) | dict(budget or {})
         result = self._call(
@@ -161,12 +165,14 @@ class PostgresStore(Store):
             system_prompt=lead.system_prompt,
             runner=lead.runner,
             limits=json.dumps(budgets.stored_limits(limits)),
+            model=model,
         )
         team = result["team"]
         return Team(
             id=team["id"],
             lead=_agent(result["lead"]),
             created_at=datetime.fromisoformat(team["created_at"]),
+            model=team.get("model"),
         )
 
     @faults.retrying

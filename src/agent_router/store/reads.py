@@ -115,8 +115,10 @@ class Reads:
             lead = session.scalars(
                 sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.is_lead.is_(True))
             ).one()
-            created = session.scalars(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
-            return Team(id=team_id, lead=values.agent(lead), created_at=created.one())
+            created, model = session.execute(
+                sa.select(TeamRow.created_at, TeamRow.model).where(TeamRow.id == team_id)
+            ).one()
+            return Team(id=team_id, lead=values.agent(lead), created_at=created, model=model)
 
     @faults.wrapped_read
     def agent(self, team_id: int, name: str) -> Agent:
@@ -425,9 +427,9 @@ class Reads:
         limit: int | None = None,
     ) -> list[AgentStatus]:
         """Agents of a team (or of all teams, ``None``), in ``states`` if given, by id after
-        ``after_id``, at most ``limit``: each with its mailbox depth, open questions and running
-        turn's lease. Four queries whatever the number of agents: the page is a subquery, never
-        a list of ids."""
+        ``after_id``, at most ``limit``: each with its mailbox depth, open questions, running
+        turn's lease and the error of its last turn if that failed. Five queries whatever the
+        number of agents: the page is a subquery, never a list of ids."""
         with self._sessions() as session:
             page = sa.select(AgentRow.id).where(AgentRow.id > after_id)
             if team_id is not None:
@@ -481,6 +483,19 @@ class Reads:
                 )
             )
         }
+        last = (
+            sa.select(sa.func.max(TurnRow.id))
+            .where(TurnRow.agent_id.in_(page))
+            .group_by(TurnRow.agent_id)
+            .scalar_subquery()
+        )
+        failed: dict[int, str | None] = dict(
+            session.execute(
+                sa.select(TurnRow.agent_id, TurnRow.error).where(
+                    TurnRow.id.in_(last), TurnRow.status == TurnStatus.FAILED
+                )
+            ).all()
+        )
         statuses = []
         for r in rows:
             turn = running.get(r.id)
@@ -494,6 +509,7 @@ class Reads:
                     lease_expires_at=turn.lease_expires_at
                     if turn is not None and current
                     else None,
+                    last_error=failed.get(r.id),
                 )
             )
         return statuses

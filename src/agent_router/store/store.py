@@ -169,11 +169,16 @@ class Store:
 
     @faults.retrying
     def create_team(
-        self, lead: NewAgent, *, budget: Mapping[BudgetName, float | None] | None = None
+        self,
+        lead: NewAgent,
+        *,
+        budget: Mapping[BudgetName, float | None] | None = None,
+        model: str | None = None,
     ) -> Team:
-        """A team, its ``lead`` and its budget row (the defaults, ``budget`` overriding some)."""
+        """A team, its ``lead`` and its budget row (the defaults, ``budget`` overriding some);
+        its agents run on ``model`` when it is given."""
         with self._tx() as tx:
-            team = agents.create_team(tx, lead)
+            team = agents.create_team(tx, lead, model)
             budgets.create(tx, team.id, budget)
             return team
 

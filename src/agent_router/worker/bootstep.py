@@ -18,7 +18,8 @@ the agent lock, a re-enqueue skips locked rows), so timers in many workers, and 
 them, duplicate at most a fenced turn task. Beat keeps working for whoever runs it.
 
 ``agent-router worker`` (and ``celery -A agent_router.celery_app worker``) install the step; a
-host app adds it with :func:`install`.
+host app adds it with :func:`install`, along with :class:`WorkerServes`, which logs at start what
+the worker's turns run on.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ class WorkerSweeper(bootsteps.StartStopStep):
             return None
         # Imported here: the router pulls in the store and its driver, which a process that only
         # configures an app (beat, a sender) need not load.
+        from agent_router.broker import CeleryPublisher
         from agent_router.router import Router
         from agent_router.worker.embedded import SweeperThread
-        from agent_router.worker.publisher import CeleryPublisher
 
         router = Router(settings, publisher=CeleryPublisher(parent.app))
         # A prefork pool's children are forks of this process: each drops its copy of this
@@ -108,9 +109,60 @@ class WorkerSweeper(bootsteps.StartStopStep):
         self.stop(parent)
 
 
+class WorkerServes(bootsteps.StartStopStep):
+    """Worker bootstep: at start, one log record per model endpoint the worker's turns may call
+    (model name and base URL, never the API key) and one per tool source (an MCP server by name
+    and transport, a host-function module), as :func:`agent_router.agents.builder.build` builds
+    them from ``Settings()``; a warning when no model is configured, and the factory's name when
+    ``AGENT_ROUTER_RUNTIME_FACTORY`` builds the runtime instead."""
+
+    label = "agent-router serves"
+
+    def start(self, parent: Any) -> None:
+        try:
+            log_serves(Settings())
+        except Exception:  # the turns report a bad configuration; the worker still starts
+            logger.exception("agent-router: the models and tools cannot be built")
+
+
+#: The log message of each kind of record :func:`log_serves` writes.
+_SERVES = {
+    "model": "agent-router serves model {model} at {base_url} ({source})",
+    "mcp_server": "agent-router serves MCP server {server} ({transport})",
+    "host_tools": "agent-router serves the host functions of module {host_module}",
+}
+
+
+def log_serves(settings: Settings) -> None:
+    """Log what a worker with ``settings`` runs turns with (see :class:`WorkerServes`)."""
+    if settings.runtime_factory:
+        logger.info(
+            "agent-router runtime from %s",
+            settings.runtime_factory,
+            extra={"action": "worker_runtime", "factory": settings.runtime_factory},
+        )
+        return
+    from agent_router.agents.builder import build
+
+    records = build(settings).describe()
+    for record in records:
+        # The message says it all: a host's worker prints no extra fields.
+        logger.info(_SERVES[record["kind"]].format(**record), extra={
+            "action": f"worker_{record['kind']}", **{k: v for k, v in record.items() if k != "kind"}
+        })  # fmt: skip
+    if not any(r.get("model") for r in records):
+        logger.warning(
+            "agent-router: no model configured; a turn fails unless its team or role names a "
+            "model: set AGENT_ROUTER_OPENAI_MODEL",
+            extra={"action": "worker_model"},
+        )
+
+
 def install(app: Celery) -> None:
     """Run the sweeper in every worker of ``app`` (it reads ``Settings()`` when a worker starts;
-    ``AGENT_ROUTER_WORKER_SWEEPER=false`` turns it off). Idempotent."""
+    ``AGENT_ROUTER_WORKER_SWEEPER=false`` turns it off), and log what its turns run on.
+    Idempotent."""
     steps = app.steps["worker"]
-    if WorkerSweeper not in steps:
-        steps.add(WorkerSweeper)
+    for step in (WorkerSweeper, WorkerServes):
+        if step not in steps:
+            steps.add(step)

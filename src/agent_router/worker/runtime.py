@@ -1,8 +1,12 @@
 """The process-wide pieces a turn task needs: the Router, the models, the tools.
 
 Built lazily from ``Settings()`` (``AGENT_ROUTER_*`` environment variables) the first time a task
-runs in a worker process, so a forked worker child builds its own database pool. The demo, the
-tests and a host call :func:`configure` to override any of it.
+runs in a worker process, so a forked worker child builds its own database pool. The models and
+tools come from :func:`agent_router.agents.builder.build` (the team's, the role's or
+``AGENT_ROUTER_OPENAI_MODEL``'s model; the roles' MCP servers and host functions), the same in
+``agent-router worker``, a host's worker and ``agent-router run``;
+``AGENT_ROUTER_RUNTIME_FACTORY`` replaces all of it with a host's own. The demo, the tests and a
+host call :func:`configure` to override any of it.
 """
 
 from __future__ import annotations
@@ -15,16 +19,15 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from agent_router.agents.llm import Model, ModelFactory, ScriptedModel
+from agent_router.agents import builder
+from agent_router.agents.llm import ModelFactory
 from agent_router.agents.loop import run_turn
 from agent_router.agents.tools import ToolRegistry
-from agent_router.domain import Agent
+from agent_router.broker import CeleryPublisher, create_app
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.worker import metrics
-from agent_router.worker.celery_app import create_app
-from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.task_events import TaskEventHooks
 
 #: Runs one claimed turn to its end (the built-in loop, or a host's own loop over the turn API);
@@ -46,24 +49,6 @@ class _Slot:
 
     lock = threading.Lock()
     runtime: Runtime | None = None
-
-
-def scripted_models(settings: Settings) -> ModelFactory:
-    """The default model factory: a :class:`ScriptedModel` per agent, by role."""
-
-    def factory(agent: Agent) -> Model:
-        return ScriptedModel.for_agent(agent, write_seconds=settings.scripted_write_seconds)
-
-    return factory
-
-
-def default_tools(settings: Settings) -> ToolRegistry:
-    """The router's own tools, plus the MCP servers and host functions the settings and the
-    roles file (``AGENT_ROUTER_ROLES_FILE``) declare."""
-    from agent_router.agents.roles import roles_from_env
-    from agent_router.agents.toolbox import agent_tools
-
-    return agent_tools(settings, roles_from_env())
 
 
 def default_hooks(settings: Settings | None = None) -> RouterHooks:
@@ -90,12 +75,10 @@ def _build(
         if hooks is None
         else Router(settings, publisher=CeleryPublisher(app), hooks=hooks)
     )
-    return Runtime(
-        router=router,
-        models=models or scripted_models(settings),
-        tools=tools or default_tools(settings),
-        app=app,
-    )
+    if models is None or tools is None:
+        built = builder.for_router(router)
+        models, tools = models or built.models, tools or built.tools
+    return Runtime(router=router, models=models, tools=tools, app=app)
 
 
 def configure(
@@ -162,6 +145,15 @@ def _from_factory(spec: str, settings: Settings, app: Celery | None) -> Runtime:
         # to Flower and its metrics endpoint, as any worker does.
         built.router.hooks = default_hooks(settings)
     return built
+
+
+def _router_and_tools() -> tuple[Router, ToolRegistry]:
+    rt = current()
+    return rt.router, rt.tools
+
+
+# The turn API of a host's task (agents.hosted.claim) finds this process's router and tools here.
+builder.serve_from(_router_and_tools)
 
 
 def reset() -> None:

@@ -20,10 +20,10 @@ from typing import Any
 from celery import Task, shared_task
 
 from agent_router import errors
+from agent_router.broker import CeleryPublisher, job_result_text, send_turn
 from agent_router.constants import BACKGROUND_DONE, RUN_AGENT_TURN, SWEEP
 from agent_router.sweeper import sweep as sweep_once
 from agent_router.worker import runtime, task_events
-from agent_router.worker.publisher import CeleryPublisher, job_result_text, send_turn
 
 logger = logging.getLogger(__name__)
 

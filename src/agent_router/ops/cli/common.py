@@ -195,8 +195,7 @@ def _router(
 def _acting_router(database_url: str | None, broker_url: str | None) -> Iterator[Router]:
     """A Router that publishes to the configured broker (none for memory://); closed after."""
     # Celery loads here, not at the top: the read-only commands never need it.
-    from agent_router.worker.celery_app import create_app
-    from agent_router.worker.publisher import CeleryPublisher
+    from agent_router.broker import CeleryPublisher, create_app
 
     settings = _settings(database_url, broker_url)
     preflight.existing_database(settings.database_url)

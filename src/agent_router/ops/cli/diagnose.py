@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ from agent_router.ops.cli.common import (
     setting_option,
     switch_option,
 )
+
+if TYPE_CHECKING:
+    from agent_router.settings import Settings
 
 
 @app.callback()
@@ -56,15 +59,16 @@ def main_options(
 
 
 @app.command()
-def doctor(
+def doctor(  # noqa: PLR0917 - typer options
     database_url: DatabaseUrlOption = None,
     broker_url: BrokerUrlOption = None,
-    model: Annotated[
+    check_model: Annotated[
         bool,
         switch_option(
-            "model",
+            "check-model",
             "AGENT_ROUTER_DOCTOR_MODEL",
-            "Also check that the model endpoint (AGENT_ROUTER_OPENAI_BASE_URL) lists its models.",
+            "Check the model endpoint (AGENT_ROUTER_OPENAI_BASE_URL) even when no model is "
+            "configured: it lists its models.",
         ),
     ] = False,
     as_json: JsonOption = False,
@@ -72,21 +76,32 @@ def doctor(
         str | None,
         setting_option(
             "openai_base_url",
-            "The model endpoint to check (implies --model), e.g. http://127.0.0.1:8000/v1.",
+            "The model endpoint to check (implies the model check), e.g. http://127.0.0.1:8000/v1.",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        setting_option(
+            "openai_model",
+            "The model to check (implies the model check): the endpoint must list it.",
         ),
     ] = None,
 ) -> None:
-    """Check the database, its schema, the broker, Redis and (with --model) the model endpoint,
-    as this configuration sees them. Exits 1 if any check failed."""
+    """Check the database, its schema, the broker, Redis, the model endpoint and the MCP
+    servers, as this configuration sees them: the endpoint when a model is configured
+    (AGENT_ROUTER_OPENAI_MODEL, a role's model, --model) or asked for, its model list holding
+    each such model; the MCP servers of the roles file and AGENT_ROUTER_MCP_SERVERS list their
+    tools. Exits 1 if any check failed."""
     try:
         settings = _settings(database_url, broker_url)
-        if base_url:
-            settings = settings.model_copy(update={"openai_base_url": base_url})
-            model = True
+        overrides = {"openai_base_url": base_url, "openai_model": model}
+        settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
+        names = _model_names(settings)
+        check_model = check_model or bool(base_url or names)
     except Exception as exc:
         failures.report(exc)
         raise typer.Exit(failures.EXIT_FAILURE) from None
-    checks = preflight.all_checks(settings, model=model)
+    checks = preflight.all_checks(settings, model=check_model, models=names)
     console = Console(highlight=False)
     for check in checks:
         if as_json:
@@ -101,6 +116,14 @@ def doctor(
             line.append(f" (hint: {check.hint})", style="yellow")
         console.print(line, soft_wrap=True)
     raise typer.Exit(0 if all(c.ok for c in checks) else failures.EXIT_FAILURE)
+
+
+def _model_names(settings: Settings) -> list[str]:
+    """The models this configuration's workers call (the setting's, each role's)."""
+    from agent_router.agents.builder import AgentModels
+    from agent_router.agents.roles import roles_from_env
+
+    return [e.model for e in AgentModels(settings, roles_from_env()).endpoints()]
 
 
 @db_app.command("current")

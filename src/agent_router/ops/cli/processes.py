@@ -124,8 +124,8 @@ def worker(  # noqa: PLR0917 - typer options
                  "--wait-for-broker"]  # fmt: skip
         options = [f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={loglevel}"]
         raise typer.Exit(run_supervised([*child, *options, *ctx.args]))
+    from agent_router.broker import create_app
     from agent_router.worker import bootstep as worker_sweeper
-    from agent_router.worker.celery_app import create_app
 
     logs.install_on_celery(settings.log_format)
     celery = create_app(settings)
@@ -186,7 +186,7 @@ def beat(
     """Start `celery beat` with the router's schedule (the sweeper every sweep_seconds).
 
     Run exactly one per deployment. Further arguments go to `celery beat` as they are."""
-    from agent_router.worker.celery_app import create_app
+    from agent_router.broker import create_app
 
     settings = Settings()
     logs.install_on_celery(settings.log_format)
@@ -226,7 +226,7 @@ def flower(
     """Start Flower (`celery flower`, needs the `flower` package) on the router's broker.
 
     Further arguments go to `celery flower` as they are (e.g. --basic-auth=user:pass)."""
-    from agent_router.worker.celery_app import create_app
+    from agent_router.broker import create_app
 
     celery = create_app(Settings())
     celery.start(

@@ -100,8 +100,9 @@ def status(  # noqa: PLR0917 - typer options
     """Agents of a team (or of all teams), a page at a time by agent id: state (a waiting
     agent is blocked, in a worker, or suspended, holding none), epoch, mailbox depth (mail), the
     questions they asked and those they are to answer, their running turn and the seconds left
-    on its lease; the model calls, tokens and cost of each agent and team; with a team, its
-    budgets. A full page ends with the --after that shows the next."""
+    on its lease, and why its last turn failed when it did; the model calls, tokens and cost of
+    each agent and team; with a team, its budgets. A full page ends with the --after that shows
+    the next."""
     if team_option is not None:
         if team is not None and team != team_option:
             raise typer.BadParameter(f"TEAM {team} and --team {team_option} differ")
@@ -127,6 +128,13 @@ def status(  # noqa: PLR0917 - typer options
         # One table, whatever the number of teams on the page: the agents of many teams
         # interleave by id, and a table per team would print one per agent.
         console.print(_status_table(team, statuses))
+        for s in statuses:
+            if s.last_error:
+                # Why an agent's last turn failed (a model not configured, a model error).
+                who = s.agent.display_name + ("" if team else f" (team {s.agent.team_id})")
+                console.print(
+                    f"{who}: last turn failed: {s.last_error[:300]}", soft_wrap=True, markup=False
+                )
         console.print(_usage_line([usage.get(s.agent.id, TokenUsage()) for s in statuses]))
     if len(statuses) == limit:
         console.print(f"more: --after {statuses[-1].agent.id}")
@@ -187,6 +195,7 @@ def _status_record(s: AgentStatus) -> dict[str, Any]:
         "questions_to_answer": list(s.questions_to_answer),
         "turn_id": s.turn_id,
         "lease_expires_at": s.lease_expires_at.isoformat() + "Z" if s.lease_expires_at else None,
+        "last_error": s.last_error,
     }
 
 

@@ -42,6 +42,7 @@ from agent_router.ops.cli.common import (
 from agent_router.settings import Settings
 
 if TYPE_CHECKING:
+    from agent_router.agents.builder import Built
     from agent_router.agents.toolbox import AgentTools
     from agent_router.ops import team_run
     from agent_router.ops.demo import DemoResult
@@ -188,9 +189,9 @@ def demo(
     """Run the demo's team through the routing scenarios and print a live timeline.
 
     Exits non-zero if a scenario check or a guarantee (check_team) failed."""
+    from agent_router.broker import create_app
     from agent_router.ops.demo import run_scenarios, setup_team
     from agent_router.worker import runtime
-    from agent_router.worker.celery_app import create_app
 
     configured = Settings()  # AGENT_ROUTER_* variables, as every other command reads them
     broker_url = broker_url or configured.broker_url
@@ -247,8 +248,15 @@ def _run_settings(
 def _check_model(settings: Settings) -> None:
     """Build one model now: a missing key or SDK, or a server that does not answer, fails
     before anything runs."""
+    from agent_router.agents.llm import SCRIPTED_MODEL
     from agent_router.agents.openai_model import OpenAIModel
 
+    if not settings.openai_model:
+        raise errors.ModelNotConfiguredError(
+            "no model to run the team with: pass --model NAME or set AGENT_ROUTER_OPENAI_MODEL"
+        )
+    if settings.openai_model == SCRIPTED_MODEL:
+        return
     OpenAIModel(settings).close()
     preflight.model_endpoint(settings).require()
 
@@ -351,8 +359,8 @@ RunBrokerUrlOption = Annotated[
         "run",
         "broker_url",
         "Celery broker: memory:// (default) runs turns on threads of this process; with "
-        "redis://... start workers with AGENT_ROUTER_RUNTIME_FACTORY="
-        "agent_router.ops.team_run:openai_runtime and the same AGENT_ROUTER_* settings.",
+        "redis://... start workers (`agent-router worker`) with the same AGENT_ROUTER_* "
+        "settings, AGENT_ROUTER_OPENAI_MODEL included: they build the same models and tools.",
     ),
 ]
 McpServerOption = Annotated[
@@ -424,15 +432,15 @@ def run(  # noqa: PLR0917 - typer options
     (exit 1) when a declared MCP server cannot be listed, unless --allow-missing-tools. Exits 1
     if a turn failed, a question expired unanswered, or the team did not settle, 3 if a team budget
     (AGENT_ROUTER_BUDGET_*) stopped it."""
+    from agent_router.broker import create_app
     from agent_router.ops import team_run
     from agent_router.worker import runtime
-    from agent_router.worker.celery_app import create_app
 
     in_process = _in_process(broker_url, embedded_workers)
     console = _timeline_console()
     catalogue = _roles(roles)
-    tool_settings = Settings(host_tools=host_tools) if host_tools else Settings()
-    tools = _agent_tools(tool_settings, catalogue, mcp_server or [])
+    built = _built(_model_settings(model, base_url, host_tools), catalogue, mcp_server or [])
+    tools = built.tools
     if list_tools:
         raise typer.Exit(0 if team_run.print_tool_listing(tools, catalogue, as_json=as_json) else 1)
     if task is None:
@@ -448,9 +456,8 @@ def run(  # noqa: PLR0917 - typer options
         settings = settings.model_copy(
             update={"question_timeout_seconds": team_run.question_timeout_for(settings, timeout)}
         )
-        models = team_run.openai_models(settings, catalogue)
         _check_model(settings)
-        rt = runtime.configure(settings, app=create_app(settings), models=models, tools=tools)
+        rt = runtime.configure(settings, app=create_app(settings), models=built.models, tools=tools)
         rt.router.create_schema()
         team_id = team_run.start_team(rt.router, task, catalogue)
         if not as_json:
@@ -480,10 +487,16 @@ def _require_tools(tools: AgentTools, *, allow_missing: bool) -> None:
         failures.warn(f"MCP server {what} cannot give its tools, going on: {why}")
 
 
-def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str]) -> AgentTools:
+def _model_settings(model: str | None, base_url: str | None, host_tools: str | None) -> Settings:
+    """The settings the run's models and tools are built from: ``--model``, ``--base-url`` and
+    ``--host-tools`` over the ``AGENT_ROUTER_*`` variables."""
+    overrides = {"openai_model": model, "openai_base_url": base_url, "host_tools": host_tools}
+    return Settings().model_copy(update={k: v for k, v in overrides.items() if v})
+
+
+def _built(settings: Settings, catalogue: RoleCatalogue, servers: list[str]) -> Built:
+    from agent_router.agents.builder import build
     from agent_router.agents.tool_config import server_from_option
-    from agent_router.agents.toolbox import agent_tools
-    from agent_router.agents.tools import team_registry
 
     for option in servers:  # each --mcp-server alone first: its error names that option only
         try:
@@ -491,8 +504,7 @@ def _agent_tools(settings: Settings, catalogue: RoleCatalogue, servers: list[str
         except errors.ConfigurationError as exc:
             raise typer.BadParameter(str(exc), param_hint="--mcp-server") from None
     try:
-        # A real model gets the multi-agent tools and what its role declares: no pretend work.
-        builtin = team_registry(catalogue)
-        return agent_tools(settings, catalogue, server_options=servers, builtin=builtin)
+        # The team's agents get the multi-agent tools and what their role declares.
+        return build(settings, catalogue, server_options=servers)
     except errors.ConfigurationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--mcp-server/--host-tools/--roles") from None

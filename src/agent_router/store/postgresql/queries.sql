@@ -74,7 +74,7 @@ SELECT ar_budget(:team, CAST(:defaults AS jsonb))
 
 -- name: create_team
 -- A team, its lead and its budget row.
-SELECT ar_create_team(:name, :role, :system_prompt, :runner, CAST(:limits AS jsonb))
+SELECT ar_create_team(:name, :role, :system_prompt, :runner, CAST(:limits AS jsonb), :model)
 
 -- name: create_agent
 -- A sub-agent, and its task routed to it: both, or neither.

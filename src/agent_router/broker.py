@@ -1,18 +1,27 @@
-"""The outbox publisher for Celery: turn tasks sent by name, labelled for monitors."""
+"""Celery on the sending side: the router's app configuration (:func:`create_app`), the outbox
+publisher that sends turn tasks by name, labelled for monitors (:class:`CeleryPublisher`), and
+:class:`BrokerPublisher`, what a ``Router`` given no publisher sends with.
+
+Any process that commits turn enqueues publishes (a script, a web app, the CLI), so this sits
+beside the router, below the agents and the worker; :mod:`agent_router.worker` runs the tasks.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import threading
 from typing import Any
 
 from celery import Celery
 from celery.result import AsyncResult
+from kombu import Exchange, Queue
 from kombu.exceptions import ChannelError
 
-from agent_router.constants import RUN_AGENT_TURN
+from agent_router.constants import RUN_AGENT_TURN, SWEEP, SWEEP_SCHEDULE_ENTRY, TASK_PREFIX
 from agent_router.domain import OutboxEntry, OutboxKind
+from agent_router.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -165,3 +174,150 @@ def job_result_text(value: Any) -> str:
         return json.dumps(value, default=str)
     except (TypeError, ValueError):
         return repr(value)
+
+
+#: How often an idle in-process (``memory://``) consumer looks for work. Kombu's default of one
+#: second would add up to a second to every turn start in the embedded mode.
+MEMORY_POLLING_SECONDS = 0.02
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The configuration of the router's own app (:func:`create_app`), one reason per line.
+
+    The options a turn's reliability rests on (late acks, reject on worker lost, ignore result,
+    JSON) are set on the tasks themselves (see :mod:`agent_router.worker.tasks`) and the publish
+    retry policy on each publish: none of these are needed here, and a host never applies this
+    to its own app (it calls :func:`install`)."""
+    transport_options: dict[str, Any] = {
+        # Redis (and SQS) redeliver an unacknowledged message after this long. With late acks a
+        # turn is acknowledged only when it ends, so this must outlast the longest turn plus its
+        # lease, or a healthy long turn would be delivered a second time (harmless, since turns
+        # are fenced, but noisy).
+        "visibility_timeout": int(settings.max_turn_seconds + settings.lease_seconds) + 60,
+    }
+    if settings.broker_url.startswith("memory://"):
+        transport_options["polling_interval"] = MEMORY_POLLING_SECONDS
+    return {
+        # JSON only: task arguments are ids, and no message can ever unpickle code in a worker.
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "event_serializer": "json",
+        # A worker reserves one message per free slot: a long turn never sits on queued turns
+        # that another worker could start now.
+        "worker_prefetch_multiplier": 1,
+        # Task events (received/started/succeeded, and sent by the publisher) so that Flower and
+        # `celery events` see every turn.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "broker_transport_options": transport_options,
+        # Our tasks go to our queue.
+        "task_routes": routes(settings),
+        "broker_connection_timeout": 2.0,
+        # A worker that starts before the broker keeps retrying instead of exiting.
+        "broker_connection_retry_on_startup": True,
+        # On a lost broker connection keep running turns: their messages are redelivered, and
+        # the redelivered copy is refused by the turn fence while the original finishes.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # Background jobs (Router.track_background) store their result so that the sweeper's
+        # poller can report a job whose link callback was lost. Our own tasks still ignore
+        # results (above); only a job started with ignore_result=False writes one. With a Redis
+        # broker the same Redis holds them; with memory:// there is no backend, and a lost
+        # callback is then reported only if the job's task reports itself.
+        **_result_backend(settings),
+        # The sweeper, for `celery beat` (see beat_schedule).
+        "beat_schedule": beat_schedule(settings),
+    }
+
+
+def routes(settings: Settings) -> dict[str, dict[str, str]]:
+    """The route of the router's tasks: ``agent_router.*`` to ``Settings.queue``."""
+    return {f"{TASK_PREFIX}*": {"queue": settings.queue}}
+
+
+#: How long a background job's result stays in the result backend for the poller to read.
+RESULT_EXPIRES_SECONDS = 24 * 3600
+
+
+def _result_backend(settings: Settings) -> dict[str, Any]:
+    if settings.broker_url.startswith(("redis://", "rediss://")):
+        return {"result_backend": settings.broker_url, "result_expires": RESULT_EXPIRES_SECONDS}
+    return {}
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The standalone beat schedule: one sweeper pass every ``Settings.sweep_seconds``.
+
+    A pass that could not start before the next one is due is dropped (``expires``) rather than
+    piling up behind a stopped worker; every pass is idempotent, so two at once are harmless."""
+    return {
+        SWEEP_SCHEDULE_ENTRY: {
+            "task": SWEEP,
+            "schedule": settings.sweep_seconds,
+            "options": {"expires": max(settings.sweep_seconds, 1.0), "queue": settings.queue},
+        }
+    }
+
+
+def create_app(settings: Settings | None = None, *, main: str = "agent_router") -> Celery:
+    """A Celery app for ``settings`` with :func:`celery_config` applied and our tasks included.
+
+    It is not made the process's current app: our code never relies on ``current_app``."""
+    settings = settings or Settings()
+    broker = settings.broker_url
+    if broker == "memory://":
+        broker = "memory://localhost/"  # the same broker; kombu warns about a missing host
+    app = Celery(
+        main,
+        broker=broker,
+        include=["agent_router.tasks"],
+        set_as_current=False,
+    )
+    app.conf.update(celery_config(settings))
+    # So that a bare `celery -A agent_router.celery_app worker` consumes our queue (declared as
+    # Celery declares a queue it creates on demand). Our queue is not made the default queue:
+    # a host's task that this app publishes by name (a runner without `@queue`) goes where the
+    # host's app would send it unrouted, Celery's default queue, never to the router's workers.
+    queue = settings.queue
+    app.conf.task_queues = (Queue(queue, Exchange(queue), routing_key=queue),)
+    return app
+
+
+class BrokerPublisher:
+    """A :class:`CeleryPublisher` on the router's own app for ``settings``, built on the first
+    publish (a Router that never publishes never loads Celery); what ``Router(settings)``
+    publishes with when given no publisher."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._publisher: CeleryPublisher | None = None
+
+    @property
+    def celery(self) -> CeleryPublisher:
+        with self._lock:
+            if self._publisher is None:
+                self._publisher = CeleryPublisher(create_app(self.settings))
+            return self._publisher
+
+    @property
+    def app(self) -> Celery:
+        return self.celery.app
+
+    def publish(self, entry: OutboxEntry) -> None:
+        self.celery.publish(entry)
+
+    def routed_runner(self, runner: str) -> str:
+        return self.celery.routed_runner(runner)
+
+    def job_outcome(self, task_id: str) -> tuple[bool, str] | None:
+        return self.celery.job_outcome(task_id)
+
+    def queue_depth(self, queue: str) -> int | None:
+        return self.celery.queue_depth(queue)
+
+    def close(self) -> None:
+        with self._lock:
+            publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.app.close()
