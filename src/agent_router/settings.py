@@ -317,6 +317,15 @@ class Settings(BaseSettings):
         "are let go past it (the most recent one is kept whatever its length), so a worker's "
         "memory stays bounded (about 35 MB at entries of a few hundred characters).",
     )
+    transcript_cache_bytes: int = Field(
+        64 * 2**20,
+        gt=0,
+        description="Bytes of transcript entries a process keeps in memory in all (64 MiB by "
+        "default; as Python holds them, each entry counted once as it is read or taken into a "
+        "request window): the least recently used agents are let go past it (the most recent "
+        "one is kept whatever its size), so a worker's memory stays bounded whatever the size "
+        "of the entries (a tool result of megabytes counts as such, not as one entry).",
+    )
     context_reserve_tokens: int = Field(
         4096,
         ge=0,

@@ -6,12 +6,21 @@ server's ``Retry-After``. This module adds what the SDK does not do: it maps our
 request, validates the reply strictly and maps it back, and turns every failure into a
 :class:`~agent_router.errors.ModelError`.
 
-It also keeps the request inside the model's context window: a request longer than the window
-(less a reserve for the reply) is compacted (:func:`agent_router.agents.context.compact`) before
-it is sent. When the server still answers HTTP 400 ``context_length_exceeded``, the request is
-compacted once more, tighter and below the size the server refused, and sent again; the smaller
-limit is kept for this model's later calls. The transcript itself is never changed. Every reply
-carries its ``usage``, estimated from the texts when the server sent none.
+It also keeps the request inside the model's context window, a hard limit: a request longer
+than the window (less a reserve for the reply) is compacted
+(:func:`agent_router.agents.context.compact`), and what still does not fit (an oversize tool
+result or message, the newest included) is cut in the middle with a note saying exactly how
+much was left out (:func:`agent_router.agents.context.fit`), so that no request is sent over
+the window as the router counts tokens (:func:`agent_router.agents.context.token_counter`).
+When the server still answers HTTP 400 ``context_length_exceeded`` (its tokenizer counts more),
+the request is fitted once more, tighter and below the size the server refused, and sent again;
+the smaller limit is kept for this model's later calls. The transcript itself is never changed.
+Every reply carries its ``usage``, estimated from the texts when the server sent none.
+
+The request's ``messages`` and ``tools`` are already in the wire format, so they are handed to
+the SDK as ``extra_body``, which it merges into the body after its client-side transform (a
+walk of the whole request in Python on every call): only the small rest is transformed, and
+the body is encoded once, by the SDK's JSON encoder, byte for byte as it would be otherwise.
 
 The SDK is an optional extra and is imported only when an :class:`OpenAIModel` is built; the
 mapping functions are pure and need no SDK.
@@ -22,11 +31,22 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agent_router.agents.context import NORMAL, TIGHT, compact, count_tokens, token_counter
+from agent_router.agents.context import (
+    NORMAL,
+    Compaction,
+    TIGHT,
+    compact,
+    count_tokens,
+    fit,
+    message_tokens,
+    token_counter,
+)
 from agent_router.agents.usage import Completion, Usage, usage_from_body
 from agent_router.errors import (
     ConfigurationError,
@@ -54,6 +74,20 @@ _REQUEST_KEYS: Mapping[str, tuple[str, ...]] = {
     "tool": ("content", "tool_call_id"),
 }
 
+#: The entries, and the characters of their texts, an :class:`OpenAIModel` keeps mapped and
+#: counted from its recent requests.
+_MEMO_ENTRIES = 8192
+_MEMO_CHARS = 16 * 2**20
+
+
+def _chars(entry: Mapping[str, Any]) -> int:
+    content = entry.get("content")
+    return 64 + (len(content) if isinstance(content, str) else 0)
+
+
+#: The request's keys sent as they are, past the SDK's transform.
+_WIRE_KEYS = ("messages", "tools")
+
 #: Longest excerpt of a bad body quoted in an error message.
 _EXCERPT = 200
 
@@ -68,23 +102,25 @@ def request_messages(transcript: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     sends tool call arguments as the JSON string the protocol wants (a host may have stored a
     dict). Raises :class:`InvalidTranscriptEntryError` on an entry no server could accept.
     """
-    out: list[dict[str, Any]] = []
-    for i, entry in enumerate(transcript):
-        role = entry.get("role")
-        if not isinstance(role, str) or role not in _REQUEST_KEYS:
-            raise InvalidTranscriptEntryError(f"transcript entry {i}: unknown role {role!r}")
-        message: dict[str, Any] = {"role": role}
-        message.update({k: entry[k] for k in _REQUEST_KEYS[role] if k in entry})
-        if role == "tool" and not isinstance(entry.get("tool_call_id"), str):
-            raise InvalidTranscriptEntryError(f"transcript entry {i}: tool result without id")
-        if role == "assistant":
-            calls = [_request_tool_call(i, call) for call in entry.get("tool_calls") or ()]
-            if calls:
-                message["tool_calls"] = calls
-            # The protocol requires the key on an assistant message, even when it is null.
-            message.setdefault("content", None)
-        out.append(message)
-    return out
+    return [request_message(i, entry) for i, entry in enumerate(transcript)]
+
+
+def request_message(i: int, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Transcript entry ``i`` as a request message (see :func:`request_messages`)."""
+    role = entry.get("role")
+    if not isinstance(role, str) or role not in _REQUEST_KEYS:
+        raise InvalidTranscriptEntryError(f"transcript entry {i}: unknown role {role!r}")
+    message: dict[str, Any] = {"role": role}
+    message.update({k: entry[k] for k in _REQUEST_KEYS[role] if k in entry})
+    if role == "tool" and not isinstance(entry.get("tool_call_id"), str):
+        raise InvalidTranscriptEntryError(f"transcript entry {i}: tool result without id")
+    if role == "assistant":
+        calls = [_request_tool_call(i, call) for call in entry.get("tool_calls") or ()]
+        if calls:
+            message["tool_calls"] = calls
+        # The protocol requires the key on an assistant message, even when it is null.
+        message.setdefault("content", None)
+    return message
 
 
 def _request_tool_call(i: int, call: Any) -> dict[str, Any]:
@@ -285,6 +321,10 @@ class OpenAIModel:
         # for this model's later calls too; shared by the threads.
         self._limit = self.context_window - self._reserve
         self._how = NORMAL
+        # Entries of recent requests, mapped and counted (see _prepared), by identity.
+        self._memo: OrderedDict[int, tuple[dict[str, Any], dict[str, Any], int]] = OrderedDict()
+        self._memo_chars = 0
+        self._memo_lock = threading.Lock()
         self.temperature = settings.openai_temperature
         self.timeout_seconds = settings.openai_timeout_seconds
         self.max_retries = settings.openai_max_retries
@@ -306,16 +346,16 @@ class OpenAIModel:
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
         """One call: the reply and its usage. The request is compacted to fit the window, and
         once more (tighter) if the server still finds it too long."""
-        mapped = request_messages(messages)
+        mapped, sizes = self._prepared(messages)
         tool_tokens = count_tokens([], tools, self._count)
-        sent = compact(mapped, limit=self._limit - tool_tokens, count=self._count, how=self._how)
+        sent, tokens = self._fitted(mapped, sizes, tool_tokens, self._how)
         try:
             raw = self._send(self._request(sent, tools))
         except ContextLengthExceededError as exc:
-            sent_tokens = count_tokens(sent, tools, self._count)
+            sent_tokens = tokens + tool_tokens
             self._limit = min(self._limit, tighter_limit(sent_tokens, str(exc)))
             self._how = TIGHT
-            sent = compact(mapped, limit=self._limit - tool_tokens, count=self._count, how=TIGHT)
+            sent, tokens = self._fitted(mapped, sizes, tool_tokens, TIGHT)
             logger.warning(
                 "request too long for the model: compacted tighter and sent again",
                 extra={
@@ -337,11 +377,50 @@ class OpenAIModel:
             ) from exc
         message = assistant_message(body)
         usage = usage_from_body(body) or Usage(
-            prompt_tokens=count_tokens(sent, tools, self._count),
+            prompt_tokens=tokens + tool_tokens,
             completion_tokens=count_tokens([message], (), self._count),
             estimated=True,
         )
         return Completion(message=message, usage=usage, model=self.model_name)
+
+    def _prepared(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+        """The messages as the request holds them (:func:`request_message`) and their tokens,
+        each entry mapped and counted once while it is in this model's recent requests: a
+        loop sends the same entries (the same objects, never changed in place) call after
+        call, so a call maps and counts only the entries new since."""
+        mapped: list[dict[str, Any]] = []
+        sizes: list[int] = []
+        memo = self._memo
+        with self._memo_lock:
+            for i, entry in enumerate(messages):
+                known = memo.get(id(entry))
+                if known is not None and known[0] is entry:
+                    memo.move_to_end(id(entry))
+                else:
+                    message = request_message(i, entry)
+                    known = (entry, message, message_tokens(message, self._count))
+                    memo[id(entry)] = known
+                    self._memo_chars += _chars(entry)
+                mapped.append(known[1])
+                sizes.append(known[2])
+            # Bounded in entries and in characters: the memo holds its entries alive.
+            while memo and (
+                len(memo) > _MEMO_ENTRIES or self._memo_chars > _MEMO_CHARS
+            ):
+                _key, (entry, _message, _size) = memo.popitem(last=False)
+                self._memo_chars -= _chars(entry)
+        return mapped, sizes
+
+    def _fitted(
+        self, mapped: list[dict[str, Any]], sizes: list[int], tool_tokens: int, how: Compaction
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The messages sent, within the limit less the tool schemas, and their tokens."""
+        limit = self._limit - tool_tokens
+        total = sum(sizes)
+        if total <= limit:
+            return mapped, total
+        compacted = compact(mapped, limit=limit, count=self._count, how=how, sizes=sizes)
+        return fit(compacted, limit=limit, count=self._count)
 
     def _request(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
@@ -365,8 +444,13 @@ class OpenAIModel:
         """
         import openai
 
+        # The wire-format lists go round the SDK's transform (see the module docstring): it
+        # transforms empty placeholders, which keep the keys' places in the body.
+        wire = {key: request[key] for key in _WIRE_KEYS if key in request}
         try:
-            response = self._client.chat.completions.with_raw_response.create(**request)
+            response = self._client.chat.completions.with_raw_response.create(
+                **(request | {key: [] for key in wire}), extra_body=wire
+            )
         except openai.OpenAIError as exc:
             error = self._model_error(exc)
             logger.warning(
