@@ -452,13 +452,26 @@ def test_context_length_exceeded_is_compacted_tighter_and_sent_again(
 def test_a_second_context_length_exceeded_is_a_typed_error(
     server: ChatServer, make_model: MakeModel
 ) -> None:
-    server.enqueue(context_length_exceeded(10, 20_000), context_length_exceeded(10, 5000))
+    server.enqueue(context_length_exceeded(1000, 2000), context_length_exceeded(1000, 1500))
 
     with pytest.raises(ContextLengthExceededError, match="maximum context length") as raised:
         make_model(openai_max_retries=2).complete(long_transcript(3), [])
 
     assert len(server.requests) == 2  # one tighter retry, never a loop; a 400 is not retried
     assert raised.value.status_code == 400 and not raised.value.transient
+
+
+def test_a_window_no_request_fits_is_a_typed_error_without_a_second_request(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    # The server says its window is 10 tokens: not even the system prompt fits in that.
+    server.enqueue(context_length_exceeded(10, 20_000))
+
+    with pytest.raises(ContextLengthExceededError, match="every message cut") as raised:
+        make_model(openai_max_retries=2).complete(long_transcript(3), [])
+
+    assert len(server.requests) == 1
+    assert not raised.value.transient
 
 
 def test_tighter_limit_without_numbers_halves_the_request() -> None:
