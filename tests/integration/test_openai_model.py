@@ -478,3 +478,28 @@ def test_tighter_limit_without_numbers_halves_the_request() -> None:
     assert tighter_limit(10_000, "input too long") == 5000
     assert tighter_limit(10_000, "maximum context length is 4096 tokens, resulted in 8192 "
                          "tokens") == int(4096 * 10_000 / 8192 * 0.9)  # fmt: skip
+
+
+def test_the_request_on_the_wire_is_the_one_the_sdk_would_send_whole(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    # messages and tools go past the SDK's transform (as extra_body): the body the server
+    # receives is byte for byte the one the SDK builds when it is given them itself.
+    transcript = [
+        {"role": "system", "content": "You are an engineer. Ünïcödé, \u2028 and \"quotes\"."},
+        {"role": "user", "content": "Build it.", "name": "lead"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [tool_call("c1", "do_work", {"step": "é"})]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done \U0001f600"},
+    ]  # fmt: skip
+    server.enqueue(completion("ok"), completion("ok"))
+    model = make_model(openai_temperature=0.3)
+
+    model.complete(transcript, [WORK_TOOL])
+    request = model._request(request_messages(transcript), [WORK_TOOL])
+    model._client.chat.completions.with_raw_response.create(**request)
+
+    ours, whole = (r.raw for r in server.requests)
+    assert json.loads(ours) == json.loads(whole)
+    assert ours == whole
+    assert set(json.loads(ours)) == {"messages", "model", "temperature", "tools"}
