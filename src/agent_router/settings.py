@@ -288,7 +288,10 @@ class Settings(BaseSettings):
         128_000,
         gt=0,
         description="Tokens a model reads, for models without their own `context_window` (in "
-        "`models` or the role): a longer request is compacted before it is sent.",
+        "`models` or the role): a hard limit. A longer request is compacted, and an oversize "
+        "tool result or message still over it (the newest included) is cut in the middle in "
+        "the request, never in the transcript, so that no request is sent over it less "
+        "`context_reserve_tokens`.",
     )
     context_target_tokens: int | None = Field(
         32_000,

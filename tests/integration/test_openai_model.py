@@ -485,7 +485,7 @@ def test_the_request_on_the_wire_is_the_one_the_sdk_would_send_whole(
 ) -> None:
     # messages and tools go past the SDK's transform (as extra_body): the body the server
     # receives is byte for byte the one the SDK builds when it is given them itself.
-    transcript = [
+    transcript: list[dict[str, Any]] = [
         {"role": "system", "content": "You are an engineer. Ünïcödé, \u2028 and \"quotes\"."},
         {"role": "user", "content": "Build it.", "name": "lead"},
         {"role": "assistant", "content": None,

@@ -149,4 +149,3 @@ def test_an_oversize_message_is_cut_in_the_request_never_in_the_transcript(
     assert len(head) + len(tail) + left == len(message)
     assert any(str(e.get("content")).count("findings") == message.count("findings")
                for e in transcript)  # fmt: skip
-

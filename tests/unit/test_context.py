@@ -383,7 +383,7 @@ def _cut_of(text: str) -> tuple[str, int, str]:
 def test_fit_cuts_the_newest_oversize_texts_to_a_hard_limit(limit: int) -> None:
     huge = "".join(f"line {n}\n" for n in range(20_000))
     fenced = formats.fence(formats.ToolOutput(tool="dump", server="host", content=huge))
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are an engineer."},
         {"role": "user", "content": "Dump it."},
         {"role": "assistant", "content": None, "tool_calls": [

@@ -64,7 +64,9 @@ def _sized_reader(lengths: dict[int, int], sizes: dict[int, int]) -> Any:
     def read_after(agent_id: int, after: int | None) -> list[tuple[int, dict[str, Any]]]:
         start = 0 if after is None else after
         text = "t" * sizes[agent_id]
-        return [(p, {"role": "user", "content": f"{p}{text}"}) for p in range(start, lengths[agent_id])]
+        return [
+            (p, {"role": "user", "content": f"{p}{text}"}) for p in range(start, lengths[agent_id])
+        ]
 
     return read_after
 
@@ -95,9 +97,11 @@ def test_the_cache_holds_at_most_its_agents_entries_and_bytes(
             window = cached.views.get("window")
             if not isinstance(window, ContextWindow):
                 window = cached.views["window"] = ContextWindow(target=None, budget=None)
-            window.take(read(agent, window.length - 1 if window.length else None)[
-                1 if window.length else 0 :
-            ])
+            window.take(
+                read(agent, window.length - 1 if window.length else None)[
+                    1 if window.length else 0 :
+                ]
+            )
             # The window's count is the entries' it holds, each counted once.
             assert window.nbytes == sum(entry_bytes(e) for e in window.held())
         assert cached.nbytes() == sum(entry_bytes(e) for e in cached.entries) + sum(

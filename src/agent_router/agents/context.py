@@ -299,9 +299,9 @@ class ContextWindow:
     Entries before the cut are let go, but for the pinned ones (the head, open questions), so
     the window's memory is bounded by its requests; :attr:`nbytes` is what the entries it
     holds take (:func:`~agent_router.store.transcripts.entry_bytes`, each counted once as it
-    is taken in), which a process's transcript cache counts against its byte budget. :meth:`checkpoint` says where it stands;
-    :meth:`restore` builds the same window from that and the entries from the cut on, without
-    the ones before it.
+    is taken in), which a process's transcript cache counts against its byte budget.
+    :meth:`checkpoint` says where it stands; :meth:`restore` builds the same window from that
+    and the entries from the cut on, without the ones before it.
     """
 
     def __init__(self, *, target: int | None, budget: int | None, keep_recent: int = 8) -> None:

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from agent_router.agents.context import (
     NORMAL,
-    Compaction,
     TIGHT,
+    Compaction,
     compact,
     count_tokens,
     fit,
@@ -404,9 +404,7 @@ class OpenAIModel:
                 mapped.append(known[1])
                 sizes.append(known[2])
             # Bounded in entries and in characters: the memo holds its entries alive.
-            while memo and (
-                len(memo) > _MEMO_ENTRIES or self._memo_chars > _MEMO_CHARS
-            ):
+            while memo and (len(memo) > _MEMO_ENTRIES or self._memo_chars > _MEMO_CHARS):
                 _key, (entry, _message, _size) = memo.popitem(last=False)
                 self._memo_chars -= _chars(entry)
         return mapped, sizes

@@ -37,9 +37,7 @@ def entry_bytes(value: Any) -> int:
     (``sys.getsizeof``), summed over its parts. Strings shared with another entry are
     counted in each, so the sum errs high."""
     if isinstance(value, dict):
-        return sys.getsizeof(value) + sum(
-            entry_bytes(k) + entry_bytes(v) for k, v in value.items()
-        )
+        return sys.getsizeof(value) + sum(entry_bytes(k) + entry_bytes(v) for k, v in value.items())
     if isinstance(value, list | tuple):
         return sys.getsizeof(value) + sum(entry_bytes(v) for v in value)
     return sys.getsizeof(value)
