@@ -478,6 +478,9 @@ def test_tighter_limit_without_numbers_halves_the_request() -> None:
     assert tighter_limit(10_000, "input too long") == 5000
     assert tighter_limit(10_000, "maximum context length is 4096 tokens, resulted in 8192 "
                          "tokens") == int(4096 * 10_000 / 8192 * 0.9)  # fmt: skip
+    # Just over the window: the window scaled to our count, less a tenth, not half the request.
+    assert tighter_limit(3400, "maximum context length is 3000 tokens, resulted in 3043 "
+                         "tokens") == int(3000 * 3400 / 3043 * 0.9)  # fmt: skip
 
 
 def test_the_request_on_the_wire_is_the_one_the_sdk_would_send_whole(

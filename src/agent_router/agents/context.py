@@ -152,6 +152,8 @@ CUT_NOTE = (
 #: Characters of a text :func:`fit` cuts before it gives up on that text: what is left of it
 #: then (a head and a tail) is about the size of the note.
 _MIN_KEEP = 200
+#: Tokens :data:`CUT_NOTE` is counted in when :func:`fit` plans its cuts.
+_NOTE_TOKENS = 40
 
 
 def fit(
@@ -164,35 +166,39 @@ def fit(
     """``messages`` cut to at most ``limit`` tokens, and their tokens: a hard limit, where
     :func:`compact` only leaves out and shortens older messages.
 
-    While the request is over ``limit``, the largest text (a tool result, a message, the
-    newest included) is cut in the middle: its head and its tail stay, and :data:`CUT_NOTE`
-    between them says exactly how many of its characters were left out. An envelope or a
-    tool output fence stays whole around what is kept of its content. System prompts are
-    cut last. ``sizes``: the messages' tokens when the caller counted them already. Raises
+    While the request is over ``limit``, its largest texts (a tool result, a message, the
+    newest included) are cut to one size, as large as lets the request fit, each in the
+    middle: its head and its tail stay, and :data:`CUT_NOTE` between them says exactly how
+    many of its characters were left out. An envelope or a tool output fence stays whole
+    around what is kept of its content. System prompts are cut only when the rest cannot
+    make room. ``sizes``: the messages' tokens when the caller counted them already. Raises
     :class:`~agent_router.errors.ContextLengthExceededError` when even the messages cut to
     their notes do not fit (the system prompt alone is over ``limit``). The input is not
     modified; a request that fits is returned as it is (a copy of the list)."""
     out = list(messages)
     sized = list(sizes) if sizes is not None else [message_tokens(m, count) for m in out]
     total = sum(sized)
-    if total <= limit:
-        return out, total
-    order = sorted(
-        range(len(out)),
-        key=lambda i: (out[i].get("role") in ("system", "developer"), -sized[i]),
-    )
-    for i in order:
-        if total <= limit:
-            break
-        smaller = _cut_to(out[i], sized[i] - (total - limit), count)
-        if smaller is None:
-            continue
-        new_size = message_tokens(smaller, count)
-        if new_size >= sized[i]:
-            continue
-        out[i] = smaller
-        total += new_size - sized[i]
-        sized[i] = new_size
+    for system in (False, True):
+        for _round in range(4):  # token counts of cut texts are near their targets, not exact
+            if total <= limit:
+                return out, total
+            cuttable = [
+                i
+                for i, m in enumerate(out)
+                if (m.get("role") in ("system", "developer")) == system
+                and isinstance(m.get("content"), str)
+                and len(m["content"]) > _MIN_KEEP
+            ]
+            cap = _cap([sized[i] for i in cuttable], total - limit)
+            for i in cuttable:
+                if sized[i] <= cap:
+                    continue
+                smaller = _cut_to(out[i], cap, count)
+                new_size = message_tokens(smaller, count) if smaller is not None else sized[i]
+                if smaller is not None and new_size < sized[i]:
+                    out[i] = smaller
+                    total += new_size - sized[i]
+                    sized[i] = new_size
     if total > limit:
         raise ContextLengthExceededError(
             f"the request takes {total} tokens with every message cut, over its limit of "
@@ -200,6 +206,20 @@ def fit(
             "larger context window"
         )
     return out, total
+
+
+def _cap(sizes: list[int], excess: int) -> int:
+    """The largest size that texts of ``sizes`` cut to it (those larger, each with its note)
+    free at least ``excess`` tokens; 0 when none does."""
+    low, high = 0, max(sizes, default=0)
+    while low < high:
+        cap = (low + high + 1) // 2
+        freed = sum(size - cap - _NOTE_TOKENS for size in sizes if size > cap + _NOTE_TOKENS)
+        if freed >= excess:
+            low = cap
+        else:
+            high = cap - 1
+    return low
 
 
 def _cut_to(message: dict[str, Any], tokens: int, count: TokenCounter) -> dict[str, Any] | None:
@@ -213,7 +233,7 @@ def _cut_to(message: dict[str, Any], tokens: int, count: TokenCounter) -> dict[s
     keep = len(inner)
     for _attempt in range(8):
         # Characters scale with tokens closely enough: a few rounds reach the target.
-        keep = int(keep * max(0.0, tokens - MESSAGE_OVERHEAD - 40) / max(1, size)) - 1
+        keep = int(keep * max(0.0, tokens - MESSAGE_OVERHEAD - _NOTE_TOKENS) / max(1, size)) - 1
         keep = max(0, min(keep, len(inner) - _MIN_KEEP))
         cut = message | {"content": wrap(_middle_cut(inner, keep))}
         size = message_tokens(cut, count)

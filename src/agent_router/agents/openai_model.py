@@ -280,12 +280,13 @@ _ASKED = re.compile(r"resulted in (\d+) tokens")
 
 
 def tighter_limit(sent_tokens: int, error: str) -> int:
-    """A request limit below the one a server refused: its stated window scaled to our count
-    when the error says both numbers, else half of what was sent."""
+    """A request limit below the one a server refused: its stated window scaled to our count,
+    less a tenth, when the error says both numbers (the request is then fitted to it, a hard
+    limit), else half of what was sent."""
     window, asked = _WINDOW.search(error), _ASKED.search(error)
     if window and asked and int(asked.group(1)) > 0:
         scale = sent_tokens / int(asked.group(1))
-        return max(1, min(sent_tokens // 2, int(int(window.group(1)) * scale * 0.9)))
+        return max(1, min(sent_tokens - 1, int(int(window.group(1)) * scale * 0.9)))
     return max(1, sent_tokens // 2)
 
 
@@ -325,6 +326,7 @@ class OpenAIModel:
         self._memo: OrderedDict[int, tuple[dict[str, Any], dict[str, Any], int]] = OrderedDict()
         self._memo_chars = 0
         self._memo_lock = threading.Lock()
+        self._last_tools: tuple[list[dict[str, Any]] | None, int] = (None, 0)
         self.temperature = settings.openai_temperature
         self.timeout_seconds = settings.openai_timeout_seconds
         self.max_retries = settings.openai_max_retries
@@ -347,7 +349,7 @@ class OpenAIModel:
         """One call: the reply and its usage. The request is compacted to fit the window, and
         once more (tighter) if the server still finds it too long."""
         mapped, sizes = self._prepared(messages)
-        tool_tokens = count_tokens([], tools, self._count)
+        tool_tokens = self._tool_tokens(tools)
         sent, tokens = self._fitted(mapped, sizes, tool_tokens, self._how)
         try:
             raw = self._send(self._request(sent, tools))
@@ -408,6 +410,15 @@ class OpenAIModel:
                 _key, (entry, _message, _size) = memo.popitem(last=False)
                 self._memo_chars -= _chars(entry)
         return mapped, sizes
+
+    def _tool_tokens(self, tools: list[dict[str, Any]]) -> int:
+        """The tokens of the tool schemas: counted once per list (a loop sends the same list
+        at every call of a turn; a list is never changed in place once sent)."""
+        last, tokens = self._last_tools
+        if tools is not last:
+            tokens = count_tokens([], tools, self._count)
+            self._last_tools = (tools, tokens)
+        return tokens
 
     def _fitted(
         self, mapped: list[dict[str, Any]], sizes: list[int], tool_tokens: int, how: Compaction
