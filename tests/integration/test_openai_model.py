@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agent_router import Settings
-from agent_router.agents.context import count_tokens, pairing_holds
+from agent_router.agents.context import count_tokens, estimate_tokens, pairing_holds
 from agent_router.agents.openai_model import (
     NAMELESS_TOOL,
     OpenAIModel,
@@ -506,3 +506,32 @@ def test_the_request_on_the_wire_is_the_one_the_sdk_would_send_whole(
     assert json.loads(ours) == json.loads(whole)
     assert ours == whole
     assert set(json.loads(ours)) == {"messages", "model", "temperature", "tools"}
+
+
+def test_each_entry_is_mapped_and_counted_once_while_it_is_sent_again(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    model = make_model()
+    counted: list[str] = []
+
+    def count(text: str) -> int:
+        counted.append(text)
+        return estimate_tokens(text)
+
+    model._count = count
+    transcript = long_transcript(3)
+    server.enqueue(completion("a"), completion("b"), completion("c"))
+    model.complete(transcript, [])
+    first = len(counted)
+    transcript = [*transcript, {"role": "user", "content": "more"}]
+    model.complete(transcript, [])
+
+    assert counted[first:] == ["more"]  # the entries sent before are not counted again
+    # An entry changed in place is mapped and counted again: the request says what it says.
+    transcript[-1]["content"] = "changed"
+    model.complete(transcript, [])
+    assert counted[-1] == "changed"
+    assert server.requests[-1].body["messages"][-1]["content"] == "changed"
+    assert [m["content"] for m in server.requests[-1].body["messages"][:-1]] == [
+        m["content"] for m in server.requests[0].body["messages"]
+    ]

@@ -323,7 +323,10 @@ class OpenAIModel:
         self._limit = self.context_window - self._reserve
         self._how = NORMAL
         # Entries of recent requests, mapped and counted (see _prepared), by identity.
-        self._memo: OrderedDict[int, tuple[dict[str, Any], dict[str, Any], int]] = OrderedDict()
+        # id -> (entry, its content, request message, tokens, characters)
+        self._memo: OrderedDict[int, tuple[dict[str, Any], Any, dict[str, Any], int, int]] = (
+            OrderedDict()
+        )
         self._memo_chars = 0
         self._memo_lock = threading.Lock()
         self._last_tools: tuple[list[dict[str, Any]] | None, int] = (None, 0)
@@ -396,19 +399,24 @@ class OpenAIModel:
         with self._memo_lock:
             for i, entry in enumerate(messages):
                 known = memo.get(id(entry))
-                if known is not None and known[0] is entry:
+                # The same object with the same text: an entry a host changed in place (its
+                # content replaced) is mapped again.
+                if known is not None and known[0] is entry and known[1] is entry.get("content"):
                     memo.move_to_end(id(entry))
                 else:
+                    if known is not None:
+                        self._memo_chars -= known[4]
                     message = request_message(i, entry)
-                    known = (entry, message, message_tokens(message, self._count))
+                    size = message_tokens(message, self._count)
+                    known = (entry, entry.get("content"), message, size, _chars(entry))
                     memo[id(entry)] = known
-                    self._memo_chars += _chars(entry)
-                mapped.append(known[1])
-                sizes.append(known[2])
+                    self._memo_chars += known[4]
+                mapped.append(known[2])
+                sizes.append(known[3])
             # Bounded in entries and in characters: the memo holds its entries alive.
             while memo and (len(memo) > _MEMO_ENTRIES or self._memo_chars > _MEMO_CHARS):
-                _key, (entry, _message, _size) = memo.popitem(last=False)
-                self._memo_chars -= _chars(entry)
+                _key, gone = memo.popitem(last=False)
+                self._memo_chars -= gone[4]
         return mapped, sizes
 
     def _tool_tokens(self, tools: list[dict[str, Any]]) -> int:
