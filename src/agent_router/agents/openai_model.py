@@ -395,15 +395,13 @@ class OpenAIModel:
         call, so a call maps and counts only the entries new since."""
         mapped: list[dict[str, Any]] = []
         sizes: list[int] = []
-        memo = self._memo
+        memo, get = self._memo, self._memo.get
         with self._memo_lock:
             for i, entry in enumerate(messages):
-                known = memo.get(id(entry))
+                known = get(id(entry))
                 # The same object with the same text: an entry a host changed in place (its
                 # content replaced) is mapped again.
-                if known is not None and known[0] is entry and known[1] is entry.get("content"):
-                    memo.move_to_end(id(entry))
-                else:
+                if known is None or known[0] is not entry or known[1] is not entry.get("content"):
                     if known is not None:
                         self._memo_chars -= known[4]
                     message = request_message(i, entry)
@@ -413,7 +411,8 @@ class OpenAIModel:
                     self._memo_chars += known[4]
                 mapped.append(known[2])
                 sizes.append(known[3])
-            # Bounded in entries and in characters: the memo holds its entries alive.
+            # Bounded in entries and in characters, the oldest mapped let go first: the memo
+            # holds its entries alive.
             while memo and (len(memo) > _MEMO_ENTRIES or self._memo_chars > _MEMO_CHARS):
                 _key, gone = memo.popitem(last=False)
                 self._memo_chars -= gone[4]
