@@ -15,6 +15,11 @@ and every question asked of the agent that it has not answered yet. Older units 
 first (long tool results, progress outputs and assistant texts cut to a head with a note saying
 how much was left out), oldest first, until the request fits; if it still does not fit, whole
 older units are left out, oldest first, and one note says how many.
+
+**The window is a hard limit** (:func:`fit`): what compaction leaves over it (an oversize tool
+result or message, the newest included, which compaction never touches) is cut in the middle,
+head and tail kept, with a note saying exactly how many characters were left out; the
+transcript keeps every text whole.
 """
 
 from __future__ import annotations
