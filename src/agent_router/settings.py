@@ -292,7 +292,10 @@ class Settings(BaseSettings):
         128_000,
         gt=0,
         description="Tokens a model reads, for models without their own `context_window` (in "
-        "`models` or the role): a longer request is compacted before it is sent.",
+        "`models` or the role): a hard limit. A longer request is compacted, and an oversize "
+        "tool result or message still over it (the newest included) is cut in the middle in "
+        "the request, never in the transcript, so that no request is sent over it less "
+        "`context_reserve_tokens`.",
     )
     context_target_tokens: int | None = Field(
         32_000,
@@ -320,6 +323,15 @@ class Settings(BaseSettings):
         "hold and whole transcripts read), whatever the agents: the least recently used agents "
         "are let go past it (the most recent one is kept whatever its length), so a worker's "
         "memory stays bounded (about 35 MB at entries of a few hundred characters).",
+    )
+    transcript_cache_bytes: int = Field(
+        64 * 2**20,
+        gt=0,
+        description="Bytes of transcript entries a process keeps in memory in all (64 MiB by "
+        "default; as Python holds them, each entry counted once as it is read or taken into a "
+        "request window): the least recently used agents are let go past it (the most recent "
+        "one is kept whatever its size), so a worker's memory stays bounded whatever the size "
+        "of the entries (a tool result of megabytes counts as such, not as one entry).",
     )
     context_reserve_tokens: int = Field(
         4096,

@@ -102,6 +102,7 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         assert set(targets) == {
             "route p50 (idle)", "route p50 (running)", "route p50 (waiting)", "wake p50",
             "turn start p50", "routed msgs/s (4 senders)",
+            "router CPU per model call (32k-token request, OpenAI SDK)",
         }, backend  # fmt: skip
         for state, times in (("idle", 2), ("running", 2), ("waiting", 3)):
             route = figures[f"route p50 ({state})"]
@@ -121,7 +122,11 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         assert burst["floor"] == 100 and 1 <= int(str(burst["ours"])) < 10, burst
         # The router's own CPU for one model call, at three transcript lengths (a model that
         # answers at once): printed, in microseconds, with no floor and no target.
-        per_call = {f: r for f, r in figures.items() if f.startswith("router CPU per model call")}
+        per_call = {
+            f: r
+            for f, r in figures.items()
+            if f.startswith("router CPU per model call") and "OpenAI SDK" not in f
+        }
         assert set(per_call) == {
             f"router CPU per model call ({n} transcript entries{how})"
             for n in ("10", "100", "1,000")
@@ -129,6 +134,17 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         }, backend
         for figure, row in per_call.items():
             assert row["unit"] == "us" and row["floor"] is None and row["target"] is None, figure
+        # The CPU of one model call through the SDK at three request sizes, each beside the
+        # same request's JSON encoding alone; at 32k tokens against twice the figure at 1k.
+        sdk = {
+            k: figures[f"router CPU per model call ({k}k-token request, OpenAI SDK)"]
+            for k in (1, 8, 32)
+        }
+        for row in sdk.values():
+            assert row["unit"] == "us" and isinstance(row["floor"], float), row
+        first = float(str(sdk[1]["ours"]))
+        if abs(float(str(sdk[32]["ours"])) - 2 * first) > 0.01:
+            assert sdk[32]["met"] == (float(str(sdk[32]["ours"])) <= 2 * first), backend
         assert figures["route p50 (idle)"]["unit"] == "ms"
         assert figures["routed msgs/s (4 senders)"]["unit"] == "msg/s"
 

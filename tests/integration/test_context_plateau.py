@@ -292,6 +292,9 @@ def test_a_role_sets_its_own_target_within_its_window(quick: Callable[..., Route
     assert context_target(router, reviewer, tools) == 2500
     assert context_target(router, small, tools) == 8000 - 2000  # its window less the reserve
     assert context_target(router, other, tools) == TARGET * 4
+    # A model that says its window caps the target as a role's window does; a role's wins.
+    assert context_target(router, other, tools, model_window=4000) == 4000 - 1000
+    assert context_target(router, small, tools, model_window=4000) == 8000 - 2000
     router.store.seed_mailbox(reviewer.id, 300, content=ENTRY_TEXT)
     model = Recording()
     router.send(team.id, to=reviewer.display_name, content=ENTRY_TEXT, sender="user")

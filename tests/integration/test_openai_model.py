@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agent_router import Settings
-from agent_router.agents.context import count_tokens, pairing_holds
+from agent_router.agents.context import count_tokens, estimate_tokens, pairing_holds
 from agent_router.agents.openai_model import (
     NAMELESS_TOOL,
     OpenAIModel,
@@ -452,7 +452,7 @@ def test_context_length_exceeded_is_compacted_tighter_and_sent_again(
 def test_a_second_context_length_exceeded_is_a_typed_error(
     server: ChatServer, make_model: MakeModel
 ) -> None:
-    server.enqueue(context_length_exceeded(10, 20_000), context_length_exceeded(10, 5000))
+    server.enqueue(context_length_exceeded(1000, 2000), context_length_exceeded(1000, 1500))
 
     with pytest.raises(ContextLengthExceededError, match="maximum context length") as raised:
         make_model(openai_max_retries=2).complete(long_transcript(3), [])
@@ -461,7 +461,77 @@ def test_a_second_context_length_exceeded_is_a_typed_error(
     assert raised.value.status_code == 400 and not raised.value.transient
 
 
+def test_a_window_no_request_fits_is_a_typed_error_without_a_second_request(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    # The server says its window is 10 tokens: not even the system prompt fits in that.
+    server.enqueue(context_length_exceeded(10, 20_000))
+
+    with pytest.raises(ContextLengthExceededError, match="every message cut") as raised:
+        make_model(openai_max_retries=2).complete(long_transcript(3), [])
+
+    assert len(server.requests) == 1
+    assert not raised.value.transient
+
+
 def test_tighter_limit_without_numbers_halves_the_request() -> None:
     assert tighter_limit(10_000, "input too long") == 5000
     assert tighter_limit(10_000, "maximum context length is 4096 tokens, resulted in 8192 "
                          "tokens") == int(4096 * 10_000 / 8192 * 0.9)  # fmt: skip
+    # Just over the window: the window scaled to our count, less a tenth, not half the request.
+    assert tighter_limit(3400, "maximum context length is 3000 tokens, resulted in 3043 "
+                         "tokens") == int(3000 * 3400 / 3043 * 0.9)  # fmt: skip
+
+
+def test_the_request_on_the_wire_is_the_one_the_sdk_would_send_whole(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    # messages and tools go past the SDK's transform (as extra_body): the body the server
+    # receives is byte for byte the one the SDK builds when it is given them itself.
+    transcript: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an engineer. Ünïcödé, \u2028 and \"quotes\"."},
+        {"role": "user", "content": "Build it.", "name": "lead"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [tool_call("c1", "do_work", {"step": "é"})]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done \U0001f600"},
+    ]  # fmt: skip
+    server.enqueue(completion("ok"), completion("ok"))
+    model = make_model(openai_temperature=0.3)
+
+    model.complete(transcript, [WORK_TOOL])
+    request = model._request(request_messages(transcript), [WORK_TOOL])
+    model._client.chat.completions.with_raw_response.create(**request)
+
+    ours, whole = (r.raw for r in server.requests)
+    assert json.loads(ours) == json.loads(whole)
+    assert ours == whole
+    assert set(json.loads(ours)) == {"messages", "model", "temperature", "tools"}
+
+
+def test_each_entry_is_mapped_and_counted_once_while_it_is_sent_again(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    model = make_model()
+    counted: list[str] = []
+
+    def count(text: str) -> int:
+        counted.append(text)
+        return estimate_tokens(text)
+
+    model._count = count
+    transcript = long_transcript(3)
+    server.enqueue(completion("a"), completion("b"), completion("c"))
+    model.complete(transcript, [])
+    first = len(counted)
+    transcript = [*transcript, {"role": "user", "content": "more"}]
+    model.complete(transcript, [])
+
+    assert counted[first:] == ["more"]  # the entries sent before are not counted again
+    # An entry changed in place is mapped and counted again: the request says what it says.
+    transcript[-1]["content"] = "changed"
+    model.complete(transcript, [])
+    assert counted[-1] == "changed"
+    assert server.requests[-1].body["messages"][-1]["content"] == "changed"
+    assert [m["content"] for m in server.requests[-1].body["messages"][:-1]] == [
+        m["content"] for m in server.requests[0].body["messages"]
+    ]

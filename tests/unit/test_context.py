@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,11 +23,13 @@ from agent_router.agents.context import (
     compact,
     count_tokens,
     estimate_tokens,
+    fit,
     pairing_holds,
     token_counter,
 )
 from agent_router.agents.usage import Usage, cost_of, usage_from_body
 from agent_router.domain import MessageSubtype, MessageType
+from agent_router.errors import ContextLengthExceededError
 from agent_router.settings import ModelSpec
 
 BIG = "x" * 4000
@@ -366,3 +370,38 @@ def test_cost_follows_the_price_table() -> None:
     assert cost_of(usage, "unlisted", table) == 0.0
     no_cache_price = ModelSpec(input=2.0, output=8.0)
     assert no_cache_price.cost(1_000_000, 0, 400_000) == 2.0
+
+
+def _cut_of(text: str) -> tuple[str, int, str]:
+    """A cut text's head, the characters its note says were left out, and its tail."""
+    match = re.search(r"\n\[([\d,]+) of [\d,]+ characters of this message left out[^\]]*\]\n", text)
+    assert match is not None, text[:300]
+    return text[: match.start()], int(match.group(1).replace(",", "")), text[match.end() :]
+
+
+@pytest.mark.parametrize("limit", [300, 1000, 5000])
+def test_fit_cuts_the_newest_oversize_texts_to_a_hard_limit(limit: int) -> None:
+    huge = "".join(f"line {n}\n" for n in range(20_000))
+    fenced = formats.fence(formats.ToolOutput(tool="dump", server="host", content=huge))
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an engineer."},
+        {"role": "user", "content": "Dump it."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "dump", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": fenced},
+    ]  # fmt: skip
+    sent, tokens = fit(messages, limit=limit)
+
+    assert tokens == count_tokens(sent) <= limit
+    assert sent[:3] == messages[:3] and messages[3]["content"] == fenced  # input unchanged
+    output = formats.parse_fence(sent[3]["content"])  # the fence stays whole
+    head, left, tail = _cut_of(output.content)
+    assert huge.startswith(head) and huge.endswith(tail)
+    assert len(head) + left + len(tail) == len(huge)  # the note counts exactly
+
+
+def test_fit_leaves_a_request_that_fits_alone_and_refuses_one_that_cannot() -> None:
+    messages = [{"role": "system", "content": "s" * 4000}, {"role": "user", "content": "hi"}]
+    assert fit(messages, limit=2000) == (messages, count_tokens(messages))
+    with pytest.raises(ContextLengthExceededError, match="every message cut"):
+        fit(messages, limit=10)

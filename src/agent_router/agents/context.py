@@ -15,6 +15,11 @@ and every question asked of the agent that it has not answered yet. Older units 
 first (long tool results, progress outputs and assistant texts cut to a head with a note saying
 how much was left out), oldest first, until the request fits; if it still does not fit, whole
 older units are left out, oldest first, and one note says how many.
+
+**The window is a hard limit** (:func:`fit`): what compaction leaves over it (an oversize tool
+result or message, the newest included, which compaction never touches) is cut in the middle,
+head and tail kept, with a note saying exactly how many characters were left out; the
+transcript keeps every text whole.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import Any
 
 from agent_router import formats
 from agent_router.domain import MessageSubtype, MessageType
+from agent_router.errors import ContextLengthExceededError
+from agent_router.store.transcripts import entry_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +113,15 @@ def compact(
     limit: int,
     count: TokenCounter = estimate_tokens,
     how: Compaction = NORMAL,
+    sizes: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """``messages`` shortened to at most ``limit`` tokens where the rules allow (see the module
-    docstring); the input is not modified. A request that fits is returned unchanged (a copy)."""
-    sizes = [message_tokens(m, count) for m in messages]
+    docstring); ``sizes``: their tokens when the caller counted them already. The input is not
+    modified (a message shortened is a new one). A request that fits is returned unchanged
+    (a copy of the list)."""
+    sizes = [message_tokens(m, count) for m in messages] if sizes is None else list(sizes)
     total = sum(sizes)
-    out = [dict(m) for m in messages]
+    out = list(messages)
     if total <= limit:
         return out
     units = _units(out)
@@ -136,6 +146,129 @@ def compact(
     fewer = _without(out, left_out)
     # The notes cost tokens too: leaving out only short messages may not pay for them.
     return fewer if sum(message_tokens(m, count) for m in fewer) < sum(sizes) else out
+
+
+#: What stands in a message for the middle of its text that a request leaves out (:func:`fit`).
+CUT_NOTE = (
+    "\n[{n} of {total} characters of this message left out of this request to fit the "
+    "model's context window; the transcript keeps it whole]\n"
+)
+
+#: Characters of a text :func:`fit` cuts before it gives up on that text: what is left of it
+#: then (a head and a tail) is about the size of the note.
+_MIN_KEEP = 200
+#: Tokens :data:`CUT_NOTE` is counted in when :func:`fit` plans its cuts.
+_NOTE_TOKENS = 40
+
+
+def fit(
+    messages: Sequence[dict[str, Any]],
+    *,
+    limit: int,
+    count: TokenCounter = estimate_tokens,
+    sizes: Sequence[int] | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """``messages`` cut to at most ``limit`` tokens, and their tokens: a hard limit, where
+    :func:`compact` only leaves out and shortens older messages.
+
+    While the request is over ``limit``, its largest texts (a tool result, a message, the
+    newest included) are cut to one size, as large as lets the request fit, each in the
+    middle: its head and its tail stay, and :data:`CUT_NOTE` between them says exactly how
+    many of its characters were left out. An envelope or a tool output fence stays whole
+    around what is kept of its content. System prompts are cut only when the rest cannot
+    make room. ``sizes``: the messages' tokens when the caller counted them already. Raises
+    :class:`~agent_router.errors.ContextLengthExceededError` when even the messages cut to
+    their notes do not fit (the system prompt alone is over ``limit``). The input is not
+    modified; a request that fits is returned as it is (a copy of the list)."""
+    out = list(messages)
+    sized = list(sizes) if sizes is not None else [message_tokens(m, count) for m in out]
+    total = sum(sized)
+    for system in (False, True):
+        for _round in range(4):  # token counts of cut texts are near their targets, not exact
+            if total <= limit:
+                return out, total
+            cuttable = [
+                i
+                for i, m in enumerate(out)
+                if (m.get("role") in ("system", "developer")) == system
+                and isinstance(m.get("content"), str)
+                and len(m["content"]) > _MIN_KEEP
+            ]
+            cap = _cap([sized[i] for i in cuttable], total - limit)
+            for i in cuttable:
+                if sized[i] <= cap:
+                    continue
+                smaller = _cut_to(out[i], cap, count)
+                new_size = message_tokens(smaller, count) if smaller is not None else sized[i]
+                if smaller is not None and new_size < sized[i]:
+                    out[i] = smaller
+                    total += new_size - sized[i]
+                    sized[i] = new_size
+    if total > limit:
+        raise ContextLengthExceededError(
+            f"the request takes {total} tokens with every message cut, over its limit of "
+            f"{limit}: shorten the system prompt or the tool schemas, or use a model with a "
+            "larger context window"
+        )
+    return out, total
+
+
+def _cap(sizes: list[int], excess: int) -> int:
+    """The largest size that texts of ``sizes`` cut to it (those larger, each with its note)
+    free at least ``excess`` tokens; 0 when none does."""
+    low, high = 0, max(sizes, default=0)
+    while low < high:
+        cap = (low + high + 1) // 2
+        freed = sum(size - cap - _NOTE_TOKENS for size in sizes if size > cap + _NOTE_TOKENS)
+        if freed >= excess:
+            low = cap
+        else:
+            high = cap - 1
+    return low
+
+
+def _cut_to(message: dict[str, Any], tokens: int, count: TokenCounter) -> dict[str, Any] | None:
+    """A copy of ``message`` whose text is cut in the middle to about ``tokens`` tokens (at
+    least to its note), or ``None`` when it has no text to cut."""
+    content = message.get("content")
+    if not isinstance(content, str) or len(content) <= _MIN_KEEP:
+        return None
+    inner, wrap = _inner_text(message, content)
+    size = message_tokens(message, count)
+    keep = len(inner)
+    for _attempt in range(8):
+        # Characters scale with tokens closely enough: a few rounds reach the target.
+        keep = int(keep * max(0.0, tokens - MESSAGE_OVERHEAD - _NOTE_TOKENS) / max(1, size)) - 1
+        keep = max(0, min(keep, len(inner) - _MIN_KEEP))
+        cut = message | {"content": wrap(_middle_cut(inner, keep))}
+        size = message_tokens(cut, count)
+        if size <= tokens or keep == 0:
+            return cut
+    return cut
+
+
+def _middle_cut(text: str, keep: int) -> str:
+    """``text`` less its middle: ``keep`` characters kept (its head and its tail, 2 to 1) and
+    a note saying exactly how many were left out."""
+    head = keep * 2 // 3
+    tail = keep - head
+    note = CUT_NOTE.format(n=f"{len(text) - keep:,}", total=f"{len(text):,}")
+    return f"{text[:head]}{note}{text[len(text) - tail :] if tail else ''}"
+
+
+def _inner_text(message: dict[str, Any], content: str) -> tuple[str, Callable[[str], str]]:
+    """The text of a message that may be cut, and how to put a cut one back: inside its
+    envelope or tool output fence, when it has one."""
+    role = message.get("role")
+    if role in ("user", "tool"):
+        env = _envelope(message)
+        if env is not None:
+            return env.content, lambda text: formats.render(replace(env, content=text))
+    if role == "tool":
+        output = _tool_output(content)
+        if output is not None:
+            return output.content, lambda text: formats.fence(replace(output, content=text))
+    return content, lambda text: text
 
 
 #: A request kept near its target is cut down to this share of it, so that it then grows for a
@@ -189,9 +322,11 @@ class ContextWindow:
     out.
 
     Entries before the cut are let go, but for the pinned ones (the head, open questions), so
-    the window's memory is bounded by its requests. :meth:`checkpoint` says where it stands;
-    :meth:`restore` builds the same window from that and the entries from the cut on, without
-    the ones before it.
+    the window's memory is bounded by its requests; :attr:`nbytes` is what the entries it
+    holds take (:func:`~agent_router.store.transcripts.entry_bytes`, each counted once as it
+    is taken in), which a process's transcript cache counts against its byte budget.
+    :meth:`checkpoint` says where it stands; :meth:`restore` builds the same window from that
+    and the entries from the cut on, without the ones before it.
     """
 
     def __init__(self, *, target: int | None, budget: int | None, keep_recent: int = 8) -> None:
@@ -202,6 +337,9 @@ class ContextWindow:
         self.cut = 0  # the position of the first entry of the tail
         self._tail: list[dict[str, Any]] = []  # quoted entries from _base on
         self._tokens: list[int] = []  # theirs
+        self._bytes: list[int] = []  # theirs (:func:`entry_bytes`)
+        self._pin_bytes: dict[int, int] = {}  # the pinned entries' before _base
+        self.nbytes = 0  # the bytes held: of the tail and the pinned entries
         self._prefix = [0]  # tokens of the tail's entries before each of its indices
         self._base = 0  # the position of _tail[0]: the cut, once the cut's move is done
         self._starts: list[int] = []  # positions where units start, from the cut's unit on
@@ -336,6 +474,8 @@ class ContextWindow:
             entry = by_position[p]
             quoted = formats.quote_reply(entry) if entry.get("role") == "assistant" else entry
             window._pins[p] = (quoted, message_tokens(quoted))
+            window._pin_bytes[p] = entry_bytes(quoted)
+            window.nbytes += window._pin_bytes[p]
         for position, entry in tail[: length - cut]:  # fitted when the checkpoint was taken
             window._add(position, entry)
         if window._starts[:1] != [cut]:
@@ -353,6 +493,8 @@ class ContextWindow:
         quoted = formats.quote_reply(entry) if role == "assistant" else entry
         self._tail.append(quoted)
         self._tokens.append(message_tokens(quoted))
+        self._bytes.append(entry_bytes(quoted))
+        self.nbytes += self._bytes[-1]
         self._prefix.append(self._prefix[-1] + self._tokens[-1])
         if role != "tool" or not self._tool_unit:
             self._starts.append(position)
@@ -383,8 +525,8 @@ class ContextWindow:
 
     def _unpin(self, position: int) -> None:
         """An ask no longer open (or no longer kept) is left out with the rest before the cut."""
-        if position not in self._head:
-            self._pins.pop(position, None)
+        if position not in self._head and self._pins.pop(position, None) is not None:
+            self.nbytes -= self._pin_bytes.pop(position)
 
     def _entry(self, position: int) -> tuple[dict[str, Any], int]:
         """A held entry before the cut, quoted, with its tokens."""
@@ -422,8 +564,11 @@ class ContextWindow:
         for position in range(self._base, self.cut):
             if position in pinned:
                 self._pins[position] = self._entry(position)
+                self._pin_bytes[position] = self._bytes[position - self._base]
+            else:
+                self.nbytes -= self._bytes[position - self._base]
         gone = self.cut - self._base
-        del self._tail[:gone], self._tokens[:gone]
+        del self._tail[:gone], self._tokens[:gone], self._bytes[:gone]
         self._prefix = [n - self._prefix[gone] for n in self._prefix[gone:]]
         self._starts = self._starts[self._cut_unit :]
         self._cut_unit = 0
@@ -591,6 +736,7 @@ def pairing_holds(messages: Sequence[dict[str, Any]]) -> bool:
 
 
 __all__ = [
+    "CUT_NOTE",
     "LOW_WATER",
     "NORMAL",
     "OPEN_QUESTIONS_KEPT",
@@ -604,6 +750,7 @@ __all__ = [
     "compact",
     "count_tokens",
     "estimate_tokens",
+    "fit",
     "message_tokens",
     "pairing_holds",
     "token_counter",

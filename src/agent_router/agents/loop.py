@@ -281,7 +281,10 @@ def _steps(
     """The model/tool loop; returns the final reply's text."""
     schemas = tools.schemas(agent)
     tool_tokens = count_tokens([], schemas)
-    target = context_target(router, agent, tools)
+    window = getattr(model, "context_window", None)
+    target = context_target(
+        router, agent, tools, model_window=window if isinstance(window, int) else None
+    )
     names = [str(s["function"]["name"]) for s in schemas]
     ctx = ToolContext(router=router, turn=turn, agent=agent, settings=router.settings)
     # A continuation (or any turn that finds its last batch unfinished) runs the rest first.
@@ -367,13 +370,16 @@ class _Request:
     read: list[dict[str, Any]]  # the entries the request was built from
 
 
-def context_target(router: Router, agent: Agent, tools: ToolRegistry) -> int | None:
+def context_target(
+    router: Router, agent: Agent, tools: ToolRegistry, *, model_window: int | None = None
+) -> int | None:
     """The tokens the agent's requests are kept near: its role's ``context_target_tokens``,
-    else the settings', and never more than its role's window less the reply's reserve."""
+    else the settings', and never more than its role's window (else its model's,
+    ``model_window``, when the model says it) less the reply's reserve."""
     role = tools.roles.get(agent.role) if tools.roles is not None else None
     settings = router.settings
     target = (role and role.context_target_tokens) or settings.context_target_tokens
-    window = role.context_window if role is not None else None
+    window = (role.context_window if role is not None else None) or model_window
     if window is not None:
         room = window - min(settings.context_reserve_tokens, window // 4)
         target = room if target is None else min(target, room)

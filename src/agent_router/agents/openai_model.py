@@ -6,12 +6,21 @@ server's ``Retry-After``. This module adds what the SDK does not do: it maps our
 request, validates the reply strictly and maps it back, and turns every failure into a
 :class:`~agent_router.errors.ModelError`.
 
-It also keeps the request inside the model's context window: a request longer than the window
-(less a reserve for the reply) is compacted (:func:`agent_router.agents.context.compact`) before
-it is sent. When the server still answers HTTP 400 ``context_length_exceeded``, the request is
-compacted once more, tighter and below the size the server refused, and sent again; the smaller
-limit is kept for this model's later calls. The transcript itself is never changed. Every reply
-carries its ``usage``, estimated from the texts when the server sent none.
+It also keeps the request inside the model's context window, a hard limit: a request longer
+than the window (less a reserve for the reply) is compacted
+(:func:`agent_router.agents.context.compact`), and what still does not fit (an oversize tool
+result or message, the newest included) is cut in the middle with a note saying exactly how
+much was left out (:func:`agent_router.agents.context.fit`), so that no request is sent over
+the window as the router counts tokens (:func:`agent_router.agents.context.token_counter`).
+When the server still answers HTTP 400 ``context_length_exceeded`` (its tokenizer counts more),
+the request is fitted once more, tighter and below the size the server refused, and sent again;
+the smaller limit is kept for this model's later calls. The transcript itself is never changed.
+Every reply carries its ``usage``, estimated from the texts when the server sent none.
+
+The request's ``messages`` and ``tools`` are already in the wire format, so they are handed to
+the SDK as ``extra_body``, which it merges into the body after its client-side transform (a
+walk of the whole request in Python on every call): only the small rest is transformed, and
+the body is encoded once, by the SDK's JSON encoder, byte for byte as it would be otherwise.
 
 The SDK is an optional extra and is imported only when an :class:`OpenAIModel` is built; the
 mapping functions are pure and need no SDK.
@@ -22,11 +31,22 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agent_router.agents.context import NORMAL, TIGHT, compact, count_tokens, token_counter
+from agent_router.agents.context import (
+    NORMAL,
+    TIGHT,
+    Compaction,
+    compact,
+    count_tokens,
+    fit,
+    message_tokens,
+    token_counter,
+)
 from agent_router.agents.usage import Completion, Usage, usage_from_body
 from agent_router.errors import (
     ConfigurationError,
@@ -55,6 +75,20 @@ _REQUEST_KEYS: Mapping[str, tuple[str, ...]] = {
     "tool": ("content", "tool_call_id"),
 }
 
+#: The entries, and the characters of their texts, an :class:`OpenAIModel` keeps mapped and
+#: counted from its recent requests.
+_MEMO_ENTRIES = 8192
+_MEMO_CHARS = 16 * 2**20
+
+
+def _chars(entry: Mapping[str, Any]) -> int:
+    content = entry.get("content")
+    return 64 + (len(content) if isinstance(content, str) else 0)
+
+
+#: The request's keys sent as they are, past the SDK's transform.
+_WIRE_KEYS = ("messages", "tools")
+
 #: Longest excerpt of a bad body quoted in an error message.
 _EXCERPT = 200
 
@@ -70,23 +104,25 @@ def request_messages(transcript: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     dict); a text no encoding writes is sent with U+FFFD in place of what it cannot. Raises
     :class:`InvalidTranscriptEntryError` on an entry no server could accept.
     """
-    out: list[dict[str, Any]] = []
-    for i, entry in enumerate(transcript):
-        role = entry.get("role")
-        if not isinstance(role, str) or role not in _REQUEST_KEYS:
-            raise InvalidTranscriptEntryError(f"transcript entry {i}: unknown role {role!r}")
-        message: dict[str, Any] = {"role": role}
-        message.update({k: _sendable(entry[k]) for k in _REQUEST_KEYS[role] if k in entry})
-        if role == "tool" and not isinstance(entry.get("tool_call_id"), str):
-            raise InvalidTranscriptEntryError(f"transcript entry {i}: tool result without id")
-        if role == "assistant":
-            calls = [_request_tool_call(i, call) for call in entry.get("tool_calls") or ()]
-            if calls:
-                message["tool_calls"] = calls
-            # The protocol requires the key on an assistant message, even when it is null.
-            message.setdefault("content", None)
-        out.append(message)
-    return out
+    return [request_message(i, entry) for i, entry in enumerate(transcript)]
+
+
+def request_message(i: int, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Transcript entry ``i`` as a request message (see :func:`request_messages`)."""
+    role = entry.get("role")
+    if not isinstance(role, str) or role not in _REQUEST_KEYS:
+        raise InvalidTranscriptEntryError(f"transcript entry {i}: unknown role {role!r}")
+    message: dict[str, Any] = {"role": role}
+    message.update({k: _sendable(entry[k]) for k in _REQUEST_KEYS[role] if k in entry})
+    if role == "tool" and not isinstance(entry.get("tool_call_id"), str):
+        raise InvalidTranscriptEntryError(f"transcript entry {i}: tool result without id")
+    if role == "assistant":
+        calls = [_request_tool_call(i, call) for call in entry.get("tool_calls") or ()]
+        if calls:
+            message["tool_calls"] = calls
+        # The protocol requires the key on an assistant message, even when it is null.
+        message.setdefault("content", None)
+    return message
 
 
 def _request_tool_call(i: int, call: Any) -> dict[str, Any]:
@@ -246,12 +282,13 @@ _ASKED = re.compile(r"resulted in (\d+) tokens")
 
 
 def tighter_limit(sent_tokens: int, error: str) -> int:
-    """A request limit below the one a server refused: its stated window scaled to our count
-    when the error says both numbers, else half of what was sent."""
+    """A request limit below the one a server refused: its stated window scaled to our count,
+    less a tenth, when the error says both numbers (the request is then fitted to it, a hard
+    limit), else half of what was sent."""
     window, asked = _WINDOW.search(error), _ASKED.search(error)
     if window and asked and int(asked.group(1)) > 0:
         scale = sent_tokens / int(asked.group(1))
-        return max(1, min(sent_tokens // 2, int(int(window.group(1)) * scale * 0.9)))
+        return max(1, min(sent_tokens - 1, int(int(window.group(1)) * scale * 0.9)))
     return max(1, sent_tokens // 2)
 
 
@@ -287,6 +324,14 @@ class OpenAIModel:
         # for this model's later calls too; shared by the threads.
         self._limit = self.context_window - self._reserve
         self._how = NORMAL
+        # Entries of recent requests, mapped and counted (see _prepared), by identity.
+        # id -> (entry, its content, request message, tokens, characters)
+        self._memo: OrderedDict[int, tuple[dict[str, Any], Any, dict[str, Any], int, int]] = (
+            OrderedDict()
+        )
+        self._memo_chars = 0
+        self._memo_lock = threading.Lock()
+        self._last_tools: tuple[list[dict[str, Any]] | None, int] = (None, 0)
         self.temperature = settings.openai_temperature
         self.timeout_seconds = settings.openai_timeout_seconds
         self.max_retries = settings.openai_max_retries
@@ -308,16 +353,16 @@ class OpenAIModel:
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
         """One call: the reply and its usage. The request is compacted to fit the window, and
         once more (tighter) if the server still finds it too long."""
-        mapped = request_messages(messages)
-        tool_tokens = count_tokens([], tools, self._count)
-        sent = compact(mapped, limit=self._limit - tool_tokens, count=self._count, how=self._how)
+        mapped, sizes = self._prepared(messages)
+        tool_tokens = self._tool_tokens(tools)
+        sent, tokens = self._fitted(mapped, sizes, tool_tokens, self._how)
         try:
             raw = self._send(self._request(sent, tools))
         except ContextLengthExceededError as exc:
-            sent_tokens = count_tokens(sent, tools, self._count)
+            sent_tokens = tokens + tool_tokens
             self._limit = min(self._limit, tighter_limit(sent_tokens, str(exc)))
             self._how = TIGHT
-            sent = compact(mapped, limit=self._limit - tool_tokens, count=self._count, how=TIGHT)
+            sent, tokens = self._fitted(mapped, sizes, tool_tokens, TIGHT)
             logger.warning(
                 "request too long for the model: compacted tighter and sent again",
                 extra={
@@ -339,11 +384,61 @@ class OpenAIModel:
             ) from exc
         message = assistant_message(body)
         usage = usage_from_body(body) or Usage(
-            prompt_tokens=count_tokens(sent, tools, self._count),
+            prompt_tokens=tokens + tool_tokens,
             completion_tokens=count_tokens([message], (), self._count),
             estimated=True,
         )
         return Completion(message=message, usage=usage, model=self.model_name)
+
+    def _prepared(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+        """The messages as the request holds them (:func:`request_message`) and their tokens,
+        each entry mapped and counted once while it is in this model's recent requests: a
+        loop sends the same entries (the same objects, never changed in place) call after
+        call, so a call maps and counts only the entries new since."""
+        mapped: list[dict[str, Any]] = []
+        sizes: list[int] = []
+        memo, get = self._memo, self._memo.get
+        with self._memo_lock:
+            for i, entry in enumerate(messages):
+                known = get(id(entry))
+                # The same object with the same text: an entry a host changed in place (its
+                # content replaced) is mapped again.
+                if known is None or known[0] is not entry or known[1] is not entry.get("content"):
+                    if known is not None:
+                        self._memo_chars -= known[4]
+                    message = request_message(i, entry)
+                    size = message_tokens(message, self._count)
+                    known = (entry, entry.get("content"), message, size, _chars(entry))
+                    memo[id(entry)] = known
+                    self._memo_chars += known[4]
+                mapped.append(known[2])
+                sizes.append(known[3])
+            # Bounded in entries and in characters, the oldest mapped let go first: the memo
+            # holds its entries alive.
+            while memo and (len(memo) > _MEMO_ENTRIES or self._memo_chars > _MEMO_CHARS):
+                _key, gone = memo.popitem(last=False)
+                self._memo_chars -= gone[4]
+        return mapped, sizes
+
+    def _tool_tokens(self, tools: list[dict[str, Any]]) -> int:
+        """The tokens of the tool schemas: counted once per list (a loop sends the same list
+        at every call of a turn; a list is never changed in place once sent)."""
+        last, tokens = self._last_tools
+        if tools is not last:
+            tokens = count_tokens([], tools, self._count)
+            self._last_tools = (tools, tokens)
+        return tokens
+
+    def _fitted(
+        self, mapped: list[dict[str, Any]], sizes: list[int], tool_tokens: int, how: Compaction
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The messages sent, within the limit less the tool schemas, and their tokens."""
+        limit = self._limit - tool_tokens
+        total = sum(sizes)
+        if total <= limit:
+            return mapped, total
+        compacted = compact(mapped, limit=limit, count=self._count, how=how, sizes=sizes)
+        return fit(compacted, limit=limit, count=self._count)
 
     def _request(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
@@ -367,8 +462,13 @@ class OpenAIModel:
         """
         import openai
 
+        # The wire-format lists go round the SDK's transform (see the module docstring): it
+        # transforms empty placeholders, which keep the keys' places in the body.
+        wire = {key: request[key] for key in _WIRE_KEYS if key in request}
         try:
-            response = self._client.chat.completions.with_raw_response.create(**request)
+            response = self._client.chat.completions.with_raw_response.create(
+                **(request | {key: [] for key in wire}), extra_body=wire
+            )
         except openai.OpenAIError as exc:
             error = self._model_error(exc)
             logger.warning(

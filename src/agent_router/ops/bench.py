@@ -11,6 +11,8 @@ and worker (turn start); the same number of threads doing the raw floor transact
 
 from __future__ import annotations
 
+import json
+import socket
 import statistics
 import threading
 import time
@@ -43,6 +45,10 @@ TRANSCRIPT_ENTRIES = (10, 100, 1000)
 #: calls each makes: two ``do_work`` calls, then the final reply.
 MODEL_CALL_TURNS = 7
 MODEL_CALLS_PER_TURN = 3
+#: Request sizes, in thousands of tokens, at which the CPU of one model call through the OpenAI
+#: SDK is measured (:func:`request_cpu`), and the calls measured at each.
+REQUEST_KTOKENS = (1, 8, 32)
+REQUEST_CALLS = 30
 #: A transcript entry's text in the model call figures: a short message, as agents send them.
 ENTRY_TEXT = (
     "Progress: the login form now posts to /api/session; tests for the reset flow pass, the "
@@ -406,6 +412,29 @@ class Bench:
             finally:
                 router.close()
 
+    def request_figures(self) -> None:
+        """The router's CPU for one model call through the OpenAI SDK at 1k, 8k and 32k-token
+        requests, beside the same request's JSON encoding alone (its floor); the target: at
+        32k tokens within twice the figure at 1k."""
+        figures = request_cpu(self.settings)
+        if figures is None:
+            return  # the SDK is not installed: nothing to measure
+        first = figures[REQUEST_KTOKENS[0]][0]
+        for ktokens, (ours, floor) in figures.items():
+            target: dict[str, Any] = {}
+            if ktokens == REQUEST_KTOKENS[-1]:
+                target = {"target": f"<= 2x the {REQUEST_KTOKENS[0]}k figure", "limit": 2 * first}
+            self.rows.append(
+                row(
+                    f"router CPU per model call ({ktokens}k-token request, OpenAI SDK)",
+                    self.backend,
+                    ours,
+                    floor,
+                    "us",
+                    **target,
+                )
+            )
+
     def celery_figures(self) -> None:
         """Turn start latency and the burst, with a real worker on the configured broker."""
         from celery.contrib.testing.worker import start_worker
@@ -534,6 +563,164 @@ def model_call_cpu(
             per_call.append(spent / model.calls)
             calls += model.calls
     return per_call, calls
+
+
+#: The tool the requests of :func:`request_cpu` offer.
+_BENCH_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "do_work",
+        "description": "Do one step of the task.",
+        "parameters": {
+            "type": "object",
+            "properties": {"step": {"type": "string", "description": "The step."}},
+            "required": ["step"],
+        },
+    },
+}
+
+
+def request_messages_of(tokens: int) -> list[dict[str, Any]]:
+    """A transcript of about ``tokens`` tokens (as :func:`estimate_tokens` counts them): a
+    system prompt, then rounds of a drained message, a tool call and its result."""
+    from agent_router.agents.context import count_tokens
+
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a bench agent."}]
+    i = 0
+    while count_tokens(messages) < tokens:
+        i += 1
+        messages += [
+            {"role": "user", "content": f"{ENTRY_TEXT}{i}"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "do_work", "arguments": '{"step": "one step"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": ENTRY_TEXT * 3},
+        ]
+    return messages
+
+
+def request_cpu(
+    settings: Settings, *, calls: int = REQUEST_CALLS
+) -> dict[int, tuple[float, float]] | None:
+    """Per request size (:data:`REQUEST_KTOKENS`): the CPU seconds of the calling thread for
+    one :class:`~agent_router.agents.openai_model.OpenAIModel` call (mapping the request,
+    fitting it to the window, the SDK, HTTP, reading the reply) against a server on loopback
+    that answers at once, and of the same request body's JSON encoding alone, each the median
+    of ``calls``, in microseconds. The server runs in another thread: its CPU is not counted.
+    ``None`` when the SDK is not installed."""
+    from agent_router.agents.openai_model import OpenAIModel
+
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        return None
+    server = _AnsweringServer()
+    tools = [_BENCH_TOOL]
+    figures: dict[int, tuple[float, float]] = {}
+    try:
+        model_settings = settings.model_copy(
+            update={
+                "openai_model": "bench-model",
+                "openai_base_url": server.base_url,
+                "openai_api_key": "bench",
+                "openai_max_retries": 0,
+            }
+        )
+        model = OpenAIModel(model_settings)
+        try:
+            for ktokens in REQUEST_KTOKENS:
+                messages = request_messages_of(ktokens * 1000)
+                body = {"model": "bench-model", "messages": messages, "tools": tools}
+                ours: list[float] = []
+                floor: list[float] = []
+                for _ in range(calls + 1):
+                    start = time.thread_time()
+                    model.respond(messages, tools)
+                    ours.append(time.thread_time() - start)
+                    start = time.thread_time()
+                    json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+                    floor.append(time.thread_time() - start)
+                # The first call warms the client (its connection, the SDK's caches) up.
+                figures[ktokens] = (
+                    statistics.median(ours[1:]) * 1e6,
+                    statistics.median(floor[1:]) * 1e6,
+                )
+        finally:
+            model.close()
+    finally:
+        server.stop()
+    return figures
+
+
+class _AnsweringServer:
+    """A Chat Completions server on loopback that answers every request at once with the same
+    short reply, in a thread of its own."""
+
+    REPLY = json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "bench-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Done."},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    ).encode()
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        reply = self.REPLY
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: a call costs no new connection
+
+            def setup(self) -> None:
+                super().setup()
+                # The reply's head and body are two writes: without this, a delayed ACK holds
+                # the second one back for tens of milliseconds.
+                self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
 
 
 class _NoopTask:
@@ -699,5 +886,6 @@ def run(
             bench.celery_figures()
             bench.drain(queued)
             bench.model_calls()
+            bench.request_figures()
             rows.extend(bench.rows)
     return rows

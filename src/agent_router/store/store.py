@@ -99,7 +99,9 @@ class Store:
         self.reads = Reads(self._sessions, self.engine)
         # What turns in this process read of transcripts: a model call reads what is new.
         self.transcripts = TranscriptCache(
-            settings.transcript_cache_agents, settings.transcript_cache_entries
+            settings.transcript_cache_agents,
+            settings.transcript_cache_entries,
+            settings.transcript_cache_bytes,
         )
         self._after_commit: AfterCommit | None = None
 
