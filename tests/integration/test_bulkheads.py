@@ -221,8 +221,8 @@ def test_two_rows_the_broker_refuses_hold_back_no_other_team(
     no row."""
     import redis
 
-    from agent_router.ops.chaos_processes import PrivateRedis
     from agent_router.broker import CeleryPublisher, create_app
+    from agent_router.ops.chaos_processes import PrivateRedis
 
     queue = f"agent_router.test.{uuid.uuid4().hex[:10]}"
     settings = Settings(
