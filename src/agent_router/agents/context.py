@@ -20,7 +20,6 @@ older units are left out, oldest first, and one note says how many.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -28,8 +27,9 @@ from typing import Any
 
 from agent_router import formats
 from agent_router.domain import MessageSubtype, MessageType
+from agent_router.logfields import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Counts the tokens of one text.
 TokenCounter = Callable[[str], int]

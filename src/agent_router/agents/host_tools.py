@@ -30,7 +30,6 @@ import asyncio
 import importlib
 import inspect
 import json
-import logging
 import re
 import threading
 from collections.abc import Callable
@@ -51,8 +50,9 @@ from agent_router.agents.tools import (
     fail,
 )
 from agent_router.errors import ConfigurationError
+from agent_router.logfields import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -19,7 +19,6 @@ import atexit
 import concurrent.futures
 import hashlib
 import json
-import logging
 import os
 import re
 import sys
@@ -36,8 +35,9 @@ from mcp.shared.exceptions import MCPError
 
 from agent_router.agents.tool_config import NAMESPACE_SEPARATOR, McpServerSpec
 from agent_router.agents.tools import fail
+from agent_router.logfields import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -20,7 +20,6 @@ mapping functions are pure and need no SDK.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -35,12 +34,13 @@ from agent_router.errors import (
     MalformedModelResponseError,
     ModelError,
 )
+from agent_router.logfields import get_logger
 from agent_router.settings import Settings
 
 if TYPE_CHECKING:
     import openai
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 INSTALL_HINT = "pip install 'agent-router[openai]'"
 

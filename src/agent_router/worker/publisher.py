@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from typing import Any
 
 from celery import Celery
@@ -13,8 +12,9 @@ from kombu.exceptions import ChannelError
 
 from agent_router.constants import RUN_AGENT_TURN
 from agent_router.domain import OutboxEntry, OutboxKind
+from agent_router.logfields import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 #: Celery's own default queue: where an app that names no other sends a task it has no route for.

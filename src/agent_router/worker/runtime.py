@@ -22,7 +22,7 @@ from agent_router.domain import Agent
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.router import Router
 from agent_router.settings import Settings
-from agent_router.worker import metrics
+from agent_router.worker import hosting, metrics
 from agent_router.worker.celery_app import create_app
 from agent_router.worker.publisher import CeleryPublisher
 from agent_router.worker.task_events import TaskEventHooks
@@ -127,6 +127,7 @@ def current(app: Celery | None = None) -> Runtime:
     with _Slot.lock:
         if _Slot.runtime is None:
             app = app or _running_task_app()
+            hosting.require_enabled(app)  # install() left the router off in this host process
             settings = Settings()
             if settings.runtime_factory:
                 _Slot.runtime = _from_factory(settings.runtime_factory, settings, app)
