@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from typing import Any
 
 #: Attributes every LogRecord has; anything else on a record came from ``extra=``.
@@ -59,12 +60,28 @@ def render(record: logging.LogRecord) -> None:
     keep the message as logged in ``record.ar_message``."""
     if "ar_message" in record.__dict__:
         return
+    _add_task_id(record)
     message = record.getMessage()
     record.ar_message = message
     fields = context_fields(record)
     if fields:
         record.msg = f"{message} {' '.join(f'{k}={_text(v)}' for k, v in fields.items())}"
         record.args = None
+
+
+def _add_task_id(record: logging.LogRecord) -> None:
+    """The id of the Celery task the logging thread runs, as ``celery_task_id``, on a record
+    that has none (the one Flower shows). Only where Celery is loaded already: a record never
+    imports it."""
+    if "celery" not in sys.modules or "celery_task_id" in record.__dict__:
+        return
+    if getattr(record, "task_id", None) is not None:
+        return
+    from celery import current_task
+
+    task_id = current_task.request.id if current_task else None
+    if task_id:
+        record.celery_task_id = task_id
 
 
 class FieldsInMessage(logging.Filter):
