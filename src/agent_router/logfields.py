@@ -12,6 +12,7 @@ that show the fields apart (``agent_router.ops.logs.JsonFormatter``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -88,7 +89,10 @@ class FieldsInMessage(logging.Filter):
     """Renders a record's ``extra=`` fields into its message (:func:`render`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        render(record)
+        # A message its arguments do not fit is left as it is, for the handler to report as
+        # logging reports any such record: a log call never raises.
+        with contextlib.suppress(Exception):
+            render(record)
         return True
 
 
