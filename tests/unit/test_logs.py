@@ -91,5 +91,8 @@ def test_a_router_logger_renders_its_fields_for_any_handler() -> None:
         route(logger)
     finally:
         logger.removeHandler(handler)
-    line = 'route team_id=3 agent_id=7 action=route outcome=queued message_id=41 sender="UI Operator_1"'
+    line = (
+        "route team_id=3 agent_id=7 action=route outcome=queued message_id=41 "
+        'sender="UI Operator_1"'
+    )
     assert handler.stream.getvalue().splitlines() == [line, line]
