@@ -26,6 +26,12 @@ Every setting is a field of `agent_router.settings.Settings`: pass it as a keywo
 `agent-router` command read the same variables, so one environment file configures a deployment
 (see [deployment.md](deployment.md)). Settings are frozen once built.
 
+Inside a host's Celery app (`agent_router.worker.install(app)`), a variable that is invalid, or
+`AGENT_ROUTER_DATABASE_URL` left unset, never stops the host's process: the router is off in that
+process, one WARNING line names the variable and what it accepts, and the router's tasks raise
+`RouterDisabledError` there (see [integration.md](integration.md)). The `sqlite:///agent_router.db`
+default is the standalone commands' (`agent-router demo`, `worker`, ...), never a host's.
+
 | variable | type | default | what it does |
 |---|---|---|---|
 """

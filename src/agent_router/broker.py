@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import threading
 from typing import Any
 
@@ -21,9 +20,10 @@ from kombu.exceptions import ChannelError
 
 from agent_router.constants import RUN_AGENT_TURN, SWEEP, SWEEP_SCHEDULE_ENTRY, TASK_PREFIX
 from agent_router.domain import OutboxEntry, OutboxKind
+from agent_router.logfields import get_logger
 from agent_router.settings import Settings
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 #: Celery's own default queue: where an app that names no other sends a task it has no route for.

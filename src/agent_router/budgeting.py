@@ -18,7 +18,6 @@ The checks themselves are store transitions (:mod:`agent_router.store.budgets`).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,6 +35,7 @@ from agent_router.domain import (
     TokenUsage,
 )
 from agent_router.hooks import RouterHooks
+from agent_router.logfields import get_logger
 from agent_router.turn import Turn
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class Budgeted(Protocol):
     def stop(self, team_id: int, display_name: str, *, reason: str) -> AgentState: ...
 
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: What every agent reads once a team budget passes its warning threshold.
 WARNING_NOTICE = (

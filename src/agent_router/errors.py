@@ -20,6 +20,12 @@ class ModelNotConfiguredError(ConfigurationError):
     it never gets a reply."""
 
 
+class RouterDisabledError(ConfigurationError):
+    """Raised by the router's tasks in a host process whose ``AGENT_ROUTER_*`` settings are
+    invalid or incomplete: ``agent_router.worker.install`` left the router off there, and the
+    message names the setting and what it accepts."""
+
+
 class StoreError(AgentRouterError):
     """Raised when the database failed; the transaction rolled back and wrote nothing.
 

@@ -9,16 +9,17 @@ the router can never fail or undo a delivery.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
+
+from agent_router.logfields import get_logger
 
 if TYPE_CHECKING:
     from agent_router.domain import BudgetName, Delivery, EndOfTurn, TokenUsage, WaitOutcome
     from agent_router.errors import AgentRouterError
     from agent_router.turn import Turn
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class RouterHooks:

@@ -7,14 +7,14 @@ harmless because turn tasks are fenced by ``(agent_id, epoch)``.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from agent_router.domain import OutboxEntry
+from agent_router.logfields import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class Publisher(Protocol):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import logging
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,6 +36,7 @@ from agent_router.domain import (
     WaitOutcome,
 )
 from agent_router.hooks import HookChain, RouterHooks
+from agent_router.logfields import get_logger
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
 from agent_router.store import Ask, NewAgent, Reads, SendRequest, Store, open_store
@@ -46,7 +46,7 @@ from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker, RedisWaker, Waker
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class _Default(enum.Enum):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from agent_router import errors
 from agent_router.domain import SweepStep
+from agent_router.logfields import get_logger
 from agent_router.outbox import QueueDepth
 from agent_router.store.models import utcnow
 from agent_router.store.recovery import (
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from agent_router.settings import Settings
     from agent_router.store import Store
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -190,8 +191,10 @@ def sweep(router: Sweepable, *, takeovers_only: bool = False) -> SweepReport:
         report = _whole_pass(router, bulkhead)
     bulkhead.close()
     report = bulkhead.report(report)
-    if not report.idle:
-        logger.info("sweep", extra={"action": "sweep", **report.counts()})
+    # A pass that repaired nothing (it may have pruned the ledger or left quarantined agents
+    # alone, as every pass does) is routine: DEBUG, so that a worker's INFO lines are turns.
+    level = logging.DEBUG if report.idle else logging.INFO
+    logger.log(level, "sweep", extra={"action": "sweep", **report.counts()})
     return report
 
 

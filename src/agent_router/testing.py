@@ -3,18 +3,21 @@ a Celery worker that runs its turns with the scripted model, on the host's Celer
 
 Installed with agent-router (entry point ``pytest11``), so a host's suite has these fixtures
 without a ``conftest.py`` line. Every name starts with ``agent_router``, none is autouse, and
-they work beside pytest-celery's (``celery_config``, ``celery_includes``,
-``celery_session_app``, ``celery_session_worker``): when those are there, the router is wired
-into ``celery_session_app`` (:func:`agent_router.worker.install`), so a turn that a host's task
-starts and a task that a turn starts run on the one app the host tests. Without pytest-celery,
-the router's own app is used, on ``memory://``.
+they work beside pytest-celery's and ``celery.contrib.pytest``'s (``celery_config``,
+``celery_includes``, ``celery_app``, ``celery_worker``, ``celery_session_app``,
+``celery_session_worker``): when those are there, the router is wired into the app the test uses
+(:func:`agent_router.worker.install`), so a turn that a host's task starts and a task that a turn
+starts run on the one app the host tests. Without them, the router's own app is used, on
+``memory://``; a host whose own app is current then gets an error at once that names the fixture
+to override (``agent_router_app``).
 
 - ``agent_router_database_url``: a new SQLite file with the router's schema (override it to
   use PostgreSQL);
 - ``agent_router_settings``: :class:`~agent_router.Settings` for it, with short timings;
 - ``agent_router_models``: the model factory turns use (the scripted model; override it with
   your own fake);
-- ``agent_router_app``: the Celery app turns are published to and run on;
+- ``agent_router_app``: the Celery app turns are published to and run on (the host's; override
+  it to return yours when the plugin cannot tell which it is);
 - ``agent_router``: the :class:`~agent_router.Router` (the worker runtime's), and
   ``agent_router_team``: a new team on it;
 - ``agent_router_worker``: a worker (threads, in this process) that consumes the router's queue
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from celery import Celery
@@ -90,20 +93,63 @@ def agent_router_models(agent_router_settings: Settings) -> ModelFactory:
     return scripted_models(agent_router_settings)
 
 
+#: The Celery fixtures of pytest-celery and ``celery.contrib.pytest``: an app, and the worker
+#: fixture that runs it (a test that uses the worker uses its app).
+_CELERY_FIXTURES = (
+    ("celery_app", "celery_worker"),
+    ("celery_session_app", "celery_session_worker"),
+)
+
+
 @pytest.fixture
 def agent_router_app(
     request: pytest.FixtureRequest, agent_router_settings: Settings
 ) -> Iterator[Celery]:
-    """pytest-celery's ``celery_session_app`` with the router installed, when pytest-celery
-    (or ``celery.contrib.pytest``) is there; else the router's own app on ``memory://``."""
-    try:
-        app: Celery = request.getfixturevalue("celery_session_app")
-    except pytest.FixtureLookupError:
-        own = create_app(agent_router_settings.model_copy(update={"broker_url": "memory://"}))
-        yield own
-        own.close()
+    """The host's Celery app with the router installed (:func:`agent_router.worker.install`):
+    ``celery_app`` when the test uses it or ``celery_worker``, ``celery_session_app`` when it
+    uses that or ``celery_session_worker``; a test that uses neither gets ``celery_session_app``,
+    else ``celery_app``, when one is defined. With no such fixture: the router's own app on
+    ``memory://``, unless a Celery app of the host's is the process's current app (a host's
+    tasks are bound to it, and no worker of a throwaway app would run what they start): then it
+    fails at once, naming the fixture to override."""
+    used = set(request.fixturenames)
+    wanted = [app for app, worker in _CELERY_FIXTURES if {app, worker} & used]
+    if len(wanted) > 1:
+        pytest.fail(
+            "agent_router_app: this test uses both celery_app and celery_session_app; override "
+            "the agent_router_app fixture to return the one the router's turns run on",
+            pytrace=False,
+        )
+    for name in wanted or [app for app, _ in reversed(_CELERY_FIXTURES)]:
+        try:
+            app: Celery = request.getfixturevalue(name)
+        except pytest.FixtureLookupError:
+            continue
+        yield install(app, agent_router_settings)
         return
-    yield install(app, agent_router_settings)
+    host = _host_app()
+    if host is not None:
+        pytest.fail(
+            f"agent_router_app: the Celery app {host.main!r} is current but this test has no "
+            "celery_app or celery_session_app fixture, so the router's turns would run on an "
+            "app no worker of yours reads; override the agent_router_app fixture to return "
+            "your app (or define celery_app), e.g. `return install(app, agent_router_settings)`",
+            pytrace=False,
+        )
+    own = create_app(agent_router_settings.model_copy(update={"broker_url": "memory://"}))
+    yield own
+    own.close()
+
+
+def _host_app() -> Celery | None:
+    """The process's current Celery app when a host made it (not Celery's default app)."""
+    import importlib
+
+    state: Any = importlib.import_module("celery._state")  # where Celery keeps the current app
+    current = state._tls.current_app
+    if current is None or current is state.default_app:
+        return None
+    return cast(Celery, current)
 
 
 @pytest.fixture

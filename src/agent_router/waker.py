@@ -7,18 +7,18 @@ database sharing Redis) re-reads it. A lost signal costs a periodic re-read, nev
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
 from agent_router.constants import wake_key
+from agent_router.logfields import get_logger
 
 if TYPE_CHECKING:
     import redis
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class Waker(Protocol):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tomllib
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -50,7 +52,7 @@ def test_wheel_holds_the_package_data_and_the_console_script(wheel: Path) -> Non
     ):
         assert path in names, path
     assert not any(n.startswith(("tests/", "src/")) for n in names)
-    assert "agent-router = agent_router.ops.cli:main" in entry_points
+    assert "agent-router = agent_router.ops.console:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     for dependency in ("celery", "sqlalchemy", "alembic", "psycopg", "pydantic-settings"):
         assert any(dependency in r.lower() for r in requires), dependency
@@ -106,3 +108,143 @@ def test_a_host_pinning_celery_5_5_and_redis_6_installs_it_with_its_pins(
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert installed["agent-router"] == project["version"]
     assert "kombu" in installed  # resolved with the rest, not left out
+
+
+#: Run by the fresh environment's Python: a team on the router, a message to its lead, and the
+#: turns a worker of that environment runs (the built-in ScriptedModel: a worker's default
+#: models), until the team has nothing left to do.
+TEAM_RUN = """
+import json
+from agent_router import LedgerAction, Router, Settings
+from agent_router.ops.demo import wait_quiescent
+
+router = Router(Settings())
+team = router.create_team()
+router.create_agent(team.id, role="Full-Stack Engineer")
+router.send(team.id, to="Team Leader", content="Status, please.")
+wait_quiescent(router, team.id, timeout=120)
+actions = {e.action.value for e in router.ledger(team.id)}
+print(json.dumps({"lead": router.agent(team.id, "Team Leader").state.value,
+                  "claimed": LedgerAction.TURN_CLAIMED.value in actions,
+                  "ended": LedgerAction.TURN_ENDED.value in actions}))
+router.close()
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_plain_install_runs_a_worker_turn_on_redis_and_postgresql(
+    wheel: Path, tmp_path: Path, redis_url: str, fresh_pg_url: str
+) -> None:
+    """``pip install agent-router`` alone (no extra, no dev tools) in a new environment: a
+    worker (``celery -A agent_router.celery_app worker``) and a ``Router`` on a Redis broker and
+    PostgreSQL run a team's turns. (Without ``packaging``, which kombu's Redis transport
+    imports, the first publish failed with "No module named 'packaging'".) The command line
+    is the ``cli`` extra's: without it, ``agent-router`` says so in one line."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python, bin_dir = str(venv / "bin" / "python"), venv / "bin"
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", str(wheel)],
+        check=False, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    queue = f"plain.{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_ROUTER_", "PYTHON"))}
+    env |= {
+        "AGENT_ROUTER_DATABASE_URL": fresh_pg_url,
+        "AGENT_ROUTER_BROKER_URL": redis_url,
+        "AGENT_ROUTER_QUEUE": queue,
+        "AGENT_ROUTER_SCRIPTED_WRITE_SECONDS": "0",
+        "AGENT_ROUTER_WORK_SECONDS": "0",
+    }
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*args], check=False, cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+
+    schema = run(python, "-c", "from agent_router import Router, Settings; "
+                 "Router(Settings()).create_schema()")  # fmt: skip
+    assert schema.returncode == 0, schema.stderr[-3000:]
+    log = tmp_path / "worker.log"
+    worker = subprocess.Popen(
+        [str(bin_dir / "celery"), "-A", "agent_router.celery_app", "worker", "--pool=threads",
+         "--concurrency=4", "--loglevel=INFO", f"--hostname=plain-{queue}@localhost"],
+        cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        team = run(python, "-c", TEAM_RUN)
+        assert worker.poll() is None, log.read_text()[-3000:]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        _delete_queue(redis_url, queue)
+    assert team.returncode == 0, team.stderr[-3000:] + log.read_text()[-3000:]
+    assert json.loads(team.stdout.splitlines()[-1]) == {
+        "lead": "completed",
+        "claimed": True,
+        "ended": True,
+    }
+    assert "No module named" not in log.read_text()
+    # No command-line dependencies came with it, and the command says what it needs.
+    assert run(python, "-c", "import typer").returncode != 0
+    cli = run(str(bin_dir / "agent-router"), "status")
+    assert cli.returncode == 1
+    assert cli.stderr.strip() == (
+        "agent-router: error: the command line needs the cli extra (typer is not installed) "
+        "(hint: pip install 'agent-router[cli]')"
+    )
+
+
+def _delete_queue(redis_url: str, queue: str) -> None:
+    from celery import Celery
+    from kombu import Queue
+
+    app = Celery(broker=redis_url, set_as_current=False)
+    with app.connection_for_write() as conn:
+        Queue(queue, channel=conn.default_channel).delete()
+    app.close()
+
+
+#: A chat backend's lock from late 2023 (after its move to pydantic 2): what it pins of what the
+#: router depends on, directly or not.
+HOST_LOCK = {
+    "sqlalchemy": "2.0.23",
+    "rich": "13.7.0",
+    "typing-extensions": "4.9.0",
+    "python-dotenv": "1.0.0",
+    "pydantic": "2.5.3",
+    "celery": "5.3.6",
+    "kombu": "5.3.4",
+    "redis": "5.0.1",
+}
+
+
+def test_a_host_locked_at_sqlalchemy_2_0_23_and_rich_13_7_installs_it_with_its_lock(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """pip's resolver, with the host's lock as constraints (``pip install -c constraints.txt
+    agent-router``, as docs/integration.md says): it resolves, every locked version stays, and
+    nothing of the command line (typer, rich) comes with it. With SQLAlchemy's floor at 2.0.36
+    and typer and rich among the dependencies this was ResolutionImpossible."""
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in HOST_LOCK.items()))
+    report = tmp_path / "report.json"
+    resolved = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--report", str(report), "-c", str(constraints), str(wheel)],
+        check=False, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stderr[-3000:]
+    installed = {
+        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
+    assert {n: installed[n] for n in HOST_LOCK if n in installed} == {
+        n: v for n, v in HOST_LOCK.items() if n != "rich"
+    }
+    assert "rich" not in installed and "typer" not in installed

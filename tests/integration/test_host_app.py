@@ -8,6 +8,7 @@ the worker's queues), and the router's plugin (``agent_router.testing``) beside 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -20,8 +21,9 @@ from kombu import Queue
 from agent_router import AgentState, LedgerAction, Settings, Team
 from agent_router.broker import CeleryPublisher
 from agent_router.constants import RUN_AGENT_TURN, SWEEP, SWEEP_SCHEDULE_ENTRY
+from agent_router.errors import RouterDisabledError
 from agent_router.testing import settle
-from agent_router.worker import install
+from agent_router.worker import hosting, install
 from agent_router.worker.bootstep import WorkerSweeper
 from agent_router.worker.runtime import Runtime
 
@@ -92,6 +94,55 @@ def test_install_leaves_the_hosts_tasks_as_they_were(
 
 # pytest-celery's session app and worker, configured as a host configures them for its tests.
 HOST_QUEUE = f"chat.{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        (
+            "AGENT_ROUTER_DATABASE_URL",
+            "mysql://chat:s3cret@db/chat",
+            "AGENT_ROUTER_DATABASE_URL is invalid: database_url must be a sqlite:// or "
+            "postgresql:// URL; accepted: SQLAlchemy URL",
+        ),
+        (
+            "AGENT_ROUTER_LEASE_SECONDS",
+            "-1",
+            "AGENT_ROUTER_LEASE_SECONDS is invalid: Input should be greater than 0; accepted: "
+            "A running turn's lease",
+        ),
+    ],
+)
+def test_install_on_an_invalid_variable_leaves_the_router_off_and_the_app_as_it_was(
+    host_app: Celery,
+    celery_settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    variable: str,
+    value: str,
+    said: str,
+) -> None:
+    monkeypatch.setenv("AGENT_ROUTER_DATABASE_URL", celery_settings.database_url)
+    monkeypatch.setenv(variable, value)
+    routes, beat = host_app.conf.task_routes, dict(host_app.conf.beat_schedule)
+    with caplog.at_level(logging.DEBUG, logger="agent_router"):
+        install(host_app)
+        install(host_app)  # the same reason is not said twice
+    (line,) = [r for r in caplog.records if r.name.startswith("agent_router")]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage().startswith(f"agent-router is off in this process: {said}")
+    assert "s3cret" not in line.getMessage()
+    assert host_app.conf.task_routes == routes and dict(host_app.conf.beat_schedule) == beat
+    # The router's tasks are registered, and fail with the same line, typed.
+    for name in (RUN_AGENT_TURN, SWEEP):
+        args = (1, 1) if name == RUN_AGENT_TURN else ()
+        failed = host_app.tasks[name].apply(args=args)
+        assert isinstance(failed.result, RouterDisabledError), failed.result
+        assert str(failed.result) == line.getMessage().split(" action=")[0]
+    # Given settings, a later install turns it on.
+    install(host_app, celery_settings)
+    assert hosting.disabled_reason(host_app) is None
+    assert _queue_of(host_app, RUN_AGENT_TURN) == celery_settings.queue
 
 
 @pytest.fixture(scope="session")

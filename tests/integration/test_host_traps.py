@@ -6,7 +6,9 @@
   the task, never to the router's queue;
 - a host worker configured without AGENT_ROUTER_BROKER_URL publishes what its turns start
   through the host app's broker, not an in-process ``memory://`` one;
-- a host worker with no AGENT_ROUTER_* configuration at all stays quiet and writes nothing.
+- a host worker with no AGENT_ROUTER_* configuration at all stays quiet and writes nothing;
+- a host whose AGENT_ROUTER_DATABASE_URL is invalid (or unset) starts its web process and its
+  worker, serves and runs its own tasks; the router's tasks fail there with one typed line.
 
 No sweeper runs in these workers: a turn published to the wrong place would wait forever (the
 test times out) instead of being rescued a sweep period later.
@@ -19,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,7 @@ from kombu import Queue
 from agent_router import Router, Settings
 from agent_router.agents.llm import directive
 from agent_router.broker import CeleryPublisher, create_app
+from agent_router.constants import RUN_AGENT_TURN
 from agent_router.ops.demo import wait_quiescent, wait_until
 from agent_router.worker import install
 from agent_router.worker.runtime import Runtime
@@ -46,11 +50,11 @@ def _host_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def _start_host_worker(
-    env: dict[str, str], queue: str, log: Path, cwd: Path
+    env: dict[str, str], queue: str, log: Path, cwd: Path, host: str = "tests.support.host_chat"
 ) -> tuple[subprocess.Popen[bytes], str]:
     hostname = f"chat-{uuid.uuid4().hex[:8]}@localhost"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tests.support.host_chat", "worker",
+        [sys.executable, "-m", "celery", "-A", host, "worker",
          "--pool=threads", "--concurrency=4", "--loglevel=INFO", f"--hostname={hostname}",
          f"--queues={queue}"],
         env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -182,6 +186,77 @@ def test_a_host_worker_without_router_settings_stays_quiet_and_writes_nothing(
         _stop(proc)
         ping.close()
     text = log.read_text()
-    assert "agent-router sweeper off: AGENT_ROUTER_DATABASE_URL is not set" in text
+    # One line says why the router is off here and what the variable accepts.
+    assert text.count("agent-router is off in this process") == 1
+    assert "AGENT_ROUTER_DATABASE_URL is not set; accepted: SQLAlchemy URL" in text
     assert "sweep failed" not in text and "no such table" not in text
+    assert list(workdir.iterdir()) == []  # no agent_router.db, nothing else
+
+
+#: The host's web process: its WSGI app served on a free port, the port printed first.
+WEB = (
+    "from wsgiref.simple_server import make_server; "
+    "from tests.support.host_web import application; "
+    "server = make_server('127.0.0.1', 0, application); "
+    "print(server.server_port, flush=True); server.serve_forever()"
+)
+
+
+@pytest.mark.parametrize(
+    ("database_url", "said"),
+    [
+        pytest.param(
+            "mysql://chat:s3cret@db/chat",
+            "AGENT_ROUTER_DATABASE_URL is invalid: database_url must be a sqlite:// or "
+            "postgresql:// URL; accepted: SQLAlchemy URL",
+            id="invalid",
+        ),
+        pytest.param(None, "AGENT_ROUTER_DATABASE_URL is not set; accepted:", id="unset"),
+    ],
+)
+def test_a_host_with_a_bad_database_url_starts_serves_and_runs_its_own_tasks(
+    redis_url: str, chat_queue: str, tmp_path: Path, database_url: str | None, said: str
+) -> None:
+    workdir = tmp_path / "host"
+    workdir.mkdir()
+    extra = {"CHAT_BROKER_URL": redis_url, "CHAT_QUEUE": chat_queue}
+    if database_url is not None:
+        extra["AGENT_ROUTER_DATABASE_URL"] = database_url
+    env = _host_env(extra)
+    log = tmp_path / "host-worker.log"
+    worker, hostname = _start_host_worker(env, chat_queue, log, workdir, "tests.support.host_web")
+    web_log = tmp_path / "web.log"
+    web = subprocess.Popen(
+        [sys.executable, "-c", WEB], env=env, cwd=workdir, stdout=subprocess.PIPE,
+        stderr=web_log.open("w"), text=True,
+    )  # fmt: skip
+    client = Celery(broker=redis_url, set_as_current=False)
+    try:
+        _wait_ready(client, worker, hostname, log)
+        assert web.stdout is not None
+        port = int(web.stdout.readline() or 0)
+        assert port, web_log.read_text()
+        # The web process serves, and its request runs the host's task on the host's worker.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/shout?text=hello", timeout=60) as r:
+            assert r.read() == b"HELLO"
+        # The router's task, sent to this worker, fails with the typed line.
+        client.send_task(RUN_AGENT_TURN, args=(1, 1), queue=chat_queue)
+        wait_until(
+            lambda: "RouterDisabledError" in log.read_text(), "the task to fail", timeout=TIMEOUT
+        )
+        assert worker.poll() is None and web.poll() is None
+    finally:
+        _stop(worker)
+        web.terminate()
+        web.wait(timeout=60)
+        client.close()
+    worker_text, web_text = log.read_text(), web_log.read_text()
+    for text in (worker_text, web_text):
+        # Once as the process made the host's app (the worker's failed task repeats it).
+        startup = text.split("RouterDisabledError", 1)[0]
+        assert startup.count("agent-router is off in this process") == 1, text
+        assert said in startup
+        assert "s3cret" not in text and "Traceback" not in startup
+    assert f"RouterDisabledError: agent-router is off in this process: {said}" in worker_text
+    assert "no such table" not in worker_text
     assert list(workdir.iterdir()) == []  # no agent_router.db, nothing else

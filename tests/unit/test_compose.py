@@ -80,7 +80,7 @@ def test_one_image_built_from_the_dockerfile() -> None:
     for name, service in mine.items():
         assert service["build"] == {"context": "..", "dockerfile": "compose/Dockerfile"}, name
     dockerfile = DOCKERFILE.read_text()
-    assert 'pip install ".[flower]"' in dockerfile
+    assert 'pip install ".[cli,flower]"' in dockerfile
     assert "COPY src ./src" in dockerfile
 
 

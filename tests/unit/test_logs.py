@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 from celery.utils.log import ColorFormatter
 
+from agent_router import logfields
 from agent_router.ops import logs
 
 
@@ -77,3 +78,21 @@ def test_cli_prints_one_line_per_record(
     assert handler.stream.getvalue().splitlines() == [
         "agent-router: error: outbox publish failed action=publish (ConnectionError: broker gone)"
     ]
+
+
+def test_a_router_logger_renders_its_fields_for_any_handler() -> None:
+    logger = logfields.get_logger("agent_router.test_logs.router")
+    handler = logging.StreamHandler(io.StringIO())
+    handler.setFormatter(logging.Formatter("%(message)s"))  # a host's handler, no filter
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        route(logger)
+        route(logger)
+    finally:
+        logger.removeHandler(handler)
+    line = (
+        "route team_id=3 agent_id=7 action=route outcome=queued message_id=41 "
+        'sender="UI Operator_1"'
+    )
+    assert handler.stream.getvalue().splitlines() == [line, line]

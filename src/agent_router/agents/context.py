@@ -25,7 +25,6 @@ transcript keeps every text whole.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -34,9 +33,10 @@ from typing import Any
 from agent_router import formats
 from agent_router.domain import MessageSubtype, MessageType
 from agent_router.errors import ContextLengthExceededError
+from agent_router.logfields import get_logger
 from agent_router.store.transcripts import entry_bytes
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Counts the tokens of one text.
 TokenCounter = Callable[[str], int]

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import logging
 import re
 import threading
 from collections.abc import Callable
@@ -54,8 +53,9 @@ from agent_router.agents.tools import (
     fail,
 )
 from agent_router.errors import ConfigurationError
+from agent_router.logfields import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

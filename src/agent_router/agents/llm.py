@@ -9,7 +9,6 @@ process, or is retried, behaves the same. That is what the demo and the tests dr
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -21,8 +20,9 @@ from agent_router import formats
 from agent_router.agents.context import count_tokens
 from agent_router.agents.usage import Completion, ReportsUsage, Usage
 from agent_router.domain import Agent, MessageType
+from agent_router.logfields import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The built-in work tool the scripted sub-agents call (registered in
 #: :mod:`agent_router.agents.tools`).

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -76,10 +75,11 @@ from agent_router.domain import (
     TurnStatus,
 )
 from agent_router.formats import report_parts
+from agent_router.logfields import get_logger
 from agent_router.router import Router
 from agent_router.turn import Turn
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 T = TypeVar("T")
 

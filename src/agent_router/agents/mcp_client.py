@@ -18,7 +18,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import hashlib
-import logging
 import os
 import re
 import sys
@@ -35,9 +34,10 @@ from mcp.shared.exceptions import MCPError
 
 from agent_router.agents.tool_config import NAMESPACE_SEPARATOR, McpServerSpec
 from agent_router.agents.tools import fail
+from agent_router.logfields import get_logger
 from agent_router.validation import tool_output
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -29,7 +29,6 @@ mapping functions are pure and need no SDK.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import threading
 import uuid
@@ -55,13 +54,14 @@ from agent_router.errors import (
     MalformedModelResponseError,
     ModelError,
 )
+from agent_router.logfields import get_logger
 from agent_router.settings import Settings
 from agent_router.validation import scrub, unique_call_ids
 
 if TYPE_CHECKING:
     import openai
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 INSTALL_HINT = "pip install 'agent-router[openai]'"
 

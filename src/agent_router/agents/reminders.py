@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import json
-import logging
 import re
 from collections.abc import Collection
 from typing import Any
@@ -30,10 +29,11 @@ from agent_router import errors, formats
 from agent_router import validation as check
 from agent_router.agents import lookup
 from agent_router.domain import Agent, MessageType, Question
+from agent_router.logfields import get_logger
 from agent_router.router import Router
 from agent_router.turn import Turn
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class Nudge(enum.StrEnum):

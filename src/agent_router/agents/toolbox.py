@@ -22,7 +22,6 @@ fenced with the tool's and the server's names.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -51,12 +50,13 @@ from agent_router.agents.tools import (
 )
 from agent_router.domain import LEAD_ROLE, Agent
 from agent_router.errors import ConfigurationError
+from agent_router.logfields import get_logger
 from agent_router.settings import Settings
 
 if TYPE_CHECKING:
     from agent_router.agents.mcp_client import McpHub
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Decides an agent's own declaration (``None``: its role's).
 DeclareTools = Callable[[Agent], ToolDeclaration | None]

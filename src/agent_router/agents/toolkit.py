@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import json
-import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -30,6 +29,7 @@ from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
     Agent,
 )
+from agent_router.logfields import get_logger
 from agent_router.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from agent_router.turn import Turn
 
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class Audience(enum.StrEnum):

@@ -16,7 +16,6 @@ note) into the transcript, so they return :data:`RESULT_RECORDED`, or raise
 from __future__ import annotations
 
 import json
-import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ from agent_router.domain import (
     Question,
     WaitOutcome,
 )
+from agent_router.logfields import get_logger
 
 if TYPE_CHECKING:
     pass
@@ -52,7 +52,7 @@ from agent_router.agents.toolkit import (
     refusal_reason,
 )
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def _text(arguments: dict[str, Any], name: str) -> str:

@@ -16,59 +16,18 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from agent_router import logfields
+
 LogFormat = Literal["text", "json"]
-
-#: Attributes every LogRecord has; anything else on a record came from ``extra=``.
-_STANDARD = frozenset(
-    {*logging.LogRecord("", 0, "", 0, "", None, None).__dict__}
-    | {"message", "asctime", "taskName", "_ar_context"}
-)
-#: Celery adds these to task log records; they are in its own format already.
-_CELERY = frozenset({"data", "task_name", "task_id"})
-#: Fields shown first, in this order; the rest follow alphabetically.
-_ORDER = (
-    "team_id",
-    "agent",
-    "agent_id",
-    "celery_task_id",
-    "action",
-    "outcome",
-    "message_id",
-    "turn_id",
-    "question_id",
-    "epoch",
-)
-
-
-def context_fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The ``extra=`` fields of a record that are set (not ``None``), the known ones first."""
-    fields = {
-        k: v
-        for k, v in record.__dict__.items()
-        if k not in _STANDARD and k not in _CELERY and not k.startswith("_") and v is not None
-    }
-    ordered = {k: fields.pop(k) for k in _ORDER if k in fields}
-    return ordered | dict(sorted(fields.items()))
-
-
-def _text(value: Any) -> str:
-    text = str(value)
-    return json.dumps(text) if not text or any(c.isspace() for c in text) else text
 
 
 class ContextFilter(logging.Filter):
     """Appends a record's ``extra=`` fields to its message as ``key=value`` pairs (once, however
-    many handlers the record passes)."""
+    many handlers the record passes): for records of loggers that did not render them already
+    (the router's own loggers do, :func:`agent_router.logfields.get_logger`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, "_ar_context", False):
-            return True
-        fields = context_fields(record)
-        if fields:
-            pairs = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
-            record.msg = f"{record.getMessage()} {pairs}"
-            record.args = None
-        record._ar_context = True
+        logfields.render(record)
         return True
 
 
@@ -81,8 +40,8 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
-            **context_fields(record),
+            "message": getattr(record, "ar_message", None) or record.getMessage(),
+            **logfields.context_fields(record),
         }
         task_id = getattr(record, "task_id", None)
         if task_id:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -17,8 +16,9 @@ import psycopg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from agent_router import errors
+from agent_router.logfields import get_logger
 
-logger = logging.getLogger("agent_router.store")
+logger = get_logger("agent_router.store")
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -12,7 +12,6 @@ keeps its state: the first upgrade moves the router's revision out of ``alembic_
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.pool import NullPool
 
+from agent_router.logfields import get_logger
 from agent_router.store import functions
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -38,7 +38,7 @@ DEFAULT_VERSION_TABLE = "alembic_version"
 #: Every table of the router starts with this (its version table is :data:`VERSION_TABLE`).
 TABLE_PREFIX = "ar_"
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def alembic_config(database_url: str) -> Config:

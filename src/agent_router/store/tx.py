@@ -17,10 +17,11 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from agent_router import errors, limits
 from agent_router.domain import LedgerAction, OutboxEntry, OutboxKind, RouteOutcome
+from agent_router.logfields import get_logger
 from agent_router.settings import Settings
 from agent_router.store.models import AgentRow, LedgerRow, OutboxRow, utcnow
 
-logger = logging.getLogger("agent_router.store")
+logger = get_logger("agent_router.store")
 
 _LEDGER_BUFFER = "agent_router.ledger"
 

@@ -24,17 +24,19 @@ the worker's turns run on.
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import threading
 from typing import Any
 
 from celery import Celery, bootsteps
+from pydantic import ValidationError
 
+from agent_router.logfields import get_logger
 from agent_router.settings import Settings
+from agent_router.worker import hosting
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class WorkerSweeper(bootsteps.StartStopStep):
@@ -48,7 +50,18 @@ class WorkerSweeper(bootsteps.StartStopStep):
     label = "agent-router sweeper"
 
     def create(self, parent: Any) -> Any:
-        settings = Settings()
+        if hosting.disabled_reason(parent.app) is not None:
+            return None  # install() said why, once, when the host's app was made
+        try:
+            settings = Settings()
+        except ValidationError as exc:
+            # The worker runs on: the host's tasks need no router.
+            logger.warning(
+                "agent-router sweeper off: %s",
+                hosting.invalid_setting(exc),
+                extra={"action": "sweep"},
+            )
+            return None
         if not settings.worker_sweeper:
             return None
         if "database_url" not in settings.model_fields_set:

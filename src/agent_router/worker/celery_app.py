@@ -12,15 +12,17 @@ tasks, so nothing app-wide changes; ``install`` only adds what the host's app la
 from __future__ import annotations
 
 import importlib
-import logging
 from typing import Any
 
 from celery import Celery
 
 from agent_router.broker import beat_schedule, create_app, routes
+from agent_router.errors import RouterDisabledError
+from agent_router.logfields import get_logger
 from agent_router.settings import Settings
+from agent_router.worker import hosting
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def install(app: Celery, settings: Settings | None = None) -> Celery:
@@ -31,12 +33,28 @@ def install(app: Celery, settings: Settings | None = None) -> Celery:
     entry is added to the host's schedule unless one of that name is there, the router's tasks
     are registered, and each worker of the app runs the sweeper on a timer. App-wide defaults
     (acks, results, serializers, prefetch, transport options) are left as the host set them.
-    Idempotent; returns ``app``."""
-    settings = settings or Settings()
+
+    Given no ``settings``, it reads ``AGENT_ROUTER_*`` variables (:func:`hosting.host_settings`):
+    when one is invalid, or ``AGENT_ROUTER_DATABASE_URL`` is not set, the router is off in this
+    process, logged once as one WARNING line naming the variable and what it accepts, and nothing
+    of the host's app changes but the registered tasks, which then raise
+    :class:`~agent_router.errors.RouterDisabledError`. The host's app, web process and other
+    tasks start and run as before. Idempotent; returns ``app``."""
     # Importing the tasks registers them (shared tasks) with every app, this one included.
     importlib.import_module("agent_router.tasks")
     from agent_router.worker import bootstep
 
+    bootstep.install(app)
+    if settings is None:
+        try:
+            settings = hosting.host_settings()
+        except RouterDisabledError as exc:
+            if hosting.disabled_reason(app) != str(exc):
+                logger.warning("%s", exc, extra={"action": "install"})
+            app.conf[hosting.DISABLED_KEY] = str(exc)
+            return app
+    if hosting.disabled_reason(app) is not None:
+        app.conf[hosting.DISABLED_KEY] = None
     ours = routes(settings)
     current = app.conf.task_routes
     if current is None or current == {}:
@@ -52,7 +70,6 @@ def install(app: Celery, settings: Settings | None = None) -> Celery:
     for name, entry in beat_schedule(settings).items():
         schedule.setdefault(name, entry)
     app.conf.beat_schedule = schedule
-    bootstep.install(app)
     return app
 
 

@@ -3,15 +3,15 @@ what every standalone worker runs (:mod:`agent_router.worker.bootstep`)."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
 
+from agent_router.logfields import get_logger
 from agent_router.router import Router
 from agent_router.sweeper import SweepReport
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class SweeperThread:

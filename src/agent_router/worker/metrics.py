@@ -10,7 +10,6 @@ process serves them: ``agent-router metrics`` (or a worker with ``metrics_cluste
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from agent_router.domain import (
     WaitOutcome,
 )
 from agent_router.hooks import RouterHooks
+from agent_router.logfields import get_logger
 from agent_router.store.quarantine import QUARANTINE_AFTER
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from agent_router.sweeper import SweepReport
     from agent_router.turn import Turn
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Turns last from seconds (a scripted reply) to an hour (``max_turn_seconds``).
 TURN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)

@@ -27,7 +27,7 @@ from agent_router.broker import CeleryPublisher, create_app
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.router import Router
 from agent_router.settings import Settings
-from agent_router.worker import metrics
+from agent_router.worker import hosting, metrics
 from agent_router.worker.task_events import TaskEventHooks
 
 #: Runs one claimed turn to its end (the built-in loop, or a host's own loop over the turn API);
@@ -110,6 +110,7 @@ def current(app: Celery | None = None) -> Runtime:
     with _Slot.lock:
         if _Slot.runtime is None:
             app = app or _running_task_app()
+            hosting.require_enabled(app)  # install() left the router off in this host process
             settings = Settings()
             if settings.runtime_factory:
                 _Slot.runtime = _from_factory(settings.runtime_factory, settings, app)

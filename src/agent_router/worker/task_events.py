@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from agent_router.hooks import RouterHooks, route_fields
+from agent_router.logfields import get_logger
 
 if TYPE_CHECKING:
     from celery import Task
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from agent_router.errors import AgentRouterError
     from agent_router.turn import Turn
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The event type of progress reports: the running task stays ``STARTED`` in monitors.
 PROGRESS_EVENT = "task-started"

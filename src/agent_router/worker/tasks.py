@@ -14,7 +14,6 @@ defaults of the app that runs them:
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 from celery import Task, shared_task
@@ -22,10 +21,11 @@ from celery import Task, shared_task
 from agent_router import errors
 from agent_router.broker import CeleryPublisher, job_result_text, send_turn
 from agent_router.constants import BACKGROUND_DONE, RUN_AGENT_TURN, SWEEP
+from agent_router.logfields import get_logger
 from agent_router.sweeper import sweep as sweep_once
-from agent_router.worker import runtime, task_events
+from agent_router.worker import hosting, runtime, task_events
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The options every task of the router carries (see the module's docstring).
 RELIABLE: dict[str, Any] = {
@@ -51,6 +51,7 @@ def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
             "malformed turn task", extra={"action": "claim", "agent_id": agent_id, "epoch": epoch}
         )
         return "malformed"
+    hosting.require_enabled(self.app)
     rt = runtime.current(self.app)
     # Routing and state changes of this turn become task events (Flower shows its progress).
     with task_events.reporting(self):
@@ -94,6 +95,7 @@ def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epo
 def sweep(self: Task[Any, Any]) -> dict[str, int]:
     """One sweeper pass (beat runs it every ``Settings.sweep_seconds``). A database error fails
     this pass only; the next tick tries again, and every step is idempotent."""
+    hosting.require_enabled(self.app)
     report = sweep_once(runtime.current(self.app).router)
     return dataclasses.asdict(report)
 
@@ -107,6 +109,7 @@ def background_done(
     As ``link`` it gets the job's return value; as ``link_error`` (``failed=True``) Celery
     passes the job's task id, and the error is read from the result backend. Idempotent: the
     poller may report the same job; the second report changes nothing."""
+    hosting.require_enabled(self.app)
     rt = runtime.current(self.app)
     if failed:
         publisher = CeleryPublisher(self.app)
