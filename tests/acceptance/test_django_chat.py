@@ -218,6 +218,12 @@ def test_a_chat_message_reaches_the_hosts_lead_and_its_reply_the_chat_table(
         ]
         assert sub_texts and not any(t.startswith("(chat)") for t in sub_texts)
         _wait(lambda: _at_rest(router, team), "the team to come to rest")
+        # Every model call of the host's loop was counted: one per reply of the lead's, with the
+        # tokens its client reported.
+        replies = [e for e in router.transcript(team, "Team Leader") if e["role"] == "assistant"]
+        used = router.store.reads.usage_by_agent(team)[lead.id]
+        assert used.model_calls == len(replies) >= 2
+        assert used.completion_tokens == 10 * len(replies) and used.prompt_tokens > 0
         assert check_team(router, team, quiescent=True).violations == []
     finally:
         router.close()

@@ -28,3 +28,5 @@ DATABASES = {
 CELERY_BROKER_URL = os.environ.get("AGENT_ROUTER_BROKER_URL", "redis://127.0.0.1:6379/0")
 #: The host's own queue: its tasks, the lead's turns included.
 CHAT_QUEUE = os.environ.get("CHAT_QUEUE", "chat")
+#: The lead's model, as the chat's model client names it.
+CHAT_MODEL = os.environ.get("CHAT_MODEL", "gpt-4o")
