@@ -159,7 +159,7 @@ def has_stepped(router: Router, agent_id: int, turn_id: int, *, after: int = -1)
 
 def setup_team(router: Router, roles: RoleCatalogue | None = None) -> DemoTeam:
     """A new team; its lead (with the catalogue's lead prompt) will create the sub-agents."""
-    lead = (roles or RoleCatalogue.default()).lead
+    lead = (roles or RoleCatalogue.demo()).lead
     return DemoTeam(
         team=router.create_team(lead_system_prompt=lead.system_prompt if lead else None)
     )
