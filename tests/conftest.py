@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from agent_router import Router, Settings
+from agent_router.agents.roles import DEMO_ROLES, ROLES_FILE_ENV
 from agent_router.ops.chaos_processes import PrivatePgBouncer, private_pgbouncer
 from agent_router.outbox import RecordingPublisher
 
@@ -22,6 +23,13 @@ PG_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("AGENT_ROUTER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("AGENT_ROUTER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 BACKENDS = ("sqlite", "postgresql")
+
+# The suite's teams are the demo's software team (UI Operator, Full-Stack Engineer): every
+# registry built without a catalogue, and every process the tests start that keeps the
+# environment, staffs from the demo's roles (AGENT_ROUTER_ROLES_FILE=demo). Tests of the shipped
+# default catalogue name it (``RoleCatalogue.default()``) or clear the variable; the chat hosts'
+# tests drop every AGENT_ROUTER_* variable and get the default.
+os.environ.setdefault(ROLES_FILE_ENV, DEMO_ROLES)
 #: Both databases, and PostgreSQL through a PgBouncer in transaction pooling (fewer server
 #: connections than the test's threads): a test, or a module's ``pytestmark``, that must hold
 #: behind a pooler too.

@@ -100,6 +100,14 @@ class ContentTooLargeError(InvalidMessageError):
     """Raised when message content exceeds the configured limit."""
 
 
+class UnknownRoleError(RefusedError):
+    """Raised when a role is not in the roles catalogue; ``roles`` are the ones it has."""
+
+    def __init__(self, message: str | None = None, *, roles: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.roles = list(roles or [])  # the catalogue's sub-agent roles
+
+
 class DedupConflictError(RefusedError):
     """Raised when a dedup key already named a different message to the same agent (other
     content, sender or type): a retry must resend exactly what it sent."""

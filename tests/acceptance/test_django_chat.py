@@ -35,7 +35,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_chat"
 BIN = Path(sys.executable).parent
 TIMEOUT = 90.0
 LEAD_RUNNER_TASK = "chat.lead_turn"
-CREATE_UI_OPERATOR = '@create_sub_agent {"role": "UI Operator", "task": "Build the login page."}'
+#: The default catalogue's roles: the example ships no roles file.
+CREATE_RESEARCHER = '@create_sub_agent {"role": "Researcher", "task": "Compare the top 3 CRMs."}'
 
 
 @dataclass
@@ -192,17 +193,17 @@ def test_a_chat_message_reaches_the_hosts_lead_and_its_reply_the_chat_table(
     host: ChatHost, host_worker: subprocess.Popen[bytes]
 ) -> None:
     room = host.post("/rooms/")
-    host.post(f"/rooms/{room['room']}/", text=f"Please build the login page.\n{CREATE_UI_OPERATOR}")
+    host.post(f"/rooms/{room['room']}/", text=f"Please compare CRMs for us.\n{CREATE_RESEARCHER}")
     _wait(lambda: len(host.lead_replies(room["room"])) >= 2, "the lead's two replies")
     staffed, reported = host.lead_replies(room["room"])[:2]
     assert staffed == "(chat) Done: 1 tool call(s), 0 refused."
     # The sub-agent's completion report (with its progress output, if it came first) woke the
     # lead: the host's task wrote the reply.
-    assert re.fullmatch(r"\(chat\) Noted [12] update\(s\) from UI Operator_1\.", reported)
+    assert re.fullmatch(r"\(chat\) Noted [12] update\(s\) from Researcher_1\.", reported)
     router = _router(host)
     try:
         team = room["team"]
-        lead, sub = (router.agent(team, n) for n in ("Team Leader", "UI Operator_1"))
+        lead, sub = (router.agent(team, n) for n in ("Team Leader", "Researcher_1"))
         assert lead.runner == f"{LEAD_RUNNER_TASK}@{host.env['CHAT_QUEUE']}"
         assert sub.runner is None
         lead_texts = [
@@ -213,11 +214,17 @@ def test_a_chat_message_reaches_the_hosts_lead_and_its_reply_the_chat_table(
         assert lead_texts and all(t.startswith("(chat) ") for t in lead_texts)
         sub_texts = [
             e["content"]
-            for e in router.transcript(team, "UI Operator_1")
+            for e in router.transcript(team, "Researcher_1")
             if e["role"] == "assistant" and e.get("content")
         ]
         assert sub_texts and not any(t.startswith("(chat)") for t in sub_texts)
         _wait(lambda: _at_rest(router, team), "the team to come to rest")
+        # Every model call of the host's loop was counted: one per reply of the lead's, with the
+        # tokens its client reported.
+        replies = [e for e in router.transcript(team, "Team Leader") if e["role"] == "assistant"]
+        used = router.store.reads.usage_by_agent(team)[lead.id]
+        assert used.model_calls == len(replies) >= 2
+        assert used.completion_tokens == 10 * len(replies) and used.prompt_tokens > 0
         assert check_team(router, team, quiescent=True).violations == []
     finally:
         router.close()

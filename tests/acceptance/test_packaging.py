@@ -41,6 +41,7 @@ def test_wheel_holds_the_package_data_and_the_console_script(wheel: Path) -> Non
     for path in (
         "agent_router/py.typed",
         "agent_router/agents/roles.toml",
+        "agent_router/agents/demo_roles.toml",
         "agent_router/store/migrations/env.py",
         "agent_router/store/migrations/script.py.mako",
         "agent_router/store/migrations/versions/0001_initial_schema.py",

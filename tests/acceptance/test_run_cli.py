@@ -51,11 +51,13 @@ def scripted_llm(request: RecordedRequest) -> Reply:
 
 
 _OURS = ("AGENT_ROUTER_", "OPENAI_")
+#: The runs staff the demo's software team (the lead creates a Full-Stack Engineer).
+DEMO_TEAM = {"AGENT_ROUTER_ROLES_FILE": "demo"}
 
 
 def run_cli(server: ChatServer, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
-    env.update(OPENAI_API_KEY="sk-test", AGENT_ROUTER_WORK_SECONDS="0")
+    env.update(OPENAI_API_KEY="sk-test", AGENT_ROUTER_WORK_SECONDS="0", **DEMO_TEAM)
     return subprocess.run(
         [CLI, "run", TASK, "--model", "test-model", "--base-url", server.base_url, *args],
         check=False,
@@ -121,7 +123,7 @@ def test_run_stops_at_its_budget_and_an_operator_raises_it(tmp_path: Path) -> No
     with ChatServer(responder=scripted_llm) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
         env.update(OPENAI_API_KEY="sk-test", AGENT_ROUTER_WORK_SECONDS="0",
-                   AGENT_ROUTER_BUDGET_MODEL_CALLS="3")  # fmt: skip
+                   AGENT_ROUTER_BUDGET_MODEL_CALLS="3", **DEMO_TEAM)  # fmt: skip
         proc = subprocess.run(
             [CLI, "run", TASK, "--model", "test-model", "--base-url", server.base_url,
              "--json", "--database-url", url],
@@ -199,7 +201,7 @@ def engineer(view: View) -> Reply:
 
 def run_sloppy_cli(server: ChatServer, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
-    env.update(OPENAI_API_KEY="sk-test", NO_PROXY="127.0.0.1")
+    env.update(OPENAI_API_KEY="sk-test", NO_PROXY="127.0.0.1", **DEMO_TEAM)
     return subprocess.run(
         [CLI, "run", "Add a password reset.", "--model", "sloppy", "--base-url",
          server.base_url, *args],

@@ -44,7 +44,7 @@ TASK = "What time is it in Tokyo?\n" + directive(
 
 
 def roles_file(tmp_path: Path) -> Path:
-    shipped = resources.files("agent_router.agents").joinpath("roles.toml").read_text("utf-8")
+    shipped = resources.files("agent_router.agents").joinpath("demo_roles.toml").read_text("utf-8")
     path = tmp_path / "roles.toml"
     path.write_text(shipped + CLOCK_ROLE, encoding="utf-8")
     return path
@@ -137,7 +137,7 @@ mcp_servers = ["gone"]
 
 def test_run_refuses_to_start_when_a_declared_server_cannot_be_listed(tmp_path: Path) -> None:
     roles = tmp_path / "roles.toml"
-    shipped = resources.files("agent_router.agents").joinpath("roles.toml").read_text("utf-8")
+    shipped = resources.files("agent_router.agents").joinpath("demo_roles.toml").read_text("utf-8")
     roles.write_text(shipped + GONE_ROLE, encoding="utf-8")
     with ChatServer(responder=scripted_llm) as server:
         refused = run_cli("Say hello.", "--roles", str(roles), server=server)

@@ -24,6 +24,7 @@ from kombu import Queue
 
 from agent_router import Router, Settings
 from agent_router.agents.llm import SCRIPTED_MODEL
+from agent_router.agents.roles import ROLES_FILE_ENV
 from agent_router.broker import create_app
 from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.outbox import RecordingPublisher
@@ -109,6 +110,8 @@ def _worker_env(settings: Settings, *, sweeper: bool = False) -> dict[str, str]:
         AGENT_ROUTER_QUEUE=settings.queue,
         AGENT_ROUTER_WORK_SECONDS=str(settings.work_seconds),
         AGENT_ROUTER_SCRIPTED_WRITE_SECONDS=str(settings.scripted_write_seconds),
+        # The demo's team, as the tests' own processes staff it (tests/conftest.py).
+        AGENT_ROUTER_ROLES_FILE=os.environ[ROLES_FILE_ENV],
     )
     if settings.openai_model:
         env["AGENT_ROUTER_OPENAI_MODEL"] = settings.openai_model

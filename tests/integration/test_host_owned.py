@@ -2,9 +2,10 @@
 agent whose runner is a host's task publishes that task by name, and the built-in loop never
 runs such a turn.
 
-The host's task is registered on the test's own Celery app (as a host would); the lead's replies
-it writes are marked ``(host)``, so a lead reply without the mark would have come from the
-built-in loop."""
+The host's task is registered on the test's own Celery app (as a host would) and calls its lead's
+model as the docs show, ``turn.complete`` with the OpenAI SDK, here against a scripted server
+whose replies are marked ``(host)``: a lead reply without the mark would have come from the
+built-in loop. Every model call of the host's loop is counted against the team's budgets."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
@@ -28,34 +30,35 @@ from agent_router import (
     TurnTrigger,
 )
 from agent_router.agents import hosted
-from agent_router.agents.llm import ScriptedModel, directive
+from agent_router.agents.llm import directive
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tools import ToolContext, default_registry
 from agent_router.constants import RUN_AGENT_TURN
+from agent_router.domain import BudgetName
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent, wait_until
 from agent_router.worker import install, runtime
 from agent_router.worker.runtime import Runtime
+from tests.support.chat_server import ChatServer, completion, scripted_lead, tool_call, usage
 
 TIMEOUT = 60.0
+#: What each of the host's model calls uses, as its server reports it.
+TOKENS = (100, 10)
 
 
-class HostLead:
-    """The host's own model for its lead: the scripted lead, replies marked ``(host)``."""
-
-    def __init__(self) -> None:
-        self.scripted = ScriptedModel(script=None, name="Team Leader")
-
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
-        reply = self.scripted.complete(messages, tools)
-        if reply.get("content"):
-            reply["content"] = f"(host) {reply['content']}"
-        return reply
+@pytest.fixture
+def lead_server() -> Iterator[ChatServer]:
+    """The host's model server: the scripted lead, replies marked ``(host)``."""
+    with ChatServer(scripted_lead("(host)", tokens=TOKENS)) as server:
+        yield server
 
 
 @pytest.fixture
 def host_worker(
-    celery_settings: Settings, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    celery_settings: Settings,
+    redis_url: str,
+    lead_server: ChatServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[tuple[Runtime, str]]:
     """A host app with its own task for lead turns, wired with ``install``; one worker consumes
     the host's queue and the router's. Returns the runtime and the lead runner."""
@@ -66,26 +69,30 @@ def host_worker(
     # A blocked wait suspends quickly, so that the lead's continuation turns are exercised.
     settings = celery_settings.model_copy(update={"ask_block_seconds": 0.2})
 
+    client = openai.OpenAI(base_url=lead_server.base_url, api_key="test", max_retries=0)
+
     @app.task(name=task_name, acks_late=True, reject_on_worker_lost=True)
     def lead_turn(agent_id: int, epoch: int) -> str:
         with hosted.claim(agent_id, epoch) as turn:
             if turn is None:
                 return "refused"
-            model = HostLead()
-            while turn.step(model.complete(turn.messages(), turn.tools)) is None:
+            while turn.step(turn.complete(client, model="host-lead")) is None:
                 pass
         return str(turn.outcome)
 
     install(app, settings)
     rt = runtime.configure(settings, app=app)
     try:
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=8,
-            perform_ping_check=False,
-            shutdown_timeout=60.0,
-            queues=[host_queue, celery_settings.queue],
+        with (
+            client,
+            start_worker(
+                app,
+                pool="threads",
+                concurrency=8,
+                perform_ping_check=False,
+                shutdown_timeout=60.0,
+                queues=[host_queue, celery_settings.queue],
+            ),
         ):
             yield rt, f"{task_name}@{host_queue}"
     finally:
@@ -136,6 +143,39 @@ def test_sends_follow_ups_and_continuations_of_a_host_owned_lead_run_the_hosts_t
     asks = [e for e in router.ledger(team) if e.action is LedgerAction.QUESTION_RESOLVED]
     assert asks
     assert len(_claims(router, team, "Team Leader")) >= 2  # the send, then the report's turn
+    assert check_team(router, team, quiescent=True).violations == []
+
+
+def test_a_host_owned_lead_stops_at_its_model_call_budget_on_the_worker(
+    host_worker: tuple[Runtime, str], lead_server: ChatServer
+) -> None:
+    rt, runner = host_worker
+    router = rt.router
+    ids = iter(range(1, 100))
+    # A lead that never stops calling tools: only the budget ends its turn.
+    lead_server.responder = lambda _request: completion(
+        None, [tool_call(f"call_{next(ids)}", "list_sub_agents", {})], usage=usage(*TOKENS)
+    )
+    team = router.create_team(lead_runner=runner, budget={BudgetName.MODEL_CALLS: 3}).id
+    router.send(team, to="Team Leader", content="Keep an eye on the team.")
+    wait_until(
+        lambda: any(e.action is LedgerAction.STOPPED for e in router.ledger(team)),
+        "the lead's turn to stop at the budget",
+        timeout=TIMEOUT,
+    )
+    wait_quiescent(router, team, timeout=TIMEOUT)
+    assert len(lead_server.requests) == 3  # the fourth call was refused before it was sent
+    lead = router.agent(team, "Team Leader")
+    assert lead.state is AgentState.IDLE
+    used = router.store.reads.usage_by_agent(team)[lead.id]
+    assert (used.model_calls, used.prompt_tokens, used.completion_tokens) == (
+        3,
+        3 * TOKENS[0],
+        3 * TOKENS[1],
+    )
+    budget = router.store.budget(team)
+    assert (budget.exhausted, budget.used[BudgetName.MODEL_CALLS]) == (BudgetName.MODEL_CALLS, 3)
+    assert _claims(router, team, "Team Leader") == [TurnTrigger.NEW]
     assert check_team(router, team, quiescent=True).violations == []
 
 

@@ -137,7 +137,7 @@ def test_a_runner_without_a_queue_and_a_host_worker_without_a_broker_setting_run
         # host turn staffs a sub-agent (published by the host worker), which runs on the
         # router's worker and reports; that report's follow-up is published by the router's
         # worker, and runs on the host's worker again.
-        create = directive("create_sub_agent", role="Full-Stack Engineer", task="Build it.")
+        create = directive("create_sub_agent", role="Researcher", task="Find it out.")
         sent = subprocess.run(
             [CLI, "send", str(team), "Team Leader", f"Build the login page.\n{create}"],
             env=_host_env({
@@ -150,14 +150,14 @@ def test_a_runner_without_a_queue_and_a_host_worker_without_a_broker_setting_run
         assert sent.returncode == 0, sent.stderr
         assert "triggered_new_turn" in sent.stdout
         wait_until(
-            lambda: any("from Full-Stack Engineer_1" in t for t in _lead_texts(web, team)),
+            lambda: any("from Researcher_1" in t for t in _lead_texts(web, team)),
             "the sub-agent's report to reach the host's lead",
             timeout=TIMEOUT,
         )
         wait_quiescent(web, team, timeout=TIMEOUT)
         texts = _lead_texts(web, team)
         assert len(texts) >= 2 and all(t.startswith("(host) ") for t in texts)
-        assert web.agent(team, "Full-Stack Engineer_1").runner is None  # the built-in loop
+        assert web.agent(team, "Researcher_1").runner is None  # the built-in loop
     finally:
         _stop(proc)
         web.close()

@@ -141,7 +141,7 @@ def test_ping_pong_stops_at_its_budget_across_two_workers(
     two_workers: tuple[Router, PingPong, list[Path]],
 ) -> None:
     router, model, logs = two_workers
-    lead_prompt = RoleCatalogue.default().lead
+    lead_prompt = RoleCatalogue.demo().lead
     assert lead_prompt is not None
     team = router.create_team(
         lead_system_prompt=lead_prompt.system_prompt, budget={BudgetName.MODEL_CALLS: LIMIT}

@@ -82,7 +82,7 @@ class Team:
         self.model = OpenAIModel(
             router.settings.model_copy(update={"openai_base_url": server.base_url})
         )
-        roles = RoleCatalogue.default()
+        roles = RoleCatalogue.demo()
         assert roles.lead is not None
         self.id = router.create_team(lead_system_prompt=roles.lead.system_prompt).id
         self.tools = team_registry(roles)

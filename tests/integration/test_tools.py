@@ -25,6 +25,7 @@ from agent_router import (
 )
 from agent_router.agents.llm import Model, ScriptedModel
 from agent_router.agents.loop import TurnOutcome, run_turn
+from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tools import Tool, ToolContext, ToolRegistry, default_registry
 from agent_router.domain import Agent
 from agent_router.formats import parse
@@ -210,7 +211,7 @@ def test_lead_tool_failures_are_results(router: Router) -> None:
         for r in (t.json(LEAD, f"{name}-0-{j}") for j, (name, _) in enumerate(lead.batches[0]))
     ]
     assert reasons == [
-        (False, "bad_arguments"),  # the schema's enum of roles
+        (False, "unknown_role"),  # the catalogue's roles are listed in the result
         (False, "bad_arguments"),
         (False, "unknown_agent"),
         (False, "not_a_sub_agent"),
@@ -226,11 +227,44 @@ def test_lead_tool_failures_are_results(router: Router) -> None:
     ]
     assert "nothing to work on" in t.json(LEAD, "wait_sub_agent_output-0-8")["error"]
     unknown_role = t.json(LEAD, "create_sub_agent-0-0")
-    assert unknown_role["problems"] == [
-        "`role`: 'Astronaut' is not one of ['UI Operator', 'Full-Stack Engineer']"
-    ]
+    assert unknown_role["roles"] == ["UI Operator", "Full-Stack Engineer"]
+    assert unknown_role["error"].startswith(
+        "unknown role 'Astronaut'; roles: UI Operator, Full-Stack Engineer"
+    )
     assert t.json(LEAD, "create_sub_agent-0-1")["problems"] == ["`task`: required, missing"]
     assert [a.display_name for a in t.router.agents(t.id)] == [LEAD, UI]
+    t.check()
+
+
+def test_a_chat_lead_staffs_from_the_default_roles_and_reads_which_there_are(
+    router: Router, caplog: pytest.LogCaptureFixture
+) -> None:
+    roles = RoleCatalogue.default()
+    t = Team(router, default_registry(roles))
+    t.models[LEAD] = Calls(
+        [
+            ("create_sub_agent", {"role": "Researcher", "task": "Compare the top 3 CRMs."}),
+            ("create_sub_agent", {"role": "UI Operator", "task": "Build the login page."}),
+            ("create_sub_agent", {"role": LEAD, "task": "Lead."}),
+        ]
+    )
+    t.tell_lead()
+    with caplog.at_level("WARNING", logger="agent_router.agents.tools"):
+        t.run()
+    assert t.json(LEAD, "create_sub_agent-0-0")["display_name"] == "Researcher_1"
+    researcher = roles.get("Researcher")
+    assert researcher is not None
+    assert t.router.transcript(t.id, "Researcher_1")[0]["content"] == researcher.system_prompt
+    for call_id, role in (("create_sub_agent-0-1", "UI Operator"), ("create_sub_agent-0-2", LEAD)):
+        refused = t.json(LEAD, call_id)
+        assert (refused["ok"], refused["reason"]) == (False, "unknown_role")
+        assert refused["roles"] == ["Researcher", "Writer", "Assistant"]
+        assert f"unknown role {role!r}; roles: Researcher, Writer, Assistant" in refused["error"]
+        assert "AGENT_ROUTER_ROLES_FILE" in refused["error"]
+    # The host reads the refusals too, not only the model.
+    logged = [r for r in caplog.records if getattr(r, "action", None) == "unknown_role"]
+    assert [getattr(r, "role", None) for r in logged] == ["UI Operator", LEAD]
+    assert [a.display_name for a in t.router.agents(t.id)] == [LEAD, "Researcher_1"]
     t.check()
 
 

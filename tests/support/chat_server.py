@@ -155,6 +155,25 @@ def message_reply(message: Mapping[str, Any], finish_reason: str = "stop") -> Re
     )
 
 
+def scripted_lead(mark: str, *, tokens: tuple[int, int] = (100, 10)) -> Responder:
+    """A responder that answers as the library's scripted lead on the request's messages and
+    tools (a host's lead model behind a real server), its text marked ``mark``, with
+    ``tokens`` (prompt, completion) as each reply's ``usage``."""
+    from agent_router.agents.llm import ScriptedModel
+
+    def respond(request: RecordedRequest) -> Reply:
+        lead = ScriptedModel(script=None, name="Team Leader")
+        reply = lead.complete(request.body["messages"], request.body.get("tools") or [])
+        content = reply.get("content")
+        return completion(
+            f"{mark} {content}" if content else content,
+            reply.get("tool_calls") or (),
+            usage=usage(*tokens),
+        )
+
+    return respond
+
+
 # ------------------------------------------------------- absurd values a broken model writes
 
 

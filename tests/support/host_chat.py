@@ -1,7 +1,8 @@
 """A chat backend's Celery app, as a host writes it, for ``celery -A tests.support.host_chat
 worker``: its broker from ``CHAT_BROKER_URL`` (not an AGENT_ROUTER_* variable), its own route for
 its tasks (``chat.*`` to ``CHAT_QUEUE``), the router wired in with ``install``, and a task that
-runs the lead's turns through the turn API with the scripted lead, its replies marked ``(host)``.
+runs the lead's turns through the turn API with the scripted lead, its replies marked ``(host)``,
+each of its model calls counted with ``turn.model_call`` (a client other than the OpenAI SDK's).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def lead_turn(agent_id: int, epoch: int) -> str:
         if turn is None:
             return "refused"
         model = HostLead()
-        while turn.step(model.complete(turn.messages(), turn.tools)) is None:
-            pass
+        while True:
+            with turn.model_call(model="host-lead") as call:
+                reply = model.complete(call.messages, call.tools)
+                call.usage(None, reply=reply)  # the scripted lead reports no usage: estimated
+            if turn.step(reply) is not None:
+                break
     return str(turn.outcome)

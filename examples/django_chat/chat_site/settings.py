@@ -32,3 +32,5 @@ CHAT_QUEUE = os.environ.get("CHAT_QUEUE", "chat")
 #: OpenAI-compatible server of the AGENT_ROUTER_OPENAI_* settings, or "scripted", the library's
 #: scripted model, which needs no server.
 CHAT_AGENT_MODEL = os.environ.get("CHAT_AGENT_MODEL", "scripted")
+#: The lead's model, as the chat's model client names it.
+CHAT_MODEL = os.environ.get("CHAT_MODEL", "gpt-4o")

@@ -10,10 +10,22 @@ as its arguments. The task claims it and runs its own loop::
         with hosted.claim(agent_id, epoch) as turn:
             if turn is None:                      # duplicate or stale delivery
                 return "refused"
-            while (text := turn.step(my_model(turn.messages(), turn.tools))) is None:
+            while (text := turn.step(turn.complete(client, model="gpt-4o"))) is None:
                 pass                              # tool calls ran; their results are in
             save_reply(turn.team_id, text)
         return turn.outcome
+
+Every model call of the host's loop is counted as the built-in loop counts its own: charged to
+the team's budgets before it is made and its usage (tokens, model, cost) recorded after it.
+:meth:`HostedTurn.complete` does both around an OpenAI SDK client's
+``chat.completions.create``; :meth:`HostedTurn.model_call` is the same for any other client (a
+block that charges on entry and in which the host records the reply's usage). :meth:`step`
+refuses a reply whose model call was not counted, and a model call left without its usage ends
+the turn as failed (:class:`UncountedModelCallError`): a loop cannot skip the count by
+forgetting it. A spent budget raises :class:`~agent_router.errors.BudgetExhaustedError` from the
+call, which ends the host's loop; the block stops the turn as the built-in loop does (open tool
+calls get ``cancelled`` results, its questions are cancelled, the agent rests) and swallows the
+error: ``outcome`` is ``stopped``.
 
 :func:`claim` returns a :class:`HostedTurn` (or ``None``) and, on leaving the block, does what
 the built-in loop does at the end of a turn: a sub-agent's final text goes to the lead as its
@@ -26,17 +38,93 @@ tool (an ask, ``wait_sub_agent_output``) returns without ending: the answer sche
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent_router import errors
 from agent_router.agents import builder, loop
+from agent_router.agents.context import count_tokens
+from agent_router.agents.openai_model import assistant_message, request_messages
 from agent_router.agents.protocol import quoted_replies
-from agent_router.agents.tools import ToolContext, ToolRegistry, TurnSuspended, team_registry
-from agent_router.domain import Agent, MessageSubtype
+from agent_router.agents.tools import (
+    ToolContext,
+    ToolRegistry,
+    TurnSuspended,
+    team_registry,
+)
+from agent_router.agents.usage import Usage, usage_from_body
+from agent_router.domain import Agent, MessageSubtype, TokenUsage
 from agent_router.router import Router
 from agent_router.turn import Turn
+
+
+class UncountedModelCallError(errors.TurnError):
+    """Raised when a host's loop hands :meth:`HostedTurn.step` a reply whose model call was not
+    counted (made outside :meth:`HostedTurn.model_call` and :meth:`HostedTurn.complete`), or
+    leaves a model call without recording its usage: the turn ends as failed."""
+
+
+class ModelCall:
+    """One model call of a host's loop, counted (:meth:`HostedTurn.model_call`): charged to the
+    team's budgets when it was opened; :meth:`reply` or :meth:`usage` records what it used.
+
+    ``messages`` and ``tools`` are what to send: the transcript with every pending message
+    drained into it (:meth:`HostedTurn.messages`, read after the charge, so a wrap-up notice the
+    charge sent is in it) and the agent's tool schemas."""
+
+    def __init__(self, hosted: HostedTurn, model: str | None) -> None:
+        self._hosted = hosted
+        self.model = model
+        self.messages = hosted.messages()
+        self.tools = hosted.tools
+        #: What the call used, once recorded.
+        self.recorded: TokenUsage | None = None
+
+    def reply(self, response: Any) -> dict[str, Any]:
+        """Record the usage of a Chat Completions ``response`` (an OpenAI SDK
+        ``ChatCompletion`` or its JSON body; estimated from the request and the reply when it
+        carries none) and return its assistant message, for :meth:`HostedTurn.step`."""
+        body = response.model_dump() if hasattr(response, "model_dump") else response
+        message = assistant_message(body)
+        self.usage(usage_from_body(body), reply=message)
+        return message
+
+    def usage(self, usage: Any, *, reply: Mapping[str, Any] | None = None) -> TokenUsage:
+        """Record the tokens this call used: the response's ``usage`` (an OpenAI SDK
+        ``CompletionUsage``, a mapping with ``prompt_tokens`` and ``completion_tokens``, or a
+        :class:`~agent_router.agents.usage.Usage`). ``None`` (a server that sends no usage):
+        estimated from the request and ``reply``, the assistant message. Priced by the
+        ``models`` table under the model the call was opened with. Once per call."""
+        if self.recorded is not None:
+            raise UncountedModelCallError("this model call's usage is already recorded")
+        counted = _usage(usage)
+        if counted is None:
+            counted = Usage(
+                prompt_tokens=count_tokens(self.messages, self.tools),
+                completion_tokens=count_tokens([dict(reply)] if reply is not None else []),
+                estimated=True,
+            )
+        turn = self._hosted.turn
+        self.recorded = loop._with_retries(
+            lambda: turn.record_usage(
+                model=self.model,
+                prompt_tokens=counted.prompt_tokens,
+                completion_tokens=counted.completion_tokens,
+                cached_tokens=counted.cached_tokens,
+                estimated=counted.estimated,
+            )
+        )
+        self._hosted._counted = True
+        return self.recorded
+
+
+def _usage(usage: Any) -> Usage | None:
+    """A reported usage as :class:`Usage`; ``None`` when there is none or it is unreadable."""
+    if usage is None or isinstance(usage, Usage):
+        return usage
+    raw = usage.model_dump() if hasattr(usage, "model_dump") else usage
+    return usage_from_body({"usage": raw})
 
 
 @dataclass(eq=False)
@@ -55,6 +143,7 @@ class HostedTurn:
     final: str | None = None
     _steps: int = field(default=0)
     _resumed: bool = field(default=False)
+    _counted: bool = field(default=False)  # a model call was counted since the last step
 
     @property
     def team_id(self) -> int:
@@ -96,11 +185,55 @@ class HostedTurn:
             reply_index=reply_index,
         )
 
+    @contextlib.contextmanager
+    def model_call(self, *, model: str | None) -> Iterator[ModelCall]:
+        """One model call, counted: on entry it is charged to the team's budgets (a spent one
+        raises :class:`~agent_router.errors.BudgetExhaustedError`, and the turn stops) and the
+        pending messages are drained; inside, send ``call.messages`` and ``call.tools`` to
+        ``model`` and record what came back with ``call.reply(response)`` or
+        ``call.usage(response.usage)``. Leaving the block without either raises
+        :class:`UncountedModelCallError`::
+
+            with turn.model_call(model="gpt-4o") as call:
+                reply = my_client.chat(call.messages, call.tools)
+                call.usage(reply.usage, reply=reply.message)
+            text = turn.step(reply.message)
+        """
+        loop._boundary(self.turn, self.heartbeat)
+        self.turn.charge_model_call()
+        call = ModelCall(self, model)
+        yield call
+        if call.recorded is None:
+            raise UncountedModelCallError(
+                f"a model call of {self.display_name} left its block without its usage: "
+                "record it with call.reply(response) or call.usage(response.usage)"
+            )
+
+    def complete(self, client: Any, *, model: str, **request: Any) -> dict[str, Any]:
+        """One model call through an OpenAI SDK ``client`` (``openai.OpenAI()`` or any
+        OpenAI-compatible server's), counted (:meth:`model_call`): sends the drained transcript
+        and the agent's tools with ``model`` and the other ``request`` arguments
+        (``temperature``, ...) to ``client.chat.completions.create``, records the response's
+        usage and returns its assistant message, for :meth:`step`."""
+        with self.model_call(model=model) as call:
+            sent: dict[str, Any] = {"messages": request_messages(call.messages), **request}
+            if call.tools:  # some servers reject an empty list
+                sent["tools"] = call.tools
+            return call.reply(client.chat.completions.create(model=model, **sent))
+
     def step(self, reply: dict[str, Any]) -> str | None:
         """Record the model's ``reply`` and run its tool calls with the built-in tools, each
         result appended to the transcript (a blocking tool's result is the answer itself).
         Returns the reply's text when it called no tool (the turn's final reply), else
-        ``None``: call the model again with :meth:`messages`."""
+        ``None``: call the model again (:meth:`complete`, :meth:`model_call`). Raises
+        :class:`UncountedModelCallError` when no model call was counted since the last
+        step."""
+        if not self._counted:
+            raise UncountedModelCallError(
+                f"{self.display_name}'s loop gave a reply whose model call was not counted: "
+                "call the model with turn.complete(client, ...) or in turn.model_call(...)"
+            )
+        self._counted = False
         self._steps += 1
         if self._steps > self.router.settings.max_turn_steps:
             raise loop.MaxStepsExceededError(
@@ -179,6 +312,16 @@ def claim(
         except TurnSuspended:
             hosted.outcome = loop.TurnOutcome.SUSPENDED
         except loop._Stopped:
+            hosted.outcome = loop.TurnOutcome.STOPPED
+        except errors.BudgetExhaustedError as exc:
+            # A model call was refused: the turn stops as the built-in loop's does (open tool
+            # calls get `cancelled` results, its questions are cancelled, the agent rests).
+            reason = str(exc)
+            try:
+                loop._with_retries(lambda: turn.finish_stop(reason=reason))
+            except errors.StaleTurnError:
+                hosted.outcome = loop.TurnOutcome.FENCED
+                return
             hosted.outcome = loop.TurnOutcome.STOPPED
         except errors.StaleTurnError:
             hosted.outcome = loop.TurnOutcome.FENCED

@@ -17,9 +17,13 @@ A catalogue is a TOML file (stdlib :mod:`tomllib`) with one ``[[roles]]`` table 
     [mcp_servers.time]         # optional: MCP servers roles may list (docs/tools.md)
     command = ["mcp-server-time", "--local-timezone", "UTC"]
 
-The demo's roles (UI Operator, Full-Stack Engineer) ship with the package (``roles.toml``). A
-sub-agent's system prompt is snapshotted into its transcript when it is created: editing the
-catalogue later changes new agents only.
+Two catalogues ship with the package. ``roles.toml``, the default: a lead and general-purpose
+roles for a chat product (Researcher, Writer, Assistant); a product with roles of its own names
+its file in ``AGENT_ROUTER_ROLES_FILE``. ``demo_roles.toml``: the demo's software team (UI
+Operator, Full-Stack Engineer), which ``agent-router demo`` uses and
+``AGENT_ROUTER_ROLES_FILE=demo`` names. A sub-agent's system prompt
+is snapshotted into its transcript when it is created: editing the catalogue later changes new
+agents only.
 """
 
 from __future__ import annotations
@@ -33,10 +37,14 @@ from typing import Any
 
 from agent_router.agents.tool_config import McpServerSpec, ToolDeclaration, servers_from_mapping
 from agent_router.domain import LEAD_ROLE
-from agent_router.errors import ConfigurationError
+from agent_router.errors import ConfigurationError, UnknownRoleError
 
-#: The catalogue that ships with the package.
+#: The catalogue that ships with the package, used when no roles file is given.
 DEFAULT_ROLES_RESOURCE = "roles.toml"
+#: The demo's software team, shipped beside it.
+DEMO_ROLES_RESOURCE = "demo_roles.toml"
+#: What ``AGENT_ROUTER_ROLES_FILE`` (or ``--roles``) says for the demo's team.
+DEMO_ROLES = "demo"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,20 +108,42 @@ class RoleCatalogue:
 
     @classmethod
     def default(cls) -> RoleCatalogue:
-        """The roles shipped with the package (``roles.toml``)."""
-        text = (
-            resources.files("agent_router.agents")
-            .joinpath(DEFAULT_ROLES_RESOURCE)
-            .read_text("utf-8")
-        )
-        return cls.from_toml(text, source=DEFAULT_ROLES_RESOURCE)
+        """The roles shipped with the package for a chat product (``roles.toml``)."""
+        return cls._shipped(DEFAULT_ROLES_RESOURCE)
+
+    @classmethod
+    def demo(cls) -> RoleCatalogue:
+        """The demo's software team, shipped with the package (``demo_roles.toml``)."""
+        return cls._shipped(DEMO_ROLES_RESOURCE)
+
+    @classmethod
+    def _shipped(cls, resource: str) -> RoleCatalogue:
+        text = resources.files("agent_router.agents").joinpath(resource).read_text("utf-8")
+        return cls.from_toml(text, source=resource)
 
     @classmethod
     def from_file_or_default(cls, path: str | Path | None) -> RoleCatalogue:
-        return cls.load(path) if path else cls.default()
+        """The roles file at ``path``; :data:`DEMO_ROLES` names the demo's team; none: the
+        default catalogue."""
+        if not path:
+            return cls.default()
+        return cls.demo() if str(path) == DEMO_ROLES else cls.load(path)
 
     def get(self, name: str) -> Role | None:
         return self._roles.get(name)
+
+    def sub_agent_role(self, name: str) -> Role:
+        """The sub-agent role ``name``; raises :class:`UnknownRoleError` naming the roles there
+        are when the catalogue has no such role (or ``name`` is the lead's)."""
+        role = self._roles.get(name)
+        if role is None or name == LEAD_ROLE:
+            known = [r.name for r in self.sub_agent_roles()]
+            raise UnknownRoleError(
+                f"unknown role {name!r}; roles: {', '.join(known) or 'none'} (a role of your "
+                f"own goes in the roles file {ROLES_FILE_ENV} names)",
+                roles=known,
+            )
+        return role
 
     @property
     def lead(self) -> Role | None:
@@ -180,5 +210,6 @@ ROLES_FILE_ENV = "AGENT_ROUTER_ROLES_FILE"
 
 
 def roles_from_env() -> RoleCatalogue:
-    """The roles file ``AGENT_ROUTER_ROLES_FILE`` names, or the shipped roles."""
+    """The roles file ``AGENT_ROUTER_ROLES_FILE`` names (``demo``: the demo's team), or the
+    default catalogue."""
     return RoleCatalogue.from_file_or_default(os.environ.get(ROLES_FILE_ENV))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from agent_router import errors
 from agent_router.agents import lookup
 from agent_router.agents.llm import WORK_TOOL
-from agent_router.agents.roles import RoleCatalogue
+from agent_router.agents.roles import RoleCatalogue, roles_from_env
 from agent_router.domain import (
     Agent,
     MessageSubtype,
@@ -142,10 +142,17 @@ def _create_sub_agent(roles: RoleCatalogue) -> ToolFunction:
     def create_sub_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         role_name = _name(arguments, "role")
         task = _text(arguments, "task")
-        role = roles.get(role_name)
-        if len(roles) and (role is None or role_name == ctx.agent.role):
-            known = ", ".join(r.name for r in roles.sub_agent_roles())
-            raise ToolError(f"unknown role {role_name!r}; roles: {known}", reason="unknown_role")
+        role = None
+        if len(roles):  # an empty catalogue: any role, with the router's default prompt
+            try:
+                role = roles.sub_agent_role(role_name)
+            except errors.UnknownRoleError as exc:
+                # The host reads it too: a role its lead asks for that its roles file lacks.
+                logger.warning(
+                    "create_sub_agent refused: unknown role",
+                    extra={"action": "unknown_role", "role": role_name, "roles": exc.roles},
+                )
+                return fail(str(exc), "unknown_role", roles=exc.roles)
         if len(task.encode("utf-8", "surrogatepass")) > ctx.settings.max_content_bytes:
             raise ToolError("`task` is larger than the message limit", reason="too_large")
         # The team's sub-agent budgets (created, active at once): a refusal is this result.
@@ -325,9 +332,13 @@ DO_WORK = Tool(
 
 def _create_sub_agent_tool(roles: RoleCatalogue) -> Tool:
     role_names = [r.name for r in roles.sub_agent_roles()]
-    role_schema: dict[str, Any] = _s("The role of the new sub-agent.")
-    if role_names:
-        role_schema["enum"] = role_names
+    # The roles are named in the description, not as an enum: a role not in the catalogue then
+    # reaches the tool, whose result lists the roles and whose log line tells the host.
+    role_schema: dict[str, Any] = _s(
+        f"The role of the new sub-agent: one of {', '.join(role_names)}."
+        if role_names
+        else "The role of the new sub-agent."
+    )
     return Tool(
         name="create_sub_agent",
         description="Create a sub-agent of a role (display name '{Role}_{n}') and give it "
@@ -466,8 +477,9 @@ def _sub_agent_tools() -> list[Tool]:
 
 def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
     """The multi-agent tools (docs/design.md lists them). ``roles``: what ``create_sub_agent``
-    may create (default: the shipped catalogue)."""
-    roles = roles if roles is not None else RoleCatalogue.default()
+    may create (default: the roles file ``AGENT_ROUTER_ROLES_FILE`` names, else the shipped
+    catalogue)."""
+    roles = roles if roles is not None else roles_from_env()
     return [
         _create_sub_agent_tool(roles),
         *_lead_steering_tools(),
@@ -479,7 +491,7 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
 def team_registry(roles: RoleCatalogue | None = None) -> ToolRegistry:
     """A fresh registry with the multi-agent tools only (what ``agent-router run`` gives a real
     model: no pretend work tool)."""
-    roles = roles if roles is not None else RoleCatalogue.default()
+    roles = roles if roles is not None else roles_from_env()
     return ToolRegistry(multi_agent_tools(roles), roles=roles)
 
 

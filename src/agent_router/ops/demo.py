@@ -159,8 +159,8 @@ def has_stepped(router: Router, agent_id: int, turn_id: int, *, after: int = -1)
 
 def setup_team(router: Router, roles: RoleCatalogue | None = None) -> DemoTeam:
     """A new team on the scripted model (its sub-agents work through ``do_work``); its lead
-    (with the catalogue's lead prompt) will create the sub-agents."""
-    lead = (roles or RoleCatalogue.default()).lead
+    (with the demo catalogue's lead prompt) will create the sub-agents."""
+    lead = (roles or RoleCatalogue.demo()).lead
     return DemoTeam(
         team=router.create_team(
             lead_system_prompt=lead.system_prompt if lead else None, model=SCRIPTED_MODEL

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.text import Text
 
 from agent_router import errors
-from agent_router.agents.roles import ROLES_FILE_ENV, RoleCatalogue
+from agent_router.agents.roles import DEMO_ROLES, ROLES_FILE_ENV, RoleCatalogue
 from agent_router.ops import preflight
 from agent_router.ops.cli import failures
 from agent_router.ops.cli.common import (
@@ -178,7 +178,8 @@ def demo(
             "Celery broker. Default: AGENT_ROUTER_BROKER_URL, else memory://, which runs turns "
             "on worker threads of this process; with redis://... start workers separately "
             "(`agent-router worker`, or `celery -A agent_router.celery_app worker`) with the "
-            "same AGENT_ROUTER_DATABASE_URL, AGENT_ROUTER_BROKER_URL and AGENT_ROUTER_QUEUE.",
+            "same AGENT_ROUTER_DATABASE_URL, AGENT_ROUTER_BROKER_URL and AGENT_ROUTER_QUEUE, and "
+            "AGENT_ROUTER_ROLES_FILE=demo (the demo's roles).",
         ),
     ] = None,
     embedded_workers: EmbeddedWorkersOption = None,
@@ -206,6 +207,9 @@ def demo(
     # The database is kept: `status`, `ledger` and `timeline` read it afterwards.
     url = database_url or _kept_sqlite_url("demo")
     settings = Settings(database_url=url, broker_url=broker_url, redis_url=_redis_url(broker_url))
+    # The demo's team is a software team: its workers (this process's, and the embedded ones
+    # it starts) staff it from the demo's roles unless a roles file is given.
+    os.environ.setdefault(ROLES_FILE_ENV, DEMO_ROLES)
     rt = runtime.configure(settings, app=create_app(settings))
     rt.router.create_schema()
     if not as_json:
@@ -332,7 +336,8 @@ RolesOption = Annotated[
     Path | None,
     typer.Option(
         envvar=ROLES_FILE_ENV,
-        help="Roles catalogue (TOML). Default: the roles shipped with the package.",
+        help="Roles catalogue (TOML), or `demo` for the demo's software team. Default: the "
+        "general-purpose roles shipped with the package.",
     ),
 ]
 RunDatabaseUrlOption = Annotated[
