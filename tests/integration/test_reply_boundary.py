@@ -215,7 +215,7 @@ def test_a_host_tool_may_return_anything_and_the_model_reads_it(
         return completion(None, calls) if view.replies() == 0 else completion("Done.")
 
     team = Team(router, server, {ENG: engineer})
-    roles = RoleCatalogue.default()
+    roles = RoleCatalogue.demo()  # the software team's roles: a Full-Stack Engineer
     team.tools = agent_tools(router.settings, roles, host=host)
     router.create_agent(team.id, role="Full-Stack Engineer")
     router.send(team.id, to=ENG, content="Use them.", sender=LEAD, type=MessageType.TASK)
@@ -296,8 +296,12 @@ def test_a_host_loop_stepping_two_calls_under_one_id_gets_both_run(router: Route
 
     with hosted.claim(lead.id, lead.epoch, router=router, tools=default_registry()) as turn:
         assert turn is not None
-        while (text := turn.step(model.complete(turn.messages(), turn.tools))) is None:
-            pass
+        while True:
+            with turn.model_call(model="custom") as call:
+                reply = model.complete(call.messages, call.tools)
+                call.usage(None, reply=reply)
+            if (text := turn.step(reply)) is not None:
+                break
         texts.append(text)
 
     assert turn.outcome == TurnOutcome.ENDED and texts == ["Both listed."]

@@ -132,8 +132,20 @@ class WorkerServes(bootsteps.StartStopStep):
     label = "agent-router serves"
 
     def start(self, parent: Any) -> None:
+        if hosting.disabled_reason(parent.app) is not None:
+            return  # install() said why, once, when the host's app was made
         try:
-            log_serves(Settings())
+            settings = Settings()
+        except ValidationError as exc:
+            # One line naming the variable, never its value (a URL may hold a password).
+            logger.warning(
+                "agent-router serves nothing: %s",
+                hosting.invalid_setting(exc),
+                extra={"action": "worker_model"},
+            )
+            return
+        try:
+            log_serves(settings)
         except Exception:  # the turns report a bad configuration; the worker still starts
             logger.exception("agent-router: the models and tools cannot be built")
 
