@@ -115,7 +115,9 @@ def _in_process(broker_url: str, embedded_workers: bool | None) -> bool:
 
 def _timeline_console() -> Console:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    return Console(highlight=False, stderr=False)
+    console = Console(highlight=False, stderr=False)
+    console.soft_wrap = not console.is_terminal  # in a pipe or a file, a line stays whole
+    return console
 
 
 def _timeline_sink(console: Console, as_json: bool) -> Callable[[dict[str, Any]], None]:
