@@ -50,7 +50,7 @@ def agent_by_name(
 #: Characters a name's key keeps: ASCII letters (lower-cased) and digits.
 _KEY_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _KEY_LOWER = _KEY_UPPER.lower()
-_NOT_KEY = re.compile(r"[^a-z0-9]")
+_NOT_KEY = re.compile(r"[^abcdefghijklmnopqrstuvwxyz0123456789]")
 #: The shortest key a name given may have to be matched by prefix.
 MIN_PREFIX_KEY = 3
 

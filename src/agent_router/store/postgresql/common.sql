@@ -61,8 +61,9 @@ END $$;
 CREATE OR REPLACE FUNCTION ar__name_key(p text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    RETURN regexp_replace(translate(p, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
-                                    'abcdefghijklmnopqrstuvwxyz'), '[^a-z0-9]', '', 'g');
+    RETURN regexp_replace(
+        translate(p, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+        '[^abcdefghijklmnopqrstuvwxyz0123456789]', '', 'g');
 END $$;
 
 -- The refusal of an agent name the team does not have, with the agent it was probably meant
