@@ -257,15 +257,12 @@ def test_an_unknown_team_is_said_on_the_page_and_not_polled(web_server: str) -> 
         driver.get(f"{web_server}/#/team/999")
         said = wait_for(lambda: driver.execute_script(MISSING_TEAM, 999), "the error")
         assert said["text"].startswith("unknown team 999"), said
-        assert driver.find_element(By.CSS_SELECTOR, "#team-error a").get_attribute("href").endswith(
-            "#/"
-        )
+        back = driver.find_element(By.CSS_SELECTOR, "#team-error a").get_attribute("href")
+        assert back is not None and back.endswith("#/"), back
         time.sleep(3)  # three polls' time
         assert driver.execute_script(MISSING_TEAM, 999)["asked"] == said["asked"]
         driver.find_element(By.CSS_SELECTOR, "#team-error a").click()
-        wait_for(
-            lambda: driver.find_element(By.ID, "no-teams").is_displayed(), "the list of teams"
-        )
+        wait_for(lambda: driver.find_element(By.ID, "no-teams").is_displayed(), "the list of teams")
         assert not driver.find_element(By.ID, "team-error").is_displayed()
 
 

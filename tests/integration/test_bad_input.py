@@ -143,9 +143,7 @@ def test_an_unknown_agent_name_says_the_agent_it_was_probably_meant_for(
     team = router.create_team()
     router.create_agent(team.id, role="UI Operator")
     router.create_agent(team.id, role="Full-Stack Engineer")
-    said = f"no agent {given!r} in team {team.id}" + (
-        f"; did you mean {meant!r}?" if meant else ""
-    )
+    said = f"no agent {given!r} in team {team.id}" + (f"; did you mean {meant!r}?" if meant else "")
     with pytest.raises(UnknownAgentError) as sent:
         router.send(team.id, to=given, content="hi")
     assert str(sent.value) == said

@@ -108,8 +108,6 @@ def test_entering_with_the_token_redirects_only_to_a_path_of_its_own(
     """A path a browser reads as another host (``/\\host`` is ``//host`` to it) is never sent
     back in the Location: the redirect goes to the page instead."""
     app = WebApp(NoRouter(), access("127.0.0.1", 8765, token=TOKEN))  # type: ignore[arg-type]
-    status, headers, _ = call(
-        app, f"{path}?token={TOKEN}&x=1", HTTP_HOST="127.0.0.1:8765"
-    )
+    status, headers, _ = call(app, f"{path}?token={TOKEN}&x=1", HTTP_HOST="127.0.0.1:8765")
     assert status.startswith("303")
     assert headers["Location"] == f"{location}?x=1"

@@ -69,12 +69,16 @@ def unknown_agent(session: Session, team_id: int, name: str) -> errors.UnknownAg
     close: str | None = None
     if given:
         names = session.scalars(
-            sa.select(AgentRow.display_name).where(AgentRow.team_id == team_id).order_by(AgentRow.id)
+            sa.select(AgentRow.display_name)
+            .where(AgentRow.team_id == team_id)
+            .order_by(AgentRow.id)
         ).all()
         keys = [(n, name_key(n)) for n in names]
         close = next((n for n, k in keys if k == given), None)
         if close is None and len(given) >= MIN_PREFIX_KEY:
-            close = next((n for n, k in keys if k and (k.startswith(given) or given.startswith(k))), None)
+            close = next(
+                (n for n, k in keys if k and (k.startswith(given) or given.startswith(k))), None
+            )
     guess = f"; did you mean {close!r}?" if close is not None else ""
     return errors.UnknownAgentError(f"no agent {name!r} in team {team_id}{guess}")
 

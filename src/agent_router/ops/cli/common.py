@@ -180,7 +180,8 @@ def _unknown_name_hint(exc: Exception, arguments: dict[str, Any]) -> str | None:
     close = difflib.get_close_matches(given.casefold(), list(folded), n=1, cutoff=0.6)
     listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
     # The library's refusal names the agent it was probably meant for, when it found one.
-    guess = f"did you mean {folded[close[0]]!r}? " if close and "did you mean" not in str(exc) else ""
+    guessed = close and "did you mean" not in str(exc)
+    guess = f"did you mean {folded[close[0]]!r}? " if guessed else ""
     return f"{guess}team {team} has {listed}"
 
 

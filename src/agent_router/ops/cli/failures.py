@@ -77,8 +77,10 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
         return "the port is in use: another process listens on it", (
             "stop that process, or pass another --port"
         )
-    if isinstance(exc, OSError) and exc.filename is not None and not isinstance(
-        exc, ConnectionError
+    if (
+        isinstance(exc, OSError)
+        and exc.filename is not None
+        and not isinstance(exc, ConnectionError)
     ):
         return f"cannot use {exc.filename}: {exc.strerror or type(exc).__name__}", (
             "check the path: its directory must exist and be writable"

@@ -321,12 +321,10 @@ def _check_choices(what: str, given: list[str], known: list[str], known_as: str)
             continue
         close = difflib.get_close_matches(value, known, n=1, cutoff=0.6)
         folded = [k for k in known if k.casefold() == value.casefold()]
-        guess = (folded or close or [None])[0]
+        guess = next(iter(folded or close), None)
         said = f"no {what} {value!r}" + (f"; did you mean {guess!r}?" if guess else "")
         listed = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
-        failures.report(
-            errors.InvalidArgumentError(said), hint=f"{known_as}: {listed or 'none'}"
-        )
+        failures.report(errors.InvalidArgumentError(said), hint=f"{known_as}: {listed or 'none'}")
         raise typer.Exit(failures.EXIT_FAILURE)
 
 

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
@@ -518,7 +518,7 @@ def make_server(
         server.request_seconds = timeout_seconds
     if len(servers) == 1:
         return servers[0]
-    listening = [(s.effective_host, s.effective_port) for s in servers]
+    listening = [(cast(Any, s).effective_host, cast(Any, s).effective_port) for s in servers]
     return MultiSocketServer(sockets, adj, listening, dispatcher, servers[-1].log_info)
 
 
@@ -574,23 +574,29 @@ class _GuardedServer(TcpWSGIServer):
         self.waiting: OrderedDict[_Channel, None] = OrderedDict()
         super().__init__(*args, **kwargs)
 
+    def _full(self) -> bool:
+        channels: dict[int, Any] = cast(Any, self).active_channels
+        return len(channels) >= self.adj.connection_limit
+
     def readable(self) -> bool:
+        # waitress's own, but for the limit: maintenance on its interval (timed in float
+        # seconds, which waitress's type stubs call int).
+        server: Any = self
         now = time.time()
-        if now >= self.next_channel_cleanup:
-            self.next_channel_cleanup = now + self.adj.cleanup_interval
+        if now >= server.next_channel_cleanup:
+            server.next_channel_cleanup = now + self.adj.cleanup_interval
             self.maintenance(now)
-        full = len(self.active_channels) >= self.adj.connection_limit
-        return bool(self.accepting) and (not full or bool(self.waiting))
+        return bool(self.accepting) and (not self._full() or bool(self.waiting))
 
     def handle_accept(self) -> None:
-        if len(self.active_channels) >= self.adj.connection_limit and self.waiting:
+        if self._full() and self.waiting:
             oldest = next(iter(self.waiting))
             self.waiting.pop(oldest)
             oldest.handle_close()
         super().handle_accept()
 
     def maintenance(self, now: float) -> None:
-        super().maintenance(now)  # closes the idle ones
+        cast(Any, super()).maintenance(now)  # closes the idle ones
         clock = time.monotonic()
         for channel in list(self.waiting):
             if channel.late(clock, self.request_seconds):
