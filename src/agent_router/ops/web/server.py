@@ -586,11 +586,15 @@ class _GuardedServer(TcpWSGIServer):
         if now >= server.next_channel_cleanup:
             server.next_channel_cleanup = now + self.adj.cleanup_interval
             self.maintenance(now)
-        return bool(self.accepting) and (not self._full() or bool(self.waiting))
+        return bool(self.accepting) and (not self._full() or self._longest_waiting() is not None)
+
+    def _longest_waiting(self) -> _Channel | None:
+        """The connection that has waited longest for its request, of those no thread is
+        answering (one that sent a request behind the one being answered is left alone)."""
+        return next((c for c in self.waiting if not c.requests), None)
 
     def handle_accept(self) -> None:
-        if self._full() and self.waiting:
-            oldest = next(iter(self.waiting))
+        if self._full() and (oldest := self._longest_waiting()) is not None:
             self.waiting.pop(oldest)
             oldest.handle_close()
         super().handle_accept()
