@@ -164,7 +164,9 @@ def snapshot(driver: Any) -> dict[str, Any] | None:
 def test_live_page_follows_the_demo(database: str, web_server: str, tmp_path: Path) -> None:
     out = tmp_path / "demo.jsonl"
     with chromium() as driver, demo_running(database, out) as demo:
-        # The page is open before the team exists: it shows the team once the demo made it.
+        # The page opens once the team exists (a team it does not find, it stops asking for).
+        wait_for(lambda: request(web_server.removeprefix("http://"), "/api/teams/1")[0] == 200,
+                 "the demo's team")  # fmt: skip
         driver.get(web_server + "/#/team/1")
         seen: list[int] = []
         while demo.poll() is None:
@@ -221,7 +223,7 @@ def test_live_page_follows_the_demo(database: str, web_server: str, tmp_path: Pa
         heads = wait_for(lambda: driver.execute_script(TRANSCRIPT), "the transcript")
         assert heads[0].startswith("[0] system")
         assert any("<- task from Team Leader (message" in h for h in heads), heads
-        # No script error (requests for team 1 before the demo created it answered 404).
+        # No script error.
         assert [e for e in page_errors(driver) if e["source"] != "network"] == []
         screenshot(driver, "web_transcript")
 
@@ -250,10 +252,23 @@ return box && !box.hidden ? { text: box.textContent, asked: asked } : null;
 """
 
 
-def test_an_unknown_team_is_said_on_the_page_and_not_polled(web_server: str) -> None:
+def test_an_unknown_team_is_said_on_the_page_and_not_polled(database: str, web_server: str) -> None:
     """A team id the server does not have: the page says so in place of the lanes, with a way
-    back to the teams, and asks the server nothing more about it."""
+    back to the teams, and asks the server nothing more about it until told to try again."""
     with chromium() as driver:
+        driver.get(f"{web_server}/#/team/1")
+        said = wait_for(lambda: driver.execute_script(MISSING_TEAM, 1), "the error")
+        assert said["text"].startswith("unknown team 1"), said
+        time.sleep(3)  # three polls' time
+        assert driver.execute_script(MISSING_TEAM, 1)["asked"] == said["asked"]
+        # The team is made since: "try again" shows it.
+        router = Router(Settings(database_url=database), publisher=RecordingPublisher())
+        router.create_team()
+        router.close()
+        driver.find_element(By.CSS_SELECTOR, "#team-error button").click()
+        page = wait_for(lambda: snapshot(driver), "the team's swimlane")
+        assert page["lanes"] == ["Team Leader"], page
+        assert not driver.find_element(By.ID, "team-error").is_displayed()
         driver.get(f"{web_server}/#/team/999")
         said = wait_for(lambda: driver.execute_script(MISSING_TEAM, 999), "the error")
         assert said["text"].startswith("unknown team 999"), said
@@ -262,7 +277,9 @@ def test_an_unknown_team_is_said_on_the_page_and_not_polled(web_server: str) -> 
         time.sleep(3)  # three polls' time
         assert driver.execute_script(MISSING_TEAM, 999)["asked"] == said["asked"]
         driver.find_element(By.CSS_SELECTOR, "#team-error a").click()
-        wait_for(lambda: driver.find_element(By.ID, "no-teams").is_displayed(), "the list of teams")
+        wait_for(
+            lambda: driver.find_element(By.ID, "teams-view").is_displayed(), "the list of teams"
+        )
         assert not driver.find_element(By.ID, "team-error").is_displayed()
 
 

@@ -53,8 +53,9 @@ def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
         for check in result.checks:
             print(json.dumps({"event": "check", "name": check.name, "ok": check.ok,
                               "detail": check.detail}), flush=True)  # fmt: skip
-        print(json.dumps({"event": "result", "team_id": result.team_id, "ok": result.ok,
-                          "timed_out": result.timed_out}))  # fmt: skip
+        timed_out = {} if result.timed_out is None else {"timed_out": result.timed_out}
+        print(json.dumps({"event": "result", "team_id": result.team_id, "ok": result.ok}
+                         | timed_out))  # fmt: skip
         return
     console.rule("checks")
     for check in result.checks:

@@ -229,7 +229,7 @@
   }
 
   // A team the server does not have: said in the page, in place of its lanes, and no longer
-  // polled (until another address is opened).
+  // polled (until another address is opened, or "try again" is clicked: a team made since).
   function showMissing(teamId, message) {
     shown.halted = teamId;
     shown.team = null;
@@ -242,7 +242,15 @@
     node("strong", message, null, box);
     node("span", " — this page no longer asks the server about team " + teamId + ". ", null, box);
     node("a", "See the teams there are", [["href", "#/"]], box);
+    node("span", " or ", null, box);
+    node("button", "try again", [["type", "button"]], box).addEventListener("click", resume);
     box.hidden = false;
+  }
+
+  function resume() {
+    shown.halted = null;
+    document.getElementById("team-error").hidden = true;
+    if (shown.looping) refresh(); else loop();
   }
 
   function loop() {
@@ -254,10 +262,6 @@
     shown.looping = true;
     refresh().then(function () { setTimeout(loop, POLL_MS); });
   }
-  window.addEventListener("hashchange", function () {
-    shown.halted = null;
-    document.getElementById("team-error").hidden = true;
-    if (shown.looping) refresh(); else loop();
-  });
+  window.addEventListener("hashchange", resume);
   loop();
 })();
