@@ -404,6 +404,7 @@ class Settings(BaseSettings):
     web_timeout_seconds: float = Field(
         30.0,
         gt=0,
-        description="`agent-router web` closes a connection idle for this long (one that "
-        "sends its request slowly included).",
+        description="`agent-router web` closes a connection idle for this long, and one whose "
+        "request's headers have not all arrived this long after its first byte (or whose body "
+        "has not, this long after its headers), however slowly the bytes trickle in.",
     )

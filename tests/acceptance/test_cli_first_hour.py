@@ -272,3 +272,163 @@ def test_run_prints_its_team_and_keeps_its_database_unless_asked_not_to(tmp_path
     assert json.loads(gone.stdout.splitlines()[-1])["database"] is None
     # The kept run's directory is there; the other's is not.
     assert len(list(tmp_path.glob("agent-router-run-*"))) == 1
+
+
+def test_ledger_filters_that_match_nothing_say_so(blocked_team: tuple[str, int]) -> None:
+    """A filter no record can match is an error with the value meant, not an empty listing."""
+    url, team = blocked_team
+    line = one_error_line(
+        run("ledger", str(team), "--outcome", "bogus", "--database-url", url),
+        hint="the outcomes are: resolved, injected_inline, coalesced, triggered_new_turn",
+    )
+    assert "no outcome 'bogus'" in line and "did you mean" not in line
+    one_error_line(
+        run("ledger", str(team), "--outcome", "queud", "--database-url", url),
+        hint="queued",
+    ).index("did you mean 'queued'?")
+    line = one_error_line(
+        run("ledger", str(team), "--agent", "Nobody", "--database-url", url),
+        hint=f"team {team} has: Team Leader, Full-Stack Engineer_1, UI Operator_1",
+    )
+    assert "no agent 'Nobody'" in line and "did you mean" not in line
+    one_error_line(
+        run("ledger", str(team), "--agent", "ui operator_1", "--database-url", url),
+        hint="Team Leader",
+    ).index("did you mean 'UI Operator_1'?")
+    # The filters that match still print the records they match.
+    kept = run("ledger", str(team), "--agent", "UI Operator_1", "--outcome", "triggered_new_turn",
+               "--json", "--database-url", url)  # fmt: skip
+    assert kept.returncode == 0, kept.stderr
+    records = [json.loads(line) for line in kept.stdout.splitlines()]
+    assert records and {(r["agent"], r["outcome"]) for r in records} == {
+        ("UI Operator_1", "triggered_new_turn")
+    }
+
+
+@pytest.mark.parametrize("command", ["status", "check 1", "ledger 1", "web --port 0", "doctor"])
+def test_a_database_that_does_not_exist_is_named_with_what_creates_it(
+    command: str, tmp_path: Path
+) -> None:
+    missing_file = tmp_path / "missing.db"
+    proc = run(*shlex.split(command), "--database-url", f"sqlite:///{missing_file}", timeout=30)
+    said = proc.stderr + proc.stdout
+    assert proc.returncode == 1, said
+    assert f"no database at {missing_file}" in said and "agent-router db upgrade" in said
+    assert "server running" not in said
+    assert not missing_file.exists()  # no empty file left behind
+    missing_db = f"postgresql+psycopg://root@127.0.0.1:5432/no_such_db_{os.getpid()}"
+    proc = run(*shlex.split(command), "--database-url", missing_db, timeout=30)
+    said = proc.stderr + proc.stdout
+    assert proc.returncode == 1, said
+    assert f"the PostgreSQL server has no database 'no_such_db_{os.getpid()}'" in said
+    assert f"`createdb no_such_db_{os.getpid()}`" in said and "agent-router db upgrade" in said
+    assert "server running" not in said
+    if not command.startswith("doctor"):
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_timeline_into_a_directory_that_does_not_exist(
+    blocked_team: tuple[str, int], tmp_path: Path
+) -> None:
+    url, team = blocked_team
+    target = tmp_path / "missing" / "dir" / "team.html"
+    line = one_error_line(
+        run("timeline", str(team), "-o", str(target), "--database-url", url),
+        hint=f"`mkdir -p {target.parent}`",
+    )
+    assert f"no directory {target.parent} to write team.html in" in line
+    assert "FileNotFoundError" not in line and "doctor" not in line
+    assert not (tmp_path / "missing").exists()
+
+
+def test_every_refusal_of_an_act_has_a_hint(blocked_team: tuple[str, int]) -> None:
+    url, team = blocked_team
+    db = ("--database-url", url)
+    # The library's own refusal names the agent meant; the hint lists the team.
+    line = one_error_line(
+        run("send", str(team), "ui operator 1", "hi", *db), hint=f"team {team} has Team Leader"
+    )
+    assert f"no agent 'ui operator 1' in team {team}; did you mean 'UI Operator_1'?" in line
+    assert line.count("did you mean") == 1
+    # The lead lives as long as its team.
+    one_error_line(
+        run("terminate", str(team), "Team Leader", *db), hint=f"`agent-router team delete {team}`"
+    )
+    one_error_line(run("stop", str(team), "Team Leader", *db), hint="only sub-agents can be")
+    # A terminated agent takes nothing more.
+    assert run("terminate", str(team), "UI Operator_1", *db).returncode == 0
+    line = one_error_line(
+        run("send", str(team), "UI Operator_1", "hi", *db), hint=f"`agent-router status {team}`"
+    )
+    assert "is terminated" in line
+    # A question that is not open.
+    one_error_line(run("answer", "999", "yes", *db), hint="only an open question takes an answer")
+    status = json.loads(run("status", str(team), "--json", *db).stdout.splitlines()[0])
+    (question,) = status["questions_to_answer"]
+    assert run("answer", str(question), "the JWT one", *db).returncode == 0
+    line = one_error_line(
+        run("answer", str(question), "again", *db), hint="only an open question takes an answer"
+    )
+    assert f"question {question}" in line
+    # A team id that is not a number: one line (a usage error: status 2), not Click's box.
+    for command in (["ledger", "abc"], ["status", "abc"], ["send", "x1", "Team Leader", "hi"]):
+        proc = run(*command, *db)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert line == (
+            f"agent-router: error: a team id is a number, not {command[1]!r} "
+            "(hint: `agent-router status` lists every team by its id)"
+        )
+
+
+def test_help_in_a_pipe_is_not_cut_to_80_columns() -> None:
+    """Piped (no terminal, no COLUMNS), help is laid out wide enough that nothing is cut."""
+    for command in (["demo"], ["run"], ["ledger"], ["web"], []):
+        proc = run(*command, "--help", COLUMNS="")
+        assert proc.returncode == 0, proc.stderr
+        assert "…" not in proc.stdout, proc.stdout
+    demo = run("demo", "--help", COLUMNS="").stdout
+    assert "AGENT_ROUTER_DEMO_DATABASE_URL" in demo and "AGENT_ROUTER_DATABASE_URL" in demo
+
+
+def test_model_calls_say_what_is_not_known(tmp_path: Path) -> None:
+    """A model call whose server named no model, and one of a model the price table does not
+    list, say so in the ledger's text; a priced one shows its cost."""
+    from tests.integration.helpers import start_running
+
+    url = f"sqlite:///{tmp_path / 'calls.db'}"
+    prices = {"priced-model": {"input": 1.0, "output": 2.0}}
+    router = Router(Settings(database_url=url, models=prices), publisher=RecordingPublisher())
+    router.create_schema()
+    team = router.create_team().id
+    turn = start_running(router, team, "Team Leader")
+    for model in (None, "unlisted-model", "priced-model"):
+        turn.record_usage(model=model, prompt_tokens=1000, completion_tokens=500)
+    router.close()
+    proc = run("ledger", str(team), "--database-url", url)
+    assert proc.returncode == 0, proc.stderr
+    calls = [line.split("Team Leader", 1)[1].strip() for line in proc.stdout.splitlines()
+             if "model call" in line]  # fmt: skip
+    assert calls == [
+        "model call (model not reported): 1000 prompt + 500 completion tokens, price unknown "
+        "(not in AGENT_ROUTER_MODELS)",
+        "model call (unlisted-model): 1000 prompt + 500 completion tokens, price unknown "
+        "(not in AGENT_ROUTER_MODELS)",
+        "model call (priced-model): 1000 prompt + 500 completion tokens, $0.002000",
+    ]
+    assert "(?)" not in proc.stdout
+
+
+def test_a_demo_scenario_that_times_out_says_it_timed_out(redis_url: str) -> None:
+    """No worker takes the demo's turns (its own queue, no embedded workers): a step runs out
+    of time, and the demo says that, and how to give it more, not that a guarantee broke."""
+    proc = run(
+        "demo", "--broker-url", redis_url, "--no-embedded-workers", "--timeout", "1",
+        AGENT_ROUTER_QUEUE=f"agent_router.test.demo_timeout.{os.getpid()}", timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "a guarantee was broken" not in proc.stdout
+    assert any(line.startswith("a scenario timed out") and "--timeout" in line for line in lines)
+    failed = lines.index(next(line for line in lines if line.startswith("FAIL ")))
+    assert "timed out after 1s waiting for" in lines[failed + 1]

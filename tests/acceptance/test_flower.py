@@ -32,6 +32,7 @@ from agent_router import Settings
 from agent_router.agents.llm import SCRIPTED_MODEL
 from agent_router.broker import create_app
 from agent_router.constants import RUN_AGENT_TURN
+from agent_router.ops.cli.processes import FLOWER_TASK_COLUMNS
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime
 from tests.support.browser import chromium, screenshot
@@ -111,9 +112,44 @@ class EventTap:
 FLOWER_ROWS = """
 return [...document.querySelectorAll("table tbody tr")].map((r) => r.innerText);
 """
+#: The column headers shown (DataTables keeps a hidden copy of the header in the table).
 FLOWER_HEADERS = """
-return [...document.querySelectorAll("table thead th")].map((h) => h.textContent.trim());
+return [...document.querySelectorAll("table thead th")]
+  .filter((h) => h.getBoundingClientRect().height > 0).map((h) => h.textContent.trim());
 """
+#: Each column's header and how far right it ends, the row's link to its task page, where the
+#: table's box ends in the window and how far it scrolls sideways: what a reader of a 1400 px
+#: window sees without scrolling.
+FLOWER_LAYOUT = """
+const heads = [...document.querySelectorAll("table thead th")]
+  .filter((h) => h.getBoundingClientRect().height > 0);
+const row = [...document.querySelectorAll("table tbody tr")].find((r) =>
+  r.innerText.includes(arguments[0]));
+const link = row && row.querySelector("a[href*='/task/']");
+const table = document.getElementById("tasks-table");
+const box = table.closest(".dataTables_scrollBody") || table.parentElement;
+return {
+  width: Math.min(document.documentElement.clientWidth, box.getBoundingClientRect().right),
+  overflow: box.scrollWidth - box.clientWidth,
+  columns: heads.map((h) => [h.textContent.trim(), h.getBoundingClientRect().right]),
+  cells: row ? [...row.cells].map((c) => c.getBoundingClientRect().right) : [],
+  link: link ? link.getAttribute("href") : null,
+};
+"""
+
+
+#: The headers Flower gives the columns it can show.
+FLOWER_LABELS = {"name": "Name", "uuid": "UUID", "args": "args", "state": "State",
+                 "result": "Result", "received": "Received", "started": "Started",
+                 "runtime": "Runtime", "worker": "Worker"}  # fmt: skip
+
+
+def test_flower_columns_keep_the_uuid_and_the_turn_label() -> None:
+    """The uuid is the row's only link to its task's page; args is the turn's label; state,
+    runtime and worker say how it went and where."""
+    columns = FLOWER_TASK_COLUMNS.split(",")
+    assert {"uuid", "args", "state", "runtime", "worker"} <= set(columns)
+    assert set(columns) <= set(FLOWER_LABELS)
 
 
 def flower_page_in_a_browser(base: str, label: str) -> None:
@@ -129,10 +165,17 @@ def flower_page_in_a_browser(base: str, label: str) -> None:
             time.sleep(0.5)
         row = next((r for r in rows if label in r), None)
         assert row is not None, rows
-        assert "SUCCESS" in row and "'ended'" in row, row
+        assert "SUCCESS" in row, row
         headers = driver.execute_script(FLOWER_HEADERS)
-        for column in ("Name", "args", "State", "Result", "Worker"):
-            assert column in headers, headers
+        assert headers == [FLOWER_LABELS[c] for c in FLOWER_TASK_COLUMNS.split(",")], headers
+        # In the 1400 px window, every column ends inside it, the turn's row included, and the
+        # uuid links to the task's page.
+        layout = driver.execute_script(FLOWER_LAYOUT, label)
+        assert layout["width"] <= 1400 and layout["overflow"] <= 0, layout
+        for name, right in layout["columns"]:
+            assert right <= layout["width"], (name, layout)
+        assert layout["cells"] and max(layout["cells"]) <= layout["width"], layout
+        assert layout["link"] is not None and "/task/" in layout["link"], layout
         assert not any(r.strip() == "agent_router.run_agent_turn" for r in rows)
         screenshot(driver, "flower_tasks")
 

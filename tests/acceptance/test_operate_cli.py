@@ -316,7 +316,10 @@ def test_stop_and_terminate_from_a_shell(pg_schema_url: str) -> None:
         assert pending.status.value == "dropped" and "terminated" in (pending.drop_reason or "")
         refused = run("send", str(team.id), "Designer_1", "hello?", database_url=url)
         assert refused.returncode == 1
-        assert refused.stderr == "agent-router: error: agent 'Designer_1' is terminated\n"
+        assert refused.stderr == (
+            "agent-router: error: agent 'Designer_1' is terminated (hint: a terminated agent is "
+            f"gone for good; `agent-router status {team.id}` shows which agents are live)\n"
+        )
         lead = run("terminate", str(team.id), "Team Leader", database_url=url)
         assert lead.returncode == 1 and lead.stderr.startswith("agent-router: error: ")
     finally:

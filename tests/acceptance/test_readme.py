@@ -32,3 +32,17 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "Build the login page." in result.stdout
+
+
+def test_the_readme_activates_the_venv_before_its_first_agent_router_command() -> None:
+    """The bare ``agent-router`` commands of the README need ``.venv`` (where ``./dev`` installs
+    the CLI) on PATH: the README activates it before the first one, and ``./dev`` passes any
+    other command on to that CLI."""
+    text = README.read_text()
+    blocks = [b.group(1) for b in re.finditer(r"```bash\n(.*?)```", text, re.S)]
+    lines = [line.strip() for block in blocks for line in block.splitlines()]
+    first = next(i for i, line in enumerate(lines) if line.startswith("agent-router "))
+    assert "source .venv/bin/activate" in [line.split("#")[0].strip() for line in lines[:first]]
+    dev = (README.parent / "dev").read_text()
+    assert "VENV=.venv\n" in dev
+    assert 'exec "$VENV/bin/agent-router" "$cmd" "$@"' in dev

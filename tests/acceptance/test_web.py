@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,11 +106,16 @@ def web_server(database: str) -> Iterator[str]:
 
 
 def request(
-    address: str, path: str, *, headers: dict[str, str] | None = None, method: str = "GET"
+    address: str,
+    path: str,
+    *,
+    headers: dict[str, str] | None = None,
+    method: str = "GET",
+    timeout: float = 30,
 ) -> tuple[int, dict[str, str], bytes]:
     """One request, with exactly the headers given (and Host: the address unless given)."""
     host, port = address.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
         given = {"Host": address} | (headers or {})
         conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
@@ -158,7 +164,9 @@ def snapshot(driver: Any) -> dict[str, Any] | None:
 def test_live_page_follows_the_demo(database: str, web_server: str, tmp_path: Path) -> None:
     out = tmp_path / "demo.jsonl"
     with chromium() as driver, demo_running(database, out) as demo:
-        # The page is open before the team exists: it shows the team once the demo made it.
+        # The page opens once the team exists (a team it does not find, it stops asking for).
+        wait_for(lambda: request(web_server.removeprefix("http://"), "/api/teams/1")[0] == 200,
+                 "the demo's team")  # fmt: skip
         driver.get(web_server + "/#/team/1")
         seen: list[int] = []
         while demo.poll() is None:
@@ -215,7 +223,7 @@ def test_live_page_follows_the_demo(database: str, web_server: str, tmp_path: Pa
         heads = wait_for(lambda: driver.execute_script(TRANSCRIPT), "the transcript")
         assert heads[0].startswith("[0] system")
         assert any("<- task from Team Leader (message" in h for h in heads), heads
-        # No script error (requests for team 1 before the demo created it answered 404).
+        # No script error.
         assert [e for e in page_errors(driver) if e["source"] != "network"] == []
         screenshot(driver, "web_transcript")
 
@@ -234,6 +242,45 @@ def test_live_page_follows_the_demo(database: str, web_server: str, tmp_path: Pa
         assert "3" in rows[0][1] and "completed" in rows[0][1]
         assert driver.find_element(By.ID, "where").text == "· teams"
         assert not driver.find_element(By.ID, "team-view").is_displayed()
+
+
+MISSING_TEAM = """
+const box = document.getElementById("team-error");
+const asked = performance.getEntriesByType("resource")
+  .filter((e) => new URL(e.name).pathname.startsWith("/api/teams/" + arguments[0])).length;
+return box && !box.hidden ? { text: box.textContent, asked: asked } : null;
+"""
+
+
+def test_an_unknown_team_is_said_on_the_page_and_not_polled(database: str, web_server: str) -> None:
+    """A team id the server does not have: the page says so in place of the lanes, with a way
+    back to the teams, and asks the server nothing more about it until told to try again."""
+    with chromium() as driver:
+        driver.get(f"{web_server}/#/team/1")
+        said = wait_for(lambda: driver.execute_script(MISSING_TEAM, 1), "the error")
+        assert said["text"].startswith("unknown team 1"), said
+        time.sleep(3)  # three polls' time
+        assert driver.execute_script(MISSING_TEAM, 1)["asked"] == said["asked"]
+        # The team is made since: "try again" shows it.
+        router = Router(Settings(database_url=database), publisher=RecordingPublisher())
+        router.create_team()
+        router.close()
+        driver.find_element(By.CSS_SELECTOR, "#team-error button").click()
+        page = wait_for(lambda: snapshot(driver), "the team's swimlane")
+        assert page["lanes"] == ["Team Leader"], page
+        assert not driver.find_element(By.ID, "team-error").is_displayed()
+        driver.get(f"{web_server}/#/team/999")
+        said = wait_for(lambda: driver.execute_script(MISSING_TEAM, 999), "the error")
+        assert said["text"].startswith("unknown team 999"), said
+        back = driver.find_element(By.CSS_SELECTOR, "#team-error a").get_attribute("href")
+        assert back is not None and back.endswith("#/"), back
+        time.sleep(3)  # three polls' time
+        assert driver.execute_script(MISSING_TEAM, 999)["asked"] == said["asked"]
+        driver.find_element(By.CSS_SELECTOR, "#team-error a").click()
+        wait_for(
+            lambda: driver.find_element(By.ID, "teams-view").is_displayed(), "the list of teams"
+        )
+        assert not driver.find_element(By.ID, "team-error").is_displayed()
 
 
 def test_web_is_read_only_json(web_server: str) -> None:
@@ -407,6 +454,59 @@ def test_half_open_connections_hold_no_thread(team_database: tuple[str, int]) ->
             for s in [*half_open, trickle]:
                 s.close()
         assert _threads(server.pid) <= before
+
+
+def _send_quietly(s: socket.socket, data: bytes) -> bool:
+    """Send ``data`` without waiting; ``False`` once the server has closed the connection."""
+    try:
+        s.send(data, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def test_a_slowloris_neither_starves_the_page_nor_keeps_its_connections(database: str) -> None:
+    """1,500 connections (past the server's limit of 1,000) that each send a header line every
+    second and never end their request, from a thread that goes on all along: whole requests
+    sent meanwhile are all answered, and every slow connection is closed by the server (its
+    request is past its deadline however the bytes trickle in, or it made room for a newer
+    connection)."""
+    env = {"AGENT_ROUTER_WEB_TIMEOUT_SECONDS": "4", "AGENT_ROUTER_WEB_THREADS": "4"}
+    with serving(database, **env) as (address, _):
+        host, port = address.split(":")
+        slow: list[socket.socket] = []
+        done = threading.Event()
+
+        def trickle() -> None:
+            line = 0
+            while not done.wait(1.0):
+                line += 1
+                for s in slow:
+                    _send_quietly(s, f"X-Slow-{line}: a\r\n".encode())
+
+        trickling = threading.Thread(target=trickle, daemon=True)
+        answered = 0
+        try:
+            for _ in range(1500):
+                s = socket.create_connection((host, int(port)), timeout=30)
+                s.sendall(f"GET /api/teams HTTP/1.1\r\nHost: {address}\r\n".encode())
+                slow.append(s)
+            trickling.start()
+            for _ in range(5):
+                with contextlib.suppress(TimeoutError):
+                    status, _, body = request(address, "/api/teams", timeout=20)
+                    answered += status == 200 and json.loads(body)["total"] == 0
+                time.sleep(1)
+            done.set()
+            trickling.join()
+            assert answered == 5
+            assert sum(_closed_by_server(s) for s in slow) == len(slow)
+        finally:
+            done.set()
+            for s in slow:
+                s.close()
 
 
 # ---------------------------------------------------------------- hostile names and contents

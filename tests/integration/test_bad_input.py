@@ -131,6 +131,34 @@ def test_unknown_team(router: Router) -> None:
         router.agent(987654, "Team Leader")
 
 
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("ui operator 1", "UI Operator_1"),  # the same letters and digits
+        ("full-stack engineer", "Full-Stack Engineer_1"),  # the start of a name
+        ("TEAM-LEADER!", "Team Leader"),
+        ("Designer_9", None),  # nothing close
+        ("ui", None),  # too short to stand for a name
+    ],
+)
+def test_an_unknown_agent_name_says_the_agent_it_was_probably_meant_for(
+    router: Router, given: str, meant: str | None
+) -> None:
+    """The same sentence on both databases, in the refusal and in its ledger event."""
+    team = router.create_team()
+    router.create_agent(team.id, role="UI Operator")
+    router.create_agent(team.id, role="Full-Stack Engineer")
+    said = f"no agent {given!r} in team {team.id}" + (f"; did you mean {meant!r}?" if meant else "")
+    with pytest.raises(UnknownAgentError) as sent:
+        router.send(team.id, to=given, content="hi")
+    assert str(sent.value) == said
+    rejected = [e for e in router.ledger(team.id) if e.action is LedgerAction.SEND_REJECTED]
+    assert rejected[-1].detail["message"] == said
+    with pytest.raises(UnknownAgentError) as read:
+        router.agent(team.id, given)
+    assert str(read.value) == said
+
+
 def test_duplicate_and_malformed_display_names(router: Router) -> None:
     team = router.create_team()
     router.create_agent(team.id, role="Engineer", display_name="Bob")

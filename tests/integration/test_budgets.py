@@ -233,6 +233,9 @@ def test_usage_is_summed_per_turn_agent_and_team_with_the_price_table(
         model_calls = events(router, team.id, LedgerAction.MODEL_CALL)
         assert len(model_calls) == 6 and model_calls[-1]["estimated"] is True
         assert model_calls[-1]["cost_usd"] == 0.0  # a model missing from the table costs 0
+        # ... and its event says it is unpriced (the ledger's text: "price unknown").
+        assert model_calls[-1]["unpriced"] is True
+        assert not any("unpriced" in call for call in model_calls[:-1])
         # 3 981 tokens of 10 000: no warning yet; the tokens budget is checked at the next call.
         assert not router.store.budget(team.id).warned
         turns[sub.display_name].record_usage(model="m", prompt_tokens=7000, completion_tokens=0)

@@ -88,3 +88,26 @@ def test_the_token_is_asked_before_anything_runs() -> None:
     status, headers, body = call(app, "/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}", **ok_host)
     assert status.startswith("200") and headers["Content-Type"].startswith("text/html")
     assert body["bytes"] > 100 and headers["Content-Length"] == str(body["bytes"])
+
+
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [
+        ("/\\attacker.example", "/"),
+        ("//attacker.example", "/"),
+        ("/%5Cattacker.example", "/"),
+        ("/\\\\attacker.example/api/teams", "/"),
+        ("/nowhere", "/"),
+        ("/api/teams/3/view", "/api/teams/3/view"),
+        ("/static/app.js", "/static/app.js"),
+    ],
+)
+def test_entering_with_the_token_redirects_only_to_a_path_of_its_own(
+    path: str, location: str
+) -> None:
+    """A path a browser reads as another host (``/\\host`` is ``//host`` to it) is never sent
+    back in the Location: the redirect goes to the page instead."""
+    app = WebApp(NoRouter(), access("127.0.0.1", 8765, token=TOKEN))  # type: ignore[arg-type]
+    status, headers, _ = call(app, f"{path}?token={TOKEN}&x=1", HTTP_HOST="127.0.0.1:8765")
+    assert status.startswith("303")
+    assert headers["Location"] == f"{location}?x=1"

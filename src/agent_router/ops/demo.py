@@ -100,10 +100,25 @@ class DemoResult:
     team_id: int
     checks: list[CheckResult] = field(default_factory=list)
     report: TeamReport | None = None
+    #: What a scenario was still waiting for when its step's time ran out (``None``: none did).
+    timed_out: str | None = None
 
     @property
     def ok(self) -> bool:
         return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        """The demo's last line: a scenario that ran out of time broke no guarantee."""
+        if self.ok:
+            return "all guarantees held"
+        if self.timed_out is not None:
+            return (
+                "a scenario timed out (no guarantee was found broken): give each step more "
+                "time with --timeout (AGENT_ROUTER_DEMO_TIMEOUT), or run it with fewer demos "
+                "sharing the workers"
+            )
+        return "a guarantee was broken"
 
 
 # ---------------------------------------------------------------------- waiting
@@ -560,6 +575,7 @@ def run_scenarios(router: Router, demo: DemoTeam, *, timeout: float = 60.0) -> D
     try:
         result.checks.extend(_Scenarios(router, demo, timeout).run())
     except DemoTimeoutError as exc:
+        result.timed_out = str(exc)
         result.checks.append(
             CheckResult(name="scenarios ran to the end", ok=False, detail=str(exc))
         )

@@ -15,11 +15,19 @@ from agent_router.router import Router
 
 
 def _usage_text(d: dict[str, Any]) -> str:
+    """A ``model_call`` event: the model (or that its server named none), the tokens, and the
+    cost by the price table (or that the table has no price for the model)."""
     cached = f" ({d.get('cached_tokens')} cached)" if d.get("cached_tokens") else ""
     estimated = " estimated" if d.get("estimated") else ""
+    model = d.get("model") or "model not reported"
+    cost = (
+        "price unknown (not in AGENT_ROUTER_MODELS)"
+        if d.get("unpriced")
+        else f"${d.get('cost_usd', 0):.6f}"
+    )
     return (
-        f"model call ({d.get('model') or '?'}): {d.get('prompt_tokens')} prompt{cached} + "
-        f"{d.get('completion_tokens')} completion tokens{estimated}, ${d.get('cost_usd', 0):.6f}"
+        f"model call ({model}): {d.get('prompt_tokens')} prompt{cached} + "
+        f"{d.get('completion_tokens')} completion tokens{estimated}, {cost}"
     )
 
 

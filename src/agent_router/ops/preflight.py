@@ -8,6 +8,7 @@ behind."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import urllib.parse
 from collections.abc import Sequence
@@ -81,6 +82,9 @@ def database(database_url: str) -> Check:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
     except sa.exc.DBAPIError as exc:
+        missing = missing_database(str(exc.orig))
+        if missing is not None:
+            return Check("database", False, *missing)
         reason = one_line(str(exc.orig), MAX_REASON)
         return Check(
             "database",
@@ -91,6 +95,24 @@ def database(database_url: str) -> Check:
     finally:
         engine.dispose()
     return Check("database", True, f"{where} answers")
+
+
+#: What PostgreSQL says of a database name it does not have.
+_MISSING_DATABASE = re.compile(r'database "([^"]+)" does not exist')
+
+
+def missing_database(driver_text: str) -> tuple[str, str] | None:
+    """What is missing and what creates it, when a driver's error says the server has no
+    database of the name connected to (``agent-router db upgrade`` creates the schema in a
+    database, not the database); ``None`` for any other error."""
+    found = _MISSING_DATABASE.search(driver_text)
+    if found is None:
+        return None
+    name = found.group(1)
+    return f"the PostgreSQL server has no database {name!r}", (
+        f"create it with `createdb {name}` (or CREATE DATABASE), then its schema with "
+        "`agent-router db upgrade --database-url URL`"
+    )
 
 
 def existing_database(database_url: str) -> None:

@@ -247,6 +247,12 @@ def charge_model_call(tx: Tx, team_id: int, agent_id: int, turn_id: int | None) 
     return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
 
 
+def priced(settings: Settings, model: str | None) -> bool:
+    """Whether the ``models`` price table lists ``model``: a model call of one it does not list
+    costs $0 by the table, and its ``model_call`` event says ``unpriced``."""
+    return model is not None and model in settings.models
+
+
 def record_usage(
     tx: Tx,
     team_id: int,
@@ -297,6 +303,7 @@ def record_usage(
         **tokens,
         cost_usd=cost_nano / NANO,
         estimated=estimated,
+        **({} if priced(tx.settings, model) else {"unpriced": True}),
         **ids,
         **({} if context is None else {"context": dict(context)}),
         **({"saturated": saturated} if saturated else {}),

@@ -429,6 +429,7 @@ class PostgresStore(Store):
             cached_tokens=usage.cached_tokens,
             cost_nano=budgets.call_cost_nano(usage.cost_usd),
             estimated=estimated,
+            priced=budgets.priced(self.settings, model),
             context=None if context is None else json.dumps(dict(context)),
             window=None if window is None else json.dumps(dict(window)),
             **self._budget_params(),

@@ -3,6 +3,7 @@ built of. Functions of a session: the read views use them as well."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, cast
 
@@ -44,6 +45,42 @@ def agent_by_name(
         # See _lock_agent: the locked read must replace a stale, unlocked copy.
         stmt = stmt.with_for_update(key_share=True).execution_options(populate_existing=True)
     return session.scalars(stmt).one_or_none()
+
+
+#: Characters a name's key keeps: ASCII letters (lower-cased) and digits.
+_KEY_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_KEY_LOWER = _KEY_UPPER.lower()
+_NOT_KEY = re.compile(r"[^abcdefghijklmnopqrstuvwxyz0123456789]")
+#: The shortest key a name given may have to be matched by prefix.
+MIN_PREFIX_KEY = 3
+
+
+def name_key(name: str) -> str:
+    """A display name as it is compared for a suggestion: ASCII letters lower-cased, and
+    nothing but ASCII letters and digits (``Full-Stack Engineer_1`` -> ``fullstackengineer1``).
+    ``ar__name_key`` in postgresql/common.sql computes the same."""
+    return _NOT_KEY.sub("", name.translate(str.maketrans(_KEY_UPPER, _KEY_LOWER)))
+
+
+def unknown_agent(session: Session, team_id: int, name: str) -> errors.UnknownAgentError:
+    """The refusal of an agent name the team does not have, with the agent it was probably
+    meant for (``ar__unknown_agent`` in postgresql/common.sql words it the same)."""
+    given = name_key(name)
+    close: str | None = None
+    if given:
+        names = session.scalars(
+            sa.select(AgentRow.display_name)
+            .where(AgentRow.team_id == team_id)
+            .order_by(AgentRow.id)
+        ).all()
+        keys = [(n, name_key(n)) for n in names]
+        close = next((n for n, k in keys if k == given), None)
+        if close is None and len(given) >= MIN_PREFIX_KEY:
+            close = next(
+                (n for n, k in keys if k and (k.startswith(given) or given.startswith(k))), None
+            )
+    guess = f"; did you mean {close!r}?" if close is not None else ""
+    return errors.UnknownAgentError(f"no agent {name!r} in team {team_id}{guess}")
 
 
 def lock_agent(session: Session, agent_id: int) -> AgentRow | None:

@@ -126,7 +126,7 @@ class Reads:
             queries.team(session, team_id)
             row = queries.agent_by_name(session, team_id, name)
             if row is None:
-                raise errors.UnknownAgentError(f"no agent {name!r} in team {team_id}")
+                raise queries.unknown_agent(session, team_id, name)
             return values.agent(row, queries.mailbox_depth(session, row.id))
 
     @faults.wrapped_read

@@ -172,11 +172,7 @@ def _lock_target(tx: Tx, req: SendRequest) -> tuple[AgentRow, int | None]:
     if found is None:
         queries.team(tx.session, req.team_id)  # an unknown team says so, not "unknown agent"
         resolve_sender(req, sender_of(tx, req))
-        raise reject(
-            req,
-            errors.UnknownAgentError(f"no agent {req.to!r} in team {req.team_id}"),
-            "unknown_target",
-        )
+        raise reject(req, queries.unknown_agent(tx.session, req.team_id, req.to), "unknown_target")
     target, source_id, source_state = found
     source_id = resolve_sender(req, (source_id, source_state))
     if source_id == target.id:

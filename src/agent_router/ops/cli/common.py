@@ -124,10 +124,36 @@ def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except Exception as exc:
             if failures.OPTIONS.traceback:
                 raise
-            failures.report(exc, hint=_unknown_name_hint(exc, kwargs))
+            failures.report(exc, hint=_refusal_hint(exc, kwargs))
             raise typer.Exit(failures.EXIT_FAILURE) from None
 
     return wrapper
+
+
+def _refusal_hint(exc: Exception, arguments: dict[str, Any]) -> str | None:
+    """What to do about a refusal of the library, with the team of the command when it names
+    one; ``None`` for any other error (:func:`failures.explain` gives its hint)."""
+    team = arguments.get("team")
+    status = f"`agent-router status {team}`" if isinstance(team, int) else "`agent-router status`"
+    if isinstance(exc, errors.UnknownTeamError | errors.UnknownAgentError):
+        return _unknown_name_hint(exc, arguments)
+    if isinstance(exc, errors.AgentTerminatedError):
+        return f"a terminated agent is gone for good; {status} shows which agents are live"
+    if isinstance(exc, errors.InvalidMessageError) and "Team Leader cannot be" in str(exc):
+        # The lead lives as long as its team.
+        where = team if isinstance(team, int) else "TEAM"
+        return (
+            f"only sub-agents can be; `agent-router team delete {where}` ends the whole team "
+            "and `agent-router budget` caps what it may still spend"
+        )
+    if isinstance(exc, errors.QuestionClosedError | errors.UnknownQuestionError):
+        return (
+            "only an open question takes an answer: `agent-router status` lists each agent's "
+            "open questions (asked) and those it is to answer (answers)"
+        )
+    if isinstance(exc, errors.WrongQuestionError):
+        return "`agent-router status` lists which agent each open question was asked of"
+    return None
 
 
 #: The parameters of the commands that name an agent of a team.
@@ -153,7 +179,9 @@ def _unknown_name_hint(exc: Exception, arguments: dict[str, Any]) -> str | None:
     folded = {name.casefold(): name for name in names}
     close = difflib.get_close_matches(given.casefold(), list(folded), n=1, cutoff=0.6)
     listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-    guess = f"did you mean {folded[close[0]]!r}? " if close else ""
+    # The library's refusal names the agent it was probably meant for, when it found one.
+    guessed = close and "did you mean" not in str(exc)
+    guess = f"did you mean {folded[close[0]]!r}? " if guessed else ""
     return f"{guess}team {team} has {listed}"
 
 
@@ -180,8 +208,10 @@ def _router(
     database_url: str | None, ready: Callable[[str], None] | None = None
 ) -> Iterator[Router]:
     """A Router on the database that publishes nothing, closed afterwards; ``ready``, a
-    preflight check, is given the database's URL first."""
+    preflight check, is given the database's URL first. A SQLite file that does not exist is
+    an error, not a new empty file."""
     settings = _settings(database_url)
+    preflight.existing_database(settings.database_url)
     if ready is not None:
         ready(settings.database_url)
     router = Router(settings)
@@ -275,6 +305,18 @@ def http_port_option(envvar: str) -> Any:
     return typer.Option(envvar=envvar, help="HTTP port.")
 
 
+def team_number(text: str) -> int:
+    """A team id as typed: digits, else one line with a hint and exit status 2 (a usage error,
+    as Click's are), not Click's usage box."""
+    if not text.strip().isdigit():
+        failures.report(
+            errors.InvalidArgumentError(f"a team id is a number, not {text!r}"),
+            hint="`agent-router status` lists every team by its id",
+        )
+        raise typer.Exit(failures.EXIT_USAGE)
+    return int(text)
+
+
 def _team_id(value: int) -> int:
     """A team id from the command line, checked as the library checks one before anything
     reads the database: an id no team can have (``10**23``) is the same one-line error on
@@ -287,7 +329,14 @@ def _team_id(value: int) -> int:
 
 
 TeamArgument = Annotated[
-    int, typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id.", callback=_team_id)
+    int,
+    typer.Argument(
+        envvar="AGENT_ROUTER_TEAM",
+        help="Team id.",
+        parser=team_number,
+        callback=_team_id,
+        metavar="TEAM",
+    ),
 ]
 AgentArgument = Annotated[str, typer.Argument(help="Display name of a sub-agent.")]
 DatabaseUrlOption = Annotated[

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 #: Exit status of every failure reported on one line (usage errors exit 2, as Click's do).
 EXIT_FAILURE = 1
+#: Exit status of a malformed argument (a usage error), as Click's.
+EXIT_USAGE = 2
 
 
 @dataclass
@@ -75,6 +77,14 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
         return "the port is in use: another process listens on it", (
             "stop that process, or pass another --port"
         )
+    if (
+        isinstance(exc, OSError)
+        and exc.filename is not None
+        and not isinstance(exc, ConnectionError)
+    ):
+        return f"cannot use {exc.filename}: {exc.strerror or type(exc).__name__}", (
+            "check the path: its directory must exist and be writable"
+        )
     if isinstance(exc, ConnectionError | OSError):
         return f"{type(exc).__name__}: {exc}", hint or "`agent-router doctor` checks every service"
     return f"{type(exc).__name__}: {exc}", "run again with --traceback for the whole traceback"
@@ -116,6 +126,9 @@ def _database(orig: BaseException, hint: str | None) -> tuple[str, str | None]:
             "create it with `agent-router db upgrade --database-url URL`",
         )
     kinds = {cls.__name__ for cls in type(orig).__mro__}
+    missing = preflight.missing_database(text)
+    if missing is not None:  # the server answered: it has no database of that name
+        return missing
     if kinds & set(_CONNECTION_ERRORS):
         return f"database error: {text}", (
             "is the database server running? check --database-url (or "

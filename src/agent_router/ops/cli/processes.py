@@ -197,8 +197,11 @@ def beat(
     celery.start([*argv, *ctx.args])
 
 
-#: Flower's task list columns: the turn's label (agent, team, epoch, trigger) is its args.
-FLOWER_TASK_COLUMNS = "name,args,state,result,received,started,runtime,worker"
+#: Flower's task list columns: the turn's label (agent, team, epoch, trigger) is its args, the
+#: uuid the only link to a task's page. They fit a window 1400 px wide; the task's name (the
+#: same for every turn), its result (how it ended, on its page), and its received and started
+#: times (on its page) are left out to make room.
+FLOWER_TASK_COLUMNS = "uuid,args,state,runtime,worker"
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import json
 import threading
 from collections.abc import Callable
@@ -18,7 +19,8 @@ from rich.text import Text
 
 from agent_router import errors
 from agent_router import validation as check
-from agent_router.domain import AgentState, AgentStatus, Budget, TokenUsage
+from agent_router.domain import AgentState, AgentStatus, Budget, RouteOutcome, TokenUsage
+from agent_router.ops.cli import failures
 from agent_router.ops.cli.budgets import print_budget
 from agent_router.ops.cli.common import (
     DatabaseUrlOption,
@@ -30,6 +32,7 @@ from agent_router.ops.cli.common import (
     _router,
     _store,
     app,
+    team_number,
 )
 from agent_router.ops.explain import LedgerTail
 from agent_router.store import Store, utcnow
@@ -68,7 +71,12 @@ def _team(team: int) -> int:
 def status(  # noqa: PLR0917 - typer options
     team: Annotated[
         int | None,
-        typer.Argument(envvar="AGENT_ROUTER_TEAM", help="Team id; all teams when omitted."),
+        typer.Argument(
+            envvar="AGENT_ROUTER_TEAM",
+            help="Team id; all teams when omitted.",
+            parser=team_number,
+            metavar="[TEAM]",
+        ),
     ] = None,
     state: Annotated[
         list[AgentState] | None,
@@ -288,6 +296,7 @@ def ledger(  # noqa: PLR0917 - typer options
         as_json=as_json, after=after, agents=agents, outcomes=outcomes, follow=follow,
         reader_gone=reader_gone,
     )  # fmt: skip
+    _check_choices("outcome", outcomes or [], [o.value for o in RouteOutcome], "the outcomes are")
     with _store(database_url) as store:
         try:
             store.reads.team(_team(team))  # an unknown team is an error, not an empty timeline
@@ -295,6 +304,9 @@ def ledger(  # noqa: PLR0917 - typer options
             # A deleted team's record of what it dropped (owed_dropped) outlives it.
             if not store.reads.ledger(team):
                 raise
+        else:
+            names = [a.display_name for a in store.reads.agents(team)]
+            _check_choices("agent", agents or [], names, f"team {team} has")
     with _router(database_url) as router:
         tail = LedgerTail(router, team, sink, poll=FOLLOW_POLL_SECONDS)
         if not follow:
@@ -308,6 +320,21 @@ def ledger(  # noqa: PLR0917 - typer options
             tail.stop()
     if reader_gone.is_set():
         raise BrokenPipeError  # ends quietly (see failures.run_quietly_on_broken_pipe)
+
+
+def _check_choices(what: str, given: list[str], known: list[str], known_as: str) -> None:
+    """A filter that can match nothing is one line and exit status 1, with the value meant
+    when one is close (``--outcome queud``), not an empty listing."""
+    for value in given:
+        if value in known:
+            continue
+        close = difflib.get_close_matches(value, known, n=1, cutoff=0.6)
+        folded = [k for k in known if k.casefold() == value.casefold()]
+        guess = next(iter(folded or close), None)
+        said = f"no {what} {value!r}" + (f"; did you mean {guess!r}?" if guess else "")
+        listed = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+        failures.report(errors.InvalidArgumentError(said), hint=f"{known_as}: {listed or 'none'}")
+        raise typer.Exit(failures.EXIT_FAILURE)
 
 
 def _ledger_sink(
@@ -406,7 +433,7 @@ def inspect_message(
 @inspect_app.command("agent")
 @_one_line_errors
 def inspect_agent(
-    team: Annotated[int, typer.Argument(help="Team id.")],
+    team: Annotated[int, typer.Argument(help="Team id.", parser=team_number, metavar="TEAM")],
     name: Annotated[str, typer.Argument(help="Display name, e.g. 'UI Operator_1'.")],
     database_url: DatabaseUrlOption = None,
     as_json: JsonLinesOption = False,

@@ -54,14 +54,15 @@ def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
         for check in result.checks:
             print(json.dumps({"event": "check", "name": check.name, "ok": check.ok,
                               "detail": check.detail}), flush=True)  # fmt: skip
-        print(json.dumps({"event": "result", "team_id": result.team_id, "ok": result.ok}))
+        timed_out = {} if result.timed_out is None else {"timed_out": result.timed_out}
+        print(json.dumps({"event": "result", "team_id": result.team_id, "ok": result.ok}
+                         | timed_out))  # fmt: skip
         return
     console.rule("checks")
     for check in result.checks:
         mark = Text("PASS ", style="bold green") if check.ok else Text("FAIL ", style="bold red")
         console.print(mark + Text(check.name, style="bold") + Text(f"\n      {check.detail}"))
-    verdict = "all guarantees held" if result.ok else "a guarantee was broken"
-    console.print(Text(verdict, style="bold green" if result.ok else "bold red"))
+    console.print(Text(result.verdict, style="bold green" if result.ok else "bold red"))
 
 
 def _print_next_steps(console: Console, what: str, url: str, team_id: int) -> None:
@@ -116,7 +117,9 @@ def _in_process(broker_url: str, embedded_workers: bool | None) -> bool:
 
 def _timeline_console() -> Console:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    return Console(highlight=False, stderr=False)
+    console = Console(highlight=False, stderr=False)
+    console.soft_wrap = not console.is_terminal  # in a pipe or a file, a line stays whole
+    return console
 
 
 def _timeline_sink(console: Console, as_json: bool) -> Callable[[dict[str, Any]], None]:

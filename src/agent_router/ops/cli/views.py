@@ -59,6 +59,13 @@ def timeline(
     pan, an overview strip, filters by agent and kind, and a view focused on one agent."""
     from agent_router.ops.timeline import render_html, render_mermaid, team_timeline
 
+    if output is not None and str(output) != "-" and not output.absolute().parent.is_dir():
+        # Said before the team is read: nothing is drawn for a file that cannot be written.
+        folder = output.absolute().parent
+        raise preflight.NotReadyError(
+            f"no directory {folder} to write {output.name} in",
+            hint=f"create it with `mkdir -p {folder}`, or pass another --output",
+        )
     with _router(database_url, preflight.existing_database) as router:
         data = team_timeline(router, team)
     counts = (

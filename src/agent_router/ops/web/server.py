@@ -43,13 +43,19 @@ import logging
 import math
 import re
 import threading
+import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
-from typing import Any
+from typing import Any, cast
+
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import MultiSocketServer, TcpWSGIServer
+from waitress.task import ThreadedTaskDispatcher
 
 from agent_router import errors
 from agent_router.ops import timeline
@@ -405,7 +411,9 @@ class WebApp:
             for k, v in urllib.parse.parse_qsl(environ.get("QUERY_STRING", ""))
             if k != "token"
         ]
-        location = _raw_path(environ) + ("?" + urllib.parse.urlencode(rest) if rest else "")
+        location = _own_path(_raw_path(environ)) + (
+            "?" + urllib.parse.urlencode(rest) if rest else ""
+        )
         cookie = f"{self.rules.cookie}={given}; Path=/; HttpOnly; SameSite=Strict"
         return (
             HTTPStatus.SEE_OTHER,
@@ -453,6 +461,15 @@ def _raw_path(environ: dict[str, Any]) -> str:
     return urllib.parse.quote(environ.get("PATH_INFO", "/").encode("latin-1"), safe="/")
 
 
+def _own_path(path: str) -> str:
+    """``path`` when it is one of this server's own (the page, its files, a view), else ``/``:
+    a redirect never names what a browser reads as another host (``/\\evil.example``,
+    ``//evil.example``)."""
+    if path in _STATIC or any(pattern.fullmatch(path) for pattern, _ in _ROUTES):
+        return path
+    return "/"
+
+
 def _params(query: str) -> dict[str, str]:
     """A query string's parameters (the last of a repeated one). Malformed percent-escapes
     are refused by the views that read them, not here."""
@@ -467,19 +484,21 @@ def make_server(
     rules: Access,
     threads: int = 8,
     timeout_seconds: float = 30.0,
+    connection_limit: int = CONNECTION_LIMIT,
 ) -> Any:
     """The server, bound and ready: ``run()`` serves until ``close()``. ``effective_port`` is
-    the port it listens on (for port 0)."""
-    from waitress.server import create_server
-
-    return create_server(
-        WebApp(router, rules),
+    the port it listens on (for port 0). ``timeout_seconds`` is each connection's idle timeout
+    and each request's deadline: its headers must arrive within it of their first byte, its
+    body within it of the headers."""
+    adj = Adjustments(
         host=host,
         port=port,
         threads=threads,
-        channel_timeout=timeout_seconds,
-        cleanup_interval=max(1.0, min(timeout_seconds / 2, 30.0)),
-        connection_limit=CONNECTION_LIMIT,
+        channel_timeout=max(1, math.ceil(timeout_seconds)),
+        cleanup_interval=max(1, min(math.ceil(timeout_seconds / 4), 10)),
+        connection_limit=connection_limit,
+        # poll(), not select(): select() takes no file descriptor past 1023.
+        asyncore_use_poll=True,
         # Every request is a GET: a body is never read, and a big one is not buffered either.
         max_request_body_size=MAX_BODY,
         max_request_header_size=MAX_HEADERS,
@@ -487,3 +506,103 @@ def make_server(
         expose_tracebacks=False,
         clear_untrusted_proxy_headers=True,
     )
+    dispatcher = ThreadedTaskDispatcher()
+    dispatcher.set_thread_count(adj.threads)
+    app = WebApp(router, rules)
+    sockets: dict[int, Any] = {}
+    servers = [
+        _GuardedServer(app, sockets, dispatcher=dispatcher, adj=adj, sockinfo=info)
+        for info in adj.listen
+    ]
+    for server in servers:
+        server.request_seconds = timeout_seconds
+    if len(servers) == 1:
+        return servers[0]
+    listening = [(cast(Any, s).effective_host, cast(Any, s).effective_port) for s in servers]
+    return MultiSocketServer(sockets, adj, listening, dispatcher, servers[-1].log_info)
+
+
+class _Channel(HTTPChannel):
+    """A connection that remembers when the request it is reading began, and when its headers
+    ended: its deadline counts from there, however the bytes trickle in."""
+
+    server: _GuardedServer
+
+    def __init__(self, server: _GuardedServer, *args: Any, **kwargs: Any) -> None:
+        # A connection that sends nothing yet is waiting for its first request.
+        self.began: float | None = time.monotonic()
+        self.headers_ended: float | None = None
+        super().__init__(server, *args, **kwargs)
+        server.waiting[self] = None
+
+    def received(self, data: bytes) -> bool:
+        now = time.monotonic()
+        if self.request is None and self.began is None:
+            self.began, self.headers_ended = now, None
+            self.server.waiting[self] = None  # the newest: last in the order
+        done = super().received(data)
+        if self.request is None:  # read whole: it waits for a thread now, not for the client
+            self.began = None
+            self.server.waiting.pop(self, None)
+        elif self.request.headers_finished and self.headers_ended is None:
+            self.headers_ended = now
+        return done
+
+    def late(self, now: float, seconds: float) -> bool:
+        """Whether the request being read is past its deadline: its headers ``seconds`` after
+        its first byte, its body ``seconds`` after its headers."""
+        if self.began is None or self.requests:
+            return False
+        return now - (self.headers_ended or self.began) > seconds
+
+    def del_channel(self, map: Any = None) -> None:
+        self.server.waiting.pop(self, None)
+        super().del_channel(map)
+
+
+class _GuardedServer(TcpWSGIServer):
+    """waitress's server that closes a connection whose request is past its deadline, and that
+    at its connection limit drops the connection that has waited longest for its request to
+    make room for a new one, instead of accepting nothing more (what a slowloris wants)."""
+
+    channel_class = _Channel
+    #: The deadline of a request's headers, and of its body (set by :func:`make_server`).
+    request_seconds = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: The connections reading a request, the longest waiting first.
+        self.waiting: OrderedDict[_Channel, None] = OrderedDict()
+        super().__init__(*args, **kwargs)
+
+    def _full(self) -> bool:
+        channels: dict[int, Any] = cast(Any, self).active_channels
+        return len(channels) >= self.adj.connection_limit
+
+    def readable(self) -> bool:
+        # waitress's own, but for the limit: maintenance on its interval (timed in float
+        # seconds, which waitress's type stubs call int).
+        server: Any = self
+        now = time.time()
+        if now >= server.next_channel_cleanup:
+            server.next_channel_cleanup = now + self.adj.cleanup_interval
+            self.maintenance(now)
+        return bool(self.accepting) and (not self._full() or self._longest_waiting() is not None)
+
+    def _longest_waiting(self) -> _Channel | None:
+        """The connection that has waited longest for its request, of those no thread is
+        answering (one that sent a request behind the one being answered is left alone)."""
+        return next((c for c in self.waiting if not c.requests), None)
+
+    def handle_accept(self) -> None:
+        if self._full() and (oldest := self._longest_waiting()) is not None:
+            self.waiting.pop(oldest)
+            oldest.handle_close()
+        super().handle_accept()
+
+    def maintenance(self, now: float) -> None:
+        cast(Any, super()).maintenance(now)  # closes the idle ones
+        clock = time.monotonic()
+        for channel in list(self.waiting):
+            if channel.late(clock, self.request_seconds):
+                channel.will_close = True
+                self.waiting.pop(channel, None)

@@ -184,7 +184,7 @@ END $$;
 CREATE OR REPLACE FUNCTION ar_record_usage(
     p_team bigint, p_agent bigint, p_turn bigint, p_model text, p_prompt bigint,
     p_completion bigint, p_cached bigint, p_cost_nano bigint, p_estimated boolean,
-    p_ratio float8, p_defaults jsonb, p_context jsonb, p_window jsonb)
+    p_priced boolean, p_ratio float8, p_defaults jsonb, p_context jsonb, p_window jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -223,8 +223,10 @@ BEGIN
     o := ar__event(o, 'model_call', p_team, p_agent, v_now, jsonb_build_object(
         'model', p_model, 'prompt_tokens', p_prompt, 'completion_tokens', p_completion,
         'cached_tokens', p_cached, 'cost_usd', p_cost_nano::float8 / 1000000000,
-        'estimated', p_estimated) || CASE WHEN p_context IS NULL THEN '{}'::jsonb
-                                        ELSE jsonb_build_object('context', p_context) END
+        'estimated', p_estimated)
+        || CASE WHEN p_priced THEN '{}'::jsonb ELSE '{"unpriced": true}'::jsonb END
+        || CASE WHEN p_context IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('context', p_context) END
         || CASE WHEN v_saturated = '[]'::jsonb THEN '{}'::jsonb
                 ELSE jsonb_build_object('saturated', v_saturated) END,
         p_turn => p_turn);

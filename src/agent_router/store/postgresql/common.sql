@@ -56,6 +56,41 @@ BEGIN
             FROM regexp_split_to_table(q, '') WITH ORDINALITY AS s(c, n));
 END $$;
 
+-- A display name as it is compared for a suggestion: ASCII letters lower-cased, nothing but
+-- ASCII letters and digits kept (queries.name_key on SQLite).
+CREATE OR REPLACE FUNCTION ar__name_key(p text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN regexp_replace(
+        translate(p, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+        '[^abcdefghijklmnopqrstuvwxyz0123456789]', '', 'g');
+END $$;
+
+-- The refusal of an agent name the team does not have, with the agent it was probably meant
+-- for: the first (by id) whose key is the name's, else (for a key of 3 characters or more) the
+-- first whose key starts with the name's or begins it (queries.unknown_agent on SQLite).
+CREATE OR REPLACE FUNCTION ar__unknown_agent(p_team bigint, p_name text) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_given text := ar__name_key(p_name);
+    v_close text;
+BEGIN
+    IF v_given <> '' THEN
+        SELECT display_name INTO v_close FROM ar_agents
+        WHERE team_id = p_team AND ar__name_key(display_name) = v_given ORDER BY id LIMIT 1;
+        IF v_close IS NULL AND length(v_given) >= 3 THEN
+            SELECT display_name INTO v_close FROM ar_agents a,
+                LATERAL (SELECT ar__name_key(a.display_name) AS k) key
+            WHERE a.team_id = p_team AND key.k <> ''
+                AND (starts_with(key.k, v_given) OR starts_with(v_given, key.k))
+            ORDER BY a.id LIMIT 1;
+        END IF;
+    END IF;
+    RETURN format('no agent %s in team %s', ar__repr(p_name), p_team)
+        || CASE WHEN v_close IS NULL THEN ''
+                ELSE format('; did you mean %s?', ar__repr(v_close)) END;
+END $$;
+
 -- Which state may follow which (an illegal move is a bug of the store, and raises): `idle`
 -- follows any live state (a stop), `terminated` is final.
 CREATE OR REPLACE FUNCTION ar__can_move(p_from ar_agent_state, p_to ar_agent_state)

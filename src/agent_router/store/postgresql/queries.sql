@@ -56,7 +56,8 @@ SELECT ar_charge_model_call(:team, :agent, :turn, :ratio, CAST(:defaults AS json
 -- One model call's tokens and cost: its row, the team's sums, its event (with what the request
 -- left out, on the call where that changed), and where the agent's request window then stood.
 SELECT ar_record_usage(:team, :agent, :turn, :model, :prompt_tokens, :completion_tokens,
-                       :cached_tokens, :cost_nano, :estimated, :ratio, CAST(:defaults AS jsonb),
+                       :cached_tokens, :cost_nano, :estimated, :priced, :ratio,
+                       CAST(:defaults AS jsonb),
                        CAST(:context AS jsonb), CAST(:window AS jsonb))
 
 -- name: charge_sub_agent

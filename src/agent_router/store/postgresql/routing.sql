@@ -195,8 +195,7 @@ BEGIN
             END IF;
         END IF;
         IF NOT v_found THEN
-            o := ar__rejected(o, 'UnknownAgentError',
-                format('no agent %s in team %s', ar__repr(p_to), p_team),
+            o := ar__rejected(o, 'UnknownAgentError', ar__unknown_agent(p_team, p_to),
                 'unknown_target', p_team, p_to, p_sender, p_type, p_subtype);
             RETURN;
         END IF;

@@ -7,12 +7,16 @@
 (function () {
   var POLL_MS = 1000, LANES = Swimlane.PAGE_LANES, MAX_ARROWS = 2500, TEAMS = 50, ENTRIES = 200;
   var shown = { team: null, controller: null, lastEvent: -1, polls: 0, teamsOffset: 0,
-    entriesStart: 0, agent: null, movedAt: 0 };
+    entriesStart: 0, agent: null, movedAt: 0, halted: null, looping: false };
 
   function get(url) {
     return fetch(url, { cache: "no-store", credentials: "same-origin" }).then(function (r) {
       return r.json().catch(function () { return {}; }).then(function (body) {
-        if (!r.ok) throw new Error((body && body.error) || url + ": HTTP " + r.status);
+        if (!r.ok) {
+          var err = new Error((body && body.error) || url + ": HTTP " + r.status);
+          err.status = r.status;
+          throw err;
+        }
         return body;
       });
     });
@@ -190,22 +194,25 @@
       shown.team = null;
       jobs.push(get("/api/teams?offset=" + shown.teamsOffset + "&limit=" + TEAMS).then(drawTeams));
     } else {
-      if (where.team !== shown.team) openTeam(where.team);
-      else {
-        shown.polls += 1;
-        jobs.push(get("/api/teams/" + where.team).then(function (t) {
-          // Reload when the ledger moved; and, for a minute after it last moved, every ten
-          // polls whatever it says: an event committed after a later one is only seen then.
-          if (t.last_event_id !== shown.lastEvent) {
-            shown.movedAt = Date.now();
-            return shown.controller.update();
-          }
-          if (shown.polls % 10 === 0 && Date.now() - shown.movedAt < 60000) {
-            return shown.controller.refresh();
-          }
-          return null;
-        }));
-      }
+      var team = where.team;
+      shown.polls += 1;
+      jobs.push(get("/api/teams/" + team).then(function (t) {
+        // The team is read first: a team the server does not have is said, not drawn.
+        if (team !== shown.team) { openTeam(team); return null; }
+        // Reload when the ledger moved; and, for a minute after it last moved, every ten
+        // polls whatever it says: an event committed after a later one is only seen then.
+        if (t.last_event_id !== shown.lastEvent) {
+          shown.movedAt = Date.now();
+          return shown.controller.update();
+        }
+        if (shown.polls % 10 === 0 && Date.now() - shown.movedAt < 60000) {
+          return shown.controller.refresh();
+        }
+        return null;
+      }, function (err) {
+        if (err && err.status === 404) showMissing(team, err.message);
+        throw err;
+      }));
       if (where.agent !== shown.agent) { shown.agent = where.agent; shown.entriesStart = 0; }
       if (where.agent !== null) {
         jobs.push(get("/api/teams/" + where.team + "/agents/" + encodeURIComponent(where.agent) +
@@ -221,7 +228,40 @@
     });
   }
 
-  function loop() { refresh().then(function () { setTimeout(loop, POLL_MS); }); }
-  window.addEventListener("hashchange", refresh);
+  // A team the server does not have: said in the page, in place of its lanes, and no longer
+  // polled (until another address is opened, or "try again" is clicked: a team made since).
+  function showMissing(teamId, message) {
+    shown.halted = teamId;
+    shown.team = null;
+    shown.controller = null;
+    document.getElementById("swimlane").textContent = "";
+    document.getElementById("team-summary").textContent = "";
+    document.querySelector("#agents tbody").textContent = "";
+    var box = document.getElementById("team-error");
+    box.textContent = "";
+    node("strong", message, null, box);
+    node("span", " — this page no longer asks the server about team " + teamId + ". ", null, box);
+    node("a", "See the teams there are", [["href", "#/"]], box);
+    node("span", " or ", null, box);
+    node("button", "try again", [["type", "button"]], box).addEventListener("click", resume);
+    box.hidden = false;
+  }
+
+  function resume() {
+    shown.halted = null;
+    document.getElementById("team-error").hidden = true;
+    if (shown.looping) refresh(); else loop();
+  }
+
+  function loop() {
+    if (shown.halted !== null && route().team === shown.halted) {
+      shown.looping = false;
+      setStatus("stopped: team " + shown.halted + " does not exist");
+      return;
+    }
+    shown.looping = true;
+    refresh().then(function () { setTimeout(loop, POLL_MS); });
+  }
+  window.addEventListener("hashchange", resume);
   loop();
 })();
