@@ -112,15 +112,15 @@ def test_a_host_pinning_celery_5_5_and_redis_6_installs_it_with_its_pins(
 
 
 #: Run by the fresh environment's Python: a team on the router, a message to its lead, and the
-#: turns a worker of that environment runs (the built-in ScriptedModel: a worker's default
-#: models), until the team has nothing left to do.
+#: turns a worker of that environment runs (the team names the built-in scripted model, which
+#: needs no server), until the team has nothing left to do.
 TEAM_RUN = """
 import json
 from agent_router import LedgerAction, Router, Settings
 from agent_router.ops.demo import wait_quiescent
 
 router = Router(Settings())
-team = router.create_team()
+team = router.create_team(model="scripted")
 router.create_agent(team.id, role="Full-Stack Engineer")
 router.send(team.id, to="Team Leader", content="Status, please.")
 wait_quiescent(router, team.id, timeout=120)
@@ -158,6 +158,7 @@ def test_a_plain_install_runs_a_worker_turn_on_redis_and_postgresql(
         "AGENT_ROUTER_QUEUE": queue,
         "AGENT_ROUTER_SCRIPTED_WRITE_SECONDS": "0",
         "AGENT_ROUTER_WORK_SECONDS": "0",
+        "AGENT_ROUTER_ROLES_FILE": "demo",  # the scripted lead staffs the demo's roles
     }
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
