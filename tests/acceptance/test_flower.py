@@ -145,10 +145,11 @@ FLOWER_LABELS = {"name": "Name", "uuid": "UUID", "args": "args", "state": "State
 
 
 def test_flower_columns_keep_the_uuid_and_the_turn_label() -> None:
-    """The uuid is the row's only link to its task's page; args is the turn's label; state,
-    runtime and worker say how it went and where."""
+    """The uuid is the row's only link to its task's page; args is the turn's label; state and
+    runtime say how it went; received is what Flower's list sorts by (newest first), without
+    which a new turn may be on any page."""
     columns = FLOWER_TASK_COLUMNS.split(",")
-    assert {"uuid", "args", "state", "runtime", "worker"} <= set(columns)
+    assert {"uuid", "args", "state", "received", "runtime"} <= set(columns)
     assert set(columns) <= set(FLOWER_LABELS)
 
 

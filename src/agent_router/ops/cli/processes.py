@@ -198,10 +198,12 @@ def beat(
 
 
 #: Flower's task list columns: the turn's label (agent, team, epoch, trigger) is its args, the
-#: uuid the only link to a task's page. They fit a window 1400 px wide; the task's name (the
-#: same for every turn), its result (how it ended, on its page), and its received and started
-#: times (on its page) are left out to make room.
-FLOWER_TASK_COLUMNS = "uuid,args,state,runtime,worker"
+#: uuid the only link to a task's page, and the received time the one Flower's list sorts by
+#: (newest first; without it the list is sorted by uuid, and a new turn may be on any page).
+#: They fit a window 1400 px wide, measured in a browser; the task's name (the same for every
+#: turn), its result (how it ended), its start time and its worker are on its page (the
+#: worker's host name alone takes a fifth of the width).
+FLOWER_TASK_COLUMNS = "uuid,args,state,received,runtime"
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
