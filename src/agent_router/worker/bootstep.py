@@ -39,6 +39,20 @@ from agent_router.worker import hosting
 logger = get_logger(__name__)
 
 
+def _worker_settings(app: Any, off: str, *, action: str) -> Settings | None:
+    """The settings a worker step runs with; ``None`` when the router is off in this process
+    (``install()`` said why, once, when the host's app was made) or a setting is invalid, which
+    the step logs as one line, ``off``, naming the variable, never its value (a URL may hold a
+    password). The worker runs on either way: the host's tasks need no router."""
+    if hosting.disabled_reason(app) is not None:
+        return None
+    try:
+        return Settings()
+    except ValidationError as exc:
+        logger.warning("%s: %s", off, hosting.invalid_setting(exc), extra={"action": action})
+        return None
+
+
 class WorkerSweeper(bootsteps.StartStopStep):
     """Worker bootstep: a :class:`~agent_router.worker.embedded.SweeperThread` in the worker's main
     process, from worker start to shutdown, unless ``Settings.worker_sweeper`` is off.
@@ -50,19 +64,8 @@ class WorkerSweeper(bootsteps.StartStopStep):
     label = "agent-router sweeper"
 
     def create(self, parent: Any) -> Any:
-        if hosting.disabled_reason(parent.app) is not None:
-            return None  # install() said why, once, when the host's app was made
-        try:
-            settings = Settings()
-        except ValidationError as exc:
-            # The worker runs on: the host's tasks need no router.
-            logger.warning(
-                "agent-router sweeper off: %s",
-                hosting.invalid_setting(exc),
-                extra={"action": "sweep"},
-            )
-            return None
-        if not settings.worker_sweeper:
+        settings = _worker_settings(parent.app, "agent-router sweeper off", action="sweep")
+        if settings is None or not settings.worker_sweeper:
             return None
         if "database_url" not in settings.model_fields_set:
             # A host worker that has the router installed but not configured: sweeping the
@@ -132,17 +135,10 @@ class WorkerServes(bootsteps.StartStopStep):
     label = "agent-router serves"
 
     def start(self, parent: Any) -> None:
-        if hosting.disabled_reason(parent.app) is not None:
-            return  # install() said why, once, when the host's app was made
-        try:
-            settings = Settings()
-        except ValidationError as exc:
-            # One line naming the variable, never its value (a URL may hold a password).
-            logger.warning(
-                "agent-router serves nothing: %s",
-                hosting.invalid_setting(exc),
-                extra={"action": "worker_model"},
-            )
+        settings = _worker_settings(
+            parent.app, "agent-router serves nothing", action="worker_model"
+        )
+        if settings is None:
             return
         try:
             log_serves(settings)
