@@ -219,16 +219,7 @@ class Reads:
         ``also``, with their positions, in order: a turn reads its transcript once and then
         only what was appended since."""
         with self._sessions() as session:
-            stmt = sa.select(TranscriptEntryRow.position, TranscriptEntryRow.payload).where(
-                TranscriptEntryRow.agent_id == agent_id
-            )
-            if position is not None:
-                after = TranscriptEntryRow.position > position
-                if also:
-                    after = sa.or_(after, TranscriptEntryRow.position.in_(sorted(set(also))))
-                stmt = stmt.where(after)
-            rows = session.execute(stmt.order_by(TranscriptEntryRow.position)).all()
-            return [(p, payload) for p, payload in rows]
+            return queries.transcript_after(session, agent_id, position, also=also)
 
     @faults.wrapped_read
     def window_checkpoint(self, agent_id: int) -> dict[str, Any] | None:

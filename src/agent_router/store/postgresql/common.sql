@@ -26,6 +26,16 @@ BEGIN
     RETURN '{"events": [], "outbox": []}'::jsonb;
 END $$;
 
+-- The result `p` of a transition run inside another, whose result is `o`: its events and
+-- outbox rows after `o`'s, its other keys (a refusal too) over `o`'s.
+CREATE OR REPLACE FUNCTION ar__merge(o jsonb, p jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN o || (p - 'events' - 'outbox') || jsonb_build_object(
+        'events', (o -> 'events') || (p -> 'events'),
+        'outbox', (o -> 'outbox') || (p -> 'outbox'));
+END $$;
+
 -- A text as Python's repr() writes it, for the names, keys and tool call ids that refusals
 -- quote: in quotes, the backslash and the quote escaped, and escaped as repr() escapes them each
 -- character below U+0100 that Python does not print (the controls, U+00A0, U+00AD) and the line
