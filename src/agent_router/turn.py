@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from agent_router import errors
 from agent_router import validation as check
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from agent_router.store import AfterCall, BeforeCall, Store
     from agent_router.store.transcripts import CachedTranscript
     from agent_router.store.values import Claim, Result
+
+T = TypeVar("T")
 
 
 class TurnHost(Protocol):
@@ -180,9 +182,13 @@ class Turn:
     def flush(self) -> None:
         """Write the tool call results the turn carries, one transition each."""
         while self._carried:
-            call_id, content = self._carried[0]
-            self._router.store.append_tool_result(self.record, call_id, content)
-            del self._carried[0]
+            self._with_carried(self._append_first)
+
+    def _append_first(self, results: tuple[Result, ...]) -> None:
+        """Write the first of ``results``; carry the others on."""
+        (call_id, content), *rest = results
+        self._router.store.append_tool_result(self.record, call_id, content)
+        self._carried[:0] = rest
 
     def before_call(self, *, after: int | None = None) -> BeforeCall:
         """What the turn does before a model call, in one transition of the store: the results
@@ -193,13 +199,9 @@ class Turn:
         drained into the transcript (``more``: :meth:`drain` the rest). Reads the team's
         agents and, with ``after``, the transcript entries after that position (``-1``: all),
         which the next :meth:`transcript_rows` of that position returns."""
-        results, self._carried = self._carried, []
-        try:
-            before = self._router.before_call(self, results=results, after=after)
-        except errors.StoreError as exc:
-            if exc.transient:  # not written, or not known to be: carried still
-                self._carried[:0] = results
-            raise
+        before = self._with_carried(
+            lambda results: self._router.before_call(self, results=results, after=after)
+        )
         self.renewed_at = time.monotonic()
         if before.rows is not None and after is not None:
             self._prefetched = (after, before.rows)
@@ -381,10 +383,21 @@ class Turn:
     def end(self, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
         """The end-of-turn hook, with the tool call results the turn carries: exactly one
         follow-up when wake messages are pending."""
-        results = tuple(self._carried)
-        ended = self._router.end_turn(self, failed=failed, error=error, results=results)
-        self._carried.clear()
-        return ended
+        return self._with_carried(
+            lambda results: self._router.end_turn(self, failed=failed, error=error, results=results)
+        )
+
+    def _with_carried(self, write: Callable[[tuple[Result, ...]], T]) -> T:
+        """``write`` given the tool call results the turn carries: no longer carried once it
+        ran (written, or refused with the transition), unless the database was out of reach
+        (not written, or not known to be: they go with the next write)."""
+        results, self._carried = tuple(self._carried), []
+        try:
+            return write(results)
+        except errors.StoreError as exc:
+            if exc.transient:
+                self._carried[:0] = results
+            raise
 
     def state(self) -> AgentState:
         return self._router.store.reads.agent_by_id(self.agent_id).state
