@@ -48,6 +48,7 @@ from agent_router.store import (
     Reads,
     Result,
     SendRequest,
+    Since,
     Store,
     open_store,
 )
@@ -413,13 +414,13 @@ class Router:
         return turn
 
     def before_call(
-        self, turn: Turn, *, results: Sequence[Result] = (), after: int | None = None
+        self, turn: Turn, *, results: Sequence[Result] = (), since: Since | None = None
     ) -> BeforeCall:
         """What ``turn`` does before a model call, in one transition (see
         :meth:`Turn.before_call`): the call charged to the team's budgets, acted on as
         :meth:`charge_model_call` acts (a spent budget raises
         :class:`~agent_router.errors.BudgetExhaustedError`), unless the turn stopped."""
-        before = self.store.before_call(turn.record, results=results, after=after)
+        before = self.store.before_call(turn.record, results=results, since=since)
         if before.budget is not None:
             budgeting.model_call_charged(self, turn, before.budget)
         return before

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from agent_router.settings import Settings
     from agent_router.store import AfterCall, BeforeCall, Store
     from agent_router.store.transcripts import CachedTranscript
-    from agent_router.store.values import Claim, Result
+    from agent_router.store.values import Claim, Result, Since
 
 T = TypeVar("T")
 
@@ -72,7 +72,7 @@ class TurnHost(Protocol):
     ) -> EndOfTurn: ...
 
     def before_call(
-        self, turn: Turn, *, results: Sequence[Result] = (), after: int | None = None
+        self, turn: Turn, *, results: Sequence[Result] = (), since: Since | None = None
     ) -> BeforeCall: ...
 
     def after_call(
@@ -116,7 +116,7 @@ class Turn:
         #: Tool call results not yet written: they go with the turn's next transition.
         self._carried: list[Result] = []
         # Transcript entries the last before_call read: (the position they follow, entries).
-        self._prefetched: tuple[int, list[tuple[int, dict[str, Any]]]] | None = None
+        self._prefetched: tuple[int | None, list[tuple[int, dict[str, Any]]]] | None = None
         #: When (time.monotonic) a transition of this turn last renewed its lease.
         self.renewed_at = time.monotonic()
         self._history: list[dict[str, Any]] = []
@@ -190,21 +190,21 @@ class Turn:
         self._router.store.append_tool_result(self.record, call_id, content)
         self._carried[:0] = rest
 
-    def before_call(self, *, after: int | None = None) -> BeforeCall:
+    def before_call(self, *, since: Since | None = None) -> BeforeCall:
         """What the turn does before a model call, in one transition of the store: the results
         it carries written, its lease renewed, a stop requested honoured (``stopped``: the
         turn stopped, as :meth:`finish_stop`), else the call charged to the team's budgets
         (as :meth:`charge_model_call`: a spent one raises
         :class:`~agent_router.errors.BudgetExhaustedError`) and a batch of pending messages
         drained into the transcript (``more``: :meth:`drain` the rest). Reads the team's
-        agents and, with ``after``, the transcript entries after that position (``-1``: all),
-        which the next :meth:`transcript_rows` of that position returns."""
+        agents and, with ``since``, the transcript entries it says, which the next
+        :meth:`transcript_rows` of the same entries returns."""
         before = self._with_carried(
-            lambda results: self._router.before_call(self, results=results, after=after)
+            lambda results: self._router.before_call(self, results=results, since=since)
         )
         self.renewed_at = time.monotonic()
-        if before.rows is not None and after is not None:
-            self._prefetched = (after, before.rows)
+        if before.rows is not None and since is not None:
+            self._prefetched = (since.position, before.rows)
         return before
 
     def after_call(
@@ -264,11 +264,7 @@ class Turn:
         """The entries after position ``after`` (all with ``None``) and those at positions
         ``also``, with their positions, in order."""
         prefetched, self._prefetched = self._prefetched, None
-        if (
-            prefetched is not None
-            and not also
-            and prefetched[0] == (-1 if after is None else after)
-        ):
+        if prefetched is not None and not also and prefetched[0] == after:
             return prefetched[1]
         return self._router.store.reads.transcript_after(self.agent_id, after, also=also)
 

@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from agent_router import AgentRouterError, MessageSubtype, Router, Settings, Turn
 from agent_router.domain import BudgetName
 from agent_router.outbox import RecordingPublisher
+from agent_router.store import Since
 from agent_router.store.models import Base
 from agent_router.validation import MAX_TOKENS_PER_CALL
 
@@ -369,12 +370,12 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             name=st.sampled_from(NAMES),
             results=st.integers(min_value=0, max_value=2),
             bogus=st.booleans(),
-            after=st.sampled_from([None, -1, 2]),
+            since=st.sampled_from([None, Since(None), Since(2)]),
         )
-        def before_call(self, name: str, results: int, bogus: bool, after: int | None) -> None:
+        def before_call(self, name: str, results: int, bogus: bool, since: Since | None) -> None:
             def op(turn: Turn) -> Any:
                 self.carry(turn, results, bogus)
-                before = turn.before_call(after=after)
+                before = turn.before_call(since=since)
                 return (
                     before.stopped,
                     _outcome(before.budget),

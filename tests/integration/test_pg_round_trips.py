@@ -43,7 +43,7 @@ from agent_router.outbox import RecordingPublisher
 from agent_router.store import functions
 from agent_router.store.models import OutboxRow
 from agent_router.store.reads import _WAIT_STATE
-from agent_router.store.values import SendRequest
+from agent_router.store.values import SendRequest, Since
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker
 
@@ -795,7 +795,7 @@ def _(r: Router) -> Case:
             and before.rows[-1][1]["content"].endswith("one\n</agent-message>")
         )
 
-    return Case(lambda: turn.before_call(after=-1), taken)
+    return Case(lambda: turn.before_call(since=Since(None)), taken)
 
 
 @branch("before_call: the carried results written first", "before_call")
@@ -803,7 +803,8 @@ def _(r: Router) -> Case:
     turn = _asking(r, _team(r, "Engineer"))
     turn.carry_tool_result("ask-1", "ok")
     return Case(
-        lambda: turn.before_call(after=-1), lambda before: before.rows[-1][1]["content"] == "ok"
+        lambda: turn.before_call(since=Since(None)),
+        lambda before: before.rows[-1][1]["content"] == "ok",
     )
 
 

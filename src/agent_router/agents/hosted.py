@@ -56,6 +56,7 @@ from agent_router.agents.tools import (
 from agent_router.agents.usage import Usage, usage_from_body
 from agent_router.domain import Agent, MessageSubtype, TokenUsage
 from agent_router.router import Router
+from agent_router.store import Since
 from agent_router.turn import Turn
 
 
@@ -215,7 +216,7 @@ class HostedTurn:
         self._record_usage()
         # One transition: the results carried, a stop honoured, the call charged, mail drained;
         # and the transcript read.
-        rows = loop._before(self.router, self.turn, after=-1).rows
+        rows = loop._before(self.router, self.turn, since=Since(None)).rows
         entries = self.turn.transcript() if rows is None else [entry for _, entry in rows]
         self._length = len(entries)
         call = ModelCall(self, model, quoted_replies(entries))

@@ -78,7 +78,7 @@ from agent_router.domain import (
 from agent_router.formats import report_parts
 from agent_router.logfields import get_logger
 from agent_router.router import Router
-from agent_router.store import BeforeCall
+from agent_router.store import BeforeCall, Since
 from agent_router.turn import Turn
 
 logger = get_logger(__name__)
@@ -279,12 +279,12 @@ def _unfenced(turn: Turn, heartbeat: Heartbeat) -> None:
         raise errors.StaleTurnError(f"turn {turn.id} was fenced (its lease was taken over)")
 
 
-def _before(router: Router, turn: Turn, *, after: int | None) -> BeforeCall:
+def _before(router: Router, turn: Turn, *, since: Since | None) -> BeforeCall:
     """The turn's transition before a model call (:meth:`Turn.before_call`, reading the
-    entries after ``after``): a stop requested is honoured there, a spent budget raises; the
+    entries ``since`` says): a stop requested is honoured there, a spent budget raises; the
     messages it left pending (past one batch) and a wrap-up notice its charge sent are drained
     too (the entries it read are then read again)."""
-    before = turn.before_call(after=after)
+    before = turn.before_call(since=since)
     if before.stopped:
         raise _Stopped
     if before.more or (before.budget is not None and before.budget.warn is not None):
@@ -293,13 +293,13 @@ def _before(router: Router, turn: Turn, *, after: int | None) -> BeforeCall:
     return before
 
 
-def _rows_wanted(turn: Turn) -> int | None:
-    """The position after which :func:`_window` reads the transcript next (``-1``: all of it;
-    ``None``: it restores the window from its checkpoint, which reads other entries)."""
+def _rows_wanted(turn: Turn) -> Since | None:
+    """The transcript entries :func:`_window` reads next (``None``: it restores the window
+    from its checkpoint, which reads other entries)."""
     kept = turn.kept().views.get(WINDOW_VIEW)
     if isinstance(kept, ContextWindow):
-        return kept.length - 2 if kept.length else -1
-    return -1 if turn.window_checkpoint() is None else None
+        return Since(kept.length - 2 if kept.length else None)
+    return Since(None) if turn.window_checkpoint() is None else None
 
 
 def _steps(
@@ -332,7 +332,7 @@ def _steps(
         if last:
             _tell_last_step(router, turn, max_steps)
         # One transition: the results carried, a stop honoured, the call charged, mail drained.
-        roster = _before(router, turn, after=_rows_wanted(turn)).roster
+        roster = _before(router, turn, since=_rows_wanted(turn)).roster
         section = protocol_section(agent, roster, schemas, tools.roles)
         request = _request(turn, section, target=target, tool_tokens=tool_tokens)
         reply, usage = _reply(turn, model, request, schemas)

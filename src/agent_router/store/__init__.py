@@ -14,6 +14,7 @@ from agent_router.store.values import (
     NewAgent,
     Result,
     SendRequest,
+    Since,
 )
 
 
@@ -32,6 +33,7 @@ __all__ = [
     "Reads",
     "Result",
     "SendRequest",
+    "Since",
     "Store",
     "make_engine",
     "open_store",

@@ -77,6 +77,7 @@ from agent_router.store.values import (
     NewAgent,
     Result,
     SendRequest,
+    Since,
 )
 
 #: The SQLSTATE of a call to a function the database does not have.
@@ -287,13 +288,14 @@ class PostgresStore(Store):
 
     @faults.retrying
     def before_call(
-        self, turn: TurnRecord, *, results: Sequence[Result] = (), after: int | None = None
+        self, turn: TurnRecord, *, results: Sequence[Result] = (), since: Since | None = None
     ) -> BeforeCall:
         result = self._call(
             "before_call",
             **_of(turn),
             results=_results(results),
-            after=after,
+            read=since is not None,
+            after=None if since is None else since.position,
             limit=self.settings.drain_batch_size,
             lease_seconds=self.settings.lease_seconds,
             stopped=turns.STOPPED_RESULT,

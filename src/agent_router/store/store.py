@@ -73,6 +73,7 @@ from agent_router.store.values import (
     NewAgent,
     Result,
     SendRequest,
+    Since,
 )
 
 #: Called after a commit with the outbox entries the transaction wrote.
@@ -287,11 +288,11 @@ class Store:
 
     @faults.retrying
     def before_call(
-        self, turn: TurnRecord, *, results: Sequence[Result] = (), after: int | None = None
+        self, turn: TurnRecord, *, results: Sequence[Result] = (), since: Since | None = None
     ) -> BeforeCall:
         """What a turn does before a model call (:func:`turns.before_call`)."""
         with self._tx() as tx:
-            return turns.before_call(tx, turn, results=results, after=after)
+            return turns.before_call(tx, turn, results=results, since=since)
 
     @faults.retrying
     def after_call(

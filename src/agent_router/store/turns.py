@@ -36,7 +36,7 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Refused, Tx
-from agent_router.store.values import AfterCall, BeforeCall, CallUsage, Claim, Result
+from agent_router.store.values import AfterCall, BeforeCall, CallUsage, Claim, Result, Since
 
 #: The synthetic result of a tool call whose turn died or ended first. It says that the call may
 #: have taken effect (a sub-agent created, a message sent) so that the model looks before it
@@ -456,14 +456,14 @@ def end_turn(
 
 
 def before_call(
-    tx: Tx, turn: TurnRecord, *, results: Sequence[Result] = (), after: int | None = None
+    tx: Tx, turn: TurnRecord, *, results: Sequence[Result] = (), since: Since | None = None
 ) -> BeforeCall:
     """Everything a turn does before a model call, in one transaction: the ``results`` it
     carried appended (each the result of an open tool call; together they close the batch),
     its lease renewed, then a stop requested honoured (:func:`stop_turn`), else the model call
     charged to the team's budgets and, if it may be made, a batch of pending messages drained
-    into the transcript. Reads what the loop builds its request from: the team's agents and
-    the transcript entries after position ``after`` (``-1``: all; ``None``: none)."""
+    into the transcript. Reads what the loop builds its request from: the team's agents and,
+    with ``since``, the transcript entries it says."""
     agent, row = fenced(tx, turn, "before_call")
     _running(tx, agent, turn)
     for call_id, content in results:
@@ -494,7 +494,7 @@ def before_call(
         messages=messages,
         more=len(messages) == batch and queries.mailbox_depth(session, agent.id) > 0,
         roster=[values.agent(member) for member in roster],
-        rows=None if after is None else queries.transcript_after(session, agent.id, after),
+        rows=None if since is None else queries.transcript_after(session, agent.id, since.position),
     )
 
 

@@ -111,6 +111,13 @@ class CallUsage:
     window: Mapping[str, Any] | None = None
 
 
+class Since(NamedTuple):
+    """The transcript entries a turn's transition reads back: those after ``position`` (all of
+    them with ``None``)."""
+
+    position: int | None
+
+
 #: A tool call's result a turn carries into its next transition: (tool call id, content).
 Result = tuple[str, str]
 
@@ -122,8 +129,8 @@ class BeforeCall:
     drained, ``budget`` ``None``); ``budget``: the model call's check (not ``ok``: refused,
     nothing drained); the
     messages drained into the transcript and whether more are pending (``more``: past one
-    batch); the team's agents (``roster``); the transcript entries after the position asked
-    for (``rows``; ``None`` when none were asked for)."""
+    batch); the team's agents (``roster``); the transcript entries asked for (``rows``, with
+    their positions; ``None`` when none were asked for)."""
 
     stopped: bool = False
     budget: BudgetCheck | None

@@ -30,7 +30,7 @@ SELECT ar_append(:turn, :agent, :epoch, CAST(:payload AS jsonb), :call)
 -- name: before_call
 -- Before a model call: carried results appended, lease renewed, a stop honoured, else the call
 -- charged and pending messages drained; the roster and the new transcript entries read.
-SELECT ar_before_call(:turn, :agent, :epoch, CAST(:results AS jsonb), :after, :limit,
+SELECT ar_before_call(:turn, :agent, :epoch, CAST(:results AS jsonb), :read, :after, :limit,
                       :lease_seconds, :ratio, CAST(:defaults AS jsonb), :stopped)
 
 -- name: after_call

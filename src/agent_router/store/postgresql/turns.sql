@@ -156,10 +156,11 @@ END $$;
 -- last batch), its lease renewed, then a stop requested honoured ("stopped"), else the model
 -- call charged to the team's budgets ("budget") and, if it may be made, a batch of pending
 -- messages drained ("messages"; "more": others are pending). Returns what the loop builds its
--- request from: the team's agents ("roster") and the transcript entries after position
--- `p_after` ("rows": [position, payload] pairs; -1: all of them; NULL: none read).
+-- request from: the team's agents ("roster") and, with `p_read`, the transcript entries after
+-- position `p_after` (all with NULL): "rows", [position, payload] pairs.
 CREATE OR REPLACE FUNCTION ar_before_call(
-    p_turn bigint, p_agent bigint, p_epoch integer, p_results jsonb, p_after integer,
+    p_turn bigint, p_agent bigint, p_epoch integer, p_results jsonb, p_read boolean,
+    p_after integer,
     p_limit integer, p_lease_seconds float8, p_ratio float8, p_defaults jsonb, p_stopped text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -204,10 +205,11 @@ BEGIN
             SELECT 1 FROM ar_messages WHERE target_agent_id = a.id AND status = 'pending'),
         'roster', (SELECT jsonb_agg(to_jsonb(m) ORDER BY m.id) FROM ar_agents m
                    WHERE m.team_id = a.team_id),
-        'rows', CASE WHEN p_after IS NOT NULL THEN (
+        'rows', CASE WHEN p_read THEN (
             SELECT coalesce(jsonb_agg(jsonb_build_array(e.position, e.payload)
                                       ORDER BY e.position), '[]')
-            FROM ar_transcript_entries e WHERE e.agent_id = a.id AND e.position > p_after) END);
+            FROM ar_transcript_entries e
+            WHERE e.agent_id = a.id AND (p_after IS NULL OR e.position > p_after)) END);
 END $$;
 
 -- Everything a turn does after a model call: its usage recorded (when given: `p_prompt` not
