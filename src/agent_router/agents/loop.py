@@ -1,8 +1,10 @@
 """The built-in agent loop: one claimed turn, from first drain to end-of-turn hook.
 
-Per step: drain (pending messages enter the transcript before every model call), call the model,
-append its reply, run its tool calls in order and append each result; stop at a reply without
-tool calls. A sub-agent's text goes to the lead: alongside tool calls as ``progress_output``
+Per step, two transitions of the store around the model call: before it
+(:meth:`Turn.before_call`) the results of the last batch are written, a stop requested is
+honoured, the call is charged and the pending messages enter the transcript; after it
+(:meth:`Turn.after_call`) its usage is recorded and its reply appended. Its tool calls then run
+in order, each result carried into the next transition; stop at a reply without tool calls. A sub-agent's text goes to the lead: alongside tool calls as ``progress_output``
 (context only), as its final reply as ``completion_report`` (wakes the lead). The end-of-turn hook
 runs whatever happens; if the turn was fenced (a newer epoch took over) it stops and writes
 nothing.
@@ -29,9 +31,10 @@ A failed lead turn is retried once: a ``notice`` tells the lead what failed and 
 retry; a second failure in a row stops there. A failed sub-agent turn tells the lead.
 
 Boundaries (before every model call, after it, and before every tool call) check two things: a
-heartbeat thread that renews the lease every ``heartbeat_seconds`` found the turn fenced (stop,
-write nothing), or the lead asked this agent to stop (the rest of the batch is ``cancelled``,
-the agent becomes ``idle``).
+heartbeat thread that renews the lease every ``heartbeat_seconds`` (when no transition of the
+turn did) found the turn fenced (stop, write nothing), or the lead asked this agent to stop (the
+rest of the batch is ``cancelled``, the agent becomes ``idle``): the transitions around a model
+call honour a stop themselves, and it is read before each tool call of a batch but the first.
 """
 
 from __future__ import annotations
