@@ -125,7 +125,7 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
                 assert counted["met"] == (float(str(counted["ours"])) <= bound), figure
         # Model calls per second with the built-in loop beside the same-work floor: the rows a
         # model call must write, by hand.
-        how = "4 turns at once, instant model"
+        how = "4 turns at once"
         capacity = figures[f"model calls/s, built-in loop ({how})"]
         same_calls = figures[f"same-work floor model calls/s ({how})"]
         assert capacity["floor"] == same_calls["ours"] == same_calls["floor"], backend

@@ -487,7 +487,7 @@ class Bench:
         finally:
             floor.close()
         ours, same = (statistics.median(rates[name]) for name in ("ours", "floor"))
-        how = f"{CAPACITY_THREADS} turns at once, instant model"
+        how = f"{CAPACITY_THREADS} turns at once"
         self.rows.append(
             row(f"same-work floor model calls/s ({how})", self.backend, same, same, "calls/s")
         )
