@@ -131,9 +131,8 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         assert capacity["floor"] == same_calls["ours"] == same_calls["floor"], backend
         # A message sent -> the first model call holding it, beside the Celery round trip.
         for q in ("p50", "p99"):
-            first = figures[f"send -> first model call {q}"]
-            turn_start = figures[f"turn start {q}"]
-            assert first["floor"] == turn_start["floor"], (backend, q)
+            first_call = figures[f"send -> first model call {q}"]
+            assert first_call["floor"] == figures[f"turn start {q}"]["floor"], (backend, q)
         for state, times in (("idle", 2), ("running", 2), ("waiting", 3)):
             route = figures[f"route p50 ({state})"]
             assert route["floor"] == raw50, (backend, state)

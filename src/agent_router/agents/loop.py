@@ -4,10 +4,11 @@ Per step, two transitions of the store around the model call: before it
 (:meth:`Turn.before_call`) the results of the last batch are written, a stop requested is
 honoured, the call is charged and the pending messages enter the transcript; after it
 (:meth:`Turn.after_call`) its usage is recorded and its reply appended. Its tool calls then run
-in order, each result carried into the next transition; stop at a reply without tool calls. A sub-agent's text goes to the lead: alongside tool calls as ``progress_output``
-(context only), as its final reply as ``completion_report`` (wakes the lead). The end-of-turn hook
-runs whatever happens; if the turn was fenced (a newer epoch took over) it stops and writes
-nothing.
+in order, each result carried into the next transition; stop at a reply without tool calls. A
+sub-agent's text goes to the lead: alongside tool calls as ``progress_output`` (context only),
+as its final reply as ``completion_report`` (wakes the lead). The end-of-turn hook runs whatever
+happens (with the results still carried); if the turn was fenced (a newer epoch took over) it
+stops and writes nothing.
 
 Blocking tools (asks, ``wait_sub_agent_output``) block the worker for at most
 ``ask_block_seconds``; the router writes their result. If the wait outlives that, the turn

@@ -26,7 +26,6 @@ from typing import Any
 
 import redis
 from kombu import Queue
-from sqlalchemy import event as sa_event
 
 from agent_router.agents.builder import scripted_models
 from agent_router.agents.llm import SCRIPTED_MODEL, Model, ModelFactory
@@ -474,7 +473,7 @@ class Bench:
             return turn.id
 
         floor = ModelCallFloor(settings, [(lead.id, one_turn(i)) for i, lead in enumerate(leads)])
-        turns = max(10, self.samples // 20)
+        turns = max(2, self.samples // 20)
         runs: dict[str, Callable[[], float]] = {
             "ours": lambda: MODEL_CALLS_PER_TURN * rate(CAPACITY_THREADS, turns, turn_of),
             "floor": lambda: rate(CAPACITY_THREADS, turns * MODEL_CALLS_PER_TURN, floor.run),
@@ -975,23 +974,18 @@ def turn_statements(router: Router, calls: int) -> int:
 
     tools = default_registry()
     lead = router.create_team(budget=NO_LIMITS).lead
-    sent: list[str] = []
 
-    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        sent.append(statement)
+    def turn() -> None:
+        turn = router.claim(lead.id)
+        assert turn is not None
+        model = InstantModel(calls - 1)
+        run_turn(router, turn, models=partial(_same_model, model), tools=tools)
 
-    for warm in (True, False):
-        router.send(lead.team_id, to=lead.display_name, content=ENTRY_TEXT, sender="user")
-        if not warm:
-            sa_event.listen(router.store.engine, "before_cursor_execute", count)
-        try:
-            turn = router.claim(lead.id)
-            assert turn is not None
-            model = InstantModel(calls - 1)
-            run_turn(router, turn, models=partial(_same_model, model), tools=tools)
-        finally:
-            if not warm:
-                sa_event.remove(router.store.engine, "before_cursor_execute", count)
+    router.send(lead.team_id, to=lead.display_name, content=ENTRY_TEXT, sender="user")
+    turn()  # warms the process up
+    router.send(lead.team_id, to=lead.display_name, content=ENTRY_TEXT, sender="user")
+    with router.reads.statements() as sent:
+        turn()
     return len(sent)
 
 
