@@ -80,8 +80,7 @@ SELECT ar_create_team(:name, :role, :system_prompt, :runner, CAST(:limits AS jso
 
 -- name: tell_user
 -- A message to the user from a turn's agent (an answer or progress), delivered after commit.
-SELECT ar_tell_user(:turn, :agent, :epoch, CAST(:kind AS ar_user_message_kind), :content,
-                    :dedup_key)
+SELECT ar_tell_user(:turn, :agent, :epoch, :kind, :content, :dedup_key)
 
 -- name: ask_user
 -- A turn's agent asks the user and suspends; the question reaches the user as a message.

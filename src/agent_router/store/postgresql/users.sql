@@ -30,7 +30,7 @@ END $$;
 -- reads the lead's events) and its delivery: an outbox row that publishes the team's user task
 -- after the commit (with no user task, written published: its signal only wakes the feed).
 CREATE OR REPLACE FUNCTION ar__write_user_message(
-    INOUT o jsonb, a ar_agents, l ar_agents, p_kind ar_user_message_kind, p_content text,
+    INOUT o jsonb, a ar_agents, l ar_agents, p_kind text, p_content text,
     p_turn bigint, p_question bigint, p_dedup text, p_now timestamp)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -39,9 +39,11 @@ DECLARE
 BEGIN
     INSERT INTO ar_user_messages (team_id, agent_id, kind, content, question_id, turn_id,
                                   dedup_key, created_at)
-    VALUES (a.team_id, a.id, p_kind, p_content, p_question, p_turn, p_dedup, p_now)
+    VALUES (a.team_id, a.id, p_kind::ar_user_message_kind, p_content, p_question, p_turn,
+            p_dedup, p_now)
     RETURNING * INTO u;
-    v_message := ar__user_message(u, a.display_name);
+    v_message := ar__user_message(u.id, u.team_id, a.display_name, u.kind::text, u.content,
+                                  u.question_id, u.created_at);
     o := ar__outbox(o, a, 'deliver_user', jsonb_build_object(
         'task', (SELECT user_task FROM ar_teams WHERE id = a.team_id), 'message', v_message),
         p_now);
@@ -53,20 +55,21 @@ BEGIN
 END $$;
 
 -- A message to the user as the store returns it (UserMessage.as_payload).
-CREATE OR REPLACE FUNCTION ar__user_message(u ar_user_messages, p_sender text) RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE AS $$
+CREATE OR REPLACE FUNCTION ar__user_message(
+    p_id bigint, p_team bigint, p_sender text, p_kind text, p_content text, p_question bigint,
+    p_created timestamp)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    RETURN jsonb_build_object('id', u.id, 'team_id', u.team_id, 'sender', p_sender,
-                              'kind', u.kind, 'content', u.content,
-                              'question_id', u.question_id,
-                              'created_at', ar__isoformat(u.created_at));
+    RETURN jsonb_build_object('id', p_id, 'team_id', p_team, 'sender', p_sender,
+                              'kind', p_kind, 'content', p_content, 'question_id', p_question,
+                              'created_at', ar__isoformat(p_created));
 END $$;
 
 -- The turn's agent tells the user `p_content` (an answer or progress); with `p_dedup`, a
 -- retried write returns the first ("duplicate": true). The result's "user_message".
 CREATE OR REPLACE FUNCTION ar_tell_user(
-    p_turn bigint, p_agent bigint, p_epoch integer, p_kind ar_user_message_kind,
-    p_content text, p_dedup text)
+    p_turn bigint, p_agent bigint, p_epoch integer, p_kind text, p_content text,
+    p_dedup text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -85,8 +88,9 @@ BEGIN
     IF p_dedup IS NOT NULL THEN
         SELECT * INTO u FROM ar_user_messages WHERE team_id = a.team_id AND dedup_key = p_dedup;
         IF FOUND THEN
-            RETURN o || jsonb_build_object('user_message', ar__user_message(u, a.display_name),
-                                           'duplicate', true);
+            RETURN o || jsonb_build_object('duplicate', true, 'user_message', ar__user_message(
+                u.id, u.team_id, a.display_name, u.kind::text, u.content, u.question_id,
+                u.created_at));
         END IF;
     END IF;
     o := ar__write_user_message(o, a, l, p_kind, p_content, p_turn, NULL, p_dedup, ar__now());
