@@ -5,8 +5,12 @@ and PostgreSQL, with the built-in loop on the scripted model."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from agent_router import Router, errors
 from agent_router.agents.llm import ScriptedModel, directive
@@ -14,6 +18,7 @@ from agent_router.agents.loop import TurnOutcome, run_turn
 from agent_router.agents.tools import default_registry
 from agent_router.domain import (
     AgentState,
+    FeedItem,
     OutboxKind,
     QuestionKind,
     QuestionStatus,
@@ -23,6 +28,22 @@ from agent_router.domain import (
     UserMessageKind,
 )
 from agent_router.outbox import RecordingPublisher
+
+
+@contextmanager
+def statements_sent(router: Router) -> Iterator[list[str]]:
+    """Every statement the router's store sends meanwhile (SQLite's BEGIN among them)."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(router.store.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(router.store.engine, "before_cursor_execute", record)
+
 
 LEAD = "Team Leader"
 
@@ -87,7 +108,7 @@ def test_the_lead_asks_the_user_and_holds_no_worker_until_the_reply(
     assert enqueued[-1].payload["trigger"] == TurnTrigger.CONTINUATION.value
     assert _run_lead(router, team.id) is TurnOutcome.ENDED
     transcript = router.transcript(team.id, LEAD)
-    (call,) = [e for e in transcript if e.get("tool_calls")][0]["tool_calls"]
+    (call,) = next(e for e in transcript if e.get("tool_calls"))["tool_calls"]
     (result,) = [e for e in transcript if e.get("tool_call_id") == call["id"]]
     assert call["function"]["name"] == "ask_user"
     assert "Blue, please." in result["content"]
@@ -124,14 +145,27 @@ def test_the_feed_reads_on_from_its_cursor(router: Router) -> None:
 
 def test_a_waiting_reader_is_woken_by_a_message_to_the_user(router: Router) -> None:
     team = router.create_team()
-    start = router.events(team.id)
-    cursor = start[-1].cursor if start else 0
-    got: list[object] = []
+    got: list[FeedItem] = []
+    # A wait far longer than the test may take: the reader returns with the event, so it was
+    # woken, not timed out.
     reader = threading.Thread(
-        target=lambda: got.extend(router.events(team.id, after=cursor, wait=60.0))
+        target=lambda: got.extend(router.events(team.id, after=0, wait=3600.0))
     )
     reader.start()
     router.send(team.id, to=LEAD, content="Are you there?")
-    reader.join(timeout=60.0)
+    reader.join(timeout=120.0)
     assert not reader.is_alive()
-    assert [getattr(i, "content", None) for i in got][:1] == ["Are you there?"]
+    assert [(i.kind, i.content) for i in got][:1] == [("user", "Are you there?")]
+
+
+def test_a_reader_of_a_quiet_team_sends_no_statement_while_it_waits(router: Router) -> None:
+    team = router.create_team()
+    router.send(team.id, to=LEAD, content="Hello.")
+    cursor = router.events(team.id)[-1].cursor
+    with statements_sent(router) as once:
+        assert router.events(team.id, after=cursor) == []
+    with statements_sent(router) as waiting:
+        assert router.events(team.id, after=cursor, wait=1.0) == []
+    # The read before the wait, and nothing while it waited out its second.
+    assert once
+    assert waiting == once
