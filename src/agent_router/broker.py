@@ -79,13 +79,14 @@ def send_user_message(app: Celery, user_task: str, message: dict[str, Any]) -> N
     as ``message=`` its JSON form. At least once: the sweeper publishes a row again until one
     publish is marked, so the host drops a repeat by ``message["id"]``."""
     task, _, queue = user_task.partition("@")
+    options: dict[str, Any] = {"queue": queue} if queue else {}
     app.send_task(
         task,
         kwargs={"message": message},
         ignore_result=True,
         retry_policy=PUBLISH_RETRY_POLICY,
         argsrepr=f"{message.get('kind')} {message.get('id')} (team {message.get('team_id')})",
-        **({"queue": queue} if queue else {}),
+        **options,
     )
 
 

@@ -15,11 +15,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 from celery import Celery
+from kombu import Queue
 
 from agent_router import Router
 from agent_router.agents.llm import ScriptedModel
@@ -73,7 +74,7 @@ class HostWorkers:
         return proc
 
     def listed(self, what: str) -> list[bytes]:
-        return list(self.redis.lrange(f"{self.key}:{what}", 0, -1))
+        return cast("list[bytes]", self.redis.lrange(f"{self.key}:{what}", 0, -1))
 
     def received(self) -> list[dict[str, Any]]:
         return [json.loads(m) for m in self.listed("received")]
@@ -99,7 +100,7 @@ def host(
     yield workers
     workers.stop()
     with celery_app.connection_for_write() as conn:
-        conn.default_channel.queue_delete(workers.queue)
+        Queue(workers.queue, channel=conn.default_channel).delete()
 
 
 def test_the_lead_s_answer_reaches_the_host_task_once_through_a_killed_host_worker(
