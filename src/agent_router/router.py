@@ -258,8 +258,9 @@ class Router:
     def transcript(self, team_id: int, display_name: str) -> list[dict[str, Any]]:
         return self.store.reads.transcript(self.agent(team_id, display_name).id)
 
-    def ledger(self, team_id: int) -> list[LedgerEvent]:
-        return self.store.reads.ledger(_team_id(team_id))
+    def ledger(self, team_id: int, *, after: int = 0) -> list[LedgerEvent]:
+        """The team's ledger in order; ``after``: only the events after that one (its id)."""
+        return self.store.reads.ledger(_team_id(team_id), after_id=_cursor(after))
 
     def messages(self, team_id: int) -> list[Message]:
         return self.store.reads.messages(_team_id(team_id))

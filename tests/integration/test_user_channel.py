@@ -27,7 +27,10 @@ from agent_router.domain import (
     TurnTrigger,
     UserMessageKind,
 )
+from agent_router.ops.checks import check_team
 from agent_router.outbox import RecordingPublisher
+
+from .helpers import assistant, tool_call
 
 
 @contextmanager
@@ -101,6 +104,8 @@ def test_the_lead_asks_the_user_and_holds_no_worker_until_the_reply(
             type="answer",
             question_id=asked.question_id,
         )
+    # A team waiting on the user is at rest: nothing is owed that the team could pay.
+    assert check_team(router, team.id, quiescent=True).ok
     delivery = router.answer(asked.question_id, "Blue, please.")
     assert delivery.outcome is RouteOutcome.RESOLVED
     assert router.question(asked.question_id).status is QuestionStatus.ANSWERED
@@ -116,6 +121,23 @@ def test_the_lead_asks_the_user_and_holds_no_worker_until_the_reply(
         UserMessageKind.QUESTION,
         UserMessageKind.ANSWER,
     ]
+
+
+def test_a_question_the_user_leaves_unanswered_expires(router: Router) -> None:
+    team = router.create_team()
+    router.send(team.id, to=LEAD, content="Start.")
+    turn = router.claim(team.lead.id, builtin=True)
+    assert turn is not None
+    turn.drain()
+    turn.append_assistant(assistant(None, tool_call("call-1", "ask_user")))
+    question, said = turn.ask_user("Still there?", tool_call_id="call-1", timeout_seconds=0.001)
+    assert said.question_id == question.id
+    assert router.expire_questions() == 1
+    assert router.question(question.id).status is QuestionStatus.EXPIRED
+    (result,) = [e for e in router.transcript(team.id, LEAD) if e.get("tool_call_id") == "call-1"]
+    assert result["content"].startswith("expired")
+    lead = router.agent(team.id, LEAD)
+    assert (lead.state, lead.pending_trigger) == (AgentState.SCHEDULED, TurnTrigger.CONTINUATION)
 
 
 def test_any_message_of_the_user_ends_the_wait_and_others_queue(router: Router) -> None:

@@ -36,6 +36,7 @@ from agent_router.domain import (
     AgentState,
     LedgerAction,
     MessageType,
+    QuestionKind,
     TokenUsage,
     UserMessageKind,
 )
@@ -124,6 +125,8 @@ class Wait:
     target_pending: int  # messages waiting in the target's mailbox
 
     def describe(self) -> str:
+        if self.kind == QuestionKind.USER:
+            return f"{self.asker} waits on the user for the answer to question {self.question_id}"
         what = (
             f"its answer to question {self.question_id}"
             if self.kind == "ask"
@@ -154,7 +157,7 @@ def waits(router: Router, team_id: int) -> list[Wait]:
             found.append(
                 Wait(
                     asker=status.agent.display_name,
-                    target=target.display_name,
+                    target=question.target or target.display_name,
                     target_state=target.state.value,
                     question_id=qid,
                     kind=question.kind.value,
