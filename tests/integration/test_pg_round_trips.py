@@ -37,6 +37,7 @@ from agent_router.domain import (
     MessageSubtype,
     OutboxKind,
     QuestionStatus,
+    UserMessageKind,
     WaitOutcome,
 )
 from agent_router.outbox import RecordingPublisher
@@ -1121,7 +1122,8 @@ def _(r: Router) -> Case:
     team = r.create_team(user_task="chat.user_message").id
     turn = start_running(r, team, LEAD)
     return Case(
-        lambda: turn.tell_user("done", kind="answer"), lambda said: said.kind.value == "answer"
+        lambda: turn.tell_user("done", kind=UserMessageKind.ANSWER),
+        lambda said: said.kind.value == "answer",
     )
 
 
