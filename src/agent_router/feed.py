@@ -47,16 +47,18 @@ class _Counted:
 
 class InProcessSignals:
     """A counter per team under one condition: a listener waits for its team's counter to
-    move past what it was when listening began."""
+    move past what it was when listening began. Only teams with a listener have a counter."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._counts: dict[int, int] = {}
+        self._listeners: dict[int, int] = {}
 
     def notify(self, team_id: int) -> None:
         with self._condition:
-            self._counts[team_id] = self._counts.get(team_id, 0) + 1
-            self._condition.notify_all()
+            if team_id in self._counts:
+                self._counts[team_id] += 1
+                self._condition.notify_all()
 
     def count(self, team_id: int) -> int:
         with self._condition:
@@ -70,7 +72,16 @@ class InProcessSignals:
 
     @contextmanager
     def listen(self, team_id: int) -> Iterator[Listener]:
-        yield _Counted(self, team_id)
+        with self._condition:
+            self._listeners[team_id] = self._listeners.get(team_id, 0) + 1
+            self._counts.setdefault(team_id, 0)
+        try:
+            yield _Counted(self, team_id)
+        finally:
+            with self._condition:
+                self._listeners[team_id] -= 1
+                if not self._listeners[team_id]:
+                    del self._listeners[team_id], self._counts[team_id]
 
 
 class _Subscribed:
