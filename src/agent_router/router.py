@@ -304,7 +304,12 @@ class Router:
         """A message from the turn's agent to the user (``progress``, or its ``answer``),
         written and delivered as :meth:`create_team`'s ``user_task`` says; ``dedup_key``: a
         retried call writes nothing twice."""
-        kind = UserMessageKind(kind)
+        try:
+            kind = UserMessageKind(kind)
+        except ValueError:
+            raise errors.InvalidArgumentError(
+                f"unknown kind of message to the user: {kind!r} (answer or progress)"
+            ) from None
         if kind is UserMessageKind.QUESTION:
             raise errors.InvalidArgumentError("a question to the user is asked with ask_user")
         said, _duplicate = self.store.tell_user(
