@@ -106,11 +106,11 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
                 assert isinstance(row["met"], bool), figure
         targets = {f: r for f, r in figures.items() if r["target"] is not None}
         # The statements a turn sends are held to their bounds on PostgreSQL, where a
-        # transition is one statement.
+        # transition is one statement (a turn: 2k + 2 transitions and the lead's answer).
         statements = {
             "statements per model call (counted)": 2,
-            "statements per turn of 1 model call (counted)": 4,
-            "statements per turn of 4 model calls (counted)": 10,
+            "statements per turn of 1 model call (counted)": 5,
+            "statements per turn of 4 model calls (counted)": 11,
         }
         bounded = set(statements) if backend == "postgresql+redis" else set()
         assert set(targets) == {

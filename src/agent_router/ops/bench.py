@@ -444,7 +444,8 @@ class Bench:
             self.rows.append(self._statements_row("model call", per_call, 2 if bound else None))
             for calls, sent in counted.items():
                 what = f"turn of {calls} model call{'s' if calls > 1 else ''}"
-                self.rows.append(self._statements_row(what, sent, 2 * calls + 2 if bound else None))
+                # Its transitions, and the lead's answer to the user.
+                self.rows.append(self._statements_row(what, sent, 2 * calls + 3 if bound else None))
             self._capacity(router, settings)
         finally:
             router.close()
@@ -967,8 +968,8 @@ class _Clocked:
 def turn_statements(router: Router, calls: int) -> int:
     """The statements the store sends (counted at the driver) for one turn of ``calls`` model
     calls of an :class:`InstantModel` (``do_work`` calls between them), from the claim of a
-    team's lead (it sends no report) to its end, after one turn of the same agent that warms
-    this process up."""
+    team's lead to its end (its final reply is its answer to the user: one send), after one
+    turn of the same agent that warms this process up."""
     from agent_router.agents.loop import run_turn
     from agent_router.agents.tools import default_registry
 
