@@ -58,6 +58,7 @@ from agent_router.store import (
     faults,
     functions,
     jobs,
+    refusals,
     routing,
     turns,
     values,
@@ -670,9 +671,6 @@ def _event(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _error(refused: Mapping[str, Any]) -> errors.AgentRouterError:
-    """The error a function refused with: a class of :mod:`agent_router.errors` by name."""
-    cls = getattr(errors, refused["error"], None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.AgentRouterError)):
-        return errors.StoreError(f"the database refused with an unknown error: {refused!r}")
-    error: errors.AgentRouterError = cls(refused["message"], **(refused.get("fields") or {}))
-    return error
+    """The error a function refused with: its code and fields, as :mod:`refusals` renders
+    them."""
+    return refusals.error(refused["code"], **(refused.get("fields") or {}))
