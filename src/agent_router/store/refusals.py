@@ -121,7 +121,7 @@ CODES: dict[str, Refusal] = {
         errors.StaleTurnError,
         "turn {turn_id} (epoch {epoch}) is no longer current: {operation} refused",
     ),
-    "cannot_drain": Refusal(errors.TurnError, "{name} is {state}: cannot drain"),
+    "cannot_drain": Refusal(errors.TurnError, "{name!r} is {state}: cannot drain"),
     "calls_open_at_drain": Refusal(
         errors.ToolCallsPendingError,
         "tool calls {calls!r} have no result yet: a drain would split them from their "
@@ -131,7 +131,7 @@ CODES: dict[str, Refusal] = {
         errors.ToolCallsPendingError,
         "tool calls {calls!r} need results before the next assistant message",
     ),
-    "nothing_to_take_over": Refusal(errors.TurnError, "{name} is {state}: nothing to take over"),
+    "nothing_to_take_over": Refusal(errors.TurnError, "{name!r} is {state}: nothing to take over"),
     "turn_changed": Refusal(errors.TurnError, "the turn changed since it was found expired"),
     "lease_renewed": Refusal(errors.TurnError, "the lease was renewed"),
     # budgets
