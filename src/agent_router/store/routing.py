@@ -127,7 +127,7 @@ def route_detail(
     }
 
 
-def route_many(tx: Tx, reqs: Sequence[SendRequest]) -> list[Delivery]:
+def send_many(tx: Tx, reqs: Sequence[SendRequest]) -> list[Delivery]:
     """Several messages of one team in this one transaction, each routed as :func:`route`
     routes it, their targets locked in ascending id order (the canonical lock order); the
     deliveries come back in the order given."""
