@@ -88,6 +88,9 @@ CODES: dict[str, Refusal] = {
     "not_asked_by": Refusal(
         errors.WrongQuestionError, "question {question_id} was not asked by {target!r}"
     ),
+    "users_question": Refusal(
+        errors.WrongQuestionError, "question {question_id} is the user's to answer"
+    ),
     "not_a_question": Refusal(
         errors.WrongQuestionError,
         "{question_id} is not a question but a wait for output: nothing to answer",

@@ -26,6 +26,15 @@ BEGIN
     RETURN '{"events": [], "outbox": []}'::jsonb;
 END $$;
 
+-- A timestamp as Python's isoformat() writes it: a message to the user carries its time so
+-- (UserMessage.as_payload), the same text whichever database wrote it.
+CREATE OR REPLACE FUNCTION ar__isoformat(p timestamp) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN to_char(p, 'YYYY-MM-DD"T"HH24:MI:SS')
+        || CASE WHEN to_char(p, 'US') = '000000' THEN '' ELSE '.' || to_char(p, 'US') END;
+END $$;
+
 -- A display name as it is compared for a suggestion: ASCII letters lower-cased, nothing but
 -- ASCII letters and digits kept (queries.name_key on SQLite).
 CREATE OR REPLACE FUNCTION ar__name_key(p text) RETURNS text
@@ -139,7 +148,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
     v_payload jsonb := p_payload;
-    v_wake boolean := p_kind = 'wake_waiter';
+    -- A message to the user of a team with no user task: its signal only wakes the feed.
+    v_wake boolean := p_kind = 'wake_waiter'
+                      OR (p_kind = 'deliver_user' AND p_payload ->> 'task' IS NULL);
 BEGIN
     IF p_kind = 'enqueue_turn' THEN
         v_payload := jsonb_build_object('agent', a.display_name, 'team_id', a.team_id)

@@ -5,15 +5,20 @@
 -- The routing table (decisions.decide): the outcome of a message to a receiver in `p_state`,
 -- blocked on the question `p_wait_*` when it is waiting. Only the agent waited on releases a
 -- wait: an ask ends on its answer to it, or on any other wake message it sends the asker; an
--- output wait ends on its report (an output that is not progress narration).
+-- output wait ends on its report (an output that is not progress narration); a wait for the
+-- user (ask_user) ends on the user's answer to it, or any other wake message of the user's.
 CREATE OR REPLACE FUNCTION ar__decide(
     p_state ar_agent_state, p_wait_id bigint, p_wait_kind ar_question_kind,
     p_wait_target bigint, p_type ar_message_type, p_subtype ar_message_subtype,
-    p_sender_id bigint, p_wake boolean, p_answers bigint)
+    p_sender_id bigint, p_wake boolean, p_answers bigint, p_from_user boolean)
 RETURNS ar_route_outcome LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     RETURN CASE
-        WHEN p_state = 'waiting' AND p_wait_id IS NOT NULL AND p_sender_id IS NOT NULL
+        WHEN p_state = 'waiting' AND p_wait_id IS NOT NULL AND p_wait_kind = 'user'
+             AND p_from_user AND p_wake AND (p_answers IS NULL OR p_answers = p_wait_id)
+            THEN 'resolved'
+        WHEN p_state = 'waiting' AND p_wait_id IS NOT NULL AND p_wait_kind <> 'user'
+             AND p_sender_id IS NOT NULL
              AND p_sender_id = p_wait_target
              AND CASE p_wait_kind
                  WHEN 'output' THEN p_type = 'output'
@@ -176,8 +181,8 @@ BEGIN
 END $$;
 
 -- Why an answer to `t` is refused: it names no question, or `q` (locked; NULL when there is no
--- such question) is of another team, was not asked by `t`, is a wait for output, or is closed.
--- NULL when it answers `q`.
+-- such question) is of another team, was not asked by `t`, is the user's to answer (and the
+-- sender not the user), is a wait for output, or is closed. NULL when it answers `q`.
 CREATE OR REPLACE FUNCTION ar__answer_refused(q ar_questions, t ar_agents, p_new ar_messages)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -189,7 +194,10 @@ BEGIN
     ELSIF q.asker_agent_id <> t.id THEN
         RETURN ar__send_refusal('wrong_question', 'not_asked_by', jsonb_build_object(
             'question_id', q.id, 'target', t.display_name));
-    ELSIF q.kind <> 'ask' THEN
+    ELSIF q.kind = 'user' AND p_new.source_name <> 'user' THEN
+        RETURN ar__send_refusal('wrong_question', 'users_question',
+                                jsonb_build_object('question_id', q.id));
+    ELSIF q.kind = 'output' THEN
         RETURN ar__send_refusal('wrong_question', 'not_a_question',
                                 jsonb_build_object('question_id', q.id));
     ELSIF q.status <> 'open' THEN
@@ -271,7 +279,7 @@ BEGIN
             v_now := ar__now();
             m := ar__insert_message(p_new, t, v_source, t.next_seq - 1, ar__decide(
                     t.state, NULL, NULL, NULL, p_new.type, p_new.subtype, v_source,
-                    p_new.wake, NULL), NULL, v_now);
+                    p_new.wake, NULL, p_external AND p_new.source_name = 'user'), NULL, v_now);
             o := ar__agent_event(o, 'route', t, v_now, ar__route_detail(m, t.state, t.state),
                                  m.outcome, m.id, NULL, t.epoch);
             d := ar__delivery(t, m, false);
@@ -315,7 +323,8 @@ BEGIN
     END IF;
     v_before := t.state;
     v_outcome := ar__decide(t.state, w.id, w.kind, w.target_agent_id, p_new.type,
-                            p_new.subtype, v_source, p_new.wake, q.id);
+                            p_new.subtype, v_source, p_new.wake, q.id,
+                            p_external AND p_new.source_name = 'user');
     m := ar__insert_message(p_new, t, v_source, t.next_seq, v_outcome,
                             CASE WHEN v_outcome = 'resolved'
                                  THEN ar__waiter_turn(t.id, w.asker_epoch) END, v_now);
