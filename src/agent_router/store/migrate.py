@@ -4,16 +4,11 @@ and :func:`include_name` / :func:`include_object`, which keep the router's table
 autogenerate and ``alembic check``.
 
 An upgrade runs while the previous release's workers still run (a rolling deploy): it migrates
-the schema and *adds* this release's store functions beside the previous release's
-(:mod:`~agent_router.store.functions`). So every migration must leave a schema the previous
-release still works on: add tables, nullable columns or columns with a server default, indexes
-(``CREATE INDEX CONCURRENTLY`` needs a migration of its own outside a transaction), enum
-values the previous release never reads; never drop, rename or narrow a column, a table or an
-enum value the previous release uses, nor add a ``NOT NULL`` column without a default to a
-table it inserts into, nor a constraint its writes would break. What
-only the previous release needed is removed by a later release's migration, once no worker of
-that release can run. Once the old workers stopped, :func:`finish_upgrade` (``agent-router db
-upgrade --finish``) drops every other release's functions.
+the schema, which every migration leaves usable by the previous release
+(:mod:`agent_router.store.migrations` says what a migration may do), and *adds* this release's
+store functions beside the previous release's (:mod:`~agent_router.store.functions`). Once the
+old workers stopped, :func:`finish_upgrade` (``agent-router db upgrade --finish``) drops every
+other release's functions.
 
 Its revisions are recorded in a version table of its own, :data:`VERSION_TABLE`, so a host's
 Alembic history (in the default ``alembic_version``) and the router's never see each other's

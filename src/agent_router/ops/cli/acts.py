@@ -236,6 +236,7 @@ def db_upgrade(
         bool,
         typer.Option(
             "--finish",
+            envvar="AGENT_ROUTER_UPGRADE_FINISH",
             help="Once no worker of an older release runs: upgrade to head, then drop every "
             "store function of other releases (PostgreSQL).",
         ),
