@@ -16,8 +16,11 @@ texts the same way when they are read). The names are derived, not written: a fu
 to the files is versioned with the others, and no release's author has to bump a number.
 A digest of the whole set rather than a number per function (procrastinate's
 ``procrastinate_fetch_job_v2``): the pieces call one another, so a release's set is
-self-contained only if every name in it changes whenever any text in it changes; and two
-processes of one release agree on the names without asking the database.
+self-contained only if every name in it changes whenever any text in it changes; two
+processes of one release agree on the names without asking the database; and two releases
+whose functions are the same text share one set. Names rather than a schema per release: a
+schema needs the right to create one in the host's database, and calling into it by the
+session's ``search_path`` is state a pooler in transaction mode does not keep.
 
 Upgrading *adds*: every upgrade that reaches the newest revision (``agent-router db upgrade``,
 a host's Alembic run through :func:`~agent_router.store.migrate.upgrade_connection`) and
