@@ -102,6 +102,9 @@ def test_an_upgrade_adds_its_set_beside_the_previous_releases(
     with engine.connect() as conn:
         assert functions.installed(conn) == [functions.UNVERSIONED, OTHER, functions.version()]
         assert functions.is_installed(conn)
+    check = preflight.schema(fresh_pg_url)
+    assert check.ok and f"other releases (unversioned, {OTHER})" in check.detail
+    assert "db upgrade --finish" in check.detail
     assert _ours(engine) == (
         set(functions.names())
         | {functions.installed_name(name, OTHER) for name in functions.names()}
@@ -137,6 +140,7 @@ def test_finish_drops_every_other_releases_set(fresh_pg_url: str, engine: sa.Eng
     assert f"{dropped} store functions of other releases dropped" in done.stderr
     with engine.connect() as conn:
         assert functions.installed(conn) == [functions.version()]
+    assert preflight.schema(fresh_pg_url).detail == "the router's tables and functions exist"
     assert _ours(engine) == {functions.installed_name(name) for name in functions.names()}
     router = Router(Settings(database_url=fresh_pg_url), publisher=None)
     try:

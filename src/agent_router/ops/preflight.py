@@ -157,15 +157,17 @@ def schema(database_url: str) -> Check:
             f"{revision}; this release's is {wanted}",
             "upgrade it with `agent-router db upgrade --database-url URL` before the workers start",
         )
-    functions = _functions(database_url) if postgresql else None
-    if functions is not None:
-        return functions
-    return Check("schema", True, "the router's tables exist")
+    return (
+        _functions(database_url)
+        if postgresql
+        else Check("schema", True, "the router's tables exist")
+    )
 
 
-def _functions(database_url: str) -> Check | None:
-    """On PostgreSQL, a failed check unless the database holds this release's functions (the
-    store's transitions); ``None`` when it does."""
+def _functions(database_url: str) -> Check:
+    """On PostgreSQL, failed unless the database holds this release's functions (the store's
+    transitions); passed, it names the other releases' sets a rolling deploy left, which
+    ``agent-router db upgrade --finish`` drops once their workers stopped."""
     from agent_router.store import functions
 
     engine = sa.create_engine(database_url, connect_args=_connect_args(database_url))
@@ -175,7 +177,16 @@ def _functions(database_url: str) -> Check | None:
     finally:
         engine.dispose()
     if functions.version() in installed:
-        return None
+        others = [found for found in installed if found != functions.version()]
+        if not others:
+            return Check("schema", True, "the router's tables and functions exist")
+        return Check(
+            "schema",
+            True,
+            f"the router's tables and functions exist, and the functions of other releases "
+            f"({', '.join(others)}): `agent-router db upgrade --finish` drops them once no "
+            "worker of theirs runs",
+        )
     found = (
         "none of agent-router's functions"
         if not installed
