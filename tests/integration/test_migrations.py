@@ -128,7 +128,12 @@ def test_each_revision_states_the_ledger_labels_it_starts_from(fresh_pg_url: str
     engine.dispose()
     bulkheads = _revision("0009_sweep_bulkheads")
     assert (*budgets.OLD_ACTIONS, *budgets.NEW_ACTIONS) == bulkheads.OLD_ACTIONS
-    assert [a.value for a in LedgerAction] == [*bulkheads.OLD_ACTIONS, *bulkheads.NEW_ACTIONS]
+    channel = _revision("0013_user_channel")
+    assert (*bulkheads.OLD_ACTIONS, *bulkheads.NEW_ACTIONS) == channel.OLD_ACTIONS
+    (added,) = [
+        label for _table, _column, name, _old, label in channel.LABELS if name == "ar_ledger_action"
+    ]
+    assert [a.value for a in LedgerAction] == [*channel.OLD_ACTIONS, added]
 
 
 def test_0005_counts_each_transcript_from_the_entries_it_already_holds(

@@ -225,9 +225,9 @@ def test_a_list_of_keys_is_quoted_as_python(conn: sa.Connection, keys: list[str]
 
 def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> None:
     """Every receiver state but terminated (refused before the table is asked), blocked on no
-    question or on an ask or an output wait, and every message: each type, subtype and wake
-    flag, from outside or from the agent waited on or another, answering no question, the one
-    waited on or another."""
+    question or on an ask, an output wait or a wait for the user, and every message: each
+    type, subtype and wake flag, from outside (the user or another) or from the agent waited on
+    or another, answering no question, the one waited on or another."""
     asked, waited_on, other_agent = 100, 7, 8
     deadline = utcnow()
     waits: list[Question | None] = [None] + [
@@ -251,7 +251,7 @@ def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> N
             waits,
             MessageType,
             [None, *MessageSubtype],
-            [None, waited_on, other_agent],
+            [(None, False), (None, True), (waited_on, False), (other_agent, False)],
             [True, False],
             [None, asked, asked + 1],
         )
@@ -261,7 +261,12 @@ def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> N
             state,
             wait,
             decisions.Incoming(
-                type=type_, sender_id=sender, wake=wake, answers=answers, subtype=subtype
+                type=type_,
+                sender_id=sender[0],
+                wake=wake,
+                answers=answers,
+                subtype=subtype,
+                from_user=sender[1],
             ),
         )
         for state, wait, type_, subtype, sender, wake, answers in inputs
@@ -270,13 +275,14 @@ def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> N
     found = conn.execute(
         _called(
             "SELECT ar__decide(state, wait_id, wait_kind, wait_target, type, subtype, sender,"
-            " wake, answers)::text FROM unnest("
+            " wake, answers, from_user)::text FROM unnest("
             " CAST(:states AS ar_agent_state[]), CAST(:wait_ids AS bigint[]),"
             " CAST(:wait_kinds AS ar_question_kind[]), CAST(:wait_targets AS bigint[]),"
             " CAST(:types AS ar_message_type[]), CAST(:subtypes AS ar_message_subtype[]),"
-            " CAST(:senders AS bigint[]), CAST(:wakes AS boolean[]), CAST(:answers AS bigint[])"
+            " CAST(:senders AS bigint[]), CAST(:wakes AS boolean[]), CAST(:answers AS bigint[]),"
+            " CAST(:from_user AS boolean[])"
             ") WITH ORDINALITY AS i(state, wait_id, wait_kind, wait_target, type, subtype, sender,"
-            " wake, answers, n) ORDER BY n"
+            " wake, answers, from_user, n) ORDER BY n"
         ),
         {
             "states": [s.value for s in columns[0]],
@@ -285,12 +291,13 @@ def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> N
             "wait_targets": [w.target_agent_id if w else None for w in columns[1]],
             "types": [t.value for t in columns[2]],
             "subtypes": [s.value if s else None for s in columns[3]],
-            "senders": list(columns[4]),
+            "senders": [sender for sender, _user in columns[4]],
+            "from_user": [user for _sender, user in columns[4]],
             "wakes": list(columns[5]),
             "answers": list(columns[6]),
         },
     ).scalars()
-    assert len(inputs) == 5 * 3 * 6 * 5 * 3 * 2 * 3
+    assert len(inputs) == 5 * 4 * 6 * 5 * 4 * 2 * 3
     assert [RouteOutcome(outcome) for outcome in found] == expected
     # The table reaches every outcome but a refusal.
     assert set(expected) == set(RouteOutcome) - {RouteOutcome.REJECTED}

@@ -52,6 +52,7 @@ FILES = (
     "budgets.sql",
     "turns.sql",
     "waits.sql",
+    "users.sql",
     "agents.sql",
     "jobs.sql",
     "recovery.sql",

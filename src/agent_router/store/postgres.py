@@ -51,6 +51,8 @@ from agent_router.domain import (
     TurnRecord,
     TurnStatus,
     TurnTrigger,
+    UserMessage,
+    UserMessageKind,
 )
 from agent_router.store import (
     agents,
@@ -157,6 +159,7 @@ class PostgresStore(Store):
         *,
         budget: Mapping[BudgetName, float | None] | None = None,
         model: str | None = None,
+        user_task: str | None = None,
     ) -> Team:
         limits = budgets.default_limits(self.settings) | dict(budget or {})
         result = self._call(
@@ -167,6 +170,7 @@ class PostgresStore(Store):
             runner=lead.runner,
             limits=json.dumps(budgets.stored_limits(limits)),
             model=model,
+            user_task=user_task,
         )
         team = result["team"]
         return Team(
@@ -174,6 +178,7 @@ class PostgresStore(Store):
             lead=_agent(result["lead"]),
             created_at=datetime.fromisoformat(team["created_at"]),
             model=team.get("model"),
+            user_task=team.get("user_task"),
         )
 
     @faults.retrying
@@ -324,6 +329,38 @@ class PostgresStore(Store):
             timeout=asked.timeout_seconds or self.settings.question_timeout_seconds,
         )
         return _question(result["question"]), _delivery(result)
+
+    @faults.retrying
+    def tell_user(
+        self,
+        turn: TurnRecord,
+        kind: UserMessageKind,
+        content: str,
+        *,
+        dedup_key: str | None = None,
+    ) -> tuple[UserMessage, bool]:
+        result = self._call(
+            "tell_user", **_of(turn), kind=kind.value, content=content, dedup_key=dedup_key
+        )
+        return user_message(result["user_message"]), bool(result["duplicate"])
+
+    @faults.retrying
+    def ask_user(
+        self,
+        turn: TurnRecord,
+        question: str,
+        *,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> tuple[Question, UserMessage]:
+        result = self._call(
+            "ask_user",
+            **_of(turn),
+            content=question,
+            call=tool_call_id,
+            timeout=timeout_seconds or self.settings.question_timeout_seconds,
+        )
+        return _question(result["question"]), user_message(result["user_message"])
 
     @faults.retrying
     def wait_output(
@@ -561,6 +598,19 @@ def _agent(row: Mapping[str, Any]) -> Agent:
             "state": AgentState(row["state"]),
             "pending_trigger": TurnTrigger(trigger) if trigger else None,
         }
+    )
+
+
+def user_message(row: Mapping[str, Any]) -> UserMessage:
+    """A message to the user from its JSON form (:meth:`UserMessage.as_payload`)."""
+    return UserMessage(
+        id=row["id"],
+        team_id=row["team_id"],
+        sender=row["sender"],
+        kind=UserMessageKind(row["kind"]),
+        content=row["content"],
+        question_id=row["question_id"],
+        created_at=datetime.fromisoformat(row["created_at"]),
     )
 
 
