@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -61,24 +62,48 @@ def _ours(engine: sa.Engine) -> set[str]:
         )
 
 
+def _call(conn: sa.Connection, query: str, release: str | None, **params: object) -> Any:
+    """The named statement ``query`` sent to one set (``None``: the unversioned one)."""
+    text = str(functions.queries()[query])
+    text = text.replace(f"_v{functions.version()}", "" if release is None else f"_v{release}")
+    return conn.execute(sa.text(text), params).scalar_one()
+
+
 def _create_team(conn: sa.Connection, release: str | None) -> int:
-    """A team made by a direct call of ``ar_create_team`` of one set (``None``: unversioned)."""
-    name = "ar_create_team" if release is None else functions.installed_name("ar_create_team")
-    result = conn.execute(
-        sa.text(f"SELECT {name}('Team Leader', 'lead', NULL, NULL, '{{}}'::jsonb, NULL)")
-    ).scalar_one()
+    """A team made by a direct call of ``ar_create_team`` of one set."""
+    result = _call(
+        conn,
+        "create_team",
+        release,
+        name="Team Leader",
+        role="lead",
+        system_prompt=None,
+        runner=None,
+        limits="{}",
+        model=None,
+        user_task=None,
+    )
     return int(result["team"]["id"])
 
 
 def _send(conn: sa.Connection, team: int, content: str) -> int:
     """A message to the team's lead through the unversioned ``ar_send``: its seq."""
-    result = conn.execute(
-        sa.text(
-            "SELECT ar_send(:team, 'Team Leader', 'user', true, 'message', NULL, :content,"
-            " NULL, NULL, false, NULL)"
-        ),
-        {"team": team, "content": content},
-    ).scalar_one()
+    result = _call(
+        conn,
+        "send",
+        None,
+        team=team,
+        to="Team Leader",
+        sender="user",
+        external=True,
+        type="message",
+        subtype=None,
+        content=content,
+        body=None,
+        question_id=None,
+        wake=False,
+        dedup_key=None,
+    )
     return int(result["delivery"]["seq"])
 
 
