@@ -25,11 +25,16 @@ from agent_router.domain import (
     RouteOutcome,
 )
 from agent_router.formats import Envelope
-from agent_router.store import decisions
+from agent_router.store import decisions, functions
 from agent_router.store.models import utcnow
 
 #: Examples per property: each is one round trip.
 EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _called(text: str) -> sa.TextClause:
+    """A statement calling the pieces by the names this release installs them under."""
+    return sa.text(functions.versioned(text))
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +133,7 @@ def test_the_database_writes_the_envelope_formats_renders(
         question_id=question_id,
     )
     rendered = conn.execute(
-        sa.text(
+        _called(
             "SELECT ar__envelope(CAST(:type AS ar_message_type), :sender, :id,"
             " CAST(:subtype AS ar_message_subtype), :question, coalesce(:body, :content))"
         ),
@@ -196,7 +201,7 @@ def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> N
     ]
     columns = list(zip(*inputs, strict=True))
     found = conn.execute(
-        sa.text(
+        _called(
             "SELECT ar__decide(state, wait_id, wait_kind, wait_target, type, subtype, sender,"
             " wake, answers, from_user)::text FROM unnest("
             " CAST(:states AS ar_agent_state[]), CAST(:wait_ids AS bigint[]),"
@@ -237,7 +242,7 @@ def test_a_terminated_receiver_is_refused_before_the_table() -> None:
 
 def test_the_agent_transitions_are_the_same_for_every_pair(conn: sa.Connection) -> None:
     pairs = conn.execute(
-        sa.text(
+        _called(
             "SELECT f::text || ' -> ' || t::text, ar__can_move(f, t)"
             " FROM unnest(enum_range(NULL::ar_agent_state)) f,"
             " unnest(enum_range(NULL::ar_agent_state)) t"

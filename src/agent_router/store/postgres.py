@@ -107,8 +107,9 @@ class PostgresStore(Store):
             except SQLAlchemyError as exc:
                 if faults.sqlstate(exc) == _UNDEFINED_FUNCTION and _functions_missing(conn):
                     raise errors.StoreError(
-                        "the database holds none of this release's store functions: "
-                        "run `agent-router db upgrade` (Router.create_schema() in tests)"
+                        f"the database lacks this release's store functions "
+                        f"({functions.version()}): run `agent-router db upgrade` "
+                        "(Router.create_schema() in tests)"
                     ) from exc
                 if faults.connection_lost(exc) and not conn.invalidated:
                     conn.invalidate()
@@ -552,7 +553,7 @@ def _functions_missing(conn: sa.Connection) -> bool:
     when a value is of a type none takes (an integer beyond bigint is sent as numeric): that
     is an error of the call, not of the database."""
     try:
-        return functions.installed(conn) != functions.version()
+        return not functions.is_installed(conn)
     except SQLAlchemyError:
         return True
 
