@@ -57,7 +57,7 @@ def test_a_turn_of_k_model_calls_sends_at_most_2k_plus_2_statements(
         results = [e for e in transcript if e["role"] == "tool"]
         assert len(results) == turn_number * (calls - 1)
         sent = [" ".join(statement.split()) for statement, _alone in seen]
-        answers = [s for s in sent if s.startswith("SELECT ar_tell_user(")]
+        answers = [s for s in sent if s.startswith("SELECT ar_tell_user")]
         assert len(answers) == 1, "\n".join(sent)  # the lead's final reply, to the user
         assert len(sent) - len(answers) <= 2 * calls + 2, "\n".join(sent)
         assert all(alone for _statement, alone in seen)
