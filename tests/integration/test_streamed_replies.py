@@ -122,10 +122,18 @@ def test_a_waiting_reader_gets_the_answer_s_pieces_in_order_before_the_answer(
         kinds = [item.kind for item in got if item.kind != "event"]
         pieces = [item for item in got if item.kind == "delta"]
         assert kinds == ["progress"] + ["delta"] * len(pieces) + ["answer"]
-        assert len(pieces) == len(answer.content.split())
-        assert [p.seq for p in pieces] == list(range(len(pieces)))
-        assert {(p.sender, p.stream) for p in pieces} == {(LEAD, pieces[0].stream)}
-        assert "".join(p.content or "" for p in pieces) == answer.content
+        # Every piece, in order, to the hooks: they add up to the answer.
+        assert [(t, a) for t, a, _d in hooks.seen] == [(team_id, LEAD)] * len(hooks.seen)
+        assert [d.seq for _t, _a, d in hooks.seen] == list(range(len(hooks.seen)))
+        assert len({d.stream for _t, _a, d in hooks.seen}) == 1
+        assert "".join(d.text for _t, _a, d in hooks.seen) == answer.content
+        assert len(hooks.seen) == len(answer.content.split())
+        # The reader got them in order, as they were said (a piece said while it was between
+        # two waits, on a loaded machine, reaches no one: the pieces are a preview).
+        said = {d.seq: (d.stream, d.text) for _t, _a, d in hooks.seen}
+        assert pieces
+        assert [p.seq for p in pieces] == sorted({p.seq or 0 for p in pieces})
+        assert all(p.sender == LEAD and said[p.seq or 0] == (p.stream, p.content) for p in pieces)
         # A delta is not stored: it keeps the reader's cursor, and a read from there finds
         # only the answer.
         progress = next(item for item in got if item.kind == "progress")
@@ -133,10 +141,6 @@ def test_a_waiting_reader_gets_the_answer_s_pieces_in_order_before_the_answer(
         said = [i for i in router.events(team_id, after=pieces[-1].cursor) if i.kind != "event"]
         assert said == [item for item in got if item.kind == "answer"]
         assert pieces[0].as_payload()["stream"] == pieces[0].stream
-        # The hooks saw the same pieces (the tool-call reply brought no text).
-        assert [(t, a, d.text) for t, a, d in hooks.seen] == [
-            (team_id, LEAD, p.content) for p in pieces
-        ]
         assert all(r.body["stream"] is True for r in server.requests)
         assert all(r.body["stream_options"] == {"include_usage": True} for r in server.requests)
     finally:
@@ -194,3 +198,46 @@ def test_a_reply_streamed_in_pieces_adds_up_to_the_whole_reply() -> None:
     )
     assert [p.text for p in pieces] == ["Searching ", "now, ", "then ", "telling."]
     assert [p.seq for p in pieces] == [0, 1, 2, 3]
+
+
+def test_without_redis_a_waiting_reader_gets_the_pieces_in_process(tmp_path: Path) -> None:
+    router = Router(Settings(database_url=f"sqlite:///{tmp_path}/in_process.db"), publisher=None)
+    try:
+        router.create_schema()
+        team = router.create_team()
+        router.send(team.id, to=LEAD, content="Hello.")
+        cursor = router.events(team.id)[-1].cursor
+        got: list[FeedItem] = []
+        reader = threading.Thread(
+            target=lambda: got.extend(router.events(team.id, after=cursor, wait=3600.0))
+        )
+        reader.start()
+        sink = router.delta_sink(team.id, LEAD)
+        sent = 0
+        # Pieces said before the reader listens reach no one; it returns with the first it hears.
+        while reader.is_alive() and sent < 100_000:
+            sink(Delta(stream="s1", seq=sent, text=f"w{sent} "))
+            sent += 1
+            reader.join(timeout=0.01)
+        assert not reader.is_alive()
+        assert got
+        assert {(i.kind, i.sender, i.stream, i.cursor) for i in got} == {
+            ("delta", LEAD, "s1", cursor)
+        }
+        seqs = [i.seq for i in got]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        assert [i.content for i in got] == [f"w{n} " for n in seqs]
+        # Nothing was stored: the feed reads on from the cursor as before.
+        assert router.events(team.id, after=cursor) == []
+    finally:
+        router.close()
+
+
+def test_a_stream_that_is_not_chat_completion_chunks_is_malformed() -> None:
+    from agent_router.agents.openai_model import streamed_body
+    from agent_router.errors import MalformedModelResponseError
+
+    with pytest.raises(MalformedModelResponseError, match="not a JSON object"):
+        streamed_body([[1, 2]], print)
+    with pytest.raises(MalformedModelResponseError, match="no streamed chunk had a choice"):
+        streamed_body([{"choices": []}, {"usage": None}], print)
