@@ -419,7 +419,7 @@ class Router:
         }
         request = self._validate(team_id, fields)
         with self._refusals_reported(team_id, sender):
-            delivery = self.store.route(request)
+            delivery = self.store.send(request)
         return self._delivered(team_id, sender, delivery)
 
     def send_many(
@@ -437,7 +437,7 @@ class Router:
             self._validate(team_id, {**check.send_fields(m), "sender": sender}) for m in messages
         ]
         with self._refusals_reported(team_id, sender):
-            deliveries = self.store.route_many(requests)
+            deliveries = self.store.send_many(requests)
         return [self._delivered(team_id, sender, d) for d in deliveries]
 
     @contextmanager
@@ -481,7 +481,7 @@ class Router:
             valid_team = isinstance(team_id, int) and 1 <= team_id <= check.MAX_ID
             self.hooks.after_reject(team_id if valid_team else None, str(sender)[:200], problem)
             if valid_team and self.store.reads.team_exists(team_id):
-                self.store.record_rejection(
+                self.store.record_refusal(
                     team_id,
                     "invalid_message",
                     error=check.scrub(str(problem))[:1000],

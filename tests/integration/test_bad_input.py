@@ -28,6 +28,7 @@ from agent_router.errors import (
     InvalidNameError,
     WrongQuestionError,
 )
+from agent_router.store import refusals
 
 from .helpers import assistant, start_running, start_waiting, tool_call
 
@@ -153,7 +154,8 @@ def test_an_unknown_agent_name_says_the_agent_it_was_probably_meant_for(
         router.send(team.id, to=given, content="hi")
     assert str(sent.value) == said
     rejected = [e for e in router.ledger(team.id) if e.action is LedgerAction.SEND_REJECTED]
-    assert rejected[-1].detail["message"] == said
+    assert rejected[-1].detail["refused"] == "unknown_agent"
+    assert refusals.sentence(rejected[-1].detail) == said
     with pytest.raises(UnknownAgentError) as read:
         router.agent(team.id, given)
     assert str(read.value) == said
@@ -191,6 +193,19 @@ def test_an_id_beyond_64_bits_is_one_typed_error_on_both_databases(router: Route
     with pytest.raises(StoreError) as refused:
         router.store.budget(10**23)
     assert str(refused.value) == OUT_OF_RANGE
+
+
+def test_a_transcript_position_beyond_its_column_is_one_typed_error_on_both_databases(
+    router: Router,
+) -> None:
+    """Positions are 32-bit on both databases: a start beyond is refused before it is sent (on
+    PostgreSQL the comparison with a wider value would fail; SQLite would answer)."""
+    team = router.create_team()
+    lead = router.agent(team.id, "Team Leader")
+    assert router.reads.transcript_entries(lead.id, start=2**31 - 1) == []
+    for start in (2**31, 2**63 - 1):
+        with pytest.raises(InvalidArgumentError, match="start must be between"):
+            router.reads.transcript_entries(lead.id, start=start)
 
 
 def test_a_role_as_long_as_the_boundary_allows_is_one_the_store_takes(router: Router) -> None:

@@ -93,21 +93,10 @@ TABLES = [
     "ar_model_calls",
     "ar_user_messages",
 ]
-#: Ids quoted inside a sentence (a refusal's text in the ledger, an envelope's attributes): each
-#: database numbers its own rows, and a sequence on PostgreSQL is not given back when a
-#: statement that drew from it is refused, so the same sentence may quote different numbers.
-_IDS_IN_TEXT = re.compile(
-    r'\b(message_id|question_id)="(\d+)"|\b(message|question|turn|job|team) (\d+)\b'
-)
-_TEXT_TABLES = {
-    "message_id": "ar_messages",
-    "question_id": "ar_questions",
-    "message": "ar_messages",
-    "question": "ar_questions",
-    "turn": "ar_turns",
-    "job": "ar_background_jobs",
-    "team": "ar_teams",
-}
+#: Ids quoted in an envelope's attributes (a message in a transcript): each database numbers
+#: its own rows, and a sequence on PostgreSQL is not given back when a statement that drew from
+#: it is refused, so the same envelope may quote different numbers.
+_IDS_IN_TEXT = re.compile(r'\b(message_id|question_id)="(\d+)"')
 
 
 def _team_rows(engine: sa.Engine, team_id: int) -> dict[str, list[dict[str, Any]]]:
@@ -161,9 +150,7 @@ class Snapshot:
         return out
 
     def _text_id(self, m: re.Match[str]) -> str:
-        if m[1]:
-            return f'{m[1]}="{self._id(_TEXT_TABLES[m[1]], int(m[2]))}"'
-        return f"{m[3]} {self._id(_TEXT_TABLES[m[3]], int(m[4]))}"
+        return f'{m[1]}="{self._id(REFERS[m[1]], int(m[2]))}"'
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, dict):
@@ -199,12 +186,16 @@ def _difference(table: str, sqlite: list[dict[str, Any]], pg: list[dict[str, Any
     return table
 
 
-def _outcome(result: Any) -> Any:
-    """What an operation returned or raised, comparable across the two databases."""
+def _outcome(result: Any, ids: Snapshot | None = None) -> Any:
+    """What an operation returned or raised, comparable across the two databases: a refusal by
+    its class, code and fields (ids in them by rank in ``ids``, the database's rows after it)."""
     if isinstance(result, AgentRouterError):
+        if result.code is not None:
+            assert ids is not None
+            return type(result).__name__, result.code, ids._value(result.fields)
         return type(result).__name__, re.sub(r"\d+", "#", str(result))
     if isinstance(result, list | tuple):
-        return [_outcome(r) for r in result]
+        return [_outcome(r, ids) for r in result]
     if hasattr(result, "__dataclass_fields__"):
         fields = {
             k: v
@@ -243,7 +234,12 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
                     results.append(op(side, r, team_id))
                 except AgentRouterError as exc:
                     results.append(exc)
-            sqlite, pg = (_outcome(x) for x in results)
+            sqlite, pg = (
+                _outcome(
+                    x, Snapshot(r.store.engine, t) if isinstance(x, AgentRouterError) else None
+                )
+                for x, r, t in zip(results, routers, self.teams, strict=True)
+            )
             assert sqlite == pg, f"sqlite: {sqlite}\npostgresql: {pg}"
             return results
 

@@ -1552,7 +1552,7 @@ def test_a_database_error_in_a_call_is_the_stores_and_changes_nothing(
     before = router.messages(team)
     request = {"team_id": team, "to": ENGINEER, "content": "hi", "sender": "user", **fields}
     with pytest.raises(e.StoreError) as raised_:
-        router.store.route(SendRequest(type=MessageType.TASK, **request))
+        router.store.send(SendRequest(type=MessageType.TASK, **request))
     assert not isinstance(raised_.value, e.CommitUnknownError) and not raised_.value.retryable
     assert str(raised_.value) == error
     assert _pooled(engine) == 1 and not _autocommit(engine)

@@ -78,6 +78,8 @@ def of_agent(column: str) -> sa.ForeignKeyConstraint:
 
 
 class Base(DeclarativeBase):
+    # Every plain integer column is 32 bits on both databases (limits.COUNTER checks writes).
+    type_annotation_map = {int: limits.COUNTER}
     metadata = sa.MetaData(
         naming_convention={
             "ix": "ix_%(column_0_label)s",

@@ -60,6 +60,7 @@ from agent_router.store import (
     faults,
     functions,
     jobs,
+    refusals,
     routing,
     turns,
     values,
@@ -106,8 +107,9 @@ class PostgresStore(Store):
             except SQLAlchemyError as exc:
                 if faults.sqlstate(exc) == _UNDEFINED_FUNCTION and _functions_missing(conn):
                     raise errors.StoreError(
-                        "the database holds none of this release's store functions: "
-                        "run `agent-router db upgrade` (Router.create_schema() in tests)"
+                        f"the database lacks this release's store functions "
+                        f"({functions.version()}): run `agent-router db upgrade` "
+                        "(Router.create_schema() in tests)"
                     ) from exc
                 if faults.connection_lost(exc) and not conn.invalidated:
                     conn.invalidate()
@@ -210,11 +212,11 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ routing
 
     @faults.retrying
-    def route(self, req: SendRequest) -> Delivery:
+    def send(self, req: SendRequest) -> Delivery:
         return _delivery(self._call("send", **_sent(req), **_sender(req)))
 
     @faults.retrying
-    def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
+    def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
         if len({req.team_id for req in reqs}) > 1:
             raise errors.InvalidMessageError("the messages of one send_many go to one team")
         if not reqs:
@@ -224,7 +226,7 @@ class PostgresStore(Store):
         return [_delivery({"delivery": found}) for found in result["deliveries"]]
 
     @faults.retrying
-    def record_rejection(self, team_id: int | None, reason: str, **detail: Any) -> None:
+    def record_refusal(self, team_id: int | None, reason: str, **detail: Any) -> None:
         event = {
             "action": LedgerAction.SEND_REJECTED.value,
             "team_id": team_id,
@@ -388,10 +390,10 @@ class PostgresStore(Store):
                 .scalars()
                 .all()
             )
-        return sum(self._expire(question) for question in overdue)
+        return sum(self._expire_question(question) for question in overdue)
 
     @faults.retrying
-    def _expire(self, question_id: int) -> bool:
+    def _expire_question(self, question_id: int) -> bool:
         result = self._call("expire_question", question=question_id, result=waits.EXPIRED_RESULT)
         return bool(result["expired"])
 
@@ -551,7 +553,7 @@ def _functions_missing(conn: sa.Connection) -> bool:
     when a value is of a type none takes (an integer beyond bigint is sent as numeric): that
     is an error of the call, not of the database."""
     try:
-        return functions.installed(conn) != functions.version()
+        return not functions.is_installed(conn)
     except SQLAlchemyError:
         return True
 
@@ -720,9 +722,6 @@ def _event(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _error(refused: Mapping[str, Any]) -> errors.AgentRouterError:
-    """The error a function refused with: a class of :mod:`agent_router.errors` by name."""
-    cls = getattr(errors, refused["error"], None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.AgentRouterError)):
-        return errors.StoreError(f"the database refused with an unknown error: {refused!r}")
-    error: errors.AgentRouterError = cls(refused["message"], **(refused.get("fields") or {}))
-    return error
+    """The error a function refused with: its code and fields, as :mod:`refusals` renders
+    them."""
+    return refusals.error(refused["code"], **(refused.get("fields") or {}))

@@ -15,6 +15,7 @@ from agent_router.domain import (
     LedgerAction,
     MessageStatus,
 )
+from agent_router.store import refusals
 from agent_router.store.models import (
     AgentRow,
     LedgerRow,
@@ -33,7 +34,7 @@ def team(session: Session, team_id: int, *, lock: bool = False) -> TeamRow:
         stmt = stmt.with_for_update(key_share=True)
     team = session.scalars(stmt).one_or_none()
     if team is None:
-        raise errors.UnknownTeamError(f"unknown team {team_id}")
+        raise refusals.error("unknown_team", team_id=team_id)
     return team
 
 
@@ -62,9 +63,9 @@ def name_key(name: str) -> str:
     return _NOT_KEY.sub("", name.translate(str.maketrans(_KEY_UPPER, _KEY_LOWER)))
 
 
-def unknown_agent(session: Session, team_id: int, name: str) -> errors.UnknownAgentError:
+def unknown_agent(session: Session, team_id: int, name: str) -> errors.AgentRouterError:
     """The refusal of an agent name the team does not have, with the agent it was probably
-    meant for (``ar__unknown_agent`` in postgresql/common.sql words it the same)."""
+    meant for (``close``; ``ar__unknown_agent`` in postgresql/common.sql finds the same)."""
     given = name_key(name)
     close: str | None = None
     if given:
@@ -79,8 +80,8 @@ def unknown_agent(session: Session, team_id: int, name: str) -> errors.UnknownAg
             close = next(
                 (n for n, k in keys if k and (k.startswith(given) or given.startswith(k))), None
             )
-    guess = f"; did you mean {close!r}?" if close is not None else ""
-    return errors.UnknownAgentError(f"no agent {name!r} in team {team_id}{guess}")
+    guess = {"close": close} if close is not None else {}
+    return refusals.error("unknown_agent", name=name, team_id=team_id, **guess)
 
 
 def lock_agent(session: Session, agent_id: int) -> AgentRow | None:

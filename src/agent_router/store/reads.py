@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from agent_router import errors
+from agent_router import errors, validation
 from agent_router.domain import (
     Agent,
     AgentState,
@@ -277,7 +277,11 @@ class Reads:
         self, agent_id: int, *, start: int = 0, limit: int | None = None
     ) -> list[dict[str, Any]]:
         """Transcript with provenance: each entry's payload plus its metadata and ids; from
-        position ``start``, at most ``limit`` entries."""
+        position ``start`` (a position: refused beyond its column's range, on both databases),
+        at most ``limit`` entries."""
+        validation.integer(
+            start, "start", minimum=validation.MIN_INT32, maximum=validation.MAX_INT32
+        )
         with self._sessions() as session:
             rows = session.scalars(
                 sa.select(TranscriptEntryRow)

@@ -227,20 +227,20 @@ class Store:
     # ------------------------------------------------------------------ routing
 
     @faults.retrying
-    def route(self, req: SendRequest) -> Delivery:
+    def send(self, req: SendRequest) -> Delivery:
         """Accept one message and deliver it by the receiver's state."""
         with self._tx() as tx:
             return routing.route(tx, req)
 
     @faults.retrying
-    def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
+    def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
         """Route several messages of one team in one transaction: all of them, or none (the
         first refusal is raised and only it is ledgered)."""
         with self._tx() as tx:
-            return routing.route_many(tx, reqs)
+            return routing.send_many(tx, reqs)
 
     @faults.retrying
-    def record_rejection(self, team_id: int | None, reason: str, **detail: Any) -> None:
+    def record_refusal(self, team_id: int | None, reason: str, **detail: Any) -> None:
         """Ledger a send refused before it reached the store (malformed input)."""
         self._write_ledger(
             LedgerAction.SEND_REJECTED,

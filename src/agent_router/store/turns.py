@@ -22,7 +22,7 @@ from agent_router.domain import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.store import budgets, queries, routing, values
+from agent_router.store import budgets, queries, refusals, routing, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -58,9 +58,9 @@ def claim_turn(
     written, whatever the agent's state: the host's task claims or refuses it)."""
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
-        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+        raise refusals.error("no_agent_id", agent_id=agent_id)
     if builtin and agent.runner:
-        raise errors.HostOwnedTurnError(agent.runner)
+        raise refusals.error("host_owned", runner=agent.runner)
     if agent.state is not AgentState.SCHEDULED or (epoch is not None and epoch != agent.epoch):
         tx.agent_ledger(
             LedgerAction.CLAIM_REFUSED,
@@ -121,9 +121,7 @@ def fenced(tx: Tx, turn: TurnRecord, operation: str) -> tuple[AgentRow, TurnRow]
         or agent.state not in (AgentState.RUNNING, AgentState.WAITING)
     ):
         raise tx.refuse(
-            errors.StaleTurnError(
-                f"turn {turn.id} (epoch {turn.epoch}) is no longer current: {operation} refused"
-            ),
+            refusals.error("stale_turn", turn_id=turn.id, epoch=turn.epoch, operation=operation),
             LedgerAction.STALE_WRITE_REFUSED,
             team_id=agent.team_id if agent else None,
             # A deleted team's rows are gone: the event then names them only in its detail.
@@ -273,14 +271,14 @@ def _drainable(tx: Tx, turn: TurnRecord) -> AgentRow:
             agent,
             turn,
             "drain",
-            errors.TurnError(f"{agent.display_name} is {agent.state.value}: cannot drain"),
+            refusals.error("cannot_drain", name=agent.display_name, state=agent.state.value),
         )
     _refuse_open_tool_calls(
         tx,
         agent,
         turn,
         "drain",
-        "have no result yet: a drain would split them from their assistant message",
+        "calls_open_at_drain",
         ledger_calls=True,
     )
     return agent
@@ -291,16 +289,16 @@ def _refuse_open_tool_calls(
     agent: AgentRow,
     turn: TurnRecord,
     operation: str,
-    why: str,
+    code: str,
     *,
     ledger_calls: bool = False,
 ) -> None:
     """Refuse ``operation`` while tool calls of the last assistant message have no result
-    (:class:`ToolCallsPendingError`, ``why`` after their ids); ``ledger_calls``: the stale
-    write event names them."""
+    (the refusal ``code``, naming them); ``ledger_calls``: the stale write event names
+    them."""
     dangling = queries.open_tool_calls(tx.session, agent.id)
     if dangling:
-        error = errors.ToolCallsPendingError(f"tool calls {dangling} {why}")
+        error = refusals.error(code, calls=dangling)
         detail = {"dangling": dangling} if ledger_calls else {}
         raise _write_refused(tx, agent, turn, operation, error, **detail)
 
@@ -308,9 +306,7 @@ def _refuse_open_tool_calls(
 def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
     """Append an assistant message (checked by :func:`validate_assistant`) to the transcript."""
     agent, _row = fenced(tx, turn, "append_assistant")
-    _refuse_open_tool_calls(
-        tx, agent, turn, "append_assistant", "need results before the next assistant message"
-    )
+    _refuse_open_tool_calls(tx, agent, turn, "append_assistant", "calls_open_at_append")
     queries.append(tx.session, agent, payload, turn_id=turn.id)
 
 
@@ -322,9 +318,7 @@ def append_tool_result(tx: Tx, turn: TurnRecord, tool_call_id: str, content: str
             agent,
             turn,
             "append_tool_result",
-            errors.InvalidTranscriptEntryError(
-                f"{tool_call_id!r} is not an open tool call of the last assistant message"
-            ),
+            refusals.error("not_open_tool_call", call=tool_call_id),
         )
     queries.append(
         tx.session,

@@ -20,8 +20,8 @@ BEGIN
        AND a.state IN ('running', 'waiting') THEN
         RETURN;
     END IF;
-    o := ar__refused(o, 'StaleTurnError', format(
-        'turn %s (epoch %s) is no longer current: %s refused', p_turn, p_epoch, p_operation));
+    o := ar__refused(o, 'stale_turn', jsonb_build_object(
+        'turn_id', p_turn, 'epoch', p_epoch, 'operation', p_operation));
     o := jsonb_set(o, '{refused,event}', jsonb_build_object(
         'action', 'stale_write_refused', 'team_id', a.team_id,
         -- A deleted team's rows are gone: the event then names them only in its detail.
@@ -34,35 +34,27 @@ END $$;
 
 -- A write (`p_operation`) of a current turn refused: ledgered as a stale write.
 CREATE OR REPLACE FUNCTION ar__write_refused(
-    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_error text, p_message text,
+    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_code text, p_fields jsonb,
     p_detail jsonb DEFAULT '{}')
 LANGUAGE plpgsql AS $$
 BEGIN
-    o := jsonb_set(ar__refused(o, p_error, p_message), '{refused,event}', jsonb_build_object(
+    o := jsonb_set(ar__refused(o, p_code, p_fields), '{refused,event}', jsonb_build_object(
         'action', 'stale_write_refused', 'team_id', a.team_id, 'agent_id', a.id,
         'turn_id', p_turn, 'detail', jsonb_build_object('operation', p_operation) || p_detail));
 END $$;
 
--- A list of texts as Python prints it (a refusal quotes the tool calls it names).
-CREATE OR REPLACE FUNCTION ar__repr_list(p text[]) RETURNS text
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    RETURN (SELECT '[' || coalesce(string_agg(ar__repr(x), ', ' ORDER BY n), '') || ']'
-    FROM unnest(p) WITH ORDINALITY AS u(x, n));
-END $$;
-
--- Refuse `p_operation` while tool calls of the last assistant message have no result;
--- `p_ledger_calls`: the event names them.
+-- Refuse `p_operation` while tool calls of the last assistant message have no result (the
+-- refusal `p_code`, naming them); `p_ledger_calls`: the event names them.
 CREATE OR REPLACE FUNCTION ar__refuse_open_tool_calls(
-    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_why text,
+    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_code text,
     p_ledger_calls boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_open text[] := ar__open_tool_calls(a.id);
 BEGIN
     IF cardinality(v_open) > 0 THEN
-        o := ar__write_refused(o, a, p_turn, p_operation, 'ToolCallsPendingError',
-            format('tool calls %s %s', ar__repr_list(v_open), p_why),
+        o := ar__write_refused(o, a, p_turn, p_operation, p_code,
+            jsonb_build_object('calls', to_jsonb(v_open)),
             CASE WHEN p_ledger_calls THEN jsonb_build_object('dangling', to_jsonb(v_open))
                  ELSE '{}'::jsonb END);
     END IF;
@@ -86,10 +78,10 @@ DECLARE
 BEGIN
     SELECT * INTO a FROM ar_agents WHERE id = p_agent FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RETURN ar__refused(o, 'UnknownAgentError', format('no agent with id %s', p_agent));
+        RETURN ar__refused(o, 'no_agent_id', jsonb_build_object('agent_id', p_agent));
     END IF;
     IF p_builtin AND a.runner IS NOT NULL THEN
-        RETURN ar__refused(o, 'HostOwnedTurnError', a.runner);
+        RETURN ar__refused(o, 'host_owned', jsonb_build_object('runner', a.runner));
     END IF;
     v_now := ar__now();
     IF a.state <> 'scheduled' OR (p_epoch IS NOT NULL AND p_epoch <> a.epoch) THEN
@@ -137,12 +129,11 @@ BEGIN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     IF a.state <> 'running' THEN
-        o := ar__write_refused(o, a, p_turn, 'drain', 'TurnError',
-                               format('%s is %s: cannot drain', a.display_name, a.state));
+        o := ar__write_refused(o, a, p_turn, 'drain', 'cannot_drain',
+                               jsonb_build_object('name', a.display_name, 'state', a.state));
         RETURN ar__refusal_event(o, ar__now());
     END IF;
-    o := ar__refuse_open_tool_calls(o, a, p_turn, 'drain',
-        'have no result yet: a drain would split them from their assistant message', true);
+    o := ar__refuse_open_tool_calls(o, a, p_turn, 'drain', 'calls_open_at_drain', true);
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
@@ -224,12 +215,10 @@ BEGIN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     IF p_call IS NULL THEN
-        o := ar__refuse_open_tool_calls(o, a, p_turn, v_operation,
-                                        'need results before the next assistant message');
+        o := ar__refuse_open_tool_calls(o, a, p_turn, v_operation, 'calls_open_at_append');
     ELSIF NOT p_call = ANY (ar__open_tool_calls(a.id)) THEN
-        o := ar__write_refused(o, a, p_turn, v_operation, 'InvalidTranscriptEntryError',
-            format('%s is not an open tool call of the last assistant message',
-                   ar__repr(p_call)));
+        o := ar__write_refused(o, a, p_turn, v_operation, 'not_open_tool_call',
+                               jsonb_build_object('call', p_call));
     END IF;
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
