@@ -130,10 +130,12 @@ def test_a_waiting_reader_gets_the_answer_s_pieces_in_order_before_the_answer(
         assert len(hooks.seen) == len(answer.content.split())
         # The reader got them in order, as they were said (a piece said while it was between
         # two waits, on a loaded machine, reaches no one: the pieces are a preview).
-        said = {d.seq: (d.stream, d.text) for _t, _a, d in hooks.seen}
+        written = {d.seq: (d.stream, d.text) for _t, _a, d in hooks.seen}
         assert pieces
         assert [p.seq for p in pieces] == sorted({p.seq or 0 for p in pieces})
-        assert all(p.sender == LEAD and said[p.seq or 0] == (p.stream, p.content) for p in pieces)
+        assert all(
+            p.sender == LEAD and written[p.seq or 0] == (p.stream, p.content) for p in pieces
+        )
         # A delta is not stored: it keeps the reader's cursor, and a read from there finds
         # only the answer.
         progress = next(item for item in got if item.kind == "progress")
@@ -224,7 +226,7 @@ def test_without_redis_a_waiting_reader_gets_the_pieces_in_process(tmp_path: Pat
         assert {(i.kind, i.sender, i.stream, i.cursor) for i in got} == {
             ("delta", LEAD, "s1", cursor)
         }
-        seqs = [i.seq for i in got]
+        seqs = [i.seq or 0 for i in got]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
         assert [i.content for i in got] == [f"w{n} " for n in seqs]
         # Nothing was stored: the feed reads on from the cursor as before.
