@@ -6,9 +6,9 @@ import dataclasses
 import enum
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from agent_router import budgeting, errors
@@ -23,6 +23,7 @@ from agent_router.domain import (
     Budget,
     BudgetName,
     Delivery,
+    Delta,
     EndOfTurn,
     FeedItem,
     LedgerEvent,
@@ -301,9 +302,28 @@ class Router:
             return self.store.reads.feed(team_id, after_id=after, limit=limit)
         with self.signals.listen(team_id) as listener:
             found = self.store.reads.feed(team_id, after_id=after, limit=limit)
-            if found or not listener.wait(wait):
+            if found:
                 return found
+            wake = listener.wait(wait)
+            if wake is None:
+                return found
+            if wake.deltas:  # what came after them is read at the next call, from `after`
+                now = _utcnow()
+                return [_delta_item(after, delta, now) for delta in wake.deltas]
         return self.store.reads.feed(team_id, after_id=after, limit=limit)
+
+    def delta_sink(self, team_id: int, agent: str) -> Callable[[Delta], None]:
+        """Where a streamed model call of ``agent`` hands the pieces of its reply: to the
+        team's feed readers waiting at that moment (:meth:`events` items of kind ``delta``;
+        nothing is stored) and to the hooks' :meth:`RouterHooks.after_delta`."""
+        team_id = _team_id(team_id)
+
+        def sink(delta: Delta) -> None:
+            payload = {"agent": agent, "stream": delta.stream, "seq": delta.seq}
+            self.signals.say(team_id, payload | {"text": delta.text})
+            self.hooks.after_delta(team_id, agent, delta)
+
+        return sink
 
     def tell_user(
         self,
@@ -952,6 +972,22 @@ def _cursor(after: Any) -> int:
 
 def _limit(limit: Any) -> int:
     return check.integer(limit, "limit", minimum=1, maximum=10_000)
+
+
+def _delta_item(cursor: int, delta: Mapping[str, Any], now: datetime) -> FeedItem:
+    """A delta a team's signal carried as a feed item at the reader's cursor."""
+    return FeedItem(
+        cursor=cursor,
+        kind="delta",
+        action="delta",
+        sender=delta["agent"],
+        content=delta["text"],
+        question_id=None,
+        message_id=None,
+        created_at=now,
+        stream=delta["stream"],
+        seq=delta["seq"],
+    )
 
 
 def _team_id(team_id: Any) -> int:

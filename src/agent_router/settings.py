@@ -229,6 +229,12 @@ class Settings(BaseSettings):
     openai_temperature: float | None = Field(
         None, ge=0, le=2, description="Sampling temperature; unset: the server's default."
     )
+    stream_to_user: bool = Field(
+        False,
+        description="Stream the lead's model calls (OpenAI models): the text of each reply "
+        "reaches the team's feed readers and hooks as deltas while it is written, before the "
+        "reply is stored whole (deltas are not stored: only readers waiting then see them).",
+    )
 
     # Operations.
     metrics_port: int | None = Field(
