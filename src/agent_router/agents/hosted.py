@@ -329,11 +329,11 @@ def claim(
             yield hosted
             hosted._record_usage()
             if hosted.final is not None:
-                if agent.is_lead:  # the lead's final reply is its answer to the user
-                    loop._answer_user(router, turn, hosted.final)
-                else:
-                    hosted.report(hosted.final)
-            loop._with_retries(turn.end)
+                # The lead's final reply is its answer to the user, a sub-agent's its report:
+                # written with the end.
+                loop.end_with_output(turn, hosted.final)
+            else:
+                loop._with_retries(turn.end)
             hosted.outcome = loop.TurnOutcome.ENDED
         except TurnSuspended:
             hosted.outcome = loop.TurnOutcome.SUSPENDED
