@@ -1,10 +1,10 @@
 """On PostgreSQL a turn of the built-in loop that makes k model calls sends at most 2k + 2
-statements in all, counted at the driver: its claim, one transition before each model call and
-one after it, and its end, which writes the turn's final output too (a lead's answer to the
-user, a sub-agent's completion report to its lead); beside them only, after the end's commit,
-the outbox's mark of the lead's turn task a report enqueued as published. Tool results between the calls go with the
-next transition; the loop reads nothing on its own (the claim and the transitions return what
-it reads). The same through PgBouncer in transaction pooling."""
+statements, counted at the driver: its claim, one transition before each model call and one
+after it, and its end, which writes the turn's final output too (a lead's answer to the user, a
+sub-agent's completion report to its lead); beside them only, after the end's commit, the
+outbox's mark of the lead's turn task a report enqueued as published. Tool results between the
+calls go with the next transition; the loop reads nothing on its own (the claim and the
+transitions return what it reads). The same through PgBouncer in transaction pooling."""
 
 from __future__ import annotations
 

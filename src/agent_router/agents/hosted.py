@@ -277,7 +277,7 @@ class HostedTurn:
 
     def report(self, text: str) -> None:
         """Send ``text`` to the lead as this sub-agent's completion report (wakes the lead).
-        The block sends the final reply this way by itself; at most one report per turn."""
+        The block sends the final reply so by itself, with the end; one report per turn."""
         self._tell_lead(text, MessageSubtype.COMPLETION_REPORT, "report")
 
     def answer(self, question_id: int, text: str) -> None:
