@@ -663,6 +663,18 @@ class Router:
         agent = self.agent(team_id, display_name)
         return self.store.request_stop(agent.id, reason=_text(self.settings, reason, "reason"))
 
+    def interrupt(self, team_id: int, content: str, *, dedup_key: str | None = None) -> Delivery:
+        """The user's message to the lead, interrupting its work: routed as :meth:`send`
+        routes it, and a turn the lead is running is asked to stop at its next boundary (open
+        tool calls get ``cancelled`` results, as :meth:`stop` does); that stop starts one new
+        turn, whose first model request holds this message. A lead not running a turn just
+        gets the message."""
+        fields = {"to": LEAD_DISPLAY_NAME, "content": content, "dedup_key": dedup_key}
+        request = self._validate(team_id, {**check.send_fields(fields), "sender": "user"})
+        with self._refusals_reported(team_id, "user"):
+            delivery = self.store.interrupt(request)
+        return self._delivered(team_id, "user", delivery)
+
     def wait_output(
         self,
         turn: Turn,

@@ -216,6 +216,13 @@ class PostgresStore(Store):
         return _delivery(self._call("send", **_sent(req), **_sender(req)))
 
     @faults.retrying
+    def interrupt(self, req: SendRequest) -> Delivery:
+        result = self._call(
+            "interrupt", **_sent(req), **_sender(req), reason=routing.INTERRUPT_REASON
+        )
+        return _delivery(result)
+
+    @faults.retrying
     def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
         if len({req.team_id for req in reqs}) > 1:
             raise errors.InvalidMessageError("the messages of one send_many go to one team")
