@@ -647,6 +647,12 @@ class Router:
         """Resolve every open question past its deadline with an ``expired`` result."""
         return self.store.expire_questions()
 
+    def remind_user(self) -> int:
+        """Send the user once more each question to the user still open at half its time (a
+        message of kind ``question``, the same question id and text); each once. How many. The
+        sweeper does it on every pass."""
+        return self.store.remind_user()
+
     def take_over(self, team_id: int, display_name: str, *, reason: str) -> int:
         """Fence the agent's running turn (it can write nothing more) and schedule recovery."""
         agent = self.agent(team_id, display_name)

@@ -63,6 +63,7 @@ from agent_router.store import (
     refusals,
     routing,
     turns,
+    users,
     values,
     waits,
 )
@@ -398,6 +399,10 @@ class PostgresStore(Store):
                 .all()
             )
         return sum(self._expire_question(question) for question in overdue)
+
+    @faults.retrying
+    def remind_user(self) -> int:
+        return int(self._call("remind_user", prefix=users.REMINDER_PREFIX)["reminded"])
 
     @faults.retrying
     def _expire_question(self, question_id: int) -> bool:

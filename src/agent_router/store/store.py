@@ -368,6 +368,12 @@ class Store:
         with self._tx() as tx:
             return waits.expire_questions(tx, question_id=question_id)
 
+    @faults.retrying
+    def remind_user(self) -> int:
+        """Send the user once more each question to the user open at half its time; how many."""
+        with self._tx() as tx:
+            return users.remind_user(tx)
+
     # ------------------------------------------------------------------ recovery
 
     @faults.retrying

@@ -144,3 +144,7 @@ UPDATE ar_outbox
 SET published_at = (clock_timestamp() AT TIME ZONE 'UTC'), attempts = attempts + 1
 WHERE id = ANY (CAST(:ids AS bigint[])) AND published_at IS NULL
   AND set_config('synchronous_commit', 'off', true) = 'off'
+
+-- name: remind_user
+-- Send the user once more each question to the user open at half its time.
+SELECT ar_remind_user(:prefix)
