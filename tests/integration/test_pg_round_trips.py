@@ -1146,6 +1146,34 @@ def _waiting_on_user(r: Router, team: int) -> int:
     return question.id
 
 
+@branch("remind_user: nothing at half its time", "remind_user", own_database=True)
+def _(r: Router) -> Case:
+    team = _team(r)
+    _waiting_on_user(r, team)
+    return Case(r.remind_user, lambda count: count == 0 and len(r.user_messages(team)) == 1)
+
+
+@branch(
+    "remind_user: a question at half its time, sent once more", "remind_user", own_database=True
+)
+def _(r: Router) -> Case:
+    team = _team(r)
+    question = _waiting_on_user(r, team)
+    with r.store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE ar_questions SET created_at = now() - interval '2 hours' WHERE id = :q"
+            ),
+            {"q": question},
+        )
+
+    def taken(count: Any) -> bool:
+        said = r.user_messages(team)
+        return count == 1 and [m.question_id for m in said] == [question, question]
+
+    return Case(r.remind_user, taken)
+
+
 @branch("tell_user: the lead's progress, the team reading its own", "tell_user")
 def _(r: Router) -> Case:
     turn = start_running(r, _team(r), LEAD)
