@@ -411,6 +411,10 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             self.each(lambda _s, r, t: getattr(r, how)(t, name, reason="test"))
 
         @rule()
+        def remind_user(self) -> None:
+            self.each(lambda _s, r, _t: r.remind_user())
+
+        @rule()
         def expire(self) -> None:
             self.each(lambda _s, r, _t: r.expire_questions())
 
