@@ -113,7 +113,12 @@ def admit_turn(router: Budgeted, turn: Turn, check: BudgetCheck) -> bool:
 
 def charge_model_call(router: Budgeted, turn: Turn) -> None:
     """Count a model call; raises :class:`BudgetExhaustedError` when a budget is spent."""
-    check = router.store.charge(turn.team_id, turn.agent_id, turn.id)
+    model_call_charged(router, turn, router.store.charge(turn.team_id, turn.agent_id, turn.id))
+
+
+def model_call_charged(router: Budgeted, turn: Turn, check: BudgetCheck) -> None:
+    """Act on a model call's ``check`` (counted by the store): warn or stop the team as it
+    says; raises :class:`BudgetExhaustedError` when a budget is spent."""
     _after(router, turn.team_id, check)
     if not check.ok:
         assert check.exhausted is not None
@@ -178,9 +183,17 @@ def record_usage(
         context=context,
         window=window,
     )
+    usage_recorded(router, turn, model, usage, check)
+    return usage
+
+
+def usage_recorded(
+    router: Budgeted, turn: Turn, model: str | None, usage: TokenUsage, check: BudgetCheck
+) -> None:
+    """After a model call's usage is recorded (its budget ``check``): the hooks hear of it, and
+    the team is warned or stopped as the check says."""
     router.hooks.after_model_call(turn, model, usage)
     _after(router, turn.team_id, check)
-    return usage
 
 
 def _after(router: Budgeted, team_id: int, check: BudgetCheck) -> None:

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 from agent_router.logfields import get_logger
 
 if TYPE_CHECKING:
-    from agent_router.domain import BudgetName, Delivery, EndOfTurn, TokenUsage, WaitOutcome
+    from agent_router.domain import (
+        BudgetName,
+        Delivery,
+        Delta,
+        EndOfTurn,
+        TokenUsage,
+        WaitOutcome,
+    )
     from agent_router.errors import AgentRouterError
     from agent_router.turn import Turn
 
@@ -45,6 +52,10 @@ class RouterHooks:
 
     def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
         """A team budget was found spent (once per team until it is raised): the team stops."""
+
+    def after_delta(self, team_id: int, agent: str, delta: Delta) -> None:
+        """A streamed model call of ``agent`` wrote a piece of its reply (nothing committed:
+        the reply is stored whole when the call ends). Called in the model call's thread."""
 
 
 def route_fields(team_id: int, sender: str, delivery: Delivery) -> dict[str, Any]:
@@ -91,6 +102,10 @@ class HookChain(RouterHooks):
     def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
         for hook in self.hooks:
             _safely(hook.after_budget_exhausted, team_id, budget)
+
+    def after_delta(self, team_id: int, agent: str, delta: Delta) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_delta, team_id, agent, delta)
 
 
 def _safely(method: Callable[..., None], *args: Any) -> None:

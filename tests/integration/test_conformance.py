@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from agent_router import AgentRouterError, MessageSubtype, Router, Settings, Turn
 from agent_router.domain import BudgetName, UserMessageKind
 from agent_router.outbox import RecordingPublisher
+from agent_router.store import Since
 from agent_router.store.models import Base
 from agent_router.validation import MAX_TOKENS_PER_CALL
 
@@ -392,11 +393,73 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
                 for side in (0, 1):
                     self.questions[side].append(results[side][0].id)
 
-        @rule(name=st.sampled_from(NAMES), failed=st.booleans())
-        def end(self, name: str, failed: bool) -> None:
-            self.with_turn(
-                name, lambda turn: turn.end(failed=failed, error="boom" if failed else None)
-            )
+        def carry(self, turn: Turn, results: int, bogus: bool) -> None:
+            """The turn carries results for its first ``results`` open calls (one of no open
+            call when ``bogus``)."""
+            calls = turn.open_tool_calls()[:results]
+            for call in [*calls, "nope"] if bogus else calls:
+                turn.carry_tool_result(call, f"result of {call}")
+
+        @rule(
+            name=st.sampled_from(NAMES),
+            results=st.integers(min_value=0, max_value=2),
+            bogus=st.booleans(),
+            since=st.sampled_from([None, Since(None), Since(2)]),
+        )
+        def before_call(self, name: str, results: int, bogus: bool, since: Since | None) -> None:
+            def op(turn: Turn) -> Any:
+                self.carry(turn, results, bogus)
+                before = turn.before_call(since=since)
+                return (
+                    before.stopped,
+                    _outcome(before.budget),
+                    [m.content for m in before.messages],
+                    before.more,
+                    [(a.display_name, a.state) for a in before.roster],
+                    None if before.rows is None else [p for p, _ in before.rows],
+                )
+
+            self.with_turn(name, op)
+
+        @rule(
+            name=st.sampled_from(NAMES),
+            calls=st.integers(min_value=0, max_value=2),
+            usage=st.booleans(),
+            left_out=st.sampled_from([None, 3]),
+        )
+        def after_call(self, name: str, calls: int, usage: bool, left_out: int | None) -> None:
+            ids = [f"c{next(self.calls)}" for _ in range(calls)]
+            message = assistant(None if ids else "done", *[tool_call(i) for i in ids])
+            used: dict[str, Any] | None = None
+            if usage:
+                # On the call where what the request leaves out changed: where the window stood.
+                moved = left_out is not None
+                used = {
+                    "model": "gpt-4o",
+                    "prompt_tokens": 20,
+                    "completion_tokens": 3,
+                    "context": {"left_out": left_out} if moved else None,
+                    "window": {"cut": left_out} if moved else None,
+                }
+
+            def op(turn: Turn) -> Any:
+                _stored, after = turn.after_call(message, usage=used)
+                return after.stopped, _outcome(after.budget), [q.asker for q in after.questions]
+
+            self.with_turn(name, op)
+
+        @rule(
+            name=st.sampled_from(NAMES),
+            failed=st.booleans(),
+            results=st.integers(min_value=0, max_value=1),
+            bogus=st.booleans(),
+        )
+        def end(self, name: str, failed: bool, results: int, bogus: bool) -> None:
+            def op(turn: Turn) -> Any:
+                self.carry(turn, results, bogus)
+                return turn.end(failed=failed, error="boom" if failed else None)
+
+            self.with_turn(name, op)
 
         @rule(name=st.sampled_from(NAMES))
         def suspend(self, name: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
 
@@ -71,7 +72,17 @@ from agent_router.store.engine import closed_by_server
 from agent_router.store.models import BudgetRow, utcnow
 from agent_router.store.store import Store
 from agent_router.store.tx import log_event, logging_events
-from agent_router.store.values import Ask, Claim, NewAgent, SendRequest
+from agent_router.store.values import (
+    AfterCall,
+    Ask,
+    BeforeCall,
+    CallUsage,
+    Claim,
+    NewAgent,
+    Result,
+    SendRequest,
+    Since,
+)
 
 #: The SQLSTATE of a call to a function the database does not have.
 _UNDEFINED_FUNCTION = "42883"
@@ -265,6 +276,10 @@ class PostgresStore(Store):
             claim["team_id"],
             claim["display_name"],
             _check(result["budget"]),
+            _agent(claim["agent"]),
+            claim["lead"],
+            claim["checkpoint"],
+            tuple(claim["open_calls"]),
         )
 
     @faults.retrying
@@ -287,8 +302,80 @@ class PostgresStore(Store):
         self._call("append", **_of(turn), payload=json.dumps(payload), call=tool_call_id)
 
     @faults.retrying
+    def before_call(
+        self, turn: TurnRecord, *, results: Sequence[Result] = (), since: Since | None = None
+    ) -> BeforeCall:
+        result = self._call(
+            "before_call",
+            **_of(turn),
+            results=_results(results),
+            read=since is not None,
+            after=None if since is None else since.position,
+            limit=self.settings.drain_batch_size,
+            lease_seconds=self.settings.lease_seconds,
+            stopped=turns.STOPPED_RESULT,
+            **self._budget_params(),
+        )
+        if result.get("stopped"):
+            return BeforeCall(stopped=True, budget=None, messages=[], roster=[])
+        budget = _check(result["budget"])
+        if not budget.ok:
+            return BeforeCall(budget=budget, messages=[], roster=[])
+        rows = result["rows"]
+        return BeforeCall(
+            budget=budget,
+            messages=[_message(row, result["target"]) for row in result["messages"]],
+            more=result["more"],
+            roster=[_agent(row) for row in result["roster"]],
+            rows=None if rows is None else [(position, entry) for position, entry in rows],
+        )
+
+    @faults.retrying
+    def after_call(
+        self, turn: TurnRecord, message: dict[str, Any], *, usage: CallUsage | None
+    ) -> AfterCall:
+        payload = turns.validate_assistant(message)
+        counts: dict[str, Any] = dict.fromkeys(
+            ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_nano")
+        ) | {"estimated": None, "priced": None, "context": None, "window": None}
+        if usage is not None:
+            counts = {
+                "model": usage.model,
+                "prompt_tokens": usage.usage.prompt_tokens,
+                "completion_tokens": usage.usage.completion_tokens,
+                "cached_tokens": usage.usage.cached_tokens,
+                "cost_nano": budgets.call_cost_nano(usage.usage.cost_usd),
+                "estimated": usage.estimated,
+                "priced": budgets.priced(self.settings, usage.model),
+                "context": None if usage.context is None else json.dumps(dict(usage.context)),
+                "window": None if usage.window is None else json.dumps(dict(usage.window)),
+            }
+        result = self._call(
+            "after_call",
+            **_of(turn),
+            payload=json.dumps(payload),
+            lease_seconds=self.settings.lease_seconds,
+            stopped=turns.STOPPED_RESULT,
+            **counts,
+            **self._budget_params(),
+        )
+        return AfterCall(
+            stopped=bool(result.get("stopped")),
+            budget=_check(result["budget"]) if "budget" in result else None,
+            questions=[
+                replace(_question(row), asker=row["asker"], target=row["target"])
+                for row in result["questions"]
+            ],
+        )
+
+    @faults.retrying
     def end_turn(
-        self, turn: TurnRecord, *, failed: bool = False, error: str | None = None
+        self,
+        turn: TurnRecord,
+        *,
+        failed: bool = False,
+        error: str | None = None,
+        results: Sequence[Result] = (),
     ) -> EndOfTurn:
         ended = self._call(
             "end",
@@ -297,6 +384,7 @@ class PostgresStore(Store):
             error=error,
             interrupted=turns.INTERRUPTED_RESULT,
             stopped=turns.STOPPED_RESULT,
+            results=_results(results),
         )["ended"]
         return EndOfTurn(
             follow_up=ended["follow_up"],
@@ -568,6 +656,11 @@ def _functions_missing(conn: sa.Connection) -> bool:
         return not functions.is_installed(conn)
     except SQLAlchemyError:
         return True
+
+
+def _results(results: Sequence[Result]) -> str:
+    """Carried tool call results as the turn functions take them: [[id, content], ...]."""
+    return json.dumps([[call_id, content] for call_id, content in results])
 
 
 def _of(turn: TurnRecord) -> dict[str, Any]:

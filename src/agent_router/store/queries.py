@@ -4,6 +4,7 @@ built of. Functions of a session: the read views use them as well."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -143,6 +144,23 @@ def open_tool_calls(session: Session, agent_id: int) -> list[str]:
         )
     )
     return [c for c in calls if c not in answered]
+
+
+def transcript_after(
+    session: Session, agent_id: int, position: int | None, *, also: Sequence[int] = ()
+) -> list[tuple[int, dict[str, Any]]]:
+    """The agent's transcript entries after ``position`` (all with ``None``) and those at the
+    positions ``also``, with their positions, in order."""
+    stmt = sa.select(TranscriptEntryRow.position, TranscriptEntryRow.payload).where(
+        TranscriptEntryRow.agent_id == agent_id
+    )
+    if position is not None:
+        after = TranscriptEntryRow.position > position
+        if also:
+            after = sa.or_(after, TranscriptEntryRow.position.in_(sorted(set(also))))
+        stmt = stmt.where(after)
+    rows = session.execute(stmt.order_by(TranscriptEntryRow.position)).all()
+    return [(p, payload) for p, payload in rows]
 
 
 # Built once (appends and waiter lookups run on the hot path of every resolved wait).

@@ -26,6 +26,16 @@ BEGIN
     RETURN '{"events": [], "outbox": []}'::jsonb;
 END $$;
 
+-- The result `p` of a transition run inside another, whose result is `o`: its events and
+-- outbox rows after `o`'s, its other keys (a refusal too) over `o`'s.
+CREATE OR REPLACE FUNCTION ar__merge(o jsonb, p jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN o || (p - 'events' - 'outbox') || jsonb_build_object(
+        'events', (o -> 'events') || (p -> 'events'),
+        'outbox', (o -> 'outbox') || (p -> 'outbox'));
+END $$;
+
 -- A timestamp as Python's isoformat() writes it: a message to the user carries its time so
 -- (UserMessage.as_payload), the same text whichever database wrote it.
 CREATE OR REPLACE FUNCTION ar__isoformat(p timestamp) RETURNS text

@@ -1,5 +1,5 @@
 -- A turn's transitions on PostgreSQL, under its agent's row lock and checked against the fence:
--- claim, drain, append, end, suspend, stop. The SQLite implementation of the same transitions
+-- claim, drain, append, before and after a model call, end, suspend, stop. The SQLite implementation of the same transitions
 -- is store/turns.py.
 
 -- Lock the turn's agent and check the fence: a stale turn (its agent gone, another epoch, the
@@ -102,7 +102,156 @@ BEGIN
     -- The agent's lock, then the budget's: no transaction takes them the other way round.
     o := ar__charge(o, a.team_id, a.id, t.id, true, p_ratio, p_defaults, v_now);
     RETURN o || jsonb_build_object('claim', jsonb_build_object(
-        'turn', to_jsonb(t), 'team_id', a.team_id, 'display_name', a.display_name));
+        'turn', to_jsonb(t), 'team_id', a.team_id, 'display_name', a.display_name,
+        'agent', to_jsonb(a),
+        'lead', CASE WHEN a.is_lead THEN a.display_name ELSE (
+            SELECT l.display_name FROM ar_agents l WHERE l.team_id = a.team_id AND l.is_lead) END,
+        'checkpoint', a.context_window, 'open_calls', to_jsonb(ar__open_tool_calls(a.id))));
+END $$;
+
+-- The results a turn carried (`p_results`: [[tool call id, content], ...]) appended, each the
+-- result of an open tool call of the last assistant message; `p_close`: together they must
+-- close its calls (a drain follows). All are checked before any is written: a refusal writes
+-- nothing.
+CREATE OR REPLACE FUNCTION ar__carried(
+    INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_results jsonb, p_close boolean,
+    p_now timestamp)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_open text[] := ar__open_tool_calls(a.id);
+    v_result jsonb;
+BEGIN
+    FOR v_result IN SELECT value FROM jsonb_array_elements(p_results) LOOP
+        IF NOT (v_result ->> 0) = ANY (v_open) THEN
+            o := ar__write_refused(o, a, p_turn, 'append_tool_result', 'not_open_tool_call',
+                                   jsonb_build_object('call', v_result ->> 0));
+            RETURN;
+        END IF;
+        v_open := array_remove(v_open, v_result ->> 0);
+    END LOOP;
+    IF p_close AND cardinality(v_open) > 0 THEN
+        o := ar__write_refused(o, a, p_turn, 'drain', 'calls_open_at_drain',
+            jsonb_build_object('calls', to_jsonb(v_open)),
+            jsonb_build_object('dangling', to_jsonb(v_open)));
+        RETURN;
+    END IF;
+    FOR v_result IN SELECT value FROM jsonb_array_elements(p_results) LOOP
+        a := ar__append(a, jsonb_build_object('role', 'tool', 'tool_call_id', v_result ->> 0,
+                                              'content', v_result ->> 1), p_turn, p_now);
+    END LOOP;
+END $$;
+
+-- Everything a turn does before a model call: the results it carried appended (they close the
+-- last batch), its lease renewed, then a stop requested honoured ("stopped"), else the model
+-- call charged to the team's budgets ("budget") and, if it may be made, a batch of pending
+-- messages drained ("messages"; "more": others are pending). Returns what the loop builds its
+-- request from: the team's agents ("roster") and, with `p_read`, the transcript entries after
+-- position `p_after` (all with NULL): "rows", [position, payload] pairs.
+CREATE OR REPLACE FUNCTION ar_before_call(
+    p_turn bigint, p_agent bigint, p_epoch integer, p_results jsonb, p_read boolean,
+    p_after integer,
+    p_limit integer, p_lease_seconds float8, p_ratio float8, p_defaults jsonb, p_stopped text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    r record;
+    v_now timestamp;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'before_call');
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    IF a.state <> 'running' THEN
+        o := ar__write_refused(o, a, p_turn, 'drain', 'cannot_drain',
+                               jsonb_build_object('name', a.display_name, 'state', a.state));
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    v_now := ar__now();
+    r := ar__carried(a, o, p_turn, p_results, true, v_now);
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    UPDATE ar_turns SET lease_expires_at = v_now + make_interval(secs => p_lease_seconds)
+    WHERE id = p_turn;
+    IF a.stop_requested THEN
+        r := ar__stop_turn(a, o, p_turn, ar__requested_stop_reason(a), p_stopped, v_now);
+        PERFORM ar__save_agent(r.a);
+        RETURN r.o || '{"stopped": true}';
+    END IF;
+    PERFORM ar__save_agent(a);
+    o := ar__charge(o, a.team_id, a.id, p_turn, false, p_ratio, p_defaults, v_now);
+    IF o ? 'refused' OR NOT (o -> 'budget' ->> 'ok')::boolean THEN
+        RETURN o;
+    END IF;
+    o := ar__merge(o, ar_drain(p_turn, p_agent, p_epoch, p_limit));
+    RETURN o || jsonb_build_object(
+        'more', jsonb_array_length(o -> 'messages') = p_limit AND EXISTS (
+            SELECT 1 FROM ar_messages WHERE target_agent_id = a.id AND status = 'pending'),
+        'roster', (SELECT jsonb_agg(to_jsonb(m) ORDER BY m.id) FROM ar_agents m
+                   WHERE m.team_id = a.team_id),
+        'rows', CASE WHEN p_read THEN (
+            SELECT coalesce(jsonb_agg(jsonb_build_array(e.position, e.payload)
+                                      ORDER BY e.position), '[]')
+            FROM ar_transcript_entries e
+            WHERE e.agent_id = a.id AND (p_after IS NULL OR e.position > p_after)) END);
+END $$;
+
+-- Everything a turn does after a model call: its usage recorded (when given: `p_prompt` not
+-- NULL, as ar_record_usage), then, if a stop was requested meanwhile, the stop honoured and the
+-- reply left out ("stopped"); else the reply appended and the turn's lease renewed. A reply
+-- that calls no tool reads the questions open to the agent ("questions", with the names of
+-- their askers and of the agent): the loop's reminders look at them before the turn ends.
+CREATE OR REPLACE FUNCTION ar_after_call(
+    p_turn bigint, p_agent bigint, p_epoch integer, p_payload jsonb, p_model text,
+    p_prompt bigint, p_completion bigint, p_cached bigint, p_cost_nano bigint,
+    p_estimated boolean, p_priced boolean, p_ratio float8, p_defaults jsonb, p_context jsonb,
+    p_window jsonb, p_lease_seconds float8, p_stopped text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    r record;
+    v_now timestamp;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'append_assistant');
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    IF NOT a.stop_requested THEN
+        o := ar__refuse_open_tool_calls(o, a, p_turn, 'append_assistant',
+                                        'calls_open_at_append');
+        IF o ? 'refused' THEN
+            RETURN ar__refusal_event(o, ar__now());
+        END IF;
+    END IF;
+    IF p_prompt IS NOT NULL THEN
+        o := ar__merge(o, ar_record_usage(
+            a.team_id, a.id, p_turn, p_model, p_prompt, p_completion, p_cached, p_cost_nano,
+            p_estimated, p_priced, p_ratio, p_defaults, p_context, p_window));
+    END IF;
+    v_now := ar__now();
+    IF a.stop_requested THEN
+        r := ar__stop_turn(a, o, p_turn, ar__requested_stop_reason(a), p_stopped, v_now);
+        PERFORM ar__save_agent(r.a);
+        RETURN r.o || '{"stopped": true, "questions": []}';
+    END IF;
+    a := ar__append(a, p_payload, p_turn, v_now);
+    PERFORM ar__save_agent(a);
+    UPDATE ar_turns SET lease_expires_at = v_now + make_interval(secs => p_lease_seconds)
+    WHERE id = p_turn;
+    RETURN o || jsonb_build_object('questions', CASE
+        WHEN jsonb_array_length(coalesce(p_payload -> 'tool_calls', '[]')) > 0 THEN '[]'::jsonb
+        ELSE (SELECT coalesce(jsonb_agg(to_jsonb(q) || jsonb_build_object(
+                  'asker', s.display_name, 'target', a.display_name) ORDER BY q.id), '[]')
+              FROM ar_questions q JOIN ar_agents s ON s.id = q.asker_agent_id
+              WHERE q.target_agent_id = a.id AND q.status = 'open' AND q.kind = 'ask') END);
 END $$;
 
 -- Move pending messages, in sequence order, into the transcript as user entries, consumed in
@@ -283,12 +432,12 @@ BEGIN
     END IF;
 END $$;
 
--- The end-of-turn hook: one follow-up turn if wake messages are pending, else completed. A
--- stop requested is honoured (unless the turn failed); a turn that ends while blocked on a
+-- The end-of-turn hook, after the results the turn carried (`p_results`, as ar__carried): one
+-- follow-up turn if wake messages are pending, else completed. A stop requested is honoured (unless the turn failed); a turn that ends while blocked on a
 -- question leaves it open, suspended; every other open tool call gets `p_interrupted`.
 CREATE OR REPLACE FUNCTION ar_end(
     p_turn bigint, p_agent bigint, p_epoch integer, p_failed boolean, p_error text,
-    p_interrupted text, p_stopped text)
+    p_interrupted text, p_stopped text, p_results jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -306,6 +455,12 @@ BEGIN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     v_now := ar__now();
+    r := ar__carried(a, o, p_turn, p_results, false, v_now);
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
     IF a.stop_requested AND NOT p_failed THEN
         r := ar__stop_turn(a, o, p_turn, ar__requested_stop_reason(a), p_stopped, v_now);
         a := r.a;
