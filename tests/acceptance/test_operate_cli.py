@@ -338,15 +338,15 @@ def test_sweep_from_a_shell_takes_over_a_dead_turn(fresh_pg_url: str) -> None:
         swept = run("sweep", "--json", database_url=fresh_pg_url)
         assert swept.returncode == 0, swept.stderr
         assert json.loads(swept.stdout) == {
-            "republished": 0, "taken_over": 1, "reenqueued": 0, "expired": 0, "jobs_reported": 0,
-            "ledger_pruned": 0, "failed": 0, "skipped": 0, "failures": [],
+            "republished": 0, "taken_over": 1, "reenqueued": 0, "expired": 0, "reminded": 0,
+            "jobs_reported": 0, "ledger_pruned": 0, "failed": 0, "skipped": 0, "failures": [],
         }  # fmt: skip
         agent = router.agent(team.id, "Engineer_1")
         assert (agent.state.value, agent.pending_trigger) == ("scheduled", TurnTrigger.RECOVERY)
         again = run("sweep", database_url=fresh_pg_url)
         assert again.stdout == (
-            "republished=0 taken_over=0 reenqueued=0 expired=0 jobs_reported=0 ledger_pruned=0"
-            " failed=0 skipped=0\n"
+            "republished=0 taken_over=0 reenqueued=0 expired=0 reminded=0 jobs_reported=0"
+            " ledger_pruned=0 failed=0 skipped=0\n"
         )
     finally:
         router.close()
