@@ -53,7 +53,9 @@ class MidWork:
 
 @pytest.fixture(scope="module")
 def mid_work(pg_schema_url: str) -> Iterator[MidWork]:
-    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    # Nothing renews the running turn's lease here: a lease longer than the module's tests.
+    settings = Settings(database_url=pg_schema_url, lease_seconds=600)
+    router = Router(settings, publisher=RecordingPublisher())
     team = router.create_team()
     for role in ("UI Operator", "Full-Stack Engineer", "QA Engineer"):
         router.create_agent(team.id, role=role)
