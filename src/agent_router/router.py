@@ -773,6 +773,12 @@ class Router:
         """Resolve every open question past its deadline with an ``expired`` result."""
         return self.store.expire_questions()
 
+    def remind_user(self) -> int:
+        """Send the user once more each question to the user still open at half its time (a
+        message of kind ``question``, the same question id and text); each once. How many. The
+        sweeper does it on every pass."""
+        return self.store.remind_user()
+
     def take_over(self, team_id: int, display_name: str, *, reason: str) -> int:
         """Fence the agent's running turn (it can write nothing more) and schedule recovery."""
         agent = self.agent(team_id, display_name)
@@ -788,6 +794,18 @@ class Router:
         stops at its next boundary (the returned state is then still ``running``/``waiting``)."""
         agent = self.agent(team_id, display_name)
         return self.store.request_stop(agent.id, reason=_text(self.settings, reason, "reason"))
+
+    def interrupt(self, team_id: int, content: str, *, dedup_key: str | None = None) -> Delivery:
+        """The user's message to the lead, interrupting its work: routed as :meth:`send`
+        routes it, and a turn the lead is running is asked to stop at its next boundary (open
+        tool calls get ``cancelled`` results, as :meth:`stop` does); that stop starts one new
+        turn, whose first model request holds this message. A lead not running a turn just
+        gets the message."""
+        fields = {"to": LEAD_DISPLAY_NAME, "content": content, "dedup_key": dedup_key}
+        request = self._validate(team_id, {**check.send_fields(fields), "sender": "user"})
+        with self._refusals_reported(team_id, "user"):
+            delivery = self.store.interrupt(request)
+        return self._delivered(team_id, "user", delivery)
 
     def wait_output(
         self,

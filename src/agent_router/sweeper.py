@@ -83,6 +83,7 @@ class SweepReport:
     taken_over: int  # running turns whose lease expired, fenced and recovered
     reenqueued: int  # agents stuck in `scheduled` whose turn task vanished
     expired: int  # questions resolved `expired` past their deadline
+    reminded: int = 0  # questions to the user sent once more at half their time
     jobs_reported: int = 0  # background jobs whose completion callback was lost
     ledger_pruned: int = 0  # routine ledger events past ledger_retention_days, deleted
     failed: int = 0  # repairs that failed for an agent (each ledgered `sweep_failed`)
@@ -96,6 +97,7 @@ class SweepReport:
             or self.taken_over
             or self.reenqueued
             or self.expired
+            or self.reminded
             or self.jobs_reported
             or self.failed
         )
@@ -203,6 +205,7 @@ def _whole_pass(router: Sweepable, bulkhead: Bulkhead) -> SweepReport:
         republished=_republish(router, bulkhead),
         taken_over=_take_over_expired(router, bulkhead),
         reenqueued=_reenqueue(router, bulkhead),
+        reminded=router.store.remind_user(),
         expired=_expire(router, bulkhead),
         jobs_reported=poll_jobs(router, bulkhead),
         ledger_pruned=_prune_ledger(router),

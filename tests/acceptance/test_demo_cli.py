@@ -33,7 +33,15 @@ def test_demo_json_reports_every_outcome_and_passes() -> None:
     records: list[dict[str, Any]] = [json.loads(line) for line in proc.stdout.splitlines()]
     ledger = [r for r in records if r["event"] == "ledger"]
     checks = [r for r in records if r["event"] == "check"]
-    assert records[-1] == {"event": "result", "team_id": records[-1]["team_id"], "ok": True}
+    result = records[-1]
+    assert result == {
+        "event": "result",
+        "team_id": result["team_id"],
+        "ok": True,
+        "final": result["final"],
+    }
+    # The lead's last answer to the user, as a host reads the messages to the user.
+    assert isinstance(result["final"], str) and result["final"].strip()
     assert len(checks) == 9 and all(c["ok"] for c in checks), checks
     assert {c["name"][:3] for c in checks} >= {"3.1", "3.2", "3.3", "3.4", "3.5"}
 
@@ -74,6 +82,7 @@ def test_demo_timeline_is_readable() -> None:
         "PASS 3.5",
         "PASS stop_sub_agent",
         "all guarantees held",
+        "Team Leader: ",
     ):
         assert text in out, text
     assert "FAIL" not in out

@@ -53,7 +53,9 @@ class MidWork:
 
 @pytest.fixture(scope="module")
 def mid_work(pg_schema_url: str) -> Iterator[MidWork]:
-    router = Router(Settings(database_url=pg_schema_url), publisher=RecordingPublisher())
+    # Nothing renews the running turn's lease here: a lease longer than the module's tests.
+    settings = Settings(database_url=pg_schema_url, lease_seconds=600)
+    router = Router(settings, publisher=RecordingPublisher())
     team = router.create_team()
     for role in ("UI Operator", "Full-Stack Engineer", "QA Engineer"):
         router.create_agent(team.id, role=role)
@@ -338,15 +340,15 @@ def test_sweep_from_a_shell_takes_over_a_dead_turn(fresh_pg_url: str) -> None:
         swept = run("sweep", "--json", database_url=fresh_pg_url)
         assert swept.returncode == 0, swept.stderr
         assert json.loads(swept.stdout) == {
-            "republished": 0, "taken_over": 1, "reenqueued": 0, "expired": 0, "jobs_reported": 0,
-            "ledger_pruned": 0, "failed": 0, "skipped": 0, "failures": [],
+            "republished": 0, "taken_over": 1, "reenqueued": 0, "expired": 0, "reminded": 0,
+            "jobs_reported": 0, "ledger_pruned": 0, "failed": 0, "skipped": 0, "failures": [],
         }  # fmt: skip
         agent = router.agent(team.id, "Engineer_1")
         assert (agent.state.value, agent.pending_trigger) == ("scheduled", TurnTrigger.RECOVERY)
         again = run("sweep", database_url=fresh_pg_url)
         assert again.stdout == (
-            "republished=0 taken_over=0 reenqueued=0 expired=0 jobs_reported=0 ledger_pruned=0"
-            " failed=0 skipped=0\n"
+            "republished=0 taken_over=0 reenqueued=0 expired=0 reminded=0 jobs_reported=0"
+            " ledger_pruned=0 failed=0 skipped=0\n"
         )
     finally:
         router.close()

@@ -288,6 +288,10 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             messages = [{"to": first, "content": content}, {"to": second, "content": "and"}]
             self.each(lambda _s, r, t: r.send_many(t, messages, sender="user"))
 
+        @rule(content=CONTENTS, dedup=st.sampled_from([None, "k1", "i1"]))
+        def interrupt(self, content: str, dedup: str | None) -> None:
+            self.each(lambda _s, r, t: r.interrupt(t, content, dedup_key=dedup))
+
         @rule(k=st.integers(min_value=0, max_value=5), by_asked=st.booleans())
         def answer(self, k: int, by_asked: bool) -> None:
             if not self.questions[0]:
@@ -474,6 +478,10 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
         @rule(name=st.sampled_from(NAMES), how=st.sampled_from(["stop", "terminate", "take_over"]))
         def lifecycle(self, name: str, how: str) -> None:
             self.each(lambda _s, r, t: getattr(r, how)(t, name, reason="test"))
+
+        @rule()
+        def remind_user(self) -> None:
+            self.each(lambda _s, r, _t: r.remind_user())
 
         @rule()
         def expire(self) -> None:

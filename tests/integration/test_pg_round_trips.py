@@ -426,6 +426,25 @@ def _(r: Router) -> Case:
     return Case(lambda: r.send(team, to=ENGINEER, content="   "), raised(e.InvalidArgumentError))
 
 
+@branch("interrupt: a running lead is asked to stop", "interrupt")
+def _(r: Router) -> Case:
+    team = _team(r)
+    start_running(r, team, LEAD)
+
+    def taken(delivery: Any) -> bool:
+        return delivery.outcome is RouteOutcome.INJECTED_INLINE and r.reads.stop_requested(
+            r.agent(team, LEAD).id
+        )
+
+    return Case(lambda: r.interrupt(team, "do this instead"), taken)
+
+
+@branch("interrupt: a lead at rest just gets the message", "interrupt", published=1)
+def _(r: Router) -> Case:
+    team = _team(r)
+    return Case(lambda: r.interrupt(team, "do this"), outcome(RouteOutcome.TRIGGERED_NEW_TURN))
+
+
 @branch("send_many: to several agents, all routed", "send_many", published=1)
 def _(r: Router) -> Case:
     team = _team(r, "Engineer", "Designer")
@@ -981,6 +1000,14 @@ def _(r: Router) -> Case:
     return Case(turn.end, lambda end: end.state is AgentState.IDLE)
 
 
+@branch("end: an interrupt's stop starts one follow-up turn", "end", published=1)
+def _(r: Router) -> Case:
+    team = _team(r)
+    turn = start_running(r, team, LEAD)
+    r.interrupt(team, "do this instead")
+    return Case(turn.end, lambda end: end.follow_up and end.state is AgentState.SCHEDULED)
+
+
 @branch("end: refused, a stale turn", "end")
 def _(r: Router) -> Case:
     turn = start_running(r, _team(r, "Engineer"), ENGINEER)
@@ -1074,6 +1101,14 @@ def _(r: Router) -> Case:
         return r.agent(team, ENGINEER).state is AgentState.IDLE and turn.open_tool_calls() == []
 
     return Case(turn.finish_stop, taken)
+
+
+@branch("finish_stop: an interrupt's stop starts one follow-up turn", "finish_stop", published=1)
+def _(r: Router) -> Case:
+    team = _team(r)
+    turn = start_running(r, team, LEAD)
+    r.interrupt(team, "do this instead")
+    return Case(turn.finish_stop, lambda _: r.agent(team, LEAD).state is AgentState.SCHEDULED)
 
 
 @branch("finish_stop: refused, a stale turn", "finish_stop")
@@ -1296,6 +1331,34 @@ def _waiting_on_user(r: Router, team: int) -> int:
     """The lead waiting on the user, suspended; the question."""
     question, _said = _asking_user(r, team).ask_user("which colour?", tool_call_id="ask-user-1")
     return question.id
+
+
+@branch("remind_user: nothing at half its time", "remind_user", own_database=True)
+def _(r: Router) -> Case:
+    team = _team(r)
+    _waiting_on_user(r, team)
+    return Case(r.remind_user, lambda count: count == 0 and len(r.user_messages(team)) == 1)
+
+
+@branch(
+    "remind_user: a question at half its time, sent once more", "remind_user", own_database=True
+)
+def _(r: Router) -> Case:
+    team = _team(r)
+    question = _waiting_on_user(r, team)
+    with r.store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE ar_questions SET created_at = now() - interval '2 hours' WHERE id = :q"
+            ),
+            {"q": question},
+        )
+
+    def taken(count: Any) -> bool:
+        said = r.user_messages(team)
+        return count == 1 and [m.question_id for m in said] == [question, question]
+
+    return Case(r.remind_user, taken)
 
 
 @branch("tell_user: the lead's progress, the team reading its own", "tell_user")

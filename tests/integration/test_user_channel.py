@@ -5,6 +5,7 @@ and PostgreSQL, with the built-in loop on the scripted model."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -138,6 +139,49 @@ def test_a_question_the_user_leaves_unanswered_expires(router: Router) -> None:
     assert result["content"].startswith("expired")
     lead = router.agent(team.id, LEAD)
     assert (lead.state, lead.pending_trigger) == (AgentState.SCHEDULED, TurnTrigger.CONTINUATION)
+
+
+def _asking_user(router: Router, timeout_seconds: float) -> tuple[int, int]:
+    """A team whose lead asks the user ``Which colour?``: the team's id and the question's.
+    Its messages to the user go to the host's task ``chat.user_message``."""
+    team = router.create_team(user_task="chat.user_message")
+    router.send(team.id, to=LEAD, content="Start.")
+    turn = router.claim(team.lead.id, builtin=True)
+    assert turn is not None
+    turn.drain()
+    turn.append_assistant(assistant(None, tool_call("call-1", "ask_user")))
+    question, _ = turn.ask_user(
+        "Which colour?", tool_call_id="call-1", timeout_seconds=timeout_seconds
+    )
+    return team.id, question.id
+
+
+def test_a_question_open_at_half_its_time_reaches_the_user_once_more(
+    router: Router, publisher: RecordingPublisher
+) -> None:
+    due, due_question = _asking_user(router, timeout_seconds=0.002)
+    not_due, _ = _asking_user(router, timeout_seconds=3600.0)
+    time.sleep(0.01)  # past half of the first question's time
+    delivered = len([e for e in publisher.entries if e.kind is OutboxKind.DELIVER_USER])
+    assert router.remind_user() == 1
+    asked, again = router.user_messages(due)
+    assert (again.kind, again.content, again.question_id, again.sender) == (
+        UserMessageKind.QUESTION,
+        "Which colour?",
+        due_question,
+        LEAD,
+    )
+    assert again.id > asked.id
+    assert len(router.user_messages(not_due)) == 1
+    sent = [e for e in publisher.entries if e.kind is OutboxKind.DELIVER_USER]
+    assert len(sent) == delivered + 1
+    assert sent[-1].payload["message"]["id"] == again.id
+    # Once per question; the reminded question still expires at its deadline.
+    assert router.remind_user() == 0
+    assert len(router.user_messages(due)) == 2
+    assert router.expire_questions() == 1
+    assert router.question(due_question).status is QuestionStatus.EXPIRED
+    assert router.remind_user() == 0
 
 
 def test_any_message_of_the_user_ends_the_wait_and_others_queue(router: Router) -> None:

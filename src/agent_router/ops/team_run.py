@@ -268,8 +268,6 @@ def result_of(router: Router, team_id: int, *, progress: Progress) -> RunResult:
         for e in ledger
         if e.action is LedgerAction.QUESTION_EXPIRED
     ]
-    # The lead's answer reaches the user as a message to the user, as a host's would.
-    answers = [m.content for m in router.user_messages(team_id) if m.kind is UserMessageKind.ANSWER]
     budget = router.budget(team_id)
     return RunResult(
         budget_exhausted=budget.exhausted.value if budget.exhausted else None,
@@ -281,6 +279,12 @@ def result_of(router: Router, team_id: int, *, progress: Progress) -> RunResult:
         expired_questions=expired,
         waiting_on=[w.describe() for w in waits(router, team_id)],
         reason=progress.reason,
-        final=answers[-1] if answers else None,
+        final=final_answer(router, team_id),
         report=check_team(router, team_id, quiescent=True) if progress.settled else None,
     )
+
+
+def final_answer(router: Router, team_id: int) -> str | None:
+    """The lead's last answer to the user: a message to the user, read as a host reads it."""
+    answers = [m.content for m in router.user_messages(team_id) if m.kind is UserMessageKind.ANSWER]
+    return answers[-1] if answers else None

@@ -64,6 +64,7 @@ from agent_router.store import (
     refusals,
     routing,
     turns,
+    users,
     values,
     waits,
 )
@@ -225,6 +226,13 @@ class PostgresStore(Store):
     @faults.retrying
     def send(self, req: SendRequest) -> Delivery:
         return _delivery(self._call("send", **_sent(req), **_sender(req)))
+
+    @faults.retrying
+    def interrupt(self, req: SendRequest) -> Delivery:
+        result = self._call(
+            "interrupt", **_sent(req), **_sender(req), reason=routing.INTERRUPT_REASON
+        )
+        return _delivery(result)
 
     @faults.retrying
     def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
@@ -487,6 +495,10 @@ class PostgresStore(Store):
                 .all()
             )
         return sum(self._expire_question(question) for question in overdue)
+
+    @faults.retrying
+    def remind_user(self) -> int:
+        return int(self._call("remind_user", prefix=users.REMINDER_PREFIX)["reminded"])
 
     @faults.retrying
     def _expire_question(self, question_id: int) -> bool:

@@ -250,9 +250,10 @@ def pending_wake(session: Session, agent_id: int) -> int:
     return mailbox_depth(session, agent_id, MessageRow.wake.is_(True))
 
 
-def stop_reason(session: Session, agent: AgentRow) -> str | None:
-    """The reason of the agent's latest stop request (the lead's words, or a spent budget's),
-    from its ``stop_requested`` ledger event: what the stop it honours at a boundary records."""
+def stop_request(session: Session, agent: AgentRow) -> dict[str, Any]:
+    """The agent's latest stop request (the lead's words, a spent budget's, or the user's
+    interrupt, which restarts the turn), from its ``stop_requested`` ledger event: what the
+    stop it honours at a boundary records."""
     detail = session.scalar(
         sa.select(LedgerRow.detail)
         .where(
@@ -263,5 +264,10 @@ def stop_reason(session: Session, agent: AgentRow) -> str | None:
         .order_by(LedgerRow.id.desc())
         .limit(1)
     )
-    reason = (detail or {}).get("reason")
+    return detail or {}
+
+
+def stop_reason(session: Session, agent: AgentRow) -> str | None:
+    """The reason of the agent's latest stop request."""
+    reason = stop_request(session, agent).get("reason")
     return reason if isinstance(reason, str) else None

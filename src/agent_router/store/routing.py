@@ -409,6 +409,32 @@ def end_wait(
     continue_waiter(tx, waiter, question)
 
 
+#: The reason of the stop a user's interrupt requests (its ``stop_requested`` event).
+INTERRUPT_REASON = "interrupted by the user"
+
+
+def interrupt(tx: Tx, req: SendRequest) -> Delivery:
+    """The user's message to the lead, routed as :func:`route` routes it; a lead running a
+    turn is then asked to stop at its next boundary, and that stop starts one follow-up turn
+    for the message (:func:`~agent_router.store.turns.stop_turn`)."""
+    delivery = route(tx, req)
+    lead = queries.agent_by_name(tx.session, req.team_id, req.to)
+    assert lead is not None
+    if delivery.duplicate or lead.state is not AgentState.RUNNING or lead.stop_requested:
+        return delivery
+    lead.stop_requested = True
+    tx.agent_ledger(
+        LedgerAction.STOP_REQUESTED,
+        lead,
+        epoch=lead.epoch,
+        reason=INTERRUPT_REASON,
+        state_before=lead.state.value,
+        cancelled_questions=0,
+        restart=True,
+    )
+    return delivery
+
+
 def schedule(tx: Tx, agent: AgentRow, trigger: TurnTrigger) -> None:
     """Fence a new epoch and enqueue exactly one turn task for it (through the outbox)."""
     agent.epoch += 1

@@ -243,6 +243,13 @@ class Store:
             return routing.route(tx, req)
 
     @faults.retrying
+    def interrupt(self, req: SendRequest) -> Delivery:
+        """The user's message to the lead; a running turn of the lead stops at its next
+        boundary and one new turn starts for the message."""
+        with self._tx() as tx:
+            return routing.interrupt(tx, req)
+
+    @faults.retrying
     def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
         """Route several messages of one team in one transaction: all of them, or none (the
         first refusal is raised and only it is ledgered)."""
@@ -403,6 +410,12 @@ class Store:
         """Expire open questions past their deadline; how many were expired."""
         with self._tx() as tx:
             return waits.expire_questions(tx, question_id=question_id)
+
+    @faults.retrying
+    def remind_user(self) -> int:
+        """Send the user once more each question to the user open at half its time; how many."""
+        with self._tx() as tx:
+            return users.remind_user(tx)
 
     # ------------------------------------------------------------------ recovery
 

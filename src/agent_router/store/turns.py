@@ -401,8 +401,8 @@ def end_turn(
     for call_id, content in results:
         _append_result(tx, agent, turn, call_id, content)
     if agent.stop_requested and not failed:
-        stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
-        return EndOfTurn(follow_up=False, state=agent.state, epoch=agent.epoch)
+        restarted = stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
+        return EndOfTurn(follow_up=restarted, state=agent.state, epoch=agent.epoch)
     question = queries.waiting_question(tx.session, agent.id)
     closed = close_dangling(
         tx,
@@ -595,8 +595,12 @@ def requested_stop_reason(tx: Tx, agent: AgentRow) -> str:
     return queries.stop_reason(tx.session, agent) or "stop requested"
 
 
-def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> None:
+def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> bool:
+    """End ``row`` stopped, the agent ``idle``; a stop the user's interrupt requested then
+    starts one follow-up turn for the wake messages pending (the interrupting one among them).
+    ``True`` if it did."""
     now = utcnow()
+    restart = agent.stop_requested and queries.stop_request(tx.session, agent).get("restart")
     closed = close_dangling(tx, agent, row.id, STOPPED_RESULT, None)
     cancel_own_questions(tx, agent, now)
     row.status = TurnStatus.STOPPED
@@ -610,6 +614,11 @@ def stop_turn(tx: Tx, agent: AgentRow, row: TurnRow, *, reason: str) -> None:
         reason=reason,
         cancelled_tool_calls=closed,
     )
+    if not (restart and queries.pending_wake(tx.session, agent.id)):
+        return False
+    routing.schedule(tx, agent, TurnTrigger.FOLLOW_UP)
+    tx.agent_ledger(LedgerAction.FOLLOW_UP, agent, turn_id=row.id, epoch=agent.epoch)
+    return True
 
 
 def to_idle(agent: AgentRow) -> None:

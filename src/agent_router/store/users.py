@@ -128,6 +128,47 @@ def ask_user(
     return values.question(asked), user_message(row, asker.display_name)
 
 
+#: The dedup key of a question's reminder is this and the question's id: one per question.
+REMINDER_PREFIX = "remind:"
+
+
+def remind_user(tx: Tx) -> int:
+    """Every question to the user still open at half its time (its deadline less its opening)
+    reaches the user once more: a message of kind ``question`` with the same question id and
+    text, from the asker, delivered as the first was, under the asker's lock. How many."""
+    now = utcnow()
+    reminded = 0
+    for question in tx.session.scalars(
+        sa.select(QuestionRow)
+        .where(QuestionRow.kind == QuestionKind.USER, QuestionRow.status == QuestionStatus.OPEN)
+        .order_by(QuestionRow.asker_agent_id, QuestionRow.id)
+    ).all():
+        if question.created_at + (question.deadline - question.created_at) / 2 > now:
+            continue
+        key = f"{REMINDER_PREFIX}{question.id}"
+        sent = tx.session.scalars(
+            sa.select(UserMessageRow)
+            .where(UserMessageRow.question_id == question.id)
+            .order_by(UserMessageRow.id)
+        ).all()
+        if not sent or any(m.dedup_key == key for m in sent):
+            continue
+        asker = queries.lock_agent(tx.session, question.asker_agent_id)
+        assert asker is not None
+        write(
+            tx,
+            asker,
+            asker,
+            UserMessageKind.QUESTION,
+            sent[0].content,
+            turn_id=None,
+            question_id=question.id,
+            dedup_key=key,
+        )
+        reminded += 1
+    return reminded
+
+
 def _locked(tx: Tx, turn: TurnRecord, operation: str) -> tuple[AgentRow, AgentRow, TurnRow]:
     """The writer's row (its turn fenced), its lead's and the turn's, locked lead first."""
     probe = tx.session.get(AgentRow, turn.agent_id)

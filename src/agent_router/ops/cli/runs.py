@@ -49,20 +49,28 @@ if TYPE_CHECKING:
     from agent_router.worker import runtime
 
 
-def _print_result(console: Console, result: DemoResult, as_json: bool) -> None:
+def _print_result(console: Console, result: DemoResult, as_json: bool, final: str | None) -> None:
+    """The demo's checks, its verdict and the lead's last answer to the user (``final``)."""
     if as_json:
         for check in result.checks:
             print(json.dumps({"event": "check", "name": check.name, "ok": check.ok,
                               "detail": check.detail}), flush=True)  # fmt: skip
         timed_out = {} if result.timed_out is None else {"timed_out": result.timed_out}
-        print(json.dumps({"event": "result", "team_id": result.team_id, "ok": result.ok}
-                         | timed_out))  # fmt: skip
+        print(json.dumps({"event": "result", "team_id": result.team_id, "ok": result.ok,
+                          "final": final} | timed_out))  # fmt: skip
         return
     console.rule("checks")
     for check in result.checks:
         mark = Text("PASS ", style="bold green") if check.ok else Text("FAIL ", style="bold red")
         console.print(mark + Text(check.name, style="bold") + Text(f"\n      {check.detail}"))
+    _print_answer(console, final)
     console.print(Text(result.verdict, style="bold green" if result.ok else "bold red"))
+
+
+def _print_answer(console: Console, final: str | None) -> None:
+    """The lead's last answer to the user, as the user would read it."""
+    if final:
+        console.print(Text("Team Leader: ", style="bold") + Text(final))
 
 
 def _print_next_steps(console: Console, what: str, url: str, team_id: int) -> None:
@@ -195,6 +203,7 @@ def demo(
     Exits non-zero if a scenario check or a guarantee (check_team) failed."""
     from agent_router.broker import create_app
     from agent_router.ops.demo import run_scenarios, setup_team
+    from agent_router.ops.team_run import final_answer
     from agent_router.worker import runtime
 
     configured = Settings()  # AGENT_ROUTER_* variables, as every other command reads them
@@ -222,7 +231,7 @@ def demo(
     team = setup_team(rt.router)
     with _team_running(rt, team.team.id, _timeline_sink(console, as_json), in_process=in_process):
         result = run_scenarios(rt.router, team, timeout=timeout)
-    _print_result(console, result, as_json)
+    _print_result(console, result, as_json, final_answer(rt.router, team.team.id))
     if not as_json:
         _print_next_steps(console, "demo", url, team.team.id)
     raise typer.Exit(0 if result.ok else 1)
@@ -301,8 +310,7 @@ def _print_run_result(
         console.print(Text(f"stopped: {result.reason}", style="bold red"))
     if not result.settled:
         console.print(Text(f"the team did not settle within {timeout:.0f}s", style="bold red"))
-    if result.final:
-        console.print(Text("Team Leader: ", style="bold") + Text(result.final))
+    _print_answer(console, result.final)
     u = result.usage
     console.print(f"usage: {u.model_calls} model calls, {u.total_tokens} tokens, "
                   f"${u.cost_usd:.6f}")  # fmt: skip

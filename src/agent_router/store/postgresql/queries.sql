@@ -7,6 +7,12 @@ SELECT ar_send(:team, :to, :sender, :external, CAST(:type AS ar_message_type),
                CAST(:subtype AS ar_message_subtype), :content, :body, :question_id, :wake,
                :dedup_key)
 
+-- name: interrupt
+-- The user's message to the lead; a running turn of the lead stops and one new turn starts.
+SELECT ar_interrupt(:team, :to, :sender, :external, CAST(:type AS ar_message_type),
+                    CAST(:subtype AS ar_message_subtype), :content, :body, :question_id, :wake,
+                    :dedup_key, :reason)
+
 -- name: send_many
 -- Route several messages of one team from one sender: all of them, or none and one refusal.
 SELECT ar_send_many(:team, :sender, :external, CAST(:messages AS jsonb))
@@ -154,3 +160,7 @@ UPDATE ar_outbox
 SET published_at = (clock_timestamp() AT TIME ZONE 'UTC'), attempts = attempts + 1
 WHERE id = ANY (CAST(:ids AS bigint[])) AND published_at IS NULL
   AND set_config('synchronous_commit', 'off', true) = 'off'
+
+-- name: remind_user
+-- Send the user once more each question to the user open at half its time.
+SELECT ar_remind_user(:prefix)

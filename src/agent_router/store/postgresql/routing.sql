@@ -377,6 +377,34 @@ BEGIN
     RETURN r.o || jsonb_build_object('delivery', r.d);
 END $$;
 
+-- The user's message to the lead, routed as ar_send routes it; a lead running a turn is then
+-- asked to stop at its next boundary (its stop_requested event's "restart"), and that stop
+-- starts one follow-up turn for the message (ar__stop_turn).
+CREATE OR REPLACE FUNCTION ar_interrupt(
+    p_team bigint, p_to text, p_sender text, p_external boolean, p_type ar_message_type,
+    p_subtype ar_message_subtype, p_content text, p_body text, p_question bigint,
+    p_wake boolean, p_dedup text, p_reason text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar_send(p_team, p_to, p_sender, p_external, p_type, p_subtype, p_content,
+                       p_body, p_question, p_wake, p_dedup);
+    a ar_agents;
+BEGIN
+    IF o ? 'refused' OR (o -> 'delivery' ->> 'duplicate')::boolean THEN
+        RETURN o;
+    END IF;
+    SELECT * INTO a FROM ar_agents WHERE team_id = p_team AND display_name = p_to FOR UPDATE;
+    IF a.state <> 'running' OR a.stop_requested THEN
+        RETURN o;
+    END IF;
+    a.stop_requested := true;
+    PERFORM ar__save_agent(a);
+    RETURN ar__agent_event(o, 'stop_requested', a, ar__now(), jsonb_build_object(
+            'reason', p_reason, 'state_before', a.state, 'cancelled_questions', 0,
+            'restart', true),
+        p_epoch => a.epoch);
+END $$;
+
 -- Send several messages of one team from one sender in this one transaction, each routed as
 -- ar_send routes it, their targets locked in ascending id order (unknown targets first, so
 -- that their refusal comes before any lock): all of them, or none and the first refusal's

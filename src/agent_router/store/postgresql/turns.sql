@@ -398,13 +398,18 @@ END $$;
 
 -- The turn honours a stop: the rest of its batch gets cancelled results (`p_stopped`), its
 -- open questions are cancelled, the agent is idle (mailbox kept), with no wait suspended, no
--- turn scheduled and no stop pending.
+-- turn scheduled and no stop pending. A stop the user's interrupt requested (its event's
+-- "restart") then starts one follow-up turn for the wake messages pending: `restarted`.
 CREATE OR REPLACE FUNCTION ar__stop_turn(
     INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_reason text, p_stopped text,
-    p_now timestamp)
+    p_now timestamp, OUT restarted boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     r record;
+    v_restart boolean := a.stop_requested AND coalesce((
+        SELECT (l.detail ->> 'restart')::boolean FROM ar_ledger l
+        WHERE l.team_id = a.team_id AND l.agent_id = a.id AND l.action = 'stop_requested'
+        ORDER BY l.id DESC LIMIT 1), false);
 BEGIN
     r := ar__close_dangling(a, o, p_turn, p_stopped, NULL, p_now);
     a := r.a;
@@ -418,6 +423,13 @@ BEGIN
     o := ar__agent_event(o, 'stopped', a, p_now, jsonb_build_object(
             'reason', p_reason, 'cancelled_tool_calls', o -> 'closed'),
         p_turn => p_turn, p_epoch => a.epoch);
+    restarted := v_restart AND EXISTS (
+        SELECT 1 FROM ar_messages WHERE target_agent_id = a.id AND status = 'pending' AND wake);
+    IF restarted THEN
+        r := ar__schedule(a, o, 'follow_up', p_now);
+        a := r.a;
+        o := ar__agent_event(r.o, 'follow_up', a, p_now, p_turn => p_turn, p_epoch => a.epoch);
+    END IF;
 END $$;
 
 -- The end-of-turn hook. First the turn's final output: the lead's answer to the user in parts
@@ -472,7 +484,8 @@ BEGIN
         o := r.o;
         PERFORM ar__save_agent(a);
         RETURN o || jsonb_build_object('ended', jsonb_build_object(
-            'follow_up', false, 'state', a.state, 'epoch', a.epoch, 'synthetic_results', 0));
+            'follow_up', r.restarted, 'state', a.state, 'epoch', a.epoch,
+            'synthetic_results', 0));
     END IF;
     q := ar__waiting_question(a.id);
     r := ar__close_dangling(a, o, p_turn, p_interrupted, q.tool_call_id, v_now);

@@ -149,3 +149,35 @@ BEGIN
     o := ar__write_user_message(o, a, l, 'question', p_content, p_turn, q.id, NULL, v_now);
     RETURN o || jsonb_build_object('question', to_jsonb(q));
 END $$;
+
+-- Every question to the user still open at half its time (its deadline less its opening)
+-- reaches the user once more: a message of kind question with the same question id and text,
+-- from the asker, its dedup key `p_prefix` and the question's id, under the asker's lock.
+-- The result's "reminded": how many.
+CREATE OR REPLACE FUNCTION ar_remind_user(p_prefix text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    q ar_questions;
+    a ar_agents;
+    u ar_user_messages;
+    v_now timestamp := ar__now();
+    v_reminded integer := 0;
+BEGIN
+    FOR q IN SELECT * FROM ar_questions
+             WHERE kind = 'user' AND status = 'open'
+               AND created_at + (deadline - created_at) / 2 <= v_now
+             ORDER BY asker_agent_id, id
+    LOOP
+        SELECT * INTO a FROM ar_agents WHERE id = q.asker_agent_id FOR NO KEY UPDATE;
+        SELECT * INTO u FROM ar_user_messages WHERE question_id = q.id ORDER BY id LIMIT 1;
+        CONTINUE WHEN u.id IS NULL
+            OR (SELECT status FROM ar_questions WHERE id = q.id) <> 'open'
+            OR EXISTS (SELECT 1 FROM ar_user_messages
+                       WHERE team_id = q.team_id AND dedup_key = p_prefix || q.id);
+        o := ar__write_user_message(o, a, a, 'question', u.content, NULL, q.id,
+                                    p_prefix || q.id, v_now);
+        v_reminded := v_reminded + 1;
+    END LOOP;
+    RETURN (o - 'user_message') || jsonb_build_object('reminded', v_reminded);
+END $$;
