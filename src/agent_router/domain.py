@@ -369,6 +369,7 @@ class EndOfTurn:
     state: AgentState
     epoch: int
     synthetic_results: int = 0  # dangling tool calls closed with an `interrupted` result
+    deliveries: tuple[Delivery, ...] = ()  # the report to the lead the end wrote, in parts
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -491,6 +491,15 @@ def parse_fence(text: str) -> ToolOutput:
 _PART_HEADER_BYTES = 64
 
 
+def keyed_parts(text: str, max_bytes: int, key: str) -> list[tuple[str, str]]:
+    """``text`` in its :func:`report_parts`, each with its deduplication key: ``key`` for a
+    whole one, ``key:i`` for part ``i``."""
+    parts = report_parts(text, max_bytes)
+    if len(parts) == 1:
+        return [(parts[0], key)]
+    return [(part, f"{key}:{number}") for number, part in enumerate(parts, 1)]
+
+
 def report_parts(text: str, max_bytes: int) -> list[str]:
     """``text`` as it reaches its reader (a report to the lead, an answer written as prose):
     whole when it fits in one message of ``max_bytes``, else split into parts that each fit

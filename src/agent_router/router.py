@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from agent_router import budgeting, errors
+from agent_router import budgeting, errors, formats
 from agent_router import validation as check
 from agent_router.constants import BACKGROUND_DONE, wake_token
 from agent_router.domain import (
@@ -597,10 +597,51 @@ class Router:
         failed: bool = False,
         error: str | None = None,
         results: Sequence[Result] = (),
+        output: str | None = None,
     ) -> EndOfTurn:
+        """End ``turn`` (see :meth:`Turn.end`); ``output``: its final reply, written with the
+        end in its one transaction."""
         # What failed is told as it was (an exception's text may quote a model's NUL).
         error = None if error is None else check.scrub(str(error))
-        result = self.store.end_turn(turn.record, failed=failed, error=error, results=results)
+        answers: list[tuple[str, str]] = []
+        reports: list[SendRequest] = []
+        if output is not None and output.strip():
+            limit = self.settings.max_content_bytes
+            if turn.agent.is_lead:  # its answer to the user
+                answers = formats.keyed_parts(check.scrub(output), limit, f"answer:{turn.id}")
+            else:  # its completion report to its lead; only the last part wakes the lead
+                parts = formats.keyed_parts(check.scrub(output), limit, f"report:{turn.id}")
+                reports = [
+                    self._validate(
+                        turn.team_id,
+                        {
+                            "to": turn.lead,
+                            "content": part,
+                            "sender": turn.display_name,
+                            "type": MessageType.OUTPUT,
+                            "subtype": MessageSubtype.COMPLETION_REPORT,
+                            "question_id": None,
+                            "wake": number == len(parts),
+                            "dedup_key": key,
+                        },
+                    )
+                    for number, (part, key) in enumerate(parts, 1)
+                ]
+        try:
+            result = self.store.end_turn(
+                turn.record,
+                failed=failed,
+                error=error,
+                results=results,
+                answers=answers,
+                reports=reports,
+            )
+        except errors.RefusedError as exc:
+            if reports and not isinstance(exc, errors.TurnError):
+                self.hooks.after_reject(turn.team_id, turn.display_name, exc)
+            raise
+        for delivery in result.deliveries:
+            self._delivered(turn.team_id, turn.display_name, delivery)
         seconds = (_utcnow() - turn.record.started_at) / timedelta(seconds=1)
         self.hooks.after_end_turn(turn, result, seconds, failed=failed)
         return result

@@ -89,6 +89,7 @@ class TurnHost(Protocol):
         failed: bool = False,
         error: str | None = None,
         results: Sequence[Result] = (),
+        output: str | None = None,
     ) -> EndOfTurn: ...
 
     def before_call(
@@ -418,11 +419,19 @@ class Turn:
         self.flush()
         return self._router.store.suspend(self.record)
 
-    def end(self, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
+    def end(
+        self, *, failed: bool = False, error: str | None = None, output: str | None = None
+    ) -> EndOfTurn:
         """The end-of-turn hook, with the tool call results the turn carries: exactly one
-        follow-up when wake messages are pending."""
+        follow-up when wake messages are pending. ``output``: the turn's final reply, written
+        in the end's one transaction: a lead's answer to the user, a sub-agent's completion
+        report to its lead (waking it), in parts when it exceeds ``max_content_bytes``, each
+        deduplicated by the turn (a retried end writes it once). A refused report refuses the
+        end (:class:`~agent_router.errors.RefusedError`, the turn still running)."""
         return self._with_carried(
-            lambda results: self._router.end_turn(self, failed=failed, error=error, results=results)
+            lambda results: self._router.end_turn(
+                self, failed=failed, error=error, results=results, output=output
+            )
         )
 
     def _with_carried(self, write: Callable[[tuple[Result, ...]], T]) -> T:

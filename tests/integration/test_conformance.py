@@ -453,11 +453,17 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             failed=st.booleans(),
             results=st.integers(min_value=0, max_value=1),
             bogus=st.booleans(),
+            output=st.one_of(st.none(), CONTENTS),
         )
-        def end(self, name: str, failed: bool, results: int, bogus: bool) -> None:
+        def end(
+            self, name: str, failed: bool, results: int, bogus: bool, output: str | None
+        ) -> None:
+            """The end, with the turn's final output or none: a lead's answer to the user, a
+            sub-agent's report to its lead (a refused report refuses the end)."""
+
             def op(turn: Turn) -> Any:
                 self.carry(turn, results, bogus)
-                return turn.end(failed=failed, error="boom" if failed else None)
+                return turn.end(failed=failed, error="boom" if failed else None, output=output)
 
             self.with_turn(name, op)
 

@@ -1015,6 +1015,61 @@ def _(r: Router) -> Case:
     return Case(turn.end, raised(e.StaleTurnError))
 
 
+@branch("end: with the lead's answer to the user", "end")
+def _(r: Router) -> Case:
+    team = _team(r)
+    turn = start_running(r, team, LEAD)
+    turn.append_assistant(assistant("the answer"))
+
+    def answered(end: Any) -> bool:
+        said = [(m.kind, m.content) for m in r.user_messages(team)]
+        return end.state is AgentState.COMPLETED and said == [
+            (UserMessageKind.ANSWER, "the answer")
+        ]
+
+    return Case(lambda: turn.end(output="the answer"), answered)
+
+
+@branch("end: with a sub-agent's report, its lead woken", "end", published=1)
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    turn.append_assistant(assistant("the report"))
+    return Case(
+        lambda: turn.end(output="the report"),
+        lambda end: [d.outcome for d in end.deliveries] == [RouteOutcome.TRIGGERED_NEW_TURN],
+    )
+
+
+@branch("end: with a report the turn sent already, found by its dedup key", "end")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    turn.append_assistant(assistant("the report"))
+    r.send(team, to=LEAD, content="the report", sender=ENGINEER, type=MessageType.OUTPUT,
+           subtype=MessageSubtype.COMPLETION_REPORT, dedup_key=f"report:{turn.id}")  # fmt: skip
+    return Case(
+        lambda: turn.end(output="the report"),
+        lambda end: [d.duplicate for d in end.deliveries] == [True],
+    )
+
+
+@branch("end: refused, its report's dedup key used for other content", "end")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    turn.append_assistant(assistant("the report"))
+    r.send(team, to=LEAD, content="another", sender=ENGINEER, dedup_key=f"report:{turn.id}")
+    return Case(lambda: turn.end(output="the report"), raised(e.DedupConflictError))
+
+
+@branch("end: refused with its output, a stale turn", "end")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.take_over(team, ENGINEER, reason="presumed dead")
+    return Case(lambda: turn.end(output="late"), raised(e.StaleTurnError))
+
+
 @branch("suspend: a blocked asker gives up its worker", "suspend")
 def _(r: Router) -> Case:
     turn, _ = _blocked(r, _team(r, "Engineer"))

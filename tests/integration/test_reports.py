@@ -157,3 +157,28 @@ def test_check_accepts_messages_a_stop_kept(router: Router) -> None:
     assert report.ok, report.violations
     assert report.pending == 1
     assert [m.type for m in router.messages(team.id)] == [MessageType.MESSAGE]
+
+
+def test_a_report_refused_with_the_end_fails_the_turn_with_the_reason(router: Router) -> None:
+    # The end writes the report: refused (its dedup key was taken by other content), it writes
+    # nothing else, and the turn fails with the reason, the report's refusal ledgered.
+    team = router.create_team()
+    agent, _ = router.create_agent_with_task(
+        team.id, role="Engineer", task="Write it up.", sender="Team Leader"
+    )
+    turn = router.claim(agent.id)
+    assert turn is not None
+    router.send(team.id, to="Team Leader", content="other", sender=agent.display_name,
+                dedup_key=f"report:{turn.id}")  # fmt: skip
+    outcome = run_turn(router, turn, models=lambda a: Says("my findings"), tools=default_registry())
+    assert outcome is TurnOutcome.FAILED
+    assert _reports(router, team.id) == []
+    (ended,) = router.reads.turns(agent.id)
+    assert ended.status.value == "failed"
+    (event,) = [e for e in router.ledger(team.id) if e.action is LedgerAction.TURN_ENDED]
+    assert event.detail["error"].startswith(
+        f"ReportUndeliveredError: completion_report of turn {turn.id} not delivered to "
+        "Team Leader: "
+    )
+    refused = [e for e in router.ledger(team.id) if e.action is LedgerAction.SEND_REJECTED]
+    assert refused and refused[0].detail["to"] == "Team Leader"

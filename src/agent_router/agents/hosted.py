@@ -277,7 +277,7 @@ class HostedTurn:
 
     def report(self, text: str) -> None:
         """Send ``text`` to the lead as this sub-agent's completion report (wakes the lead).
-        The block sends the final reply this way by itself; at most one report per turn."""
+        The block sends the final reply so by itself, with the end; one report per turn."""
         self._tell_lead(text, MessageSubtype.COMPLETION_REPORT, "report")
 
     def answer(self, question_id: int, text: str) -> None:
@@ -329,11 +329,11 @@ def claim(
             yield hosted
             hosted._record_usage()
             if hosted.final is not None:
-                if agent.is_lead:  # the lead's final reply is its answer to the user
-                    loop._answer_user(router, turn, hosted.final)
-                else:
-                    hosted.report(hosted.final)
-            loop._with_retries(turn.end)
+                # The lead's final reply is its answer to the user, a sub-agent's its report:
+                # written with the end.
+                loop.end_with_output(turn, hosted.final)
+            else:
+                loop._with_retries(turn.end)
             hosted.outcome = loop.TurnOutcome.ENDED
         except TurnSuspended:
             hosted.outcome = loop.TurnOutcome.SUSPENDED

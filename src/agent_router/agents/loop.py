@@ -78,9 +78,8 @@ from agent_router.domain import (
     MessageType,
     Question,
     TurnStatus,
-    UserMessageKind,
 )
-from agent_router.formats import report_parts
+from agent_router.formats import keyed_parts
 from agent_router.logfields import get_logger
 from agent_router.router import Router
 from agent_router.store import BeforeCall, Since
@@ -189,21 +188,9 @@ def _run(
     try:
         model = models(agent)
         final = _steps(router, turn, agent, lead, heartbeat, model=model, tools=tools)
-        if agent.is_lead:
-            # Before the hook, and deduplicated by turn: a retried end tells the user once.
-            _answer_user(router, turn, final)
-        else:
-            # Before the hook, and deduplicated by turn: a retried end sends no second report.
-            _tell_lead(
-                router,
-                turn,
-                lead,
-                final if final.strip() else f"{agent.display_name} ended its turn without a reply.",
-                subtype=MessageSubtype.COMPLETION_REPORT,
-                wake=True,
-                dedup_key=f"report:{turn.id}",
-            )
-        end = _with_retries(turn.end)
+        if not agent.is_lead and not final.strip():
+            final = f"{agent.display_name} ended its turn without a reply."
+        end = end_with_output(turn, final)
         _log_end(turn, end, TurnOutcome.ENDED)
         return TurnOutcome.ENDED
     except TurnSuspended:
@@ -698,8 +685,8 @@ def _tell_lead(
     lead), so none is dropped. A refusal raises :class:`ReportUndeliveredError`."""
     if not text.strip():
         return
-    parts = report_parts(check.scrub(text), router.settings.max_content_bytes)
-    for number, part in enumerate(parts, 1):
+    parts = keyed_parts(check.scrub(text), router.settings.max_content_bytes, dedup_key)
+    for number, (part, key) in enumerate(parts, 1):
         send = functools.partial(
             router.send,
             turn.team_id,
@@ -709,27 +696,33 @@ def _tell_lead(
             type=MessageType.OUTPUT,
             subtype=subtype,
             wake=wake and number == len(parts),
-            dedup_key=dedup_key if len(parts) == 1 else f"{dedup_key}:{number}",
+            dedup_key=key,
         )
         try:
             # Retrying is safe: the dedup key makes a second attempt return the first delivery.
             _with_retries(send)
         except errors.RefusedError as exc:
-            raise ReportUndeliveredError(
-                f"{subtype.value} of turn {turn.id} not delivered to {lead}: {exc}"
-            ) from exc
+            raise _undelivered(turn, lead, subtype, exc) from exc
 
 
-def _answer_user(router: Router, turn: Turn, text: str) -> None:
-    """The lead's final reply is its answer to the user; an oversize one goes in parts."""
-    if not text.strip():
-        return
-    parts = report_parts(check.scrub(text), router.settings.max_content_bytes)
-    for number, part in enumerate(parts, 1):
-        key = f"answer:{turn.id}" if len(parts) == 1 else f"answer:{turn.id}:{number}"
-        _with_retries(
-            functools.partial(turn.tell_user, part, kind=UserMessageKind.ANSWER, dedup_key=key)
-        )
+def end_with_output(turn: Turn, final: str) -> EndOfTurn:
+    """End the turn with its final reply (:meth:`Turn.end`'s ``output``): a lead's answer to
+    the user, a sub-agent's completion report to its lead, written with the end and
+    deduplicated by turn (a retried end writes it once). A refused report fails the turn with
+    the reason (:class:`ReportUndeliveredError`), as a report sent on its own did."""
+    try:
+        return _with_retries(lambda: turn.end(output=final))
+    except errors.RefusedError as exc:
+        if isinstance(exc, errors.TurnError):
+            raise
+        raise _undelivered(turn, turn.lead, MessageSubtype.COMPLETION_REPORT, exc) from exc
+
+
+def _undelivered(
+    turn: Turn, lead: str, subtype: MessageSubtype, exc: errors.RefusedError
+) -> ReportUndeliveredError:
+    text = f"{subtype.value} of turn {turn.id} not delivered to {lead}: {exc}"
+    return ReportUndeliveredError(text)
 
 
 def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:

@@ -444,8 +444,8 @@ class Bench:
             self.rows.append(self._statements_row("model call", per_call, 2 if bound else None))
             for calls, sent in counted.items():
                 what = f"turn of {calls} model call{'s' if calls > 1 else ''}"
-                # Its transitions, and the lead's answer to the user.
-                self.rows.append(self._statements_row(what, sent, 2 * calls + 3 if bound else None))
+                # Its transitions; its end writes the lead's answer to the user.
+                self.rows.append(self._statements_row(what, sent, 2 * calls + 2 if bound else None))
             self._capacity(router, settings)
         finally:
             router.close()

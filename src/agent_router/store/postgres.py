@@ -376,8 +376,10 @@ class PostgresStore(Store):
         failed: bool = False,
         error: str | None = None,
         results: Sequence[Result] = (),
+        answers: Sequence[tuple[str, str]] = (),
+        reports: Sequence[SendRequest] = (),
     ) -> EndOfTurn:
-        ended = self._call(
+        result = self._call(
             "end",
             **_of(turn),
             failed=failed,
@@ -385,12 +387,18 @@ class PostgresStore(Store):
             interrupted=turns.INTERRUPTED_RESULT,
             stopped=turns.STOPPED_RESULT,
             results=_results(results),
-        )["ended"]
+            answers=json.dumps([{"content": c, "dedup_key": k} for c, k in answers])
+            if answers
+            else None,
+            reports=json.dumps([_sent(req) for req in reports]) if reports else None,
+        )
+        ended = result["ended"]
         return EndOfTurn(
             follow_up=ended["follow_up"],
             state=AgentState(ended["state"]),
             epoch=ended["epoch"],
             synthetic_results=ended["synthetic_results"],
+            deliveries=tuple(_delivery({"delivery": d}) for d in result.get("deliveries", ())),
         )
 
     @faults.retrying

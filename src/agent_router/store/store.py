@@ -323,10 +323,21 @@ class Store:
         failed: bool = False,
         error: str | None = None,
         results: Sequence[Result] = (),
+        answers: Sequence[tuple[str, str]] = (),
+        reports: Sequence[SendRequest] = (),
     ) -> EndOfTurn:
-        """End the turn (:func:`turns.end_turn`)."""
+        """End the turn (:func:`turns.end_turn`), its final output written first in the same
+        transaction: ``answers`` (content and dedup key of each part) to the user as
+        :func:`users.tell_user` writes them, or ``reports`` to the lead as
+        :func:`routing.send_many` routes them. A refused output refuses the end."""
         with self._tx() as tx:
-            return turns.end_turn(tx, turn, failed=failed, error=error, results=results)
+            if answers or reports:
+                turns.fenced(tx, turn, "end")
+            for content, key in answers:
+                users.tell_user(tx, turn, UserMessageKind.ANSWER, content, dedup_key=key)
+            deliveries = routing.send_many(tx, reports)
+            end = turns.end_turn(tx, turn, failed=failed, error=error, results=results)
+            return replace(end, deliveries=tuple(deliveries))
 
     @faults.retrying
     def renew_lease(self, turn: TurnRecord) -> bool:

@@ -48,10 +48,10 @@ SELECT ar_after_call(:turn, :agent, :epoch, CAST(:payload AS jsonb), :model, :pr
                      CAST(:window AS jsonb), :lease_seconds, :stopped)
 
 -- name: end
--- End a turn (after the results it carried): completed, suspended on its question, stopped, or
--- one follow-up turn scheduled.
+-- End a turn (its final output written first, then the results it carried): completed,
+-- suspended on its question, stopped, or one follow-up turn scheduled.
 SELECT ar_end(:turn, :agent, :epoch, :failed, :error, :interrupted, :stopped,
-              CAST(:results AS jsonb))
+              CAST(:results AS jsonb), CAST(:answers AS jsonb), CAST(:reports AS jsonb))
 
 -- name: suspend
 -- A blocked asker gives up its worker, unless its answer already came.

@@ -432,18 +432,24 @@ BEGIN
     END IF;
 END $$;
 
--- The end-of-turn hook, after the results the turn carried (`p_results`, as ar__carried): one
--- follow-up turn if wake messages are pending, else completed. A stop requested is honoured (unless the turn failed); a turn that ends while blocked on a
--- question leaves it open, suspended; every other open tool call gets `p_interrupted`.
+-- The end-of-turn hook. First the turn's final output: the lead's answer to the user in parts
+-- (`p_answers`: [{content, dedup_key}], each written as ar_tell_user writes it), or a
+-- sub-agent's report to its lead (`p_reports`, routed as ar_send_many routes them); a refused
+-- output refuses the end, nothing else written. Then the results the turn carried
+-- (`p_results`, as ar__carried), and one follow-up turn if wake messages are pending, else
+-- completed. A stop requested is honoured (unless the turn failed); a turn that ends while
+-- blocked on a question leaves it open, suspended; every other open tool call gets
+-- `p_interrupted`. The result's "deliveries": the report's.
 CREATE OR REPLACE FUNCTION ar_end(
     p_turn bigint, p_agent bigint, p_epoch integer, p_failed boolean, p_error text,
-    p_interrupted text, p_stopped text, p_results jsonb)
+    p_interrupted text, p_stopped text, p_results jsonb, p_answers jsonb, p_reports jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
     a ar_agents;
     q ar_questions;
     r record;
+    v_part jsonb;
     v_now timestamp;
     v_follow_up boolean := false;
     v_closed integer;
@@ -454,6 +460,17 @@ BEGIN
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
+    FOR v_part IN SELECT value FROM jsonb_array_elements(coalesce(p_answers, '[]')) LOOP
+        o := ar__merge(o, ar_tell_user(p_turn, p_agent, p_epoch, 'answer',
+                                       v_part ->> 'content', v_part ->> 'dedup_key'));
+    END LOOP;
+    IF p_reports IS NOT NULL THEN
+        o := ar__merge(o, ar_send_many(a.team_id, a.display_name, false, p_reports));
+    END IF;
+    IF o ? 'refused' THEN
+        RETURN o;
+    END IF;
+    o := o - 'user_message' - 'duplicate';
     v_now := ar__now();
     r := ar__carried(a, o, p_turn, p_results, false, v_now);
     a := r.a;
