@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_router import errors, validation
@@ -29,6 +30,7 @@ from agent_router.domain import (
     Budget,
     BudgetCheck,
     BudgetName,
+    CallSpan,
     Delivery,
     MessageType,
     Team,
@@ -162,6 +164,7 @@ def record_usage(
     estimated: bool,
     context: Mapping[str, Any] | None = None,
     window: Mapping[str, Any] | None = None,
+    seconds: float | None = None,
 ) -> TokenUsage:
     """Record one model call's ``usage`` (:func:`priced`) for the turn: counted against the
     team's budgets, then reported to the hooks. ``context``: what the request left out, on
@@ -177,8 +180,26 @@ def record_usage(
         agent=turn.display_name,
         context=context,
         window=window,
+        ms=None if seconds is None else round(seconds * 1000),
     )
     router.hooks.after_model_call(turn, model, usage)
+    if seconds is not None:
+        router.hooks.after_call(
+            turn,
+            CallSpan(
+                kind="model",
+                name=model or "model",
+                started=datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=seconds),
+                seconds=seconds,
+                fields={
+                    "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "cached_tokens": usage.cached_tokens,
+                    "cost_usd": usage.cost_usd,
+                    "estimated": estimated,
+                },
+            ),
+        )
     _after(router, turn.team_id, check)
     return usage
 

@@ -426,11 +426,13 @@ class Router:
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        seconds: float | None = None,
     ) -> TokenUsage:
         """Record one model call's tokens for ``turn``, priced by ``Settings.models``, against
         its team's budgets; the hooks hear of it (see :meth:`Turn.record_usage`). ``context``:
         what the request left out of the transcript, on the call where that changed;
-        ``window``: where the request window then stood, kept on the agent."""
+        ``window``: where the request window then stood, kept on the agent; ``seconds``: how
+        long the call took."""
         counts = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -454,6 +456,7 @@ class Router:
             estimated=estimated,
             context=None if context is None else check.storable(dict(context)),
             window=None if window is None else check.storable(dict(window)),
+            seconds=None if seconds is None else check.seconds(seconds, "a model call's seconds"),
         )
 
     def charge_sub_agent(self, team_id: int, role: str) -> None:

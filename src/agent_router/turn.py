@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_router import validation as check
 from agent_router.domain import (
     AgentState,
     BackgroundJob,
+    CallSpan,
     EndOfTurn,
     Message,
     MessageSubtype,
     Question,
     TokenUsage,
+    ToolRun,
     TurnRecord,
     TurnTrigger,
     WaitOutcome,
 )
 
 if TYPE_CHECKING:
+    from agent_router.hooks import RouterHooks
     from agent_router.settings import Settings
     from agent_router.store import Store
     from agent_router.store.transcripts import CachedTranscript
@@ -33,6 +37,7 @@ class TurnHost(Protocol):
 
     settings: Settings
     store: Store
+    hooks: RouterHooks
 
     def ask(
         self,
@@ -75,6 +80,7 @@ class TurnHost(Protocol):
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        seconds: float | None = None,
     ) -> TokenUsage: ...
 
     def track_background(self, team_id: int, agent: str, signature: Any) -> BackgroundJob: ...
@@ -132,11 +138,31 @@ class Turn:
         self._router.store.append_assistant(self.record, stored)
         return stored
 
-    def append_tool_result(self, tool_call_id: str, content: str) -> None:
+    def append_tool_result(
+        self, tool_call_id: str, content: str, *, run: ToolRun | None = None
+    ) -> None:
         """The result of the open call ``tool_call_id``: the model's own id, or the one the
-        router stored it under (:func:`check.call_id` maps the one to the other)."""
+        router stored it under (:func:`check.call_id` maps the one to the other). ``run``:
+        the tool, its server, its outcome and how long it took, kept with the result (the
+        timeline draws the call; the hooks hear of it as a span)."""
         content = check.scrub(content) if isinstance(content, str) else content
-        self._router.store.append_tool_result(self.record, check.call_id(tool_call_id), content)
+        self._router.store.append_tool_result(
+            self.record,
+            check.call_id(tool_call_id),
+            content,
+            meta=None if run is None else check.storable(run.meta()),
+        )
+        if run is not None:
+            self._router.hooks.after_call(
+                self,
+                CallSpan(
+                    kind="tool",
+                    name=run.tool,
+                    started=datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=run.seconds),
+                    seconds=run.seconds,
+                    fields={"server": run.server, "outcome": run.outcome.value},
+                ),
+            )
 
     def open_tool_calls(self) -> list[str]:
         return self._router.store.reads.open_tool_calls(self.agent_id)
@@ -247,11 +273,14 @@ class Turn:
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        seconds: float | None = None,
     ) -> TokenUsage:
         """Record a model call's tokens (and their cost by the price table) for this turn.
         ``context``: what the request left out of the transcript, given on the call where
         that changed (its ``model_call`` event carries it); ``window``: where the built-in
-        loop's request window then stood (kept on the agent, see :meth:`window_checkpoint`)."""
+        loop's request window then stood (kept on the agent, see :meth:`window_checkpoint`);
+        ``seconds``: how long the call took, recorded just after it returned (its event's
+        ``ms``: the timeline draws the call ending at the event's time)."""
         return self._router.record_usage(
             self,
             model=model,
@@ -261,6 +290,7 @@ class Turn:
             estimated=estimated,
             context=context,
             window=window,
+            seconds=seconds,
         )
 
     def start_background(self, signature: Any) -> BackgroundJob:

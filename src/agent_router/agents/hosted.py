@@ -38,6 +38,7 @@ tool (an ask, ``wait_sub_agent_output``) returns without ending: the answer sche
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,8 @@ class ModelCall:
         self.model = model
         self.messages = hosted.messages()
         self.tools = hosted.tools
+        # The call's span on the timeline: from here (what it sends is ready) to its usage.
+        self._began = time.monotonic()
         #: What the call used, once recorded.
         self.recorded: TokenUsage | None = None
 
@@ -106,6 +109,7 @@ class ModelCall:
                 estimated=True,
             )
         turn = self._hosted.turn
+        seconds = time.monotonic() - self._began
         self.recorded = loop._with_retries(
             lambda: turn.record_usage(
                 model=self.model,
@@ -113,6 +117,7 @@ class ModelCall:
                 completion_tokens=counted.completion_tokens,
                 cached_tokens=counted.cached_tokens,
                 estimated=counted.estimated,
+                seconds=seconds,
             )
         )
         self._hosted._counted = True

@@ -260,16 +260,29 @@ class PostgresStore(Store):
     @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
         payload = turns.validate_assistant(message)
-        self._call("append", **_of(turn), payload=json.dumps(payload), call=None)
+        self._call("append", **_of(turn), payload=json.dumps(payload), call=None, meta=None)
 
     @faults.retrying
-    def append_tool_result(self, turn: TurnRecord, tool_call_id: str, content: str) -> None:
+    def append_tool_result(
+        self,
+        turn: TurnRecord,
+        tool_call_id: str,
+        content: str,
+        *,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
         if not isinstance(content, str):
             raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
         if not isinstance(tool_call_id, str):  # matches no open call
             tool_call_id = repr(tool_call_id)
         payload = {"role": "tool", "tool_call_id": tool_call_id, "content": content}
-        self._call("append", **_of(turn), payload=json.dumps(payload), call=tool_call_id)
+        self._call(
+            "append",
+            **_of(turn),
+            payload=json.dumps(payload),
+            call=tool_call_id,
+            meta=None if meta is None else json.dumps(dict(meta)),
+        )
 
     @faults.retrying
     def end_turn(
@@ -416,6 +429,7 @@ class PostgresStore(Store):
         agent: str | None = None,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        ms: int | None = None,
     ) -> BudgetCheck:
         result = self._call(
             "record_usage",
@@ -432,6 +446,7 @@ class PostgresStore(Store):
             priced=budgets.priced(self.settings, model),
             context=None if context is None else json.dumps(dict(context)),
             window=None if window is None else json.dumps(dict(window)),
+            ms=ms,
             **self._budget_params(),
         )
         return _check(result["budget"])

@@ -3,7 +3,7 @@ append, end, lease, suspend, stop."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -314,7 +314,14 @@ def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
     queries.append(tx.session, agent, payload, turn_id=turn.id)
 
 
-def append_tool_result(tx: Tx, turn: TurnRecord, tool_call_id: str, content: str) -> None:
+def append_tool_result(
+    tx: Tx,
+    turn: TurnRecord,
+    tool_call_id: str,
+    content: str,
+    *,
+    meta: Mapping[str, Any] | None = None,
+) -> None:
     agent, _row = fenced(tx, turn, "append_tool_result")
     if tool_call_id not in queries.open_tool_calls(tx.session, agent.id):
         raise _write_refused(
@@ -331,6 +338,7 @@ def append_tool_result(tx: Tx, turn: TurnRecord, tool_call_id: str, content: str
         agent,
         {"role": "tool", "tool_call_id": tool_call_id, "content": content},
         turn_id=turn.id,
+        meta=None if meta is None else dict(meta),
     )
 
 

@@ -24,8 +24,9 @@ SELECT ar_claim(:agent, :epoch, :builtin, :lease_seconds, :ratio, CAST(:defaults
 SELECT ar_drain(:turn, :agent, :epoch, :limit)
 
 -- name: append
--- Append an assistant message, or an open tool call's result, to a current turn's transcript.
-SELECT ar_append(:turn, :agent, :epoch, CAST(:payload AS jsonb), :call)
+-- Append an assistant message, or an open tool call's result (with how the call ran, in the
+-- entry's meta), to a current turn's transcript.
+SELECT ar_append(:turn, :agent, :epoch, CAST(:payload AS jsonb), :call, CAST(:meta AS jsonb))
 
 -- name: end
 -- End a turn: completed, suspended on its question, stopped, or one follow-up turn scheduled.
@@ -58,7 +59,7 @@ SELECT ar_charge_model_call(:team, :agent, :turn, :ratio, CAST(:defaults AS json
 SELECT ar_record_usage(:team, :agent, :turn, :model, :prompt_tokens, :completion_tokens,
                        :cached_tokens, :cost_nano, :estimated, :priced, :ratio,
                        CAST(:defaults AS jsonb),
-                       CAST(:context AS jsonb), CAST(:window AS jsonb))
+                       CAST(:context AS jsonb), CAST(:window AS jsonb), :ms)
 
 -- name: charge_sub_agent
 -- Refuse a new sub-agent when the team has created, or has active, as many as it may.

@@ -206,9 +206,9 @@ BEGIN
 END $$;
 
 -- Append to a current turn's transcript: an assistant message (`p_call` NULL), which follows
--- no open tool call, or the result of the open tool call `p_call`.
+-- no open tool call, or the result of the open tool call `p_call` (`p_meta`: how it ran).
 CREATE OR REPLACE FUNCTION ar_append(p_turn bigint, p_agent bigint, p_epoch integer,
-                                     p_payload jsonb, p_call text)
+                                     p_payload jsonb, p_call text, p_meta jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -234,7 +234,7 @@ BEGIN
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
-    a := ar__append(a, p_payload, p_turn, ar__now());
+    a := ar__append(a, p_payload, p_turn, ar__now(), NULL, p_meta);
     PERFORM ar__save_agent(a);
     RETURN o;
 END $$;
