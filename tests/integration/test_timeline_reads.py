@@ -19,7 +19,16 @@ from agent_router import AgentState, MessageType, Router, Settings, errors
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.timeline import TimelineQuery
 from tests.integration.helpers import start_running
-from tests.support.teams import BusyTeam, busy_team
+from tests.support.teams import (
+    MODEL,
+    TOOLS,
+    BusyTeam,
+    blocked_team,
+    busy_team,
+    model_call,
+    slow_model_team,
+    tool_call,
+)
 
 
 @pytest.fixture
@@ -83,22 +92,24 @@ def test_a_window_read_in_pieces_adds_up_to_the_whole(router: Router, team: Busy
     assert sorted(set(seen)) == sorted(_ids(whole.arrows))
 
 
-def test_a_page_of_lanes_shows_the_messages_among_its_agents(
+def test_a_page_of_lanes_has_the_lead_and_the_messages_to_or_from_its_agents(
     router: Router, team: BusyTeam
 ) -> None:
     page = router.store.reads.team_window(team.team_id, TimelineQuery(offset=2, limit=3))
     names = [s.agent.display_name for s in page.lanes]
-    assert names == team.agents[2:5]
+    # The lead is on every page, first; the page's own agents after it.
+    assert names == ["Team Leader", *team.agents[2:5]]
     assert page.lanes_total == 8
     assert page.arrows
     for a in page.arrows:
-        assert a.target in names or a.message_id is None
-        assert a.sender in names or not a.sender_is_agent
+        assert a.target in names or a.sender in names
+    # One end on the page is enough: the other end's agent (on another page) gets a stub.
     among = {
         m.id
         for m in router.messages(team.team_id)
-        if m.target_name in names and (m.source_name in names or m.source_agent_id is None)
+        if m.target_name in names or m.source_name in names
     }
+    assert any(m.source_name not in names for m in router.messages(team.team_id) if m.id in among)
     assert {a.message_id for a in page.arrows} - {None} == among
     assert {router.store.reads.agent_by_id(t.agent_id).display_name for t in page.turns} <= set(
         names
@@ -239,3 +250,72 @@ def test_messages_of_one_time_are_never_cut_apart(router: Router) -> None:
     bounded = reads.team_window(team, TimelineQuery(end=end, max_arrows=29))
     if whole.arrows[-1].at == whole.arrows[0].at:
         assert bounded.complete_until is None and len(bounded.arrows) == 30
+
+
+def test_model_calls_and_tool_calls_are_spans_of_their_turns(router: Router) -> None:
+    """A model call's event keeps how long it took (``ms``), a tool result how its call ran:
+    the window returns each as a span of its agent's turn, with its fields."""
+    team = router.create_team().id
+    router.create_agent(team, role="Engineer")
+    turn = start_running(router, team, "Engineer_1", "Build it.")
+    model_call(turn, 2.5, 1200)
+    tool, server = TOOLS[0]
+    tool_call(turn, "call-1", tool, server, 0.75, failed=True)
+    tool_call(turn, "call-2", TOOLS[2][0], TOOLS[2][1], 0.25)
+    turn.append_assistant({"role": "assistant", "content": "Built."})
+    turn.end()
+    [event] = [e for e in router.ledger(team) if e.action.value == "model_call"]
+    assert event.detail["ms"] == 2500
+
+    window = router.store.reads.team_window(team, TimelineQuery())
+    model, failed, done = window.calls
+    assert (model.kind, model.agent, model.turn_id, model.name) == (
+        "model", "Engineer_1", turn.id, MODEL
+    )  # fmt: skip
+    assert model.seconds == 2.5 and model.ended_at == event.created_at
+    assert model.detail["prompt_tokens"] == 1200 and model.detail["completion_tokens"] == 170
+    assert model.detail["unpriced"] is True and "cost_usd" in model.detail
+    assert (failed.kind, failed.name, failed.seconds, failed.detail) == (
+        "tool", tool, 0.75, {"server": server, "outcome": "error"}
+    )  # fmt: skip
+    assert (done.name, done.seconds, done.detail) == (
+        TOOLS[2][0], 0.25, {"server": None, "outcome": "ok"}
+    )  # fmt: skip
+
+    from agent_router.ops.timeline import view
+
+    [drawn, *_] = view(router, team, TimelineQuery())["calls"]
+    # It ended at its event's time and began 2.5 s before (not before the team began).
+    assert drawn["start"] == pytest.approx(max(0.0, drawn["end"] - 2.5), abs=0.002)
+    assert drawn["ms"] == 2500 and drawn["name"] == MODEL and drawn["turn"] == turn.id
+    # Another agent's page does not hold them.
+    other = router.store.reads.team_window(team, TimelineQuery(name="Leader"))
+    assert other.calls == []
+
+
+def test_a_long_model_call_is_work_not_an_idle_gap(router: Router) -> None:
+    """A turn whose one model call took 25 s: nothing else happens in those 25 s, but the
+    overview counts them as busy, so the swimlane draws the call to scale."""
+    from agent_router.ops.timeline import overview
+
+    team = slow_model_team(router)
+    gaps = overview(router, team)["gaps"]
+    assert gaps == []
+    calls = router.store.reads.team_window(team, TimelineQuery()).calls
+    assert max(c.seconds or 0 for c in calls) == 25.0
+
+
+def test_the_window_names_who_is_blocked_now(router: Router) -> None:
+    team = blocked_team(router, blocked_for=40.0)
+    window = router.store.reads.team_window(team, TimelineQuery())
+    assert window.blocked_total == 1
+    [blocked] = window.blocked
+    assert (blocked.asker, blocked.target, blocked.kind.value) == (
+        "Backend Engineer_1", "Team Leader", "ask"
+    )  # fmt: skip
+    assert not blocked.suspended
+    # Asked 40 s before the read (the team's clock put it there).
+    assert (window.now - blocked.since).total_seconds() == pytest.approx(40.0, abs=5.0)
+    # The answered ask is no longer there; a page without either agent still names them.
+    page = router.store.reads.team_window(team, TimelineQuery(name="QA"))
+    assert [b.asker for b in page.blocked] == ["Backend Engineer_1"]

@@ -263,8 +263,8 @@ def model_call(turn: Turn, seconds: float, prompt_tokens: int) -> None:
 def tool_call(turn: Turn, call: str, tool: str, server: str | None, seconds: float,
               failed: bool = False) -> None:  # fmt: skip
     """The model's call of ``tool`` and its result, appended as the loop appends them."""
-    turn.append_assistant({"role": "assistant", "content": None, "tool_calls": [
-        {"id": call, "type": "function", "function": {"name": tool, "arguments": "{}"}}]})  # fmt: skip
+    call_entry = {"id": call, "type": "function", "function": {"name": tool, "arguments": "{}"}}
+    turn.append_assistant({"role": "assistant", "content": None, "tool_calls": [call_entry]})
     result = fail("3 tests failed", "tool_error") if failed else "all 42 tests pass"
     outcome = ToolOutcome.ERROR if failed else ToolOutcome.OK
     turn.append_tool_result(call, result, run=ToolRun(tool=tool, server=server, outcome=outcome,

@@ -302,14 +302,21 @@ var Swimlane = (function () {
     var nowBox = html("section", null, "sl-now", container);
     nowBox.id = "now";
     nowBox.setAttribute("aria-live", "polite");
-    var legend = html("div", null, "sl-legend", container);
     var main = html("div", null, "sl-main", container);
     var chart = html("div", null, "sl-chart", main);
     var detail = html("aside", null, "sl-detail", main);
     detail.id = "detail";
     detail.setAttribute("aria-live", "polite");
-    html("p", "Click a message, a turn or a lane's name. Ctrl+wheel or W/S zooms, drag or A/D " +
-      "pans, the strip above picks a window.", "hint", detail);
+    // The side panel shows the legend until something is clicked (and again on a click
+    // between the lanes, Esc, or the toolbar's "legend"): it is on the first screen at any
+    // team size, beside the lanes, and takes none of their height.
+    function showLegend() {
+      detail.textContent = "";
+      html("p", "Click a message, a model or tool call, a turn or a lane's name. Ctrl+wheel or " +
+        "W/S zooms, drag or A/D pans, the strip above picks a window.", "hint", detail);
+      drawLegend(html("div", null, "sl-legend", detail));
+    }
+    showLegend();
     var overviewSvg = el("svg", attrs(["class", "sl-overview", "height", OVERVIEW_H]), chart);
     var lanesBox = html("div", null, "sl-lanes", chart);
     var notice = html("div", null, "sl-notice", chart);
@@ -365,7 +372,10 @@ var Swimlane = (function () {
     var pager = html("span", null, "sl-pager", toolbar);
     var status = html("span", null, "sl-status", toolbar);
 
-    drawLegend(legend);
+    button("legend", "What every mark and colour means (in the side panel)", function () {
+      select(null);
+      showLegend();
+    });
 
     // -- loading
     function params() {
@@ -697,7 +707,7 @@ var Swimlane = (function () {
       }
 
       svg.addEventListener("click", function (ev) {
-        if (ev.target === svg || ev.target.classList.contains("lane-band")) select(null);
+        if (ev.target === svg || ev.target.classList.contains("lane-band")) { select(null); showLegend(); }
       });
       bindPointer(svg);
       drawOverview();
@@ -945,7 +955,7 @@ var Swimlane = (function () {
       else if (k === "a") pan(-0.25);
       else if (k === "d") pan(0.25);
       else if (k === "0") setWindow(0, null);
-      else if (k === "escape") { select(null); if (state.focus) setFocus(null); }
+      else if (k === "escape") { select(null); if (state.focus) setFocus(null); else showLegend(); }
     });
 
     // -- selection and the side panel
@@ -1340,55 +1350,43 @@ var Swimlane = (function () {
 
   function drawLegend(box) {
     box.textContent = "";
-    html("b", "messages by kind", null, box);
-    KINDS.forEach(function (k) {
-      var item = html("span", null, "legend-item", box);
-      var swatch = html("i", null, "line", item);
-      swatch.style.background = KIND_COLOURS.get(k);
-      item.appendChild(document.createTextNode(kindName(k)));
+    function group(title) {
+      html("h4", title, null, box);
+      return html("div", null, "legend-group", box);
+    }
+    function item(parent, swatch, text) {
+      var row = html("span", null, "legend-item", parent);
+      row.appendChild(swatch);
+      row.appendChild(document.createTextNode(text));
+      return row;
+    }
+    function swatch(cls, colour, border) {
+      var node = html("i", null, cls);
+      if (colour) node.style.background = colour;
+      if (border) node.style.border = "1px solid " + border;
+      return node;
+    }
+    var kinds = group("messages: colour is the kind");
+    KINDS.forEach(function (k) { item(kinds, swatch("line", KIND_COLOURS.get(k)), kindName(k)); });
+    var tips = group("arrow tip: the routing outcome");
+    [["▶", "delivered: a new turn, read by the running turn, joined a scheduled turn"],
+      ["▷", "queued, wakes nobody"], ["▶|", "became the result its asker waited for"],
+      ["✕", "refused"], ["╲", "stub: the other agent is on another page"]].forEach(function (o) {
+      item(tips, html("span", o[0], "glyph"), o[1]);
     });
-    html("b", "tip: outcome", null, box);
-    [["▶", "delivered"], ["▷", "queued, no wake-up"],
-      ["▶|", "answered a wait"], ["✕", "refused"]].forEach(function (o) {
-      var item = html("span", null, "legend-item", box);
-      html("span", o[0], "glyph", item);
-      item.appendChild(document.createTextNode(o[1]));
+    var turns = group("turn bars: what started them");
+    TRIGGERS.forEach(function (c, k) { item(turns, swatch(null, c[0], c[1]), k.replace("_", "-")); });
+    var calls = group("inside a turn");
+    [["model", "model call (model · tokens)"], ["tool", "tool call"],
+      ["tool-error", "tool call that failed"]].forEach(function (c) {
+      item(calls, swatch("call-swatch", CALL_COLOURS.get(c[0])), c[1]);
     });
-    html("b", "turns", null, box);
-    TRIGGERS.forEach(function (c, k) {
-      var item = html("span", null, "legend-item", box);
-      var swatch = html("i", null, null, item);
-      swatch.style.background = c[0];
-      swatch.style.border = "1px solid " + c[1];
-      item.appendChild(document.createTextNode(k.replace("_", "-")));
-    });
-    html("b", "inside a turn", null, box);
-    [["model", "model call"], ["tool", "tool call"], ["tool-error", "failed tool call"]].forEach(function (c) {
-      var item = html("span", null, "legend-item", box);
-      var swatch = html("i", null, "call-swatch", item);
-      swatch.style.background = CALL_COLOURS.get(c[0]);
-      item.appendChild(document.createTextNode(c[1]));
-    });
-    html("b", "waits", null, box);
-    var wait = html("span", null, "legend-item", box);
-    html("i", null, "wait-swatch", wait);
-    wait.appendChild(document.createTextNode("answered"));
-    var open = html("span", null, "legend-item", box);
-    html("i", null, "wait-swatch open", open);
-    open.appendChild(document.createTextNode("blocked up to now"));
-    var br = html("span", null, "legend-item", box);
-    html("span", "//", "glyph", br);
-    br.appendChild(document.createTextNode("nothing runs: compressed"));
-    var others = html("span", null, "legend-item", box);
-    html("span", "╲", "glyph", others);
-    others.appendChild(document.createTextNode("stub: the other agent is on another page"));
-    html("b", "agent state", null, box);
-    STATES.forEach(function (colour, s) {
-      var item = html("span", null, "legend-item", box);
-      var dot = html("i", null, "state-swatch", item);
-      dot.style.background = colour;
-      item.appendChild(document.createTextNode(stateWord(s)));
-    });
+    var waits = group("on the asker's lane");
+    item(waits, swatch("wait-swatch"), "a wait, answered (its length)");
+    item(waits, swatch("wait-swatch open"), "blocked: no answer yet, drawn up to now");
+    item(waits, html("span", "//", "glyph"), "nothing runs anywhere: time compressed");
+    var states = group("the dot before a name: its state");
+    STATES.forEach(function (colour, s) { item(states, swatch("state-swatch", colour), stateWord(s)); });
   }
 
   return {
