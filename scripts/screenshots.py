@@ -6,17 +6,23 @@ at 1400 x 900.
 
     .venv/bin/python scripts/screenshots.py [--out docs/images]
 
-- ``timeline-spans-team-of-30.png``: a team of 30 agents and about 2,000 messages, its model
-  calls and tool calls inside their turns, one of them clicked;
+- ``timeline-team-of-30.png``: a team of 30 agents and about 2,000 messages over 80 s, whole;
+- ``timeline-team-of-30-focus.png``: the same, focused on Backend Engineer_2;
+- ``timeline-spans-team-of-30.png``: the same zoomed to nine seconds, its model calls and tool
+  calls inside their turns, one of them clicked;
 - ``timeline-slow-model-call.png``: a turn whose one model call took 25 s, drawn as work;
 - ``timeline-now-blocked.png``: an agent blocked on the lead for 40 s, at the top of the page;
 - ``timeline-asks-table.png``: the team of 30's asks, sorted by how long they waited;
 - ``timeline-100-agents-page-2.png``: page 2 of a team of 100 agents, with the lead.
+
+Each PNG is made smaller with ``pngquant`` (the Debian package) when it is installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,11 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the teams and the browser of the tests' support
 
 from selenium.webdriver.common.by import By  # noqa: E402
-
-from agent_router import Router, Settings  # noqa: E402
-from agent_router.ops.timeline import render_html, team_timeline  # noqa: E402
-from agent_router.outbox import RecordingPublisher  # noqa: E402
-from agent_router.settings import ModelSpec  # noqa: E402
 from tests.support.browser import chromium  # noqa: E402
 from tests.support.teams import (  # noqa: E402
     MODEL,
@@ -39,6 +40,11 @@ from tests.support.teams import (  # noqa: E402
     fill_huge_team,
     slow_model_team,
 )
+
+from agent_router import Router, Settings  # noqa: E402
+from agent_router.ops.timeline import render_html, team_timeline  # noqa: E402
+from agent_router.outbox import RecordingPublisher  # noqa: E402
+from agent_router.settings import ModelSpec  # noqa: E402
 
 #: The scripted model's prices, so that the calls have a cost.
 PRICES = {MODEL: ModelSpec(input=0.4, output=1.6)}
@@ -56,6 +62,12 @@ def click(driver: object, css: str) -> None:
 def shoot(driver: object, path: Path) -> None:
     time.sleep(0.3)
     driver.save_screenshot(str(path))  # type: ignore[attr-defined]
+    if shutil.which("pngquant"):  # a palette of 256 colours: a third of the size, same look
+        subprocess.run(
+            ["pngquant", "--force", "--skip-if-larger", "--quality", "70-95", "--speed", "1",
+             "--output", str(path), str(path)],
+            check=False,
+        )  # fmt: skip
     print(f"{path}: {path.stat().st_size // 1024} KB")
 
 
@@ -73,13 +85,15 @@ def main() -> None:
         slow = slow_model_team(router)
         blocked = blocked_team(router)
         hundred = fill_huge_team(router.store.engine, 99).team_id
-        pages = {
-            team: Path(tmp, f"team-{team}.html") for team in (thirty, slow, blocked, hundred)
-        }
+        pages = {team: Path(tmp, f"team-{team}.html") for team in (thirty, slow, blocked, hundred)}
         for team, page in pages.items():
             page.write_text(render_html(team_timeline(router, team)))
         router.close()
         with chromium() as driver:
+            driver.get(pages[thirty].as_uri())
+            shoot(driver, out / "timeline-team-of-30.png")
+            click(driver, "g.lane[data-agent='Backend Engineer_2'] .lane-label")
+            shoot(driver, out / "timeline-team-of-30-focus.png")
             driver.get(pages[thirty].as_uri())
             # Nine seconds of the first wave: each call's model and tokens, or tool, in its span.
             driver.execute_script("window.swimlane.setWindow(6, 15)")

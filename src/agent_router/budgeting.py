@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_router import errors, validation
@@ -186,18 +185,15 @@ def record_usage(
     if seconds is not None:
         router.hooks.after_call(
             turn,
-            CallSpan(
-                kind="model",
-                name=model or "model",
-                started=datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=seconds),
-                seconds=seconds,
-                fields={
-                    "prompt_tokens": usage.prompt_tokens,
-                    "completion_tokens": usage.completion_tokens,
-                    "cached_tokens": usage.cached_tokens,
-                    "cost_usd": usage.cost_usd,
-                    "estimated": estimated,
-                },
+            CallSpan.ended_now(
+                "model",
+                model or "model",
+                seconds,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+                cost_usd=usage.cost_usd,
+                estimated=estimated,
             ),
         )
     _after(router, turn.team_id, check)

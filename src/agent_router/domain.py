@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 LEAD_DISPLAY_NAME = "Team Leader"
@@ -397,6 +397,12 @@ class CallSpan:
     started: datetime
     seconds: float
     fields: dict[str, Any] = field(default_factory=dict)  # tokens and cost; server, outcome
+
+    @classmethod
+    def ended_now(cls, kind: str, name: str, seconds: float, **fields: Any) -> CallSpan:
+        """A call that has just ended, after ``seconds``."""
+        started = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=seconds)
+        return cls(kind=kind, name=name, started=started, seconds=seconds, fields=fields)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_router import validation as check
@@ -23,21 +22,29 @@ from agent_router.domain import (
 )
 
 if TYPE_CHECKING:
-    from agent_router.hooks import RouterHooks
     from agent_router.settings import Settings
     from agent_router.store import Store
     from agent_router.store.transcripts import CachedTranscript
 
 
+class CallHooks(Protocol):
+    """What a turn tells the router's hooks itself (:class:`~agent_router.hooks.RouterHooks`
+    is one): a tool call it ran."""
+
+    def after_call(self, turn: Turn, span: CallSpan) -> None: ...
+
+
 class TurnHost(Protocol):
     """What a turn needs of the router that claimed it (:class:`~agent_router.router.Router` is
-    one): its settings and store, and the transitions that reach beyond the turn's own agent
-    (an ask routes a message, a model call counts against the team's budgets). The router
+    one): its settings, store and hooks, and the transitions that reach beyond the turn's own
+    agent (an ask routes a message, a model call counts against the team's budgets). The router
     depends on the turn, never the other way round."""
 
     settings: Settings
     store: Store
-    hooks: RouterHooks
+
+    @property
+    def hooks(self) -> CallHooks: ...
 
     def ask(
         self,
@@ -155,12 +162,8 @@ class Turn:
         if run is not None:
             self._router.hooks.after_call(
                 self,
-                CallSpan(
-                    kind="tool",
-                    name=run.tool,
-                    started=datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=run.seconds),
-                    seconds=run.seconds,
-                    fields={"server": run.server, "outcome": run.outcome.value},
+                CallSpan.ended_now(
+                    "tool", run.tool, run.seconds, server=run.server, outcome=run.outcome.value
                 ),
             )
 

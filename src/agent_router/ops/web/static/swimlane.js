@@ -630,7 +630,7 @@ var Swimlane = (function () {
         el("rect", attrs(["x", x1, "y", y, "width", Math.max(2, x2 - x1), "height", callH, "rx", 1.5,
           "fill", colour, "class", "call-bar"]), g);
         titled(g, c.agent + ": " + callText(c));
-        if (x2 - x1 > 30 && callH >= 9) {
+        if (x2 - x1 > 48 && callH >= 9) {
           var what = c.kind === "model" ? c.name + " · " +
             fmtTokens((c.prompt_tokens || 0) + (c.completion_tokens || 0)) + " tok" : c.name;
           var text = el("text", attrs(["x", x1 + 3, "y", y + callH - Math.max(2, (callH - 9) / 2),
