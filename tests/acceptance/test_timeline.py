@@ -479,21 +479,26 @@ def test_a_big_team_is_drawn_a_page_of_lanes_at_a_time(tmp_path: Path) -> None:
     names = [router.create_agent(team, role="Worker").display_name for _ in range(130)]
     for name in names:
         router.send(team, to=name, content="Go.", sender="Team Leader", type=MessageType.TASK)
+    # Worker_61 (page 2) tells Worker_1 (page 1).
+    router.send(team, to=names[0], content="Rebase on mine.", sender=names[60], wake=False)
     router.close()
     with chromium() as driver:
         driver.get(page_of(url, team, tmp_path).as_uri())
         first = driver.execute_script(LAYOUT)
         assert first["lanes"] == ["Team Leader", *names[:59]]
-        # Every task has the lead at one end: those to agents of the page are arrows, the
-        # others stubs out of the lead's lane.
-        assert first["messages"] == 130 and first["stubs"] == 130 - 59
+        # The lead's tasks to the page's agents; Worker_61's message as a stub into Worker_1's
+        # lane (the lead's tasks to other pages are theirs).
+        assert first["messages"] == 59 + 1 and first["stubs"] == 1
         assert "agents 1\u201360 of 131" in driver.find_element(By.CSS_SELECTOR, ".sl-pager").text
         driver.find_element(By.CSS_SELECTOR, "button[title='Next agents']").click()
         second = wait_until(driver, lambda p: p["lanes"] != first["lanes"])
-        # Page 2: the lead again, with its tasks to the page's agents.
+        # Page 2: the lead again, with its tasks to the page's agents; the stub out of
+        # Worker_61's lane.
         assert second["lanes"] == ["Team Leader", *names[59:119]]
-        assert second["messages"] == 130 and second["stubs"] == 130 - 60
+        assert second["messages"] == 60 + 1 and second["stubs"] == 1
         assert ["Team Leader", names[59]] in second["arrows"]
+        [stub] = driver.find_elements(By.CSS_SELECTOR, "g.arrow.stub")
+        assert stub.get_attribute("data-stub") == names[0]
         assert "agents 61\u2013120 of 131" in driver.find_element(By.CSS_SELECTOR, ".sl-pager").text
         assert page_errors(driver) == []
         screenshot(driver, "timeline_big_team_page_2")

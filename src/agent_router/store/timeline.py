@@ -284,24 +284,24 @@ def window(
         .offset(query.offset)
         .limit(query.limit)
     ).all()
-    # The lead (unless the name filter leaves it out) and the focused agent are on every page,
-    # first: most of a team's messages are to or from them.
-    on_page = {row.id for row in rows}
+    # The hubs, the lead (unless the name filter leaves it out) and the focused agent, are on
+    # every page, first: most of a team's messages are to or from them.
     wanted = ([] if query.name else [AgentRow.is_lead]) + ([AgentRow.id == focus] if focus else [])
-    pinned = (
-        [
-            r
-            for r in session.scalars(
+    hubs = (
+        list(
+            session.scalars(
                 sa.select(AgentRow)
                 .where(AgentRow.team_id == team_id, sa.or_(*wanted))
                 .order_by(AgentRow.id)
             )
-            if r.id not in on_page
-        ]
+        )
         if wanted
         else []
     )
-    rows = [*pinned, *rows]
+    hub_ids = [h.id for h in hubs]
+    on_page = {row.id for row in rows}
+    own: AgentIds = [r.id for r in rows if r.id not in hub_ids]
+    rows = [*(h for h in hubs if h.id not in on_page), *rows]
     # A page of many agents (the whole of a large team) is named to the statements below by
     # the query that reads it, not by its ids: a statement holds at most 65,535 parameters.
     ids: AgentIds = [r.id for r in rows]
@@ -314,13 +314,18 @@ def window(
             .limit(query.limit)
             .scalar_subquery()
         )
-        ids = sa.select(AgentRow.id).where(
-            sa.or_(AgentRow.id.in_(page), AgentRow.id.in_([r.id for r in pinned]))
-        )
+        ids = sa.select(AgentRow.id).where(sa.or_(AgentRow.id.in_(page), AgentRow.id.in_(hub_ids)))
+        own = sa.select(AgentRow.id).where(AgentRow.id.in_(page), AgentRow.id.not_in(hub_ids))
     blocked, blocked_total = _blocked(session, team_id)
     whole = query.limit is None and query.offset == 0 and not query.name and focus is None
     arrows, complete_until = _arrows(
-        session, team_id, query, ids=None if whole else ids, focus=focus, start=start, end=end
+        session,
+        team_id,
+        query,
+        lanes=None if whole else (ids, own, hub_ids),
+        focus=focus,
+        start=start,
+        end=end,
     )
     return TimelineWindow(
         team_id=team_id,
@@ -407,13 +412,17 @@ def _arrows(
     team_id: int,
     query: TimelineQuery,
     *,
-    ids: AgentIds | None,
+    lanes: tuple[AgentIds, AgentIds, list[int]] | None,
     focus: int | None,
     start: datetime,
     end: datetime | None,
 ) -> tuple[list[Arrow], datetime | None]:
-    """Messages routed or refused in the window to or from the agents ``ids`` (``None``: all;
-    from outside senders too), and to or from ``focus`` if given, in time order. The
+    """Messages routed or refused in the window of the lanes ``lanes`` (``None``: all; else
+    every lane's agent, the page's own and its hubs, the lead and the focused agent), and to
+    or from ``focus`` if given, in time order: those with an end among the page's own agents
+    (the other end may be on another page: a stub), and those between hubs or from outside
+    senders to a hub. A hub's messages to agents of other pages are theirs: the lead of a
+    team of 70,000 would otherwise bring every message to every page. The
     window is read at most ``max_scan`` ledger events deep and cut at ``max_arrows`` messages:
     then also the time up to which the messages are complete, where the next window starts."""
     complete_until, window_end = None, end
@@ -462,11 +471,18 @@ def _arrows(
         )
         .order_by(LedgerRow.created_at, LedgerRow.id)
     )
-    if ids is not None:
+    if lanes is not None:
+        ids, own, hubs = lanes
         # A refusal names its sender only in its detail: those of the window are kept here
-        # and sorted out below, by name. A message with one end on the page is kept: the page
-        # draws a stub toward the other end's agent, on another page.
-        routed = sa.or_(LedgerRow.agent_id.in_(ids), MessageRow.source_agent_id.in_(ids))
+        # and sorted out below, by name.
+        routed = sa.or_(
+            LedgerRow.agent_id.in_(own),
+            MessageRow.source_agent_id.in_(own),
+            sa.and_(
+                LedgerRow.agent_id.in_(hubs),
+                sa.or_(MessageRow.source_agent_id.in_(hubs), MessageRow.source_agent_id.is_(None)),
+            ),
+        )
         if focus is not None:
             routed = sa.and_(
                 routed,
@@ -484,7 +500,7 @@ def _arrows(
         if window_end is not None and complete_until >= window_end:
             complete_until = None  # that is the whole window
     arrows = [_arrow(row) for row in rows]
-    if ids is not None:
+    if lanes is not None:
         names = dict(
             session.execute(
                 sa.select(AgentRow.id, AgentRow.display_name).where(AgentRow.id.in_(ids))

@@ -242,13 +242,20 @@ var Swimlane = (function () {
       var whole = !p.agent && !p.focus && total <= PAGE_LANES;
       var page = keep.slice(offset, offset + PAGE_LANES);
       var onPage = new Set(page.map(function (a) { return a.name; }));
-      var pinned = agents.filter(function (a) {
-        return !onPage.has(a.name) && ((a.lead && !p.agent) || a.name === p.focus);
-      });
-      keep = pinned.concat(page);
-      if (!whole) {  // the messages to or from the agents kept (the others' ends are stubs)
+      var hub = function (a) { return (a.lead && !p.agent) || a.name === p.focus; };
+      var hubs = new Set(agents.filter(hub).map(function (a) { return a.name; }));
+      keep = agents.filter(function (a) { return hub(a) && !onPage.has(a.name); }).concat(page);
+      if (!whole) {
+        // An end among the page's own agents (the other end may be a stub), or between hubs,
+        // or from outside to a hub: a hub's messages to other pages' agents are theirs.
         var names = new Set(keep.map(function (a) { return a.name; }));
-        messages = messages.filter(function (m) { return names.has(m.to) || names.has(m.from); });
+        var own = new Set(page.filter(function (a) { return !hubs.has(a.name); })
+          .map(function (a) { return a.name; }));
+        messages = messages.filter(function (m) {
+          if (m.message_id === null) return names.has(m.from) || names.has(m.to);
+          return own.has(m.to) || own.has(m.from) ||
+            (hubs.has(m.to) && (hubs.has(m.from) || !m.from_agent));
+        });
       }
       var lanes = new Set(keep.map(function (a) { return a.name; }));
       return Promise.resolve({
