@@ -1,7 +1,8 @@
 """A team's story as a swimlane: one lane per agent (and one per outside sender such as
 ``user``), each turn a bar on its agent's lane, each message an arrow from its sender's lane to
 its receiver's, coloured by its kind, an ask linked to its answer with the time the asker
-waited. Built from the store's timeline reads (:mod:`agent_router.store.timeline`).
+waited, each model call and tool call a span inside its turn, and who is blocked now. Built
+from the store's timeline reads (:mod:`agent_router.store.timeline`).
 
 - :func:`view`: a window of time and a page of lanes (what ``agent-router web`` serves, and the
   page asks for again as it is zoomed, panned, filtered or focused);
@@ -9,7 +10,8 @@ waited. Built from the store's timeline reads (:mod:`agent_router.store.timeline
   strip, and the breaks the swimlane compresses);
 - :func:`team_timeline`: all of it at once, with every message's content and every turn's
   ledger lines, for :func:`render_html` (a page that opens from a file, with no network) and
-  :func:`render_mermaid` (a Mermaid sequence diagram, split in parts past Mermaid's limit).
+  :func:`render_mermaid` (a Mermaid sequence diagram, split in parts past Mermaid's limit,
+  by role past 16 participants).
 
 Times in the data are seconds since the team was created.
 """

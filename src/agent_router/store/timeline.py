@@ -286,18 +286,19 @@ def window(
     ).all()
     # The hubs, the lead (unless the name filter leaves it out) and the focused agent, are on
     # every page, first: most of a team's messages are to or from them.
-    wanted = ([] if query.name else [AgentRow.is_lead]) + ([AgentRow.id == focus] if focus else [])
-    hubs = (
-        list(
-            session.scalars(
-                sa.select(AgentRow)
-                .where(AgentRow.team_id == team_id, sa.or_(*wanted))
-                .order_by(AgentRow.id)
-            )
-        )
-        if wanted
-        else []
+    # The lead is the team's first agent: read in the order of ids, it is found at once.
+    lead = (
+        None
+        if query.name
+        else session.scalars(
+            sa.select(AgentRow)
+            .where(AgentRow.team_id == team_id, AgentRow.is_lead)
+            .order_by(AgentRow.id)
+            .limit(1)
+        ).first()
     )
+    focused = session.get(AgentRow, focus) if focus is not None else None
+    hubs = sorted({a.id: a for a in (lead, focused) if a is not None}.values(), key=lambda a: a.id)
     hub_ids = [h.id for h in hubs]
     on_page = {row.id for row in rows}
     own: AgentIds = [r.id for r in rows if r.id not in hub_ids]
@@ -341,8 +342,15 @@ def window(
         turns=_turns(session, ids, start, end),
         arrows=arrows,
         waits=_waits(session, team_id, ids if focus is None else [focus], start, end),
+        # The calls end where the messages do: a piece of the window holds both, so that the
+        # next piece reads the calls after it (and the read stays within max_scan events).
         calls=_calls(
-            session, team_id, {r.id: r.display_name for r in rows}, ids=ids, start=start, end=end
+            session,
+            team_id,
+            {r.id: r.display_name for r in rows},
+            ids=ids,
+            start=start,
+            end=end if complete_until is None else complete_until,
         ),
         blocked=blocked,
         blocked_total=blocked_total,
