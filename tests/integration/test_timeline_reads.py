@@ -272,6 +272,9 @@ def test_model_calls_and_tool_calls_are_spans_of_their_turns(router: Router) -> 
     turn.end()
     [event] = [e for e in router.ledger(team) if e.action.value == "model_call"]
     assert event.detail["ms"] == 2500
+    from agent_router.ops.explain import describe
+
+    assert describe(event, {}).endswith("price unknown (not in AGENT_ROUTER_MODELS), took 2.50 s")
 
     window = router.store.reads.team_window(team, TimelineQuery())
     model, failed, done = window.calls
