@@ -494,10 +494,10 @@ def _role_of(data: dict[str, Any]) -> dict[str, str]:
     roles: dict[str, list[str]] = {}
     group: dict[str, str] = {}
     for lane in data["lanes"]["items"]:
-        if lane["lead"]:
+        if lane.get("lead"):
             group[lane["name"]] = lane["name"]
         else:
-            roles.setdefault(lane["role"], []).append(lane["name"])
+            roles.setdefault(lane.get("role") or lane["name"], []).append(lane["name"])
     for role, names in roles.items():
         for name in names:
             group[name] = f"{role} ({len(names)})" if len(names) > 1 else name

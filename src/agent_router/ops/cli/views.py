@@ -55,6 +55,7 @@ def timeline(
         bool,
         typer.Option(
             "--by-agent",
+            envvar="AGENT_ROUTER_TIMELINE_BY_AGENT",
             help="mermaid: one participant per agent, however many (a team of more than "
             "16 agents and outside senders is otherwise summarised by role).",
         ),
