@@ -14,6 +14,7 @@ from agent_router.domain import (
     AgentState,
     Delivery,
     EndOfTurn,
+    FeedItem,
     LedgerAction,
     LedgerEvent,
     Message,
@@ -26,6 +27,8 @@ from agent_router.domain import (
     Team,
     TurnStatus,
     TurnTrigger,
+    UserMessage,
+    UserMessageKind,
     WaitOutcome,
 )
 from agent_router.errors import (
@@ -93,6 +96,7 @@ __all__ = [
     "Delivery",
     "DuplicateDisplayNameError",
     "EndOfTurn",
+    "FeedItem",
     "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidNameError",
@@ -121,6 +125,8 @@ __all__ = [
     "UnknownAgentError",
     "UnknownQuestionError",
     "UnknownTeamError",
+    "UserMessage",
+    "UserMessageKind",
     "WaitOutcome",
     "__version__",
 ]

@@ -74,6 +74,22 @@ def send_turn(app: Celery, runner: str | None, agent_id: int, epoch: int, **opti
     )
 
 
+def send_user_message(app: Celery, user_task: str, message: dict[str, Any]) -> None:
+    """Publish a message to the user to the host's task (``name`` or ``name@queue``), by name,
+    as ``message=`` its JSON form. At least once: the sweeper publishes a row again until one
+    publish is marked, so the host drops a repeat by ``message["id"]``."""
+    task, _, queue = user_task.partition("@")
+    options: dict[str, Any] = {"queue": queue} if queue else {}
+    app.send_task(
+        task,
+        kwargs={"message": message},
+        ignore_result=True,
+        retry_policy=PUBLISH_RETRY_POLICY,
+        argsrepr=f"{message.get('kind')} {message.get('id')} (team {message.get('team_id')})",
+        **options,
+    )
+
+
 class CeleryPublisher:
     """The outbox :class:`~agent_router.outbox.Publisher` for Celery.
 
@@ -102,6 +118,8 @@ class CeleryPublisher:
                 "turn enqueued",
                 extra={"action": "publish", "agent_id": entry.agent_id, "epoch": entry.epoch},
             )
+        elif entry.kind is OutboxKind.DELIVER_USER:
+            send_user_message(self.app, str(entry.payload["task"]), entry.payload["message"])
         elif entry.kind is OutboxKind.WAKE_WAITER:
             # The Router hands wake signals to its waker and never here; should a host publish
             # one through us anyway, the blocked asker's timeout re-reads the database.

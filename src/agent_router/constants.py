@@ -23,6 +23,11 @@ def wake_key(question_id: int) -> str:
     return f"{REDIS_PREFIX}wake:{question_id}"
 
 
+def feed_channel(team_id: int) -> str:
+    """The Redis pub/sub channel that wakes the readers of a team's feed."""
+    return f"{REDIS_PREFIX}feed:{team_id}"
+
+
 def wake_token(deadline: datetime) -> str:
     """What a wake signal carries: its question's deadline, set once when the question opens,
     to the microsecond. A signal left by another database sharing the Redis database (whose

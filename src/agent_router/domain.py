@@ -76,6 +76,7 @@ class QuestionKind(enum.StrEnum):
 
     ASK = "ask"  # ask_master / ask_other_agent: the asked agent's answer (or message) ends it
     OUTPUT = "output"  # wait_sub_agent_output: only the target's report (not progress) ends it
+    USER = "user"  # ask_user: the user's answer (or any message of the user's) ends it
 
 
 #: Question states that can no longer take an answer.
@@ -103,6 +104,7 @@ class TurnStatus(enum.StrEnum):
 class OutboxKind(enum.StrEnum):
     ENQUEUE_TURN = "enqueue_turn"  # publish run_agent_turn(agent_id, epoch)
     WAKE_WAITER = "wake_waiter"  # push to the blocked asker's result key
+    DELIVER_USER = "deliver_user"  # a message to the user: publish the host's user task
 
 
 class LedgerAction(enum.StrEnum):
@@ -142,6 +144,15 @@ class LedgerAction(enum.StrEnum):
     QUARANTINED = "quarantined"  # an agent kept failing sweeper steps: left alone, with backoff
     QUARANTINE_LIFTED = "quarantine_lifted"  # a step succeeded again, or nothing is left to do
     OWED_DROPPED = "owed_dropped"  # a prune or a deletion dropped rows still owed, when asked to
+    USER_MESSAGE = "user_message"  # an agent told the user something (answer, progress, question)
+
+
+class UserMessageKind(enum.StrEnum):
+    """What a message to the user is."""
+
+    ANSWER = "answer"  # the lead's final reply of a turn
+    PROGRESS = "progress"  # a note while the team works (tell_user)
+    QUESTION = "question"  # ask_user: the lead waits for the user's reply
 
 
 class SweepStep(enum.StrEnum):
@@ -180,6 +191,64 @@ class Team:
     #: The model every agent of the team runs on (its turns in the built-in loop), whatever
     #: its role names; ``None``: the role's model, else ``Settings.openai_model``.
     model: str | None = None
+    #: The host's Celery task (``name`` or ``name@queue``) that receives the team's messages to
+    #: the user; ``None``: the host reads them (``Router.user_messages``, ``Router.events``).
+    user_task: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserMessage:
+    """A message to the user: ``id`` orders a team's messages to the user and is what a host
+    drops a repeated delivery by."""
+
+    id: int
+    team_id: int
+    sender: str  # the display name of the agent that wrote it
+    kind: UserMessageKind
+    content: str
+    question_id: int | None  # a question's: what ``Router.answer`` takes
+    created_at: datetime
+
+    def as_payload(self) -> dict[str, Any]:
+        """The JSON form a host's task receives and a feed sends."""
+        return {
+            "id": self.id,
+            "team_id": self.team_id,
+            "sender": self.sender,
+            "kind": self.kind.value,
+            "content": self.content,
+            "question_id": self.question_id,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeedItem:
+    """One entry of a team's live feed (:meth:`Router.events`): ``cursor`` is what to pass as
+    ``after`` to read on from it. ``kind``: ``user`` (a message from the user to the lead),
+    a :class:`UserMessageKind` value (a message to the user), or ``event`` (another event of
+    the lead's, ``action`` its ledger action)."""
+
+    cursor: int
+    kind: str
+    action: str
+    sender: str | None
+    content: str | None
+    question_id: int | None
+    message_id: int | None
+    created_at: datetime
+
+    def as_payload(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor,
+            "kind": self.kind,
+            "action": self.action,
+            "sender": self.sender,
+            "content": self.content,
+            "question_id": self.question_id,
+            "message_id": self.message_id,
+            "created_at": self.created_at.isoformat(),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)

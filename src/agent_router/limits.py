@@ -6,7 +6,9 @@ widened in the schema (a migration follows) and in its check at once.
 - A ``String(n)`` holds ``n`` characters (PostgreSQL's ``varchar(n)`` counts characters and
   refuses more; SQLite would keep them, which is why the check is made before either sees it).
 - ``Integer`` is 32 bits and ``BigInteger`` 64 bits on PostgreSQL; SQLite keeps 64 bits in
-  either, so the narrower PostgreSQL range is the limit on both.
+  either, so the narrower PostgreSQL range is the limit on both: a 32-bit column's type
+  (:data:`COUNTER`, every ``Mapped[int]`` of the models) refuses a wider value as it is
+  written, on SQLite as PostgreSQL does (:class:`OutOfRangeError`, SQLSTATE 22003).
 - ``Float`` holds finite numbers (a deadline computed from an infinite one cannot be written).
 - Text of any column (``String``, ``Text``, and every string inside a ``JSON`` value, keys
   included) holds no NUL (PostgreSQL's ``text`` and ``jsonb`` refuse it) and no lone surrogate
@@ -39,8 +41,33 @@ RUNNER: Final = sa.String(300)
 #: Every table's key, and every column that refers to one (SQLite's 64-bit INTEGER is the
 #: rowid it autoincrements).
 ID: Final = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-#: Epochs, sequence numbers and transcript positions.
-COUNTER: Final = sa.Integer()
+
+
+class OutOfRangeError(OverflowError):
+    """Raised when a value written to an integer column is beyond its range: what PostgreSQL
+    says of it, with the standard's SQLSTATE, so that both databases say the same."""
+
+    sqlstate = "22003"
+
+    def __init__(self) -> None:
+        super().__init__("integer out of range")
+
+
+class Counter(sa.types.TypeDecorator[int]):
+    """A 32-bit integer column whose every written value is checked against its range: on
+    PostgreSQL ``integer`` refuses a wider one itself, SQLite would keep it."""
+
+    impl = sa.Integer
+    cache_ok = True
+
+    def process_bind_param(self, value: int | None, dialect: sa.Dialect) -> int | None:
+        if value is not None and not -(2**31) <= value < 2**31:
+            raise OutOfRangeError()
+        return value
+
+
+#: Epochs, sequence numbers and transcript positions: every ``Mapped[int]`` of the models.
+COUNTER: Final = Counter()
 #: The column type of each budget's limit: counts and costs (in nano-dollars) 64 bits, the
 #: sub-agents 32, the wall time a float.
 BUDGET_LIMITS: Final[Mapping[BudgetName, sa.types.TypeEngine[Any]]] = {
@@ -92,6 +119,8 @@ def limit_of(
 ) -> ColumnLimit:
     """What a column of ``type_`` holds."""
     type_ = _on_postgresql(type_)
+    if isinstance(type_, sa.types.TypeDecorator):
+        type_ = type_.impl_instance
     if isinstance(type_, sa.Enum | sa.Boolean | sa.DateTime):
         return ColumnLimit(name=name, kind="other", nullable=nullable)
     if isinstance(type_, sa.String):  # Text is a String without a length

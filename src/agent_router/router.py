@@ -24,6 +24,7 @@ from agent_router.domain import (
     BudgetName,
     Delivery,
     EndOfTurn,
+    FeedItem,
     LedgerEvent,
     Message,
     MessageSubtype,
@@ -31,10 +32,14 @@ from agent_router.domain import (
     OutboxEntry,
     OutboxKind,
     Question,
+    QuestionKind,
     Team,
     TokenUsage,
+    UserMessage,
+    UserMessageKind,
     WaitOutcome,
 )
+from agent_router.feed import InProcessSignals, RedisSignals, TeamSignals
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.logfields import get_logger
 from agent_router.outbox import Publisher
@@ -94,6 +99,10 @@ class Router:
             if self.settings.redis_url
             else InProcessWaker()
         )
+        #: What wakes the readers of a team's feed (:meth:`events`).
+        self.signals: TeamSignals = (
+            RedisSignals(self.settings.redis_url) if self.settings.redis_url else InProcessSignals()
+        )
         # Always a chain: a hook that raises is logged, never fails the transition it watches.
         self.hooks: RouterHooks = (
             hooks if isinstance(hooks, HookChain) else HookChain([hooks] if hooks else [])
@@ -111,6 +120,8 @@ class Router:
         self.store.dispose()
         if isinstance(self.waker, RedisWaker):
             self.waker.close()
+        if isinstance(self.signals, RedisSignals):
+            self.signals.close()
         close = getattr(self._owned, "close", None)
         if close is not None:
             close()
@@ -122,13 +133,18 @@ class Router:
         lead_runner: str | None = None,
         budget: Mapping[BudgetName, float | None] | None = None,
         model: str | None = None,
+        user_task: str | None = None,
     ) -> Team:
         """A new team with its lead and its budgets. ``lead_runner``: the host's Celery task
         that runs the lead's turns (``name`` or ``name@queue``; default
         ``Settings.runners["Team Leader"]``, else the built-in loop). ``budget`` overrides some
         of the ``budget_*`` settings (``None``: unlimited). ``model``: the model every agent of
         the team runs on, kept with the team (``"scripted"``: the built-in scripted model);
-        ``None``: each role's model, else ``Settings.openai_model``."""
+        ``None``: each role's model, else ``Settings.openai_model``. ``user_task``: the host's
+        Celery task (``name`` or ``name@queue``) that receives the team's messages to the user,
+        each as ``message=`` :meth:`UserMessage.as_payload` through the outbox after its commit,
+        at least once (drop a repeat by its ``id``); ``None``: read them with
+        :meth:`user_messages` or :meth:`events`."""
         lead = NewAgent(
             role=LEAD_ROLE,
             display_name=LEAD_DISPLAY_NAME,
@@ -136,7 +152,12 @@ class Router:
             runner=self._runner(LEAD_ROLE, lead_runner),
         )
         limits = None if budget is None else check.budget_limits(budget)
-        return self.store.create_team(lead, budget=limits, model=check.model_name(model))
+        return self.store.create_team(
+            lead,
+            budget=limits,
+            model=check.model_name(model),
+            user_task=None if user_task is None else self._runner(LEAD_ROLE, user_task),
+        )
 
     def create_agent(
         self,
@@ -237,11 +258,89 @@ class Router:
     def transcript(self, team_id: int, display_name: str) -> list[dict[str, Any]]:
         return self.store.reads.transcript(self.agent(team_id, display_name).id)
 
-    def ledger(self, team_id: int) -> list[LedgerEvent]:
-        return self.store.reads.ledger(_team_id(team_id))
+    def ledger(self, team_id: int, *, after: int = 0) -> list[LedgerEvent]:
+        """The team's ledger in order; ``after``: only the events after that one (its id)."""
+        return self.store.reads.ledger(_team_id(team_id), after_id=_cursor(after))
 
     def messages(self, team_id: int) -> list[Message]:
         return self.store.reads.messages(_team_id(team_id))
+
+    def user_messages(self, team_id: int, *, after: int = 0, limit: int = 500) -> list[UserMessage]:
+        """The team's messages to the user after the one whose id is ``after``, in order: what
+        its agents answered, reported and asked the user. Ids are in commit order within a
+        team, so reading on from the last id seen misses none and repeats none."""
+        return self.store.reads.user_messages(
+            _team_id(team_id), after_id=_cursor(after), limit=_limit(limit)
+        )
+
+    def events(
+        self, team_id: int, *, after: int = 0, wait: float = 0.0, limit: int = 500
+    ) -> list[FeedItem]:
+        """The team's live feed after the cursor ``after`` (an item's ``cursor``): the messages
+        to its lead (the user's among them), its messages to the user, the lead's turns and
+        resolved waits, in commit order. Returns at once when there are some; otherwise waits
+        up to ``wait`` seconds for the team's signal (Redis pub/sub, or in-process), sending the
+        database nothing while it waits, then reads once more. What an SSE endpoint serves,
+        with ``Last-Event-ID`` as ``after``."""
+        team_id = _team_id(team_id)
+        after, limit = _cursor(after), _limit(limit)
+        wait = check.seconds(wait, "wait", maximum=3600.0) if wait else 0.0
+        if wait <= 0:
+            return self.store.reads.feed(team_id, after_id=after, limit=limit)
+        with self.signals.listen(team_id) as listener:
+            found = self.store.reads.feed(team_id, after_id=after, limit=limit)
+            if found or not listener.wait(wait):
+                return found
+        return self.store.reads.feed(team_id, after_id=after, limit=limit)
+
+    def tell_user(
+        self,
+        turn: Turn,
+        content: str,
+        *,
+        kind: UserMessageKind = UserMessageKind.PROGRESS,
+        dedup_key: str | None = None,
+    ) -> UserMessage:
+        """A message from the turn's agent to the user (``progress``, or its ``answer``),
+        written and delivered as :meth:`create_team`'s ``user_task`` says; ``dedup_key``: a
+        retried call writes nothing twice."""
+        try:
+            kind = UserMessageKind(kind)
+        except ValueError:
+            raise errors.InvalidArgumentError(
+                f"unknown kind of message to the user: {kind!r} (answer or progress)"
+            ) from None
+        if kind is UserMessageKind.QUESTION:
+            raise errors.InvalidArgumentError("a question to the user is asked with ask_user")
+        said, _duplicate = self.store.tell_user(
+            turn.record,
+            kind,
+            _text(self.settings, content, "content"),
+            dedup_key=check.optional_key(dedup_key, "`dedup_key`"),
+        )
+        return said
+
+    def ask_user(
+        self,
+        turn: Turn,
+        question: str,
+        *,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> tuple[Question, UserMessage]:
+        """The turn's agent asks the user and its turn suspends at once (no worker waits):
+        the question reaches the user as a message of kind ``question`` with its
+        ``question_id``; the user's reply (:meth:`answer` with ``sender="user"``, or any
+        message of the user's to the agent) becomes the tool call's result and resumes the
+        agent with a continuation turn. Past its deadline it resolves as ``expired``."""
+        _text(self.settings, question, "question")
+        check.key(tool_call_id, "tool_call_id")
+        if timeout_seconds is not None:
+            check.seconds(timeout_seconds, "timeout_seconds")
+        asked, said = self.store.ask_user(
+            turn.record, question, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
+        )
+        return dataclasses.replace(asked, asker=turn.display_name, target="user"), said
 
     def budget(self, team_id: int) -> Budget:
         """The team's budgets: each limit, what is used of it, which one is spent."""
@@ -256,15 +355,15 @@ class Router:
 
     def answer(self, question_id: int, text: str, *, sender: str | None = None) -> Delivery:
         """Answer a question by its id: the answer goes to whoever asked it (resolving their
-        wait), from ``sender`` (default: the agent it was asked of; ``"user"`` for a person).
-        Answering a closed question raises :class:`~agent_router.errors.QuestionClosedError`
-        and changes nothing."""
+        wait), from ``sender`` (default: the agent it was asked of; ``"user"`` for a person,
+        and for a question an agent asked the user). Answering a closed question raises
+        :class:`~agent_router.errors.QuestionClosedError` and changes nothing."""
         question = self.question(question_id)
         return self.send(
             question.team_id,
             to=question.asker,
             content=text,
-            sender=sender or question.target,
+            sender=sender or ("user" if question.kind is QuestionKind.USER else question.target),
             type=MessageType.ANSWER,
             question_id=question_id,
         )
@@ -331,8 +430,11 @@ class Router:
             raise
 
     def _delivered(self, team_id: int, sender: str, delivery: Delivery) -> Delivery:
-        """After the commit (and its publish): tell the hooks."""
+        """After the commit (and its publish): tell the hooks, and the team's feed when the
+        message went to its lead (the feed shows what the lead is told)."""
         self.hooks.after_route(team_id, sender, delivery)
+        if delivery.target == LEAD_DISPLAY_NAME and not delivery.duplicate:
+            self.signals.notify(team_id)
         return delivery
 
     def _validate(self, team_id: int, fields: Mapping[str, Any]) -> SendRequest:
@@ -708,6 +810,12 @@ class Router:
         signalled = 0
         try:
             for entry in entries:
+                if entry.kind is OutboxKind.DELIVER_USER:
+                    self.signals.notify(int(entry.payload["message"]["team_id"]))
+                    if not entry.payload.get("task"):
+                        # Written published: its signal was all it had to send.
+                        signalled += 1
+                        continue
                 if entry.kind is OutboxKind.WAKE_WAITER:
                     # A row written before signals carried a token: its waiter re-reads.
                     self.waker.notify(
@@ -769,6 +877,14 @@ def _broker_publisher(settings: Settings) -> Publisher | None:
     from agent_router.broker import BrokerPublisher
 
     return BrokerPublisher(settings)
+
+
+def _cursor(after: Any) -> int:
+    return check.integer(after, "after", minimum=0, maximum=check.MAX_ID)
+
+
+def _limit(limit: Any) -> int:
+    return check.integer(limit, "limit", minimum=1, maximum=10_000)
 
 
 def _team_id(team_id: Any) -> int:

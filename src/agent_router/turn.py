@@ -18,6 +18,8 @@ from agent_router.domain import (
     ToolRun,
     TurnRecord,
     TurnTrigger,
+    UserMessage,
+    UserMessageKind,
     WaitOutcome,
 )
 
@@ -69,6 +71,24 @@ class TurnHost(Protocol):
         tool_call_id: str,
         timeout_seconds: float | None = None,
     ) -> Question: ...
+
+    def tell_user(
+        self,
+        turn: Turn,
+        content: str,
+        *,
+        kind: UserMessageKind = UserMessageKind.PROGRESS,
+        dedup_key: str | None = None,
+    ) -> UserMessage: ...
+
+    def ask_user(
+        self,
+        turn: Turn,
+        question: str,
+        *,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> tuple[Question, UserMessage]: ...
 
     def end_turn(
         self, turn: Turn, *, failed: bool = False, error: str | None = None
@@ -249,6 +269,28 @@ class Turn:
         would deadlock."""
         return self._router.wait_output(
             self, target, tool_call_id=check.call_id(tool_call_id), timeout_seconds=timeout_seconds
+        )
+
+    def tell_user(
+        self,
+        content: str,
+        *,
+        kind: UserMessageKind = UserMessageKind.PROGRESS,
+        dedup_key: str | None = None,
+    ) -> UserMessage:
+        """Tell the user ``content`` (``progress``, or this turn's ``answer``)."""
+        return self._router.tell_user(self, content, kind=kind, dedup_key=dedup_key)
+
+    def ask_user(
+        self, question: str, *, tool_call_id: str, timeout_seconds: float | None = None
+    ) -> tuple[Question, UserMessage]:
+        """Ask the user ``question`` as the result of ``tool_call_id``: the turn is suspended
+        when this returns (return without ending it); the reply resumes the agent."""
+        return self._router.ask_user(
+            self,
+            question,
+            tool_call_id=check.call_id(tool_call_id),
+            timeout_seconds=timeout_seconds,
         )
 
     def stop_requested(self) -> bool:

@@ -38,7 +38,7 @@ RESERVED_NAMES: Final = (*sorted(EXTERNAL_SENDERS), LEAD_DISPLAY_NAME)
 
 #: The largest id (every table's key and every reference to one).
 MAX_ID: Final = limits.integer_range(limits.ID)[1]
-#: Epochs and sequence numbers (32 bits on PostgreSQL).
+#: Epochs, sequence numbers and transcript positions (32 bits on PostgreSQL).
 MIN_INT32, MAX_INT32 = limits.integer_range(limits.COUNTER)
 #: Display names, roles and senders (``job:<name>`` included).
 MAX_NAME_CHARS: Final = limits.chars(limits.NAME)

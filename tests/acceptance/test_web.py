@@ -383,6 +383,9 @@ def test_bad_ids_are_4xx_without_driver_text(team_database: tuple[str, int]) -> 
             f"/api/teams/{team}/agents/{'x' * 5000}/transcript": 400,
             f"/api/teams/{team}/agents/Nobody_1/transcript": 404,
             f"/api/teams/{team}/agents/%FF%FE/transcript": 400,
+            # A position is a 32-bit column on both databases.
+            f"/api/teams/{team}/agents/Engineer_1/transcript?start=2147483648": 400,
+            f"/api/teams/{team}/agents/Engineer_1/transcript?start=9223372036854775807": 400,
             f"/api/teams/{team}/messages/%00": 400,
             f"/api/teams/{team}/messages/99999999999999999999": 404,
             f"/api/teams/{team}/messages/424242": 404,
@@ -408,6 +411,10 @@ def test_bad_ids_are_4xx_without_driver_text(team_database: tuple[str, int]) -> 
             assert not [w for w in DRIVER_WORDS if w in error.lower()], (path, error)
         # The message of another team is not this team's.
         assert request(address, f"/api/teams/{team + 1000}/messages/1")[0] == 404
+        last = api(
+            f"http://{address}", f"/api/teams/{team}/agents/Engineer_1/transcript?start=2147483647"
+        )
+        assert (last["start"], last["entries"]) == (2147483647, [])
 
 
 def _threads(pid: int) -> int:

@@ -193,6 +193,19 @@ def test_an_id_beyond_64_bits_is_one_typed_error_on_both_databases(router: Route
     assert str(refused.value) == OUT_OF_RANGE
 
 
+def test_a_transcript_position_beyond_its_column_is_one_typed_error_on_both_databases(
+    router: Router,
+) -> None:
+    """Positions are 32-bit on both databases: a start beyond is refused before it is sent (on
+    PostgreSQL the comparison with a wider value would fail; SQLite would answer)."""
+    team = router.create_team()
+    lead = router.agent(team.id, "Team Leader")
+    assert router.reads.transcript_entries(lead.id, start=2**31 - 1) == []
+    for start in (2**31, 2**63 - 1):
+        with pytest.raises(InvalidArgumentError, match="start must be between"):
+            router.reads.transcript_entries(lead.id, start=start)
+
+
 def test_a_role_as_long_as_the_boundary_allows_is_one_the_store_takes(router: Router) -> None:
     """One limit for a role, read by the boundary and the store alike: the longest role the
     boundary passes makes an agent (its display name ``{role}_{n}`` fits a name), one

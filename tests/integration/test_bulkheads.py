@@ -176,6 +176,33 @@ def test_one_poisoned_agent_stops_no_pass_and_is_quarantined(router: Router) -> 
     assert check_team(router, poisoned.id).ok
 
 
+def test_an_epoch_at_its_columns_end_fails_its_take_over_on_both_databases(
+    router: Router,
+) -> None:
+    """An epoch is a 32-bit column on both databases: a dead turn at epoch 2^31-1 cannot be
+    fenced by a bump (PostgreSQL refuses the value, and so does SQLite's column type), so its
+    take-over fails in the same words and the agent is quarantined, on either database."""
+    team = router.create_team()
+    engineer = router.create_agent(team.id, role="Engineer")
+    with router.store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE ar_agents SET epoch = :epoch WHERE id = :id"),
+            {"epoch": 2**31 - 2, "id": engineer.id},
+        )
+    stuck = start_running(router, team.id, "Engineer_1")
+    assert stuck.epoch == 2**31 - 1
+    time.sleep(LEASE * 2)  # its worker died
+    first = router.sweep()
+    [failure] = first.failures
+    assert (failure.agent_id, failure.step) == (engineer.id, SweepStep.TAKE_OVER)
+    assert failure.error == "StoreError: database error: integer out of range (SQLSTATE 22003)"
+    for backoff in (1, 2):
+        time.sleep(PERIOD * backoff + 0.1)
+        assert router.sweep().failed == 1
+    assert _events(router, team.id, LedgerAction.QUARANTINED) == ["Engineer_1"]
+    assert router.agent(team.id, "Engineer_1").epoch == 2**31 - 1
+
+
 class Finishing:
     """A model that ends its turn at once."""
 

@@ -1,6 +1,7 @@
 """One conformance suite for the store's two implementations: random sequences of operations
 (sends in every receiver state, answers, claims, drains, appends, asks, waits for output, ends,
-suspends, stops, terminations, take-overs, expiries, budgets, background jobs, new agents) are
+suspends, stops, terminations, take-overs, expiries, budgets, background jobs, new agents,
+messages to the user and questions to the user) are
 applied in lockstep to a router on SQLite and one on PostgreSQL, and after every step the two
 databases hold the same thing: every row of the team, column by column, with ids compared by
 their order (each database numbers its own rows) and clock readings left out; every operation
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from agent_router import AgentRouterError, MessageSubtype, Router, Settings, Turn
-from agent_router.domain import BudgetName
+from agent_router.domain import BudgetName, UserMessageKind
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.models import Base
 from agent_router.validation import MAX_TOKENS_PER_CALL
@@ -73,10 +74,11 @@ REFERS = {
     "deleted_agent_id": "ar_agents",
     "turn": "ar_turns",
     "superseded": "ar_messages",
+    "user_message_id": "ar_user_messages",
     "id": "",
 }
 #: Detail fields of a clock reading (or of a figure read off the clock).
-CLOCK_DETAIL = {"last_at", "batch_started", "token"}
+CLOCK_DETAIL = {"last_at", "batch_started", "token", "created_at"}
 TABLES = [
     "ar_teams",
     "ar_agents",
@@ -89,6 +91,7 @@ TABLES = [
     "ar_background_jobs",
     "ar_budgets",
     "ar_model_calls",
+    "ar_user_messages",
 ]
 #: Ids quoted inside a sentence (a refusal's text in the ledger, an envelope's attributes): each
 #: database numbers its own rows, and a sequence on PostgreSQL is not given back when a
@@ -357,6 +360,37 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             if not isinstance(results[0], AgentRouterError):
                 for side in (0, 1):
                     self.questions[side].append(results[side].id)
+
+        @rule(
+            name=st.sampled_from(NAMES),
+            kind=st.sampled_from(list(UserMessageKind)),
+            content=CONTENTS,
+            dedup=st.sampled_from([None, "u1"]),
+        )
+        def tell_user(
+            self, name: str, kind: UserMessageKind, content: str, dedup: str | None
+        ) -> None:
+            self.with_turn(name, lambda turn: turn.tell_user(content, kind=kind, dedup_key=dedup))
+
+        @rule(name=st.sampled_from(NAMES), expiring=st.booleans(), bogus=st.booleans())
+        def ask_user(self, name: str, expiring: bool, bogus: bool) -> None:
+            call = f"ask_user{next(self.calls)}"
+            timeout = 0.001 if expiring else 3600.0
+
+            def op(turn: Turn) -> Any:
+                turn.append_assistant(assistant(None, tool_call(call, "ask_user")))
+                return turn.ask_user(
+                    "which colour?",
+                    tool_call_id="nope" if bogus else call,
+                    timeout_seconds=timeout,
+                )
+
+            if name not in self.turns[0]:
+                return
+            results = self.each(lambda _s, _r, _t: op(self.turn(_s, name)))
+            if not isinstance(results[0], AgentRouterError):
+                for side in (0, 1):
+                    self.questions[side].append(results[side][0].id)
 
         @rule(name=st.sampled_from(NAMES), failed=st.booleans())
         def end(self, name: str, failed: bool) -> None:

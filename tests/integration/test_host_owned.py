@@ -34,7 +34,7 @@ from agent_router.agents.llm import directive
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tools import ToolContext, default_registry
 from agent_router.constants import RUN_AGENT_TURN
-from agent_router.domain import BudgetName
+from agent_router.domain import BudgetName, OutboxKind
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent, wait_until
 from agent_router.worker import install, runtime
@@ -239,8 +239,9 @@ def test_a_built_in_turn_task_for_a_host_owned_agent_is_forwarded(
     router = rt.router
     wait_until(lambda: _lead_texts(router, team) != [], "the host's lead reply", timeout=TIMEOUT)
     assert _lead_texts(router, team) == ["(host) Noted 1 update(s) from user."]
-    # The outbox row itself, published now (as the sweeper re-publishes), is a stale duplicate.
-    (entry,) = router.outbox(team)
+    # The turn's outbox row itself, published now (as the sweeper re-publishes), is a stale
+    # duplicate. (The other row is the lead's answer to the user.)
+    (entry,) = [e for e in router.outbox(team) if e.kind is OutboxKind.ENQUEUE_TURN]
     assert entry.payload["task"] == runner
     assert router.publisher is not None
     router.publisher.publish(entry)

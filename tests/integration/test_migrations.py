@@ -128,7 +128,12 @@ def test_each_revision_states_the_ledger_labels_it_starts_from(fresh_pg_url: str
     engine.dispose()
     bulkheads = _revision("0009_sweep_bulkheads")
     assert (*budgets.OLD_ACTIONS, *budgets.NEW_ACTIONS) == bulkheads.OLD_ACTIONS
-    assert [a.value for a in LedgerAction] == [*bulkheads.OLD_ACTIONS, *bulkheads.NEW_ACTIONS]
+    channel = _revision("0013_user_channel")
+    assert (*bulkheads.OLD_ACTIONS, *bulkheads.NEW_ACTIONS) == channel.OLD_ACTIONS
+    (added,) = [
+        label for _table, _column, name, _old, label in channel.LABELS if name == "ar_ledger_action"
+    ]
+    assert [a.value for a in LedgerAction] == [*channel.OLD_ACTIONS, added]
 
 
 def test_0005_counts_each_transcript_from_the_entries_it_already_holds(
@@ -228,8 +233,8 @@ def test_0006_moves_each_agent_rows_foreign_keys_from_the_team_to_the_agent(
         router.close()
 
 
-def _installed(url: str) -> tuple[str | None, set[str]]:
-    """The version of the store's functions a database holds, and the names of ours in it."""
+def _installed(url: str) -> tuple[list[str], set[str]]:
+    """The sets of the store's functions a database holds, and the names of ours in it."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
@@ -244,16 +249,18 @@ def _installed(url: str) -> tuple[str | None, set[str]]:
 
 
 def test_an_upgrade_installs_the_functions_and_0006_takes_them_away(fresh_pg_url: str) -> None:
-    """The store's functions come with every upgrade to the newest revision; going back to a
-    release that calls none removes them all, and upgrading again brings this release's."""
+    """The store's functions come with every upgrade to the newest revision, under this
+    release's names; going back to a release that calls none removes them all, and upgrading
+    again brings this release's."""
     upgrade(fresh_pg_url)
-    version, names = _installed(fresh_pg_url)
-    assert version == functions.version()
-    assert set(functions.names()) <= names and {"ar_send", "ar_claim", "ar_end"} <= names
+    sets, names = _installed(fresh_pg_url)
+    assert sets == [functions.version()]
+    assert names == {functions.installed_name(name) for name in functions.names()}
+    assert {"ar_send", "ar_claim", "ar_end"}.isdisjoint(names)
     downgrade(fresh_pg_url, "0006")
-    assert _installed(fresh_pg_url) == (None, set())
+    assert _installed(fresh_pg_url) == ([], set())
     upgrade(fresh_pg_url)
-    assert _installed(fresh_pg_url)[0] == functions.version()
+    assert _installed(fresh_pg_url)[0] == [functions.version()]
 
 
 def test_a_database_without_this_releases_functions_says_what_to_run(fresh_pg_url: str) -> None:

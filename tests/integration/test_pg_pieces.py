@@ -26,11 +26,16 @@ from agent_router.domain import (
     RouteOutcome,
 )
 from agent_router.formats import Envelope
-from agent_router.store import decisions
+from agent_router.store import decisions, functions
 from agent_router.store.models import utcnow
 
 #: Examples per property: each is one round trip.
 EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _called(text: str) -> sa.TextClause:
+    """A statement calling the pieces by the names this release installs them under."""
+    return sa.text(functions.versioned(text))
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +134,7 @@ def test_the_database_writes_the_envelope_formats_renders(
         question_id=question_id,
     )
     rendered = conn.execute(
-        sa.text(
+        _called(
             "SELECT ar__envelope(CAST(:type AS ar_message_type), :sender, :id,"
             " CAST(:subtype AS ar_message_subtype), :question, coalesce(:body, :content))"
         ),
@@ -148,7 +153,7 @@ def test_the_database_writes_the_envelope_formats_renders(
 
 
 def _repr(conn: sa.Connection, text: str) -> str:
-    return str(conn.execute(sa.text("SELECT ar__repr(:text)"), {"text": text}).scalar_one())
+    return str(conn.execute(_called("SELECT ar__repr(:text)"), {"text": text}).scalar_one())
 
 
 #: Printable text with the characters repr() treats apart: both quotes and the backslash.
@@ -214,15 +219,15 @@ def test_repr_quotes_a_key_as_python(conn: sa.Connection, key: str) -> None:
 @EXAMPLES
 @given(keys=st.lists(KEYS, max_size=4))
 def test_a_list_of_keys_is_quoted_as_python(conn: sa.Connection, keys: list[str]) -> None:
-    quoted = conn.execute(sa.text("SELECT ar__repr_list(:keys)"), {"keys": keys}).scalar_one()
+    quoted = conn.execute(_called("SELECT ar__repr_list(:keys)"), {"keys": keys}).scalar_one()
     assert quoted == repr(keys)
 
 
 def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> None:
     """Every receiver state but terminated (refused before the table is asked), blocked on no
-    question or on an ask or an output wait, and every message: each type, subtype and wake
-    flag, from outside or from the agent waited on or another, answering no question, the one
-    waited on or another."""
+    question or on an ask, an output wait or a wait for the user, and every message: each
+    type, subtype and wake flag, from outside (the user or another) or from the agent waited on
+    or another, answering no question, the one waited on or another."""
     asked, waited_on, other_agent = 100, 7, 8
     deadline = utcnow()
     waits: list[Question | None] = [None] + [
@@ -246,7 +251,7 @@ def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> N
             waits,
             MessageType,
             [None, *MessageSubtype],
-            [None, waited_on, other_agent],
+            [(None, False), (None, True), (waited_on, False), (other_agent, False)],
             [True, False],
             [None, asked, asked + 1],
         )
@@ -256,22 +261,28 @@ def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> N
             state,
             wait,
             decisions.Incoming(
-                type=type_, sender_id=sender, wake=wake, answers=answers, subtype=subtype
+                type=type_,
+                sender_id=sender[0],
+                wake=wake,
+                answers=answers,
+                subtype=subtype,
+                from_user=sender[1],
             ),
         )
         for state, wait, type_, subtype, sender, wake, answers in inputs
     ]
     columns = list(zip(*inputs, strict=True))
     found = conn.execute(
-        sa.text(
+        _called(
             "SELECT ar__decide(state, wait_id, wait_kind, wait_target, type, subtype, sender,"
-            " wake, answers)::text FROM unnest("
+            " wake, answers, from_user)::text FROM unnest("
             " CAST(:states AS ar_agent_state[]), CAST(:wait_ids AS bigint[]),"
             " CAST(:wait_kinds AS ar_question_kind[]), CAST(:wait_targets AS bigint[]),"
             " CAST(:types AS ar_message_type[]), CAST(:subtypes AS ar_message_subtype[]),"
-            " CAST(:senders AS bigint[]), CAST(:wakes AS boolean[]), CAST(:answers AS bigint[])"
+            " CAST(:senders AS bigint[]), CAST(:wakes AS boolean[]), CAST(:answers AS bigint[]),"
+            " CAST(:from_user AS boolean[])"
             ") WITH ORDINALITY AS i(state, wait_id, wait_kind, wait_target, type, subtype, sender,"
-            " wake, answers, n) ORDER BY n"
+            " wake, answers, from_user, n) ORDER BY n"
         ),
         {
             "states": [s.value for s in columns[0]],
@@ -280,12 +291,13 @@ def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> N
             "wait_targets": [w.target_agent_id if w else None for w in columns[1]],
             "types": [t.value for t in columns[2]],
             "subtypes": [s.value if s else None for s in columns[3]],
-            "senders": list(columns[4]),
+            "senders": [sender for sender, _user in columns[4]],
+            "from_user": [user for _sender, user in columns[4]],
             "wakes": list(columns[5]),
             "answers": list(columns[6]),
         },
     ).scalars()
-    assert len(inputs) == 5 * 3 * 6 * 5 * 3 * 2 * 3
+    assert len(inputs) == 5 * 4 * 6 * 5 * 4 * 2 * 3
     assert [RouteOutcome(outcome) for outcome in found] == expected
     # The table reaches every outcome but a refusal.
     assert set(expected) == set(RouteOutcome) - {RouteOutcome.REJECTED}
@@ -302,7 +314,7 @@ def test_a_terminated_receiver_is_refused_before_the_table() -> None:
 
 def test_the_agent_transitions_are_the_same_for_every_pair(conn: sa.Connection) -> None:
     pairs = conn.execute(
-        sa.text(
+        _called(
             "SELECT f::text || ' -> ' || t::text, ar__can_move(f, t)"
             " FROM unnest(enum_range(NULL::ar_agent_state)) f,"
             " unnest(enum_range(NULL::ar_agent_state)) t"

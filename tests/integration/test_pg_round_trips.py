@@ -37,6 +37,7 @@ from agent_router.domain import (
     MessageSubtype,
     OutboxKind,
     QuestionStatus,
+    UserMessageKind,
     WaitOutcome,
 )
 from agent_router.outbox import RecordingPublisher
@@ -1092,6 +1093,107 @@ def _(r: Router) -> Case:
 def _(r: Router) -> Case:
     team = _team(r, "Engineer")
     return Case(lambda: r.take_over(team, ENGINEER, reason="presumed dead"), raised(e.TurnError))
+
+
+# ---------------------------------------------------------------------- the user
+
+
+def _asking_user(r: Router, team: int) -> Turn:
+    """The lead's running turn, its last reply the tool call ``ask-user-1``."""
+    lead = start_running(r, team, LEAD)
+    lead.append_assistant(assistant(None, tool_call("ask-user-1", "ask_user")))
+    return lead
+
+
+def _waiting_on_user(r: Router, team: int) -> int:
+    """The lead waiting on the user, suspended; the question."""
+    question, _said = _asking_user(r, team).ask_user("which colour?", tool_call_id="ask-user-1")
+    return question.id
+
+
+@branch("tell_user: the lead's progress, the team reading its own", "tell_user")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r), LEAD)
+    return Case(lambda: turn.tell_user("on it"), lambda said: said.content == "on it")
+
+
+@branch("tell_user: to the team's user task, published", "tell_user", published=1)
+def _(r: Router) -> Case:
+    team = r.create_team(user_task="chat.user_message").id
+    turn = start_running(r, team, LEAD)
+    return Case(
+        lambda: turn.tell_user("done", kind=UserMessageKind.ANSWER),
+        lambda said: said.kind.value == "answer",
+    )
+
+
+@branch("tell_user: a sub-agent's, under its lead's lock", "tell_user")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    return Case(lambda: turn.tell_user("found it"), lambda said: said.sender == ENGINEER)
+
+
+@branch("tell_user: a retried write finds its first", "tell_user")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r), LEAD)
+    first = turn.tell_user("on it", dedup_key="k-1")
+    return Case(lambda: turn.tell_user("on it", dedup_key="k-1"), lambda said: said == first)
+
+
+@branch("tell_user: refused, a stale turn", "tell_user")
+def _(r: Router) -> Case:
+    team = _team(r)
+    turn = start_running(r, team, LEAD)
+    r.take_over(team, LEAD, reason="test")
+    return Case(lambda: turn.tell_user("late"), raised(e.StaleTurnError))
+
+
+@branch("ask_user: the lead asks and suspends", "ask_user")
+def _(r: Router) -> Case:
+    turn = _asking_user(r, _team(r))
+    return Case(
+        lambda: turn.ask_user("which colour?", tool_call_id="ask-user-1"),
+        lambda asked: asked[0].status is QuestionStatus.OPEN,
+    )
+
+
+@branch("ask_user: refused, not an open tool call", "ask_user")
+def _(r: Router) -> Case:
+    turn = _asking_user(r, _team(r))
+    return Case(
+        lambda: turn.ask_user("which colour?", tool_call_id="nope"),
+        raised(e.InvalidTranscriptEntryError),
+    )
+
+
+@branch("send: the user's reply to a lead waiting on the user, which resumes", "send",
+        published=1)  # fmt: skip
+def _(r: Router) -> Case:
+    team = _team(r)
+    question = _waiting_on_user(r, team)
+    return Case(
+        lambda: r.send(
+            team, to=LEAD, content="blue", type=MessageType.ANSWER, question_id=question
+        ),
+        outcome(RouteOutcome.RESOLVED),
+    )
+
+
+@branch("send: refused, an answer to the user's question from another", "send")
+def _(r: Router) -> Case:
+    team = _team(r)
+    question = _waiting_on_user(r, team)
+    return Case(
+        lambda: r.send(
+            team,
+            to=LEAD,
+            content="blue",
+            sender="system",
+            type=MessageType.ANSWER,
+            question_id=question,
+        ),
+        raised(e.WrongQuestionError),
+    )
 
 
 # ---------------------------------------------------------------------- background jobs

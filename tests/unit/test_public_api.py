@@ -26,6 +26,7 @@ PUBLIC = [
     "Delivery",
     "DuplicateDisplayNameError",
     "EndOfTurn",
+    "FeedItem",
     "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidNameError",
@@ -54,6 +55,8 @@ PUBLIC = [
     "UnknownAgentError",
     "UnknownQuestionError",
     "UnknownTeamError",
+    "UserMessage",
+    "UserMessageKind",
     "WaitOutcome",
     "__version__",
 ]

@@ -310,8 +310,11 @@ def claim(
         )
         try:
             yield hosted
-            if not agent.is_lead and hosted.final is not None:
-                hosted.report(hosted.final)
+            if hosted.final is not None:
+                if agent.is_lead:  # the lead's final reply is its answer to the user
+                    loop._answer_user(router, turn, hosted.final)
+                else:
+                    hosted.report(hosted.final)
             loop._with_retries(turn.end)
             hosted.outcome = loop.TurnOutcome.ENDED
         except TurnSuspended:

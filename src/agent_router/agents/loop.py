@@ -74,6 +74,7 @@ from agent_router.domain import (
     MessageSubtype,
     MessageType,
     TurnStatus,
+    UserMessageKind,
 )
 from agent_router.formats import report_parts
 from agent_router.logfields import get_logger
@@ -179,7 +180,10 @@ def _run(
     try:
         model = models(agent)
         final = _steps(router, turn, agent, lead, heartbeat, model=model, tools=tools)
-        if not agent.is_lead:
+        if agent.is_lead:
+            # Before the hook, and deduplicated by turn: a retried end tells the user once.
+            _answer_user(router, turn, final)
+        else:
             # Before the hook, and deduplicated by turn: a retried end sends no second report.
             _tell_lead(
                 router,
@@ -659,6 +663,18 @@ def _tell_lead(
             raise ReportUndeliveredError(
                 f"{subtype.value} of turn {turn.id} not delivered to {lead}: {exc}"
             ) from exc
+
+
+def _answer_user(router: Router, turn: Turn, text: str) -> None:
+    """The lead's final reply is its answer to the user; an oversize one goes in parts."""
+    if not text.strip():
+        return
+    parts = report_parts(check.scrub(text), router.settings.max_content_bytes)
+    for number, part in enumerate(parts, 1):
+        key = f"answer:{turn.id}" if len(parts) == 1 else f"answer:{turn.id}:{number}"
+        _with_retries(
+            functools.partial(turn.tell_user, part, kind=UserMessageKind.ANSWER, dedup_key=key)
+        )
 
 
 def _notify_failure(router: Router, turn: Turn, lead: str, error: str) -> None:

@@ -58,6 +58,7 @@ class Role:
     runner: str | None = None  # the host's Celery task for this role's turns; None: built-in loop
     context_window: int | None = None  # None: the model's row of the price table, or settings
     context_target_tokens: int | None = None  # None: the settings' context_target_tokens
+    talks_to_user: bool = False  # a sub-agent of the role may tell the user things (tell_user)
 
     def __post_init__(self) -> None:
         if not self.name.strip() or any(c in self.name for c in '"\n\r<>'):
@@ -165,6 +166,7 @@ def _role(entry: Any, source: str) -> Role:
     unknown = set(entry) - {
         *("name", "description", "system_prompt", "model", "temperature", "runner"),
         *("mcp_servers", "mcp_tools", "host_tools", "context_window", "context_target_tokens"),
+        "talks_to_user",
     }
     if unknown:
         raise ConfigurationError(f"{source}: unknown role keys {sorted(unknown)}")
@@ -192,6 +194,9 @@ def _role(entry: Any, source: str) -> Role:
         raise ConfigurationError(
             f"{source}: role {name!r}: context_target_tokens must be an integer"
         )
+    talks = entry.get("talks_to_user", False)
+    if not isinstance(talks, bool):
+        raise ConfigurationError(f"{source}: role {name!r}: talks_to_user must be true or false")
     return Role(
         name=name.strip(),
         description=description.strip(),
@@ -202,6 +207,7 @@ def _role(entry: Any, source: str) -> Role:
         runner=runner,
         context_window=window,
         context_target_tokens=target,
+        talks_to_user=talks,
     )
 
 

@@ -50,6 +50,8 @@ class Audience(enum.StrEnum):
     ALL = "all"
     LEAD = "lead"
     SUB_AGENT = "sub_agent"
+    #: The lead, and the sub-agents whose role says ``talks_to_user``.
+    USER_FACING = "user_facing"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,9 +135,13 @@ class Tool:
             },
         }
 
-    def visible_to(self, agent: Agent) -> bool:
+    def visible_to(self, agent: Agent, roles: RoleCatalogue | None = None) -> bool:
+        """Whether ``agent`` sees the tool (``roles``: where its role's flags are read)."""
         if self.audience is Audience.ALL:
             return True
+        if self.audience is Audience.USER_FACING:
+            role = roles.get(agent.role) if roles is not None else None
+            return agent.is_lead or (role is not None and role.talks_to_user)
         return (self.audience is Audience.LEAD) == agent.is_lead
 
     def argument_problems(self, arguments: dict[str, Any]) -> list[str]:
@@ -241,10 +247,10 @@ class ToolRegistry:
         return self._tools.get(name)
 
     def schemas(self, agent: Agent) -> list[dict[str, Any]]:
-        return [t.schema() for t in self._tools.values() if t.visible_to(agent)]
+        return [t.schema() for t in self._tools.values() if t.visible_to(agent, self.roles)]
 
     def visible_names(self, agent: Agent) -> list[str]:
-        return [t.name for t in self._tools.values() if t.visible_to(agent)]
+        return [t.name for t in self._tools.values() if t.visible_to(agent, self.roles)]
 
     def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         """Run a tool. A bad call (unknown tool, arguments its schema refuses) and a refusal of
@@ -253,7 +259,7 @@ class ToolRegistry:
         returned is written as text whatever its type (:func:`check.tool_output`) and
         neutralised for the transcript (:meth:`Tool.neutral`)."""
         tool = self._tools.get(name)
-        if tool is None or not tool.visible_to(ctx.agent):
+        if tool is None or not tool.visible_to(ctx.agent, self.roles):
             names = self.visible_names(ctx.agent)
             return formats.escape_json(
                 fail(

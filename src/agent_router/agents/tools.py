@@ -286,6 +286,18 @@ def _ask_other_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
     return _block(ctx, question)
 
 
+def _tell_user(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    said = ctx.turn.tell_user(_text(arguments, "text"), dedup_key=_dedup_key(ctx))
+    return ok(message_id=said.id, kind=said.kind.value)
+
+
+def _ask_user(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """The turn suspends at once: the user's reply is the call's result, written by the
+    router, and a continuation turn carries on from it."""
+    question, _said = ctx.turn.ask_user(_text(arguments, "question"), tool_call_id=ctx.call_id)
+    raise TurnSuspended(f"suspended waiting on the user's answer to question {question.id}")
+
+
 def _send_message_to_agent(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
     target = _agent_named(ctx, _name(arguments, "target")).display_name
     return _send(ctx, target, _text(arguments, "message"), MessageType.MESSAGE)
@@ -476,6 +488,29 @@ def _sub_agent_tools() -> list[Tool]:
     )
 
 
+def _user_tools() -> list[Tool]:
+    """Talking to the user: progress (the lead, and sub-agents whose role allows it) and a
+    question the lead waits on."""
+    return [
+        Tool(
+            name="tell_user",
+            description="Tell the user something while the work goes on (progress, a finding). "
+            "Your final reply of a turn reaches the user as your answer on its own.",
+            parameters=_schema({"text": _s("What to tell the user.")}),
+            function=_tell_user,
+            audience=Audience.USER_FACING,
+        ),
+        Tool(
+            name="ask_user",
+            description="Ask the user a question and wait for the reply (it becomes this "
+            "call's result). Ask only what you cannot decide yourself.",
+            parameters=_schema({"question": _s("The question, self-contained.")}),
+            function=_ask_user,
+            audience=Audience.LEAD,
+        ),
+    ]
+
+
 def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
     """The multi-agent tools (docs/design.md lists them). ``roles``: what ``create_sub_agent``
     may create (default: the roles file ``AGENT_ROUTER_ROLES_FILE`` names, else the shipped
@@ -486,6 +521,7 @@ def multi_agent_tools(roles: RoleCatalogue | None = None) -> list[Tool]:
         *_lead_steering_tools(),
         *_lead_watching_tools(),
         *_sub_agent_tools(),
+        *_user_tools(),
     ]
 
 

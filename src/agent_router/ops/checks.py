@@ -17,6 +17,7 @@ from agent_router.domain import (
     Message,
     MessageStatus,
     Question,
+    QuestionKind,
     QuestionStatus,
     TurnRecord,
     TurnStatus,
@@ -143,10 +144,16 @@ def check_team(router: Router, team_id: int, *, quiescent: bool = False) -> Team
             report.violations.append(f"message {m.id} is in a transcript but {m.status.value}")
 
     leases = reads.turn_leases(team_id)
+    # An agent waiting on the user is at rest, its ask_user call open until the user replies.
+    on_user = {
+        q.asker_agent_id for q in reads.open_questions(team_id) if q.kind is QuestionKind.USER
+    }
     for aid, agent in agents.items():
         try:
             turns = reads.turns(aid)
-            _check_agent(report, agent, entries[aid], by_id, turns, quiescent)
+            _check_agent(
+                report, agent, entries[aid], by_id, turns, quiescent and aid not in on_user
+            )
             _check_leases(report, router, agent, turns, leases)
         except Exception as exc:  # one agent's rows, not the whole check
             report.violations.append(
@@ -211,6 +218,8 @@ def _check_questions(
     waits for the deadline."""
     woken = {m.target_agent_id for m in messages if m.status is MessageStatus.PENDING and m.wake}
     for question in router.reads.open_questions(team_id):
+        if question.kind is QuestionKind.USER:
+            continue  # the user answers it, whatever the team does
         target = agents.get(question.target_agent_id)
         if target is not None:
             resting = target.state in RESTING_STATES and target.id not in woken

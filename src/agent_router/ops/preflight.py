@@ -144,7 +144,12 @@ def schema(database_url: str) -> Check:
 
     # A schema created without migrations (``Router.create_schema``) records no revision.
     revision, wanted = migrate.current(database_url), migrate.head()
-    if revision is not None and revision != wanted:
+    postgresql = database_url.startswith("postgresql")
+    # A revision this release does not know is a newer release's, and a newer release's
+    # migrations leave a schema this release works on (migrate's rule): on PostgreSQL, where a
+    # rolling deploy runs both, this release goes on while its functions are there.
+    newer = postgresql and revision is not None and not migrate.is_known(revision)
+    if revision is not None and revision != wanted and not newer:
         return Check(
             "schema",
             False,
@@ -152,17 +157,17 @@ def schema(database_url: str) -> Check:
             f"{revision}; this release's is {wanted}",
             "upgrade it with `agent-router db upgrade --database-url URL` before the workers start",
         )
-    functions = _functions(database_url)
-    if functions is not None:
-        return functions
-    return Check("schema", True, "the router's tables exist")
+    return (
+        _functions(database_url)
+        if postgresql
+        else Check("schema", True, "the router's tables exist")
+    )
 
 
-def _functions(database_url: str) -> Check | None:
-    """On PostgreSQL, a failed check unless the database holds this release's functions (the
-    store's transitions); ``None`` when it does, or on SQLite."""
-    if not database_url.startswith("postgresql"):
-        return None
+def _functions(database_url: str) -> Check:
+    """On PostgreSQL, failed unless the database holds this release's functions (the store's
+    transitions); passed, it names the other releases' sets a rolling deploy left, which
+    ``agent-router db upgrade --finish`` drops once their workers stopped."""
     from agent_router.store import functions
 
     engine = sa.create_engine(database_url, connect_args=_connect_args(database_url))
@@ -171,18 +176,27 @@ def _functions(database_url: str) -> Check | None:
             installed = functions.installed(conn)
     finally:
         engine.dispose()
-    if installed == functions.version():
-        return None
+    if functions.version() in installed:
+        others = [found for found in installed if found != functions.version()]
+        if not others:
+            return Check("schema", True, "the router's tables and functions exist")
+        return Check(
+            "schema",
+            True,
+            f"the router's tables and functions exist, and the functions of other releases "
+            f"({', '.join(others)}): `agent-router db upgrade --finish` drops them once no "
+            "worker of theirs runs",
+        )
     found = (
         "none of agent-router's functions"
-        if installed is None
-        else (f"agent-router's functions of another release ({installed})")
+        if not installed
+        else f"only other releases' agent-router functions ({', '.join(installed)})"
     )
     return Check(
         "schema",
         False,
-        f"the database {redact(database_url)} has {found}; this release's are "
-        f"{functions.version()}",
+        f"the database {redact(database_url)} has {found}, not this release's "
+        f"({functions.version()})",
         "install them with `agent-router db upgrade --database-url URL` before the workers start",
     )
 

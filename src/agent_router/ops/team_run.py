@@ -36,7 +36,9 @@ from agent_router.domain import (
     AgentState,
     LedgerAction,
     MessageType,
+    QuestionKind,
     TokenUsage,
+    UserMessageKind,
 )
 from agent_router.ops import preflight
 from agent_router.ops.checks import TeamReport, check_team
@@ -123,6 +125,8 @@ class Wait:
     target_pending: int  # messages waiting in the target's mailbox
 
     def describe(self) -> str:
+        if self.kind == QuestionKind.USER:
+            return f"{self.asker} waits on the user for the answer to question {self.question_id}"
         what = (
             f"its answer to question {self.question_id}"
             if self.kind == "ask"
@@ -153,7 +157,7 @@ def waits(router: Router, team_id: int) -> list[Wait]:
             found.append(
                 Wait(
                     asker=status.agent.display_name,
-                    target=target.display_name,
+                    target=question.target or target.display_name,
                     target_state=target.state.value,
                     question_id=qid,
                     kind=question.kind.value,
@@ -221,7 +225,7 @@ class RunResult:
     expired_questions: list[str] = field(default_factory=list)
     waiting_on: list[str] = field(default_factory=list)
     reason: str | None = None
-    final: str | None = None  # the lead's last reply
+    final: str | None = None  # the lead's last answer to the user
     report: TeamReport | None = None
     budget_exhausted: str | None = None  # the budget that stopped the team, if one did
     usage: TokenUsage = field(default_factory=TokenUsage)
@@ -264,12 +268,8 @@ def result_of(router: Router, team_id: int, *, progress: Progress) -> RunResult:
         for e in ledger
         if e.action is LedgerAction.QUESTION_EXPIRED
     ]
-    lead = next(a for a in agents if a.is_lead)
-    replies = [
-        e.get("content")
-        for e in router.reads.transcript(lead.id)
-        if e.get("role") == "assistant" and e.get("content")
-    ]
+    # The lead's answer reaches the user as a message to the user, as a host's would.
+    answers = [m.content for m in router.user_messages(team_id) if m.kind is UserMessageKind.ANSWER]
     budget = router.budget(team_id)
     return RunResult(
         budget_exhausted=budget.exhausted.value if budget.exhausted else None,
@@ -281,6 +281,6 @@ def result_of(router: Router, team_id: int, *, progress: Progress) -> RunResult:
         expired_questions=expired,
         waiting_on=[w.describe() for w in waits(router, team_id)],
         reason=progress.reason,
-        final=str(replies[-1]) if replies else None,
+        final=answers[-1] if answers else None,
         report=check_team(router, team_id, quiescent=True) if progress.settled else None,
     )

@@ -35,16 +35,24 @@ from agent_router.store.tx import Tx
 from agent_router.store.values import NewAgent, SendRequest
 
 
-def create_team(tx: Tx, lead: NewAgent, model: str | None = None) -> Team:
+def create_team(
+    tx: Tx, lead: NewAgent, model: str | None = None, user_task: str | None = None
+) -> Team:
     """A team and its ``lead`` (named by its display name, else by its role), whose agents run
-    on ``model`` when it is given."""
-    team = tx.added(TeamRow(model=model))
+    on ``model`` when it is given, and whose messages to the user ``user_task`` receives."""
+    team = tx.added(TeamRow(model=model, user_task=user_task))
     name = lead.display_name or lead.role
     row = insert_agent(
         tx, team.id, name, lead.role, lead.system_prompt, is_lead=True, runner=lead.runner
     )
     tx.agent_ledger(LedgerAction.TEAM_CREATED, row)
-    return Team(id=team.id, lead=values.agent(row), created_at=team.created_at, model=team.model)
+    return Team(
+        id=team.id,
+        lead=values.agent(row),
+        created_at=team.created_at,
+        model=team.model,
+        user_task=team.user_task,
+    )
 
 
 def check_role(role: str) -> str:

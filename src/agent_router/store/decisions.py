@@ -22,21 +22,26 @@ from agent_router.store.models import AgentRow, QuestionRow, utcnow
 @dataclass(frozen=True, kw_only=True)
 class Incoming:
     """The parts of a message that decide its delivery. ``answers``: the question an answer
-    answers (``None`` for any other message); ``sender_id``: ``None`` for an external sender."""
+    answers (``None`` for any other message); ``sender_id``: ``None`` for an external sender;
+    ``from_user``: the sender is the user."""
 
     type: MessageType
     sender_id: int | None
     wake: bool
     answers: int | None = None
     subtype: MessageSubtype | None = None
+    from_user: bool = False
 
 
 def resolves(waiting: Question, msg: Incoming) -> bool:
     """Does ``msg`` end the receiver's wait? Only the agent waited on releases it: an ask ends on
     that agent's answer to it, or on any other wake message that agent sends the asker; an
-    output wait ends on that agent's report (an output that is not progress narration). A
-    message from anyone else is queued and read after the wait ends; the system releases a wait
-    by other means (expired, cancelled)."""
+    output wait ends on that agent's report (an output that is not progress narration); a wait
+    for the user (``ask_user``) ends on the user's answer to it, or on any other wake message
+    of the user's. A message from anyone else is queued and read after the wait ends; the
+    system releases a wait by other means (expired, cancelled)."""
+    if waiting.kind is QuestionKind.USER:
+        return msg.from_user and msg.wake and (msg.answers is None or msg.answers == waiting.id)
     if msg.sender_id is None or msg.sender_id != waiting.target_agent_id:
         return False
     if waiting.kind is QuestionKind.OUTPUT:

@@ -13,7 +13,13 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DBAPIError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+    StatementError,
+)
 
 from agent_router import errors
 from agent_router.logfields import get_logger
@@ -71,7 +77,8 @@ def store_error(exc: SQLAlchemyError, *, committing: bool) -> errors.StoreError:
     """The library's error for ``exc``; ``committing``: it was raised by the COMMIT itself (or
     by a statement that is its own transaction). Its message is the router's, with what the
     database said (:func:`said`); the driver's whole text goes to the log at DEBUG."""
-    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    # A statement's error: the driver's, or a value a column's type refused as it was bound.
+    cause = exc.orig if isinstance(exc, StatementError) and exc.orig is not None else exc
     logger.debug("driver error: %r", cause, extra={"action": "driver_error"})
     words = said(cause)
     if rolled_back(exc):  # the server answered: known not written, whatever was committing

@@ -45,6 +45,7 @@ from agent_router.store.models import (
     TeamRow,
     TranscriptEntryRow,
     TurnRow,
+    UserMessageRow,
     utcnow,
 )
 from agent_router.store.tx import Tx
@@ -92,6 +93,7 @@ def _team_rows(
         (OutboxRow, outbox),
         (BackgroundJobRow, BackgroundJobRow.team_id.in_(teams)),
         (ModelCallRow, ModelCallRow.team_id.in_(teams)),
+        (UserMessageRow, UserMessageRow.team_id.in_(teams)),
         (QuarantineRow, QuarantineRow.team_id.in_(teams)),
         (BudgetRow, BudgetRow.team_id.in_(teams)),
         (MessageRow, MessageRow.team_id.in_(teams)),

@@ -3,6 +3,13 @@
 and :func:`include_name` / :func:`include_object`, which keep the router's tables out of a host's
 autogenerate and ``alembic check``.
 
+An upgrade runs while the previous release's workers still run (a rolling deploy): it migrates
+the schema, which every migration leaves usable by the previous release
+(:mod:`agent_router.store.migrations` says what a migration may do), and *adds* this release's
+store functions beside the previous release's (:mod:`~agent_router.store.functions`). Once the
+old workers stopped, :func:`finish_upgrade` (``agent-router db upgrade --finish``) drops every
+other release's functions.
+
 Its revisions are recorded in a version table of its own, :data:`VERSION_TABLE`, so a host's
 Alembic history (in the default ``alembic_version``) and the router's never see each other's
 revisions, whichever migrates first. A database migrated before the router had its own table
@@ -52,6 +59,36 @@ def upgrade(database_url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(database_url), revision)
 
 
+def finish_upgrade(database_url: str) -> list[str]:
+    """Upgrade to the newest revision, then drop every store function of other releases, once
+    none of their workers runs (on SQLite, which has none, only the upgrade). Returns the
+    signatures dropped."""
+    upgrade(database_url)
+    if not database_url.startswith("postgresql"):
+        return []
+    engine = sa.create_engine(database_url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            return finish_upgrade_connection(conn)
+    finally:
+        engine.dispose()
+
+
+def finish_upgrade_connection(connection: sa.Connection) -> list[str]:
+    """:func:`finish_upgrade` on a host's ``connection`` (after :func:`upgrade_connection`), in
+    its transaction (the caller commits): every store function of another release dropped.
+    Refused (:class:`~agent_router.errors.StoreError`, nothing dropped) unless this release's
+    are installed."""
+    if connection.dialect.name != "postgresql":
+        return []
+    dropped = functions.drop_others(connection)
+    logger.info(
+        "store functions of other releases dropped",
+        extra={"action": "migrate", "dropped": len(dropped), "kept": functions.version()},
+    )
+    return dropped
+
+
 def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(alembic_config(database_url), revision)
 
@@ -72,6 +109,14 @@ def head() -> str:
     found = ScriptDirectory(str(MIGRATIONS)).get_current_head()
     assert found is not None  # the history is never empty
     return found
+
+
+def is_known(revision: str) -> bool:
+    """Whether ``revision`` is in this release's history (an unknown one is a newer
+    release's)."""
+    return any(
+        rev.revision == revision for rev in ScriptDirectory(str(MIGRATIONS)).walk_revisions()
+    )
 
 
 def upgrade_connection(connection: sa.Connection, revision: str = "head") -> None:
@@ -102,9 +147,9 @@ def upgrade_connection(connection: sa.Connection, revision: str = "head") -> Non
 
 def install_functions_at_head(connection: sa.Connection) -> None:
     """On PostgreSQL, once the schema is at this release's newest revision: install this
-    release's functions (the store's transitions), in the migration's transaction. They are
-    code, installed anew by every upgrade; at an older revision the release that migrated there
-    installs its own."""
+    release's functions (the store's transitions), in the migration's transaction, beside other
+    releases' (:func:`finish_upgrade` drops those). At an older revision the release that
+    migrated there installs its own."""
     if connection.dialect.name != "postgresql":
         return
     ctx = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})

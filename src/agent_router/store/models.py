@@ -26,6 +26,7 @@ from agent_router.domain import (
     SweepStep,
     TurnStatus,
     TurnTrigger,
+    UserMessageKind,
 )
 
 
@@ -59,6 +60,7 @@ LedgerActionType = _enum(LedgerAction, "ar_ledger_action")
 JobStatusType = _enum(JobStatus, "ar_job_status")
 BudgetNameType = _enum(BudgetName, "ar_budget_name")
 SweepStepType = _enum(SweepStep, "ar_sweep_step")
+UserMessageKindType = _enum(UserMessageKind, "ar_user_message_kind")
 
 JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
 # The columns values from outside reach are built from agent_router.limits, which the boundary
@@ -76,6 +78,8 @@ def of_agent(column: str) -> sa.ForeignKeyConstraint:
 
 
 class Base(DeclarativeBase):
+    # Every plain integer column is 32 bits on both databases (limits.COUNTER checks writes).
+    type_annotation_map = {int: limits.COUNTER}
     metadata = sa.MetaData(
         naming_convention={
             "ix": "ix_%(column_0_label)s",
@@ -94,6 +98,9 @@ class TeamRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # The model the team's agents run on; NULL: each role's, else the worker's setting.
     model: Mapped[str | None] = mapped_column(sa.String(200), default=None)
+    # The host's Celery task (``name`` or ``name@queue``) that receives the team's messages to
+    # the user, published through the outbox; NULL: the host reads them.
+    user_task: Mapped[str | None] = mapped_column(limits.RUNNER, default=None)
 
 
 #: How full PostgreSQL fills a page of ar_agents on insert (percent): the rest is left to the
@@ -170,6 +177,31 @@ class MessageRow(Base):
     consumed_turn_id: Mapped[int | None] = mapped_column(sa.ForeignKey("ar_turns.id"))
     consumed_at: Mapped[datetime | None]
     drop_reason: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UserMessageRow(Base):
+    """A message to the user. Every one of a team is written under its lead's row lock (the
+    lead's own, or a sub-agent's after the lead's, in id order), so a team's ids are in
+    commit order: a reader that reads on from the last id it saw misses none."""
+
+    __tablename__ = "ar_user_messages"
+    __table_args__ = (
+        sa.UniqueConstraint("team_id", "dedup_key", name="uq_ar_user_messages_team_dedup"),
+        sa.Index("ix_ar_user_messages_team_id", "team_id", "id"),
+        of_agent("agent_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    team_id: Mapped[int] = mapped_column(BigId)
+    agent_id: Mapped[int] = mapped_column(BigId)  # who wrote it
+    kind: Mapped[UserMessageKind] = mapped_column(UserMessageKindType)
+    content: Mapped[str] = mapped_column(sa.Text)
+    question_id: Mapped[int | None] = mapped_column(BigId)
+    turn_id: Mapped[int | None] = mapped_column(BigId)
+    # The writer's key: a retried write (a continuation running its call again, a retried
+    # end of turn) finds the first and writes nothing.
+    dedup_key: Mapped[str | None] = mapped_column(limits.KEY)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -51,6 +51,8 @@ from agent_router.domain import (
     TurnRecord,
     TurnStatus,
     TurnTrigger,
+    UserMessage,
+    UserMessageKind,
 )
 from agent_router.store import (
     agents,
@@ -104,8 +106,9 @@ class PostgresStore(Store):
             except SQLAlchemyError as exc:
                 if faults.sqlstate(exc) == _UNDEFINED_FUNCTION and _functions_missing(conn):
                     raise errors.StoreError(
-                        "the database holds none of this release's store functions: "
-                        "run `agent-router db upgrade` (Router.create_schema() in tests)"
+                        f"the database lacks this release's store functions "
+                        f"({functions.version()}): run `agent-router db upgrade` "
+                        "(Router.create_schema() in tests)"
                     ) from exc
                 if faults.connection_lost(exc) and not conn.invalidated:
                     conn.invalidate()
@@ -156,6 +159,7 @@ class PostgresStore(Store):
         *,
         budget: Mapping[BudgetName, float | None] | None = None,
         model: str | None = None,
+        user_task: str | None = None,
     ) -> Team:
         limits = budgets.default_limits(self.settings) | dict(budget or {})
         result = self._call(
@@ -166,6 +170,7 @@ class PostgresStore(Store):
             runner=lead.runner,
             limits=json.dumps(budgets.stored_limits(limits)),
             model=model,
+            user_task=user_task,
         )
         team = result["team"]
         return Team(
@@ -173,6 +178,7 @@ class PostgresStore(Store):
             lead=_agent(result["lead"]),
             created_at=datetime.fromisoformat(team["created_at"]),
             model=team.get("model"),
+            user_task=team.get("user_task"),
         )
 
     @faults.retrying
@@ -336,6 +342,38 @@ class PostgresStore(Store):
             timeout=asked.timeout_seconds or self.settings.question_timeout_seconds,
         )
         return _question(result["question"]), _delivery(result)
+
+    @faults.retrying
+    def tell_user(
+        self,
+        turn: TurnRecord,
+        kind: UserMessageKind,
+        content: str,
+        *,
+        dedup_key: str | None = None,
+    ) -> tuple[UserMessage, bool]:
+        result = self._call(
+            "tell_user", **_of(turn), kind=kind.value, content=content, dedup_key=dedup_key
+        )
+        return user_message(result["user_message"]), bool(result["duplicate"])
+
+    @faults.retrying
+    def ask_user(
+        self,
+        turn: TurnRecord,
+        question: str,
+        *,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> tuple[Question, UserMessage]:
+        result = self._call(
+            "ask_user",
+            **_of(turn),
+            content=question,
+            call=tool_call_id,
+            timeout=timeout_seconds or self.settings.question_timeout_seconds,
+        )
+        return _question(result["question"]), user_message(result["user_message"])
 
     @faults.retrying
     def wait_output(
@@ -529,7 +567,7 @@ def _functions_missing(conn: sa.Connection) -> bool:
     when a value is of a type none takes (an integer beyond bigint is sent as numeric): that
     is an error of the call, not of the database."""
     try:
-        return functions.installed(conn) != functions.version()
+        return not functions.is_installed(conn)
     except SQLAlchemyError:
         return True
 
@@ -575,6 +613,19 @@ def _agent(row: Mapping[str, Any]) -> Agent:
             "state": AgentState(row["state"]),
             "pending_trigger": TurnTrigger(trigger) if trigger else None,
         }
+    )
+
+
+def user_message(row: Mapping[str, Any]) -> UserMessage:
+    """A message to the user from its JSON form (:meth:`UserMessage.as_payload`)."""
+    return UserMessage(
+        id=row["id"],
+        team_id=row["team_id"],
+        sender=row["sender"],
+        kind=UserMessageKind(row["kind"]),
+        content=row["content"],
+        question_id=row["question_id"],
+        created_at=datetime.fromisoformat(row["created_at"]),
     )
 
 

@@ -12,12 +12,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from agent_router import errors
+from agent_router import errors, validation
 from agent_router.domain import (
     Agent,
     AgentState,
     AgentStatus,
     BackgroundJob,
+    FeedItem,
     JobStatus,
     LedgerEvent,
     Message,
@@ -25,13 +26,24 @@ from agent_router.domain import (
     OutboxEntry,
     Quarantine,
     Question,
+    QuestionKind,
     QuestionStatus,
     Team,
     TokenUsage,
     TurnRecord,
     TurnStatus,
+    UserMessage,
 )
-from agent_router.store import budgets, faults, quarantine, queries, recovery, timeline, values
+from agent_router.store import (
+    budgets,
+    faults,
+    quarantine,
+    queries,
+    recovery,
+    timeline,
+    users,
+    values,
+)
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -44,6 +56,7 @@ from agent_router.store.models import (
     TeamRow,
     TranscriptEntryRow,
     TurnRow,
+    UserMessageRow,
     utcnow,
 )
 
@@ -115,10 +128,18 @@ class Reads:
             lead = session.scalars(
                 sa.select(AgentRow).where(AgentRow.team_id == team_id, AgentRow.is_lead.is_(True))
             ).one()
-            created, model = session.execute(
-                sa.select(TeamRow.created_at, TeamRow.model).where(TeamRow.id == team_id)
+            created, model, user_task = session.execute(
+                sa.select(TeamRow.created_at, TeamRow.model, TeamRow.user_task).where(
+                    TeamRow.id == team_id
+                )
             ).one()
-            return Team(id=team_id, lead=values.agent(lead), created_at=created, model=model)
+            return Team(
+                id=team_id,
+                lead=values.agent(lead),
+                created_at=created,
+                model=model,
+                user_task=user_task,
+            )
 
     @faults.wrapped_read
     def agent(self, team_id: int, name: str) -> Agent:
@@ -186,7 +207,7 @@ class Reads:
             return dataclasses.replace(
                 values.question(row),
                 asker=names[row.asker_agent_id],
-                target=names[row.target_agent_id],
+                target=users.USER if row.kind is QuestionKind.USER else names[row.target_agent_id],
             )
 
     @faults.wrapped_read
@@ -256,7 +277,11 @@ class Reads:
         self, agent_id: int, *, start: int = 0, limit: int | None = None
     ) -> list[dict[str, Any]]:
         """Transcript with provenance: each entry's payload plus its metadata and ids; from
-        position ``start``, at most ``limit`` entries."""
+        position ``start`` (a position: refused beyond its column's range, on both databases),
+        at most ``limit`` entries."""
+        validation.integer(
+            start, "start", minimum=validation.MIN_INT32, maximum=validation.MAX_INT32
+        )
         with self._sessions() as session:
             rows = session.scalars(
                 sa.select(TranscriptEntryRow)
@@ -332,6 +357,27 @@ class Reads:
     def ledger(self, team_id: int, *, after_id: int = 0) -> list[LedgerEvent]:
         """The team's ledger in order; ``after_id``: only events after that one (tailing)."""
         return self._read(_ledger_events, LedgerRow.team_id == team_id, LedgerRow.id > after_id)
+
+    @faults.wrapped_read
+    def user_messages(
+        self, team_id: int, *, after_id: int = 0, limit: int = 500
+    ) -> list[UserMessage]:
+        """The team's messages to the user after ``after_id``, in order (ids are in commit
+        order within a team: :class:`~agent_router.store.models.UserMessageRow`)."""
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(UserMessageRow, AgentRow.display_name)
+                .join(AgentRow, AgentRow.id == UserMessageRow.agent_id)
+                .where(UserMessageRow.team_id == team_id, UserMessageRow.id > after_id)
+                .order_by(UserMessageRow.id)
+                .limit(limit)
+            ).all()
+            return [users.user_message(row, name) for row, name in rows]
+
+    @faults.wrapped_read
+    def feed(self, team_id: int, *, after_id: int = 0, limit: int = 500) -> list[FeedItem]:
+        """The team's feed after the cursor ``after_id`` (:func:`users.feed`)."""
+        return self._read(users.feed, team_id, after_id=after_id, limit=limit)
 
     @faults.wrapped_read
     def expired_leases(self) -> list[int]:

@@ -34,8 +34,11 @@ from agent_router.store.models import (
 from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import SendRequest
 
+#: The sender name of the person in the chat.
+USER = "user"
+
 #: Senders that are not agents of the team. ``job:<name>`` is a background job.
-EXTERNAL_SENDERS = frozenset({"user", "system"})
+EXTERNAL_SENDERS = frozenset({USER, "system"})
 
 EXTERNAL_PREFIX = "job:"
 
@@ -85,6 +88,7 @@ def route(tx: Tx, req: SendRequest) -> Delivery:
             wake=req.wake,
             answers=answered.id if answered is not None else None,
             subtype=req.subtype,
+            from_user=req.sender == USER,
         ),
     )
     msg = _insert_message(
@@ -331,7 +335,13 @@ def question_for_answer(tx: Tx, req: SendRequest, target: AgentRow) -> QuestionR
             ),
             "wrong_question",
         )
-    if question.kind is not QuestionKind.ASK:
+    if question.kind is QuestionKind.USER and req.sender != USER:
+        raise reject(
+            req,
+            errors.WrongQuestionError(f"question {question.id} is the user's to answer"),
+            "wrong_question",
+        )
+    if question.kind is QuestionKind.OUTPUT:
         raise reject(
             req,
             errors.WrongQuestionError(

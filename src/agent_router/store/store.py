@@ -44,6 +44,8 @@ from agent_router.domain import (
     TokenUsage,
     TurnRecord,
     TurnStatus,
+    UserMessage,
+    UserMessageKind,
 )
 from agent_router.settings import Settings
 from agent_router.store import (
@@ -57,6 +59,7 @@ from agent_router.store import (
     recovery,
     routing,
     turns,
+    users,
     waits,
 )
 from agent_router.store.engine import make_engine
@@ -176,11 +179,13 @@ class Store:
         *,
         budget: Mapping[BudgetName, float | None] | None = None,
         model: str | None = None,
+        user_task: str | None = None,
     ) -> Team:
         """A team, its ``lead`` and its budget row (the defaults, ``budget`` overriding some);
-        its agents run on ``model`` when it is given."""
+        its agents run on ``model`` when it is given; ``user_task`` receives its messages to
+        the user."""
         with self._tx() as tx:
-            team = agents.create_team(tx, lead, model)
+            team = agents.create_team(tx, lead, model, user_task)
             budgets.create(tx, team.id, budget)
             return team
 
@@ -326,6 +331,36 @@ class Store:
         with self._tx() as tx:
             return waits.wait_output(
                 tx, turn, target=target, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
+            )
+
+    # ------------------------------------------------------------------ the user
+
+    @faults.retrying
+    def tell_user(
+        self,
+        turn: TurnRecord,
+        kind: UserMessageKind,
+        content: str,
+        *,
+        dedup_key: str | None = None,
+    ) -> tuple[UserMessage, bool]:
+        """A message to the user from the turn's agent (:func:`users.tell_user`)."""
+        with self._tx() as tx:
+            return users.tell_user(tx, turn, kind, content, dedup_key=dedup_key)
+
+    @faults.retrying
+    def ask_user(
+        self,
+        turn: TurnRecord,
+        question: str,
+        *,
+        tool_call_id: str,
+        timeout_seconds: float | None = None,
+    ) -> tuple[Question, UserMessage]:
+        """Ask the user and suspend the turn (:func:`users.ask_user`)."""
+        with self._tx() as tx:
+            return users.ask_user(
+                tx, turn, question, tool_call_id=tool_call_id, timeout_seconds=timeout_seconds
             )
 
     @faults.retrying

@@ -31,13 +31,17 @@ _INSERT_OUTBOX = sa.insert(OutboxRow).returning(OutboxRow.id)
 _INSERT_LEDGER = sa.insert(LedgerRow)
 
 
-def written_published(kind: OutboxKind, now: Any) -> dict[str, Any]:
+def written_published(
+    kind: OutboxKind, now: Any, payload: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The publication columns of a new outbox row of ``kind``. A wake row is written marked
     published, as sent once: its signal only cuts a blocked call's sleep short, and a lost one
     is found by the call's periodic re-read of the database (``wake_recheck_seconds``) as soon
     as the sweeper would have sent it again. So nothing re-sends it, and no round trip after
-    the commit marks it."""
-    if kind is OutboxKind.WAKE_WAITER:
+    the commit marks it. So is a message to the user of a team with no user task: its signal
+    only wakes the team's feed, whose readers read the database."""
+    signal_only = kind is OutboxKind.DELIVER_USER and not (payload or {}).get("task")
+    if kind is OutboxKind.WAKE_WAITER or signal_only:
         return {"published_at": now, "attempts": 1}
     return {"published_at": None, "attempts": 0}
 
@@ -120,7 +124,7 @@ class Tx:
                     "kind": kind,
                     "epoch": agent.epoch,
                     "payload": payload,
-                    **written_published(kind, utcnow()),
+                    **written_published(kind, utcnow(), payload),
                 },
             )
             .scalar_one()

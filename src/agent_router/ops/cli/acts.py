@@ -232,13 +232,33 @@ def db_upgrade(
     revision: Annotated[
         str, typer.Option(envvar="AGENT_ROUTER_REVISION", help="Target revision.")
     ] = "head",
+    finish: Annotated[
+        bool,
+        typer.Option(
+            "--finish",
+            envvar="AGENT_ROUTER_UPGRADE_FINISH",
+            help="Once no worker of an older release runs: upgrade to head, then drop every "
+            "store function of other releases (PostgreSQL).",
+        ),
+    ] = False,
 ) -> None:
-    """Apply the migrations up to ``revision`` (safe to run again: done ones are skipped)."""
+    """Apply the migrations up to ``revision`` (safe to run again: done ones are skipped). On
+    PostgreSQL this release's store functions are added beside the previous release's, whose
+    workers may still run; ``--finish`` removes the other releases' afterwards."""
     from agent_router.store import migrate
 
     settings = _settings(database_url)
-    migrate.upgrade(settings.database_url, revision)
-    print(f"database at {revision}", file=sys.stderr)
+    if not finish:
+        migrate.upgrade(settings.database_url, revision)
+        print(f"database at {revision}", file=sys.stderr)
+        return
+    if revision != "head":
+        raise typer.BadParameter("--finish upgrades to head: leave --revision out")
+    dropped = migrate.finish_upgrade(settings.database_url)
+    print(
+        f"database at head; {len(dropped)} store functions of other releases dropped",
+        file=sys.stderr,
+    )
 
 
 # The options of `bench` that change what it measures.

@@ -63,7 +63,7 @@ from agent_router.ops import timeline
 from agent_router.ops.explain import describe
 from agent_router.router import Router
 from agent_router.store.timeline import TimelineQuery
-from agent_router.validation import MAX_ID, MAX_NAME_CHARS
+from agent_router.validation import MAX_ID, MAX_INT32, MAX_NAME_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -304,7 +304,7 @@ class Views:
     def transcript(self, params: dict[str, str], team: str, name: str) -> dict[str, Any]:
         team_id = _id(team, "team", errors.UnknownTeamError)
         agent = self.router.agent(team_id, name)
-        start = _integer(params, "start", 0, MAX_ID)
+        start = _integer(params, "start", 0, MAX_INT32)  # a position: a 32-bit column
         limit = _integer(params, "limit", 200, MAX_ENTRIES) or 200
         return {
             "team_id": team_id,

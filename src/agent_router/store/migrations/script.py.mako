@@ -1,5 +1,7 @@
 """${message}
 
+Runs while the previous release's workers still run: additive only (agent_router.store.migrations).
+
 Create Date: ${create_date}
 """
 

@@ -25,10 +25,11 @@ BEGIN
 END $$;
 
 -- A team whose agents run on `p_model` (NULL: each role's, else the worker's), its lead (named
--- `p_name`) and its budget row (`p_limits`, as stored). The result's "team" and "lead".
+-- `p_name`) and its budget row (`p_limits`, as stored); `p_user_task` receives its messages
+-- to the user (NULL: the host reads them). The result's "team" and "lead".
 CREATE OR REPLACE FUNCTION ar_create_team(
     p_name text, p_role text, p_system_prompt text, p_runner text, p_limits jsonb,
-    p_model text)
+    p_model text, p_user_task text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -36,7 +37,8 @@ DECLARE
     v_team ar_teams;
     a ar_agents;
 BEGIN
-    INSERT INTO ar_teams (created_at, model) VALUES (v_now, p_model) RETURNING * INTO v_team;
+    INSERT INTO ar_teams (created_at, model, user_task) VALUES (v_now, p_model, p_user_task)
+    RETURNING * INTO v_team;
     a := ar__insert_agent(v_team.id, p_name, p_role, p_system_prompt, true, p_runner, v_now);
     o := ar__agent_event(o, 'team_created', a, v_now);
     PERFORM ar__insert_budget(v_team.id, v_team.created_at, p_limits);

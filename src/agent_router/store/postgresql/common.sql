@@ -169,7 +169,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
     v_payload jsonb := p_payload;
-    v_wake boolean := p_kind = 'wake_waiter';
+    -- A message to the user of a team with no user task: its signal only wakes the feed.
+    v_wake boolean := p_kind = 'wake_waiter'
+                      OR (p_kind = 'deliver_user' AND p_payload ->> 'task' IS NULL);
 BEGIN
     IF p_kind = 'enqueue_turn' THEN
         v_payload := jsonb_build_object('agent', a.display_name, 'team_id', a.team_id)

@@ -76,7 +76,16 @@ SELECT ar_budget(:team, CAST(:defaults AS jsonb))
 
 -- name: create_team
 -- A team, its lead and its budget row.
-SELECT ar_create_team(:name, :role, :system_prompt, :runner, CAST(:limits AS jsonb), :model)
+SELECT ar_create_team(:name, :role, :system_prompt, :runner, CAST(:limits AS jsonb), :model,
+                      :user_task)
+
+-- name: tell_user
+-- A message to the user from a turn's agent (an answer or progress), delivered after commit.
+SELECT ar_tell_user(:turn, :agent, :epoch, :kind, :content, :dedup_key)
+
+-- name: ask_user
+-- A turn's agent asks the user and suspends; the question reaches the user as a message.
+SELECT ar_ask_user(:turn, :agent, :epoch, :content, :call, :timeout)
 
 -- name: create_agent
 -- A sub-agent, and its task routed to it: both, or neither.

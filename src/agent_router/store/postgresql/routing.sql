@@ -5,15 +5,20 @@
 -- The routing table (decisions.decide): the outcome of a message to a receiver in `p_state`,
 -- blocked on the question `p_wait_*` when it is waiting. Only the agent waited on releases a
 -- wait: an ask ends on its answer to it, or on any other wake message it sends the asker; an
--- output wait ends on its report (an output that is not progress narration).
+-- output wait ends on its report (an output that is not progress narration); a wait for the
+-- user (ask_user) ends on the user's answer to it, or any other wake message of the user's.
 CREATE OR REPLACE FUNCTION ar__decide(
     p_state ar_agent_state, p_wait_id bigint, p_wait_kind ar_question_kind,
     p_wait_target bigint, p_type ar_message_type, p_subtype ar_message_subtype,
-    p_sender_id bigint, p_wake boolean, p_answers bigint)
+    p_sender_id bigint, p_wake boolean, p_answers bigint, p_from_user boolean)
 RETURNS ar_route_outcome LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     RETURN CASE
-        WHEN p_state = 'waiting' AND p_wait_id IS NOT NULL AND p_sender_id IS NOT NULL
+        WHEN p_state = 'waiting' AND p_wait_id IS NOT NULL AND p_wait_kind = 'user'
+             AND p_from_user AND p_wake AND (p_answers IS NULL OR p_answers = p_wait_id)
+            THEN 'resolved'
+        WHEN p_state = 'waiting' AND p_wait_id IS NOT NULL AND p_wait_kind <> 'user'
+             AND p_sender_id IS NOT NULL
              AND p_sender_id = p_wait_target
              AND CASE p_wait_kind
                  WHEN 'output' THEN p_type = 'output'
@@ -249,7 +254,12 @@ BEGIN
                     format('question %s was not asked by %s', q.id, ar__repr(t.display_name)),
                     'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
                 RETURN;
-            ELSIF q.kind <> 'ask' THEN
+            ELSIF q.kind = 'user' AND p_sender <> 'user' THEN
+                o := ar__rejected(o, 'WrongQuestionError',
+                    format('question %s is the user''s to answer', q.id),
+                    'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
+                RETURN;
+            ELSIF q.kind = 'output' THEN
                 o := ar__rejected(o, 'WrongQuestionError', format(
                         '%s is not a question but a wait for output: nothing to answer', q.id),
                     'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
@@ -272,7 +282,7 @@ BEGIN
     END IF;
     v_before := coalesce(v_before, t.state);
     v_outcome := ar__decide(t.state, w.id, w.kind, w.target_agent_id, p_type, p_subtype,
-                            v_source, p_wake, q.id);
+                            v_source, p_wake, q.id, p_external AND p_sender = 'user');
     -- The message, final as inserted: one that resolves a wait is delivered as it is
     -- inserted, into the turn that waits for it.
     INSERT INTO ar_messages (team_id, seq, source_name, source_agent_id, target_agent_id, type,
