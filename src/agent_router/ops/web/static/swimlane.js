@@ -467,9 +467,12 @@ var Swimlane = (function () {
 
     // Somebody blocked (or a turn running) makes now part of the story: an open ask is drawn
     // up to now.
+    // (The exported page's now is when it was written: a moment after its last event is not
+    // drawn, it would only squeeze the story to the left.)
     function goesOn() {
       var d = state.data;
-      return !!(d && d.now && (d.now.total > 0 || d.turns.some(function (t) { return t.end === null; })));
+      return !!(d && d.now && (d.now.total > 0 || d.turns.some(function (t) { return t.end === null; })) &&
+        (source.live || d.now.at - d.end >= MIN_GAP_SECONDS));
     }
 
     function end() {  // the team's latest event (or now, while it goes on), in seconds
