@@ -13,7 +13,12 @@ Standard library only, beside agent-router. It takes the router's settings from 
 ``GET /teams/<id>/events`` is the feed as an event stream: ``Router.events`` read on from the
 ``Last-Event-ID`` the browser sends back when it reconnects, waiting on the team's signal
 between events (no polling). Each stream ends after ``--stream-seconds`` and the browser
-reconnects with its cursor, as it does after any dropped connection."""
+reconnects with its cursor, as it does after any dropped connection.
+
+With ``AGENT_ROUTER_STREAM_TO_USER=true`` on the worker (and an OpenAI-compatible model), the
+feed also carries the lead's reply while it is written (items of kind ``delta``, never stored):
+the page shows that text as it grows, and puts the answer in its place once it is stored whole.
+A piece sent while the browser was reconnecting is not sent again; the answer is."""
 
 from __future__ import annotations
 
@@ -39,10 +44,11 @@ body {{ font: 15px system-ui, sans-serif; max-width: 50rem; margin: 2rem auto; }
 #chat li.user {{ background: #dbeafe; margin-left: 6rem; }}
 #chat li.progress {{ color: #555; font-style: italic; }}
 #chat li.question {{ background: #fef3c7; }}
-#chat li.answer {{ background: #dcfce7; }}
+#chat li.answer, #chat li.streaming {{ background: #dcfce7; }}
+#chat li.streaming {{ opacity: .7; }}
 textarea {{ width: 100%; height: 4rem; }}
 </style></head>
-<body data-team="{team}" data-connections="0">
+<body data-team="{team}" data-connections="0" data-seen="">
 <h1>Team {team}</h1>
 <ul id="chat"></ul>
 <form id="say"><textarea name="text" id="text"></textarea><button id="send">Send</button></form>
@@ -50,13 +56,34 @@ textarea {{ width: 100%; height: 4rem; }}
 const team = document.body.dataset.team;
 const chat = document.getElementById("chat");
 const shown = {shown};
+const streaming = new Map();  // a reply being written: its stream id -> its line
+const seen = (kind) => {{ document.body.dataset.seen += kind + " "; }};
 const source = new EventSource(`/teams/${{team}}/events`);
 source.onopen = () => {{
   document.body.dataset.connections = Number(document.body.dataset.connections) + 1;
 }};
 source.addEventListener("feed", (event) => {{
   const item = JSON.parse(event.data);
+  if (item.kind === "delta") {{
+    let growing = streaming.get(item.stream);
+    if (!growing) {{
+      growing = document.createElement("li");
+      growing.className = "streaming";
+      growing.dataset.sender = item.sender;
+      streaming.set(item.stream, growing);
+      chat.append(growing);
+      seen("delta");
+    }}
+    growing.textContent += item.content;
+    return;
+  }}
   if (!shown.includes(item.kind)) return;
+  if (item.kind === "answer") {{  // stored whole: it takes the place of the streamed text
+    for (const [stream, growing] of streaming) {{
+      if (growing.dataset.sender === item.sender) {{ growing.remove(); streaming.delete(stream); }}
+    }}
+  }}
+  seen(item.kind);
   const line = document.createElement("li");
   line.className = item.kind;
   line.dataset.cursor = event.lastEventId;

@@ -114,7 +114,12 @@ def admit_turn(router: Budgeted, turn: Turn, check: BudgetCheck) -> bool:
 
 def charge_model_call(router: Budgeted, turn: Turn) -> None:
     """Count a model call; raises :class:`BudgetExhaustedError` when a budget is spent."""
-    check = router.store.charge(turn.team_id, turn.agent_id, turn.id)
+    model_call_charged(router, turn, router.store.charge(turn.team_id, turn.agent_id, turn.id))
+
+
+def model_call_charged(router: Budgeted, turn: Turn, check: BudgetCheck) -> None:
+    """Act on a model call's ``check`` (counted by the store): warn or stop the team as it
+    says; raises :class:`BudgetExhaustedError` when a budget is spent."""
     _after(router, turn.team_id, check)
     if not check.ok:
         assert check.exhausted is not None
@@ -181,6 +186,23 @@ def record_usage(
         window=window,
         ms=None if seconds is None else round(seconds * 1000),
     )
+    usage_recorded(router, turn, model, usage, check, estimated=estimated, seconds=seconds)
+    return usage
+
+
+def usage_recorded(
+    router: Budgeted,
+    turn: Turn,
+    model: str | None,
+    usage: TokenUsage,
+    check: BudgetCheck,
+    *,
+    estimated: bool = False,
+    seconds: float | None = None,
+) -> None:
+    """After a model call's usage is recorded (its budget ``check``): the hooks hear of it (with
+    ``seconds``, how long it took, as a span too), and the team is warned or stopped as the
+    check says."""
     router.hooks.after_model_call(turn, model, usage)
     if seconds is not None:
         router.hooks.after_call(
@@ -197,7 +219,6 @@ def record_usage(
             ),
         )
     _after(router, turn.team_id, check)
-    return usage
 
 
 def _after(router: Budgeted, team_id: int, check: BudgetCheck) -> None:

@@ -223,11 +223,23 @@ class UserMessage:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Delta:
+    """A piece of a reply's text as a streamed model call writes it: ``stream`` names the
+    call (one per model call), ``seq`` counts its pieces from 0."""
+
+    stream: str
+    seq: int
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class FeedItem:
     """One entry of a team's live feed (:meth:`Router.events`): ``cursor`` is what to pass as
     ``after`` to read on from it. ``kind``: ``user`` (a message from the user to the lead),
-    a :class:`UserMessageKind` value (a message to the user), or ``event`` (another event of
-    the lead's, ``action`` its ledger action)."""
+    a :class:`UserMessageKind` value (a message to the user), ``event`` (another event of
+    the lead's, ``action`` its ledger action), or ``delta`` (a piece of a reply the agent
+    ``sender`` is writing: ``stream`` and ``seq`` as its :class:`Delta`; never stored, its
+    ``cursor`` the reader's own, so reading on from it misses nothing)."""
 
     cursor: int
     kind: str
@@ -237,9 +249,11 @@ class FeedItem:
     question_id: int | None
     message_id: int | None
     created_at: datetime
+    stream: str | None = None
+    seq: int | None = None
 
     def as_payload(self) -> dict[str, Any]:
-        return {
+        payload = {
             "cursor": self.cursor,
             "kind": self.kind,
             "action": self.action,
@@ -249,6 +263,9 @@ class FeedItem:
             "message_id": self.message_id,
             "created_at": self.created_at.isoformat(),
         }
+        if self.stream is not None:
+            payload |= {"stream": self.stream, "seq": self.seq}
+        return payload
 
 
 @dataclass(frozen=True, kw_only=True)

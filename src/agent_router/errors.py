@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class AgentRouterError(Exception):
-    """An agent-router operation failed."""
+    """An agent-router operation failed. A refusal of the store carries its ``code`` and the
+    ``fields`` its message was rendered from (``agent_router.store.refusals``)."""
+
+    code: str | None = None
+    fields: dict[str, Any] = {}  # replaced on a refusal, never changed in place
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
@@ -168,8 +174,8 @@ class HostOwnedTurnError(TurnError):
     """Raised when the built-in loop is handed a turn of an agent whose turns a host's task runs:
     nothing is claimed, and the turn belongs to ``runner``."""
 
-    def __init__(self, runner: str) -> None:
-        super().__init__(f"the turns of this agent run in the host's task {runner!r}")
+    def __init__(self, message: str | None = None, *, runner: str) -> None:
+        super().__init__(message or f"the turns of this agent run in the host's task {runner!r}")
         self.runner = runner
 
 

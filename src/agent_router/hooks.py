@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         BudgetName,
         CallSpan,
         Delivery,
+        Delta,
         EndOfTurn,
         TokenUsage,
         WaitOutcome,
@@ -56,6 +57,10 @@ class RouterHooks:
 
     def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
         """A team budget was found spent (once per team until it is raised): the team stops."""
+
+    def after_delta(self, team_id: int, agent: str, delta: Delta) -> None:
+        """A streamed model call of ``agent`` wrote a piece of its reply (nothing committed:
+        the reply is stored whole when the call ends). Called in the model call's thread."""
 
 
 def route_fields(team_id: int, sender: str, delivery: Delivery) -> dict[str, Any]:
@@ -106,6 +111,10 @@ class HookChain(RouterHooks):
     def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
         for hook in self.hooks:
             _safely(hook.after_budget_exhausted, team_id, budget)
+
+    def after_delta(self, team_id: int, agent: str, delta: Delta) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_delta, team_id, agent, delta)
 
 
 def _safely(method: Callable[..., None], *args: Any) -> None:

@@ -6,9 +6,9 @@ import dataclasses
 import enum
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from agent_router import budgeting, errors
@@ -23,6 +23,7 @@ from agent_router.domain import (
     Budget,
     BudgetName,
     Delivery,
+    Delta,
     EndOfTurn,
     FeedItem,
     LedgerEvent,
@@ -44,7 +45,19 @@ from agent_router.hooks import HookChain, RouterHooks
 from agent_router.logfields import get_logger
 from agent_router.outbox import Publisher
 from agent_router.settings import Settings
-from agent_router.store import Ask, NewAgent, Reads, SendRequest, Store, open_store
+from agent_router.store import (
+    AfterCall,
+    Ask,
+    BeforeCall,
+    CallUsage,
+    NewAgent,
+    Reads,
+    Result,
+    SendRequest,
+    Since,
+    Store,
+    open_store,
+)
 from agent_router.store import utcnow as _utcnow
 from agent_router.store.lifecycle import Deletion
 from agent_router.sweeper import SweepReport, sweep
@@ -289,9 +302,28 @@ class Router:
             return self.store.reads.feed(team_id, after_id=after, limit=limit)
         with self.signals.listen(team_id) as listener:
             found = self.store.reads.feed(team_id, after_id=after, limit=limit)
-            if found or not listener.wait(wait):
+            if found:
                 return found
+            wake = listener.wait(wait)
+            if wake is None:
+                return found
+            if wake.deltas:  # what came after them is read at the next call, from `after`
+                now = _utcnow()
+                return [_delta_item(after, delta, now) for delta in wake.deltas]
         return self.store.reads.feed(team_id, after_id=after, limit=limit)
+
+    def delta_sink(self, team_id: int, agent: str) -> Callable[[Delta], None]:
+        """Where a streamed model call of ``agent`` hands the pieces of its reply: to the
+        team's feed readers waiting at that moment (:meth:`events` items of kind ``delta``;
+        nothing is stored) and to the hooks' :meth:`RouterHooks.after_delta`."""
+        team_id = _team_id(team_id)
+
+        def sink(delta: Delta) -> None:
+            payload = {"agent": agent, "stream": delta.stream, "seq": delta.seq}
+            self.signals.say(team_id, payload | {"text": delta.text})
+            self.hooks.after_delta(team_id, agent, delta)
+
+        return sink
 
     def tell_user(
         self,
@@ -399,7 +431,7 @@ class Router:
         }
         request = self._validate(team_id, fields)
         with self._refusals_reported(team_id, sender):
-            delivery = self.store.route(request)
+            delivery = self.store.send(request)
         return self._delivered(team_id, sender, delivery)
 
     def send_many(
@@ -417,7 +449,7 @@ class Router:
             self._validate(team_id, {**check.send_fields(m), "sender": sender}) for m in messages
         ]
         with self._refusals_reported(team_id, sender):
-            deliveries = self.store.route_many(requests)
+            deliveries = self.store.send_many(requests)
         return [self._delivered(team_id, sender, d) for d in deliveries]
 
     @contextmanager
@@ -461,7 +493,7 @@ class Router:
             valid_team = isinstance(team_id, int) and 1 <= team_id <= check.MAX_ID
             self.hooks.after_reject(team_id if valid_team else None, str(sender)[:200], problem)
             if valid_team and self.store.reads.team_exists(team_id):
-                self.store.record_rejection(
+                self.store.record_refusal(
                     team_id,
                     "invalid_message",
                     error=check.scrub(str(problem))[:1000],
@@ -497,16 +529,87 @@ class Router:
         claim = self.store.claim_turn(agent_id, epoch, builtin=builtin)
         if claim is None:
             return None
-        turn = Turn(self, claim.record, claim.team_id, claim.display_name)
+        turn = Turn(self, claim)
         if not budgeting.admit_turn(self, turn, claim.budget):
             return None  # a team budget is spent: the turn stopped at once
         self.hooks.after_claim(turn)
         return turn
 
-    def end_turn(self, turn: Turn, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
+    def before_call(
+        self, turn: Turn, *, results: Sequence[Result] = (), since: Since | None = None
+    ) -> BeforeCall:
+        """What ``turn`` does before a model call, in one transition (see
+        :meth:`Turn.before_call`): the call charged to the team's budgets, acted on as
+        :meth:`charge_model_call` acts (a spent budget raises
+        :class:`~agent_router.errors.BudgetExhaustedError`), unless the turn stopped."""
+        before = self.store.before_call(turn.record, results=results, since=since)
+        if before.budget is not None:
+            budgeting.model_call_charged(self, turn, before.budget)
+        return before
+
+    def after_call(
+        self, turn: Turn, message: dict[str, Any], *, usage: Mapping[str, Any] | None = None
+    ) -> AfterCall:
+        """What ``turn`` does after a model call, in one transition (see
+        :meth:`Turn.after_call`): ``usage`` (the arguments of :meth:`record_usage`) recorded
+        as :meth:`record_usage` records it, and the reply appended."""
+        counted = None
+        if usage is not None:
+            model, priced = self.priced_usage(**usage)
+            counted = CallUsage(
+                model=model,
+                usage=priced,
+                estimated=bool(usage.get("estimated")),
+                context=_storable(usage.get("context")),
+                window=_storable(usage.get("window")),
+                seconds=_seconds(usage.get("seconds")),
+            )
+        after = self.store.after_call(turn.record, message, usage=counted)
+        if counted is not None and after.budget is not None:
+            budgeting.usage_recorded(
+                self,
+                turn,
+                counted.model,
+                counted.usage,
+                after.budget,
+                estimated=counted.estimated,
+                seconds=counted.seconds,
+            )
+        return after
+
+    def priced_usage(
+        self,
+        *,
+        model: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        **_rest: Any,
+    ) -> tuple[str | None, TokenUsage]:
+        """A model call's model name and tokens checked, and priced by ``Settings.models``
+        (what :meth:`record_usage` records); the other arguments of :meth:`record_usage`
+        are ignored."""
+        counts = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cached_tokens": cached_tokens,
+        }
+        for what, count in counts.items():
+            check.integer(count, what, minimum=0, maximum=check.MAX_TOKENS_PER_CALL)
+        model = check.model_name(model)
+        return model, budgeting.priced(self.settings, model, **counts)
+
+    def end_turn(
+        self,
+        turn: Turn,
+        *,
+        failed: bool = False,
+        error: str | None = None,
+        results: Sequence[Result] = (),
+    ) -> EndOfTurn:
         # What failed is told as it was (an exception's text may quote a model's NUL).
         error = None if error is None else check.scrub(str(error))
-        result = self.store.end_turn(turn.record, failed=failed, error=error)
+        result = self.store.end_turn(turn.record, failed=failed, error=error, results=results)
         seconds = (_utcnow() - turn.record.started_at) / timedelta(seconds=1)
         self.hooks.after_end_turn(turn, result, seconds, failed=failed)
         return result
@@ -535,17 +638,8 @@ class Router:
         what the request left out of the transcript, on the call where that changed;
         ``window``: where the request window then stood, kept on the agent; ``seconds``: how
         long the call took."""
-        counts = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "cached_tokens": cached_tokens,
-        }
-        for what, count in counts.items():
-            check.integer(count, what, minimum=0, maximum=check.MAX_TOKENS_PER_CALL)
-        model = check.model_name(model)
-        usage = budgeting.priced(
-            self.settings,
-            model,
+        model, usage = self.priced_usage(
+            model=model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
@@ -556,9 +650,9 @@ class Router:
             model,
             usage,
             estimated=estimated,
-            context=None if context is None else check.storable(dict(context)),
-            window=None if window is None else check.storable(dict(window)),
-            seconds=None if seconds is None else check.seconds(seconds, "a model call's seconds"),
+            context=_storable(context),
+            window=_storable(window),
+            seconds=_seconds(seconds),
         )
 
     def charge_sub_agent(self, team_id: int, role: str) -> None:
@@ -879,12 +973,38 @@ def _broker_publisher(settings: Settings) -> Publisher | None:
     return BrokerPublisher(settings)
 
 
+def _storable(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A model call's ``context`` or ``window`` as the store keeps it."""
+    return None if value is None else check.storable(dict(value))
+
+
+def _seconds(seconds: float | None) -> float | None:
+    """How long a model call took, as its ``model_call`` event keeps it (``ms``)."""
+    return None if seconds is None else check.seconds(seconds, "a model call's seconds")
+
+
 def _cursor(after: Any) -> int:
     return check.integer(after, "after", minimum=0, maximum=check.MAX_ID)
 
 
 def _limit(limit: Any) -> int:
     return check.integer(limit, "limit", minimum=1, maximum=10_000)
+
+
+def _delta_item(cursor: int, delta: Mapping[str, Any], now: datetime) -> FeedItem:
+    """A delta a team's signal carried as a feed item at the reader's cursor."""
+    return FeedItem(
+        cursor=cursor,
+        kind="delta",
+        action="delta",
+        sender=delta["agent"],
+        content=delta["text"],
+        question_id=None,
+        message_id=None,
+        created_at=now,
+        stream=delta["stream"],
+        seq=delta["seq"],
+    )
 
 
 def _team_id(team_id: Any) -> int:

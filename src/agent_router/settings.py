@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///agent_router.db"
@@ -85,9 +85,18 @@ class Settings(BaseSettings):
         3600.0, gt=0, description="Default deadline of a question; then it resolves `expired`."
     )
     lease_seconds: float = Field(
-        60.0, gt=0, description="A running turn's lease; a turn not renewed by then is taken over."
+        10.0,
+        gt=0,
+        description="A running turn's lease; a turn not renewed by then is taken over (a "
+        "worker killed mid-turn: within lease + sweep_seconds). The transitions before and after "
+        "each model call renew it, the heartbeat while a model call or a tool runs.",
     )
-    heartbeat_seconds: float = Field(10.0, gt=0, description="How often a turn renews its lease.")
+    heartbeat_seconds: float = Field(
+        3.0,
+        gt=0,
+        description="How often a turn renews its lease while no transition of it has (a model "
+        "call or a tool running); less than lease_seconds.",
+    )
     sweep_seconds: float = Field(
         5.0, gt=0, description="Period of the sweeper (each worker's timer, and beat's schedule)."
     )
@@ -144,6 +153,16 @@ class Settings(BaseSettings):
         if not value.startswith(("sqlite", "postgresql")):
             raise ValueError("database_url must be a sqlite:// or postgresql:// URL")
         return value
+
+    @model_validator(mode="after")
+    def _heartbeat_within_lease(self) -> Settings:
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError(
+                f"heartbeat_seconds ({self.heartbeat_seconds:g}) must be less than lease_seconds "
+                f"({self.lease_seconds:g}): a turn renews its lease every heartbeat, and one not "
+                "renewed within its lease is taken over while it runs"
+            )
+        return self
 
     @property
     def is_sqlite(self) -> bool:
@@ -209,6 +228,12 @@ class Settings(BaseSettings):
     )
     openai_temperature: float | None = Field(
         None, ge=0, le=2, description="Sampling temperature; unset: the server's default."
+    )
+    stream_to_user: bool = Field(
+        False,
+        description="Stream the lead's model calls (OpenAI models): the text of each reply "
+        "reaches the team's feed readers and hooks as deltas while it is written, before the "
+        "reply is stored whole (deltas are not stored: only readers waiting then see them).",
     )
 
     # Operations.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from agent_router import errors
 from agent_router import validation as check
 from agent_router.domain import (
     AgentState,
@@ -16,7 +18,6 @@ from agent_router.domain import (
     Question,
     TokenUsage,
     ToolRun,
-    TurnRecord,
     TurnTrigger,
     UserMessage,
     UserMessageKind,
@@ -25,8 +26,11 @@ from agent_router.domain import (
 
 if TYPE_CHECKING:
     from agent_router.settings import Settings
-    from agent_router.store import Store
+    from agent_router.store import AfterCall, BeforeCall, Store
     from agent_router.store.transcripts import CachedTranscript
+    from agent_router.store.values import Claim, Result, Since
+
+T = TypeVar("T")
 
 
 class CallHooks(Protocol):
@@ -91,8 +95,21 @@ class TurnHost(Protocol):
     ) -> tuple[Question, UserMessage]: ...
 
     def end_turn(
-        self, turn: Turn, *, failed: bool = False, error: str | None = None
+        self,
+        turn: Turn,
+        *,
+        failed: bool = False,
+        error: str | None = None,
+        results: Sequence[Result] = (),
     ) -> EndOfTurn: ...
+
+    def before_call(
+        self, turn: Turn, *, results: Sequence[Result] = (), since: Since | None = None
+    ) -> BeforeCall: ...
+
+    def after_call(
+        self, turn: Turn, message: dict[str, Any], *, usage: Mapping[str, Any] | None = None
+    ) -> AfterCall: ...
 
     def charge_model_call(self, turn: Turn) -> None: ...
 
@@ -117,13 +134,24 @@ class Turn:
     """One fenced run of an agent's loop. Every write is refused with
     :class:`~agent_router.errors.StaleTurnError` once a newer epoch supersedes this one."""
 
-    def __init__(
-        self, router: TurnHost, record: TurnRecord, team_id: int, display_name: str
-    ) -> None:
+    def __init__(self, router: TurnHost, claim: Claim) -> None:
         self._router = router
-        self.record = record
-        self.team_id = team_id
-        self.display_name = display_name
+        self.record = claim.record
+        self.team_id = claim.team_id
+        self.display_name = claim.display_name
+        #: The agent as the claim found it, and its team lead's display name.
+        self.agent = claim.agent
+        self.lead = claim.lead
+        self._checkpoint = claim.checkpoint
+        #: The tool calls of the agent's last reply without a result when the turn was
+        #: claimed (a continuation runs them first).
+        self.claimed_open_calls = claim.open_calls
+        #: Tool call results not yet written: they go with the turn's next transition.
+        self._carried: list[Result] = []
+        # Transcript entries the last before_call read: (the position they follow, entries).
+        self._prefetched: tuple[int | None, list[tuple[int, dict[str, Any]]]] | None = None
+        #: When (time.monotonic) a transition of this turn last renewed its lease.
+        self.renewed_at = time.monotonic()
         self._history: list[dict[str, Any]] = []
         self._generation = 0  # of the process's copy _history was taken from
 
@@ -149,7 +177,10 @@ class Turn:
         return self._router.settings
 
     def drain(self, *, limit: int | None = None) -> list[Message]:
-        """Move pending messages into the transcript (sequence order); returns them."""
+        """Move pending messages into the transcript (sequence order), after the tool call
+        results the turn carries; returns them."""
+        self.flush()
+        self._prefetched = None  # the entries drained follow those it holds
         return self._router.store.drain(self.record, limit=limit)
 
     def append_assistant(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -172,20 +203,83 @@ class Turn:
         router stored it under (:func:`check.call_id` maps the one to the other). ``run``:
         the tool, its server, its outcome and how long it took, kept with the result (the
         timeline draws the call; the hooks hear of it as a span)."""
+        self.flush()
         content = check.scrub(content) if isinstance(content, str) else content
         self._router.store.append_tool_result(
-            self.record,
-            check.call_id(tool_call_id),
-            content,
-            meta=None if run is None else check.storable(run.meta()),
+            self.record, check.call_id(tool_call_id), content, meta=self._ran(run)
         )
-        if run is not None:
-            self._router.hooks.after_call(
-                self,
-                CallSpan.ended_now(
-                    "tool", run.tool, run.seconds, server=run.server, outcome=run.outcome.value
-                ),
-            )
+
+    def carry_tool_result(
+        self, tool_call_id: str, content: str, *, run: ToolRun | None = None
+    ) -> None:
+        """The result of the open call ``tool_call_id`` (as :meth:`append_tool_result` takes
+        it, ``run`` too), written with the turn's next transition: :meth:`before_call`,
+        :meth:`end`, or before any other write of the turn (:meth:`flush`). A result the store
+        refuses (no such open call) is refused there."""
+        if not isinstance(content, str):
+            raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
+        self._carried.append((check.call_id(tool_call_id), check.scrub(content), self._ran(run)))
+
+    def _ran(self, run: ToolRun | None) -> dict[str, Any] | None:
+        """How a tool call ran as its result's entry keeps it; the hooks hear of the call, which
+        has just ended, as a span."""
+        if run is None:
+            return None
+        self._router.hooks.after_call(
+            self,
+            CallSpan.ended_now(
+                "tool", run.tool, run.seconds, server=run.server, outcome=run.outcome.value
+            ),
+        )
+        meta: dict[str, Any] = check.storable(run.meta())
+        return meta
+
+    def flush(self) -> None:
+        """Write the tool call results the turn carries, one transition each."""
+        while self._carried:
+            self._with_carried(self._append_first)
+
+    def _append_first(self, results: tuple[Result, ...]) -> None:
+        """Write the first of ``results``; carry the others on."""
+        (call_id, content, meta), *rest = results
+        self._router.store.append_tool_result(self.record, call_id, content, meta=meta)
+        self._carried[:0] = rest
+
+    def before_call(self, *, since: Since | None = None) -> BeforeCall:
+        """What the turn does before a model call, in one transition of the store: the results
+        it carries written, its lease renewed, a stop requested honoured (``stopped``: the
+        turn stopped, as :meth:`finish_stop`), else the call charged to the team's budgets
+        (as :meth:`charge_model_call`: a spent one raises
+        :class:`~agent_router.errors.BudgetExhaustedError`) and a batch of pending messages
+        drained into the transcript (``more``: :meth:`drain` the rest). Reads the team's
+        agents and, with ``since``, the transcript entries it says, which the next
+        :meth:`transcript_rows` of the same entries returns."""
+        before = self._with_carried(
+            lambda results: self._router.before_call(self, results=results, since=since)
+        )
+        self.renewed_at = time.monotonic()
+        if before.rows is not None and since is not None:
+            self._prefetched = (since.position, before.rows)
+        return before
+
+    def after_call(
+        self, message: dict[str, Any], *, usage: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, Any], AfterCall]:
+        """What the turn does after a model call, in one transition of the store: the call's
+        ``usage`` (the arguments of :meth:`record_usage`; ``None``: the model reported none)
+        recorded, then the model's reply stored as :meth:`append_assistant` stores it and the
+        lease renewed; or, when the lead asked the agent to stop meanwhile, the reply left
+        out and the stop honoured (``stopped``). Returns the reply as stored, and what the
+        transition read (the questions open to the agent when the reply called no tool)."""
+        self.flush()
+        stored = check.model_reply(
+            message, max_argument_bytes=self.settings.max_tool_argument_bytes
+        )
+        after = self._router.after_call(self, stored, usage=usage)
+        self.renewed_at = time.monotonic()
+        if usage is not None and usage.get("window") is not None:
+            self._checkpoint = dict(usage["window"])
+        return stored, after
 
     def open_tool_calls(self) -> list[str]:
         return self._router.store.reads.open_tool_calls(self.agent_id)
@@ -224,12 +318,16 @@ class Turn:
     ) -> list[tuple[int, dict[str, Any]]]:
         """The entries after position ``after`` (all with ``None``) and those at positions
         ``also``, with their positions, in order."""
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and not also and prefetched[0] == after:
+            return prefetched[1]
         return self._router.store.reads.transcript_after(self.agent_id, after, also=also)
 
     def window_checkpoint(self) -> dict[str, Any] | None:
         """Where the agent's request window stood when what it leaves out last moved (as
-        :meth:`record_usage` was given it); ``None`` if it never did."""
-        return self._router.store.reads.window_checkpoint(self.agent_id)
+        :meth:`record_usage` was given it); ``None`` if it never did. Read by the claim, and
+        kept as this turn records it."""
+        return self._checkpoint
 
     def last_assistant(self) -> tuple[int, dict[str, Any]] | None:
         """The agent's last assistant entry, with its position in the transcript."""
@@ -247,6 +345,7 @@ class Turn:
         """Open a question to ``target`` for the tool call ``tool_call_id`` and put this agent in
         ``waiting``; the question message is routed like any message. Refused with
         :class:`~agent_router.errors.AskRefusedError` if it would deadlock."""
+        self.flush()
         return self._router.ask(
             self,
             target,
@@ -259,6 +358,7 @@ class Turn:
     def wait_for(self, question: Question, *, block_seconds: float | None = None) -> WaitOutcome:
         """Block until the question is answered (its result is then in the transcript) or, after
         ``block_seconds``, suspend: the caller must then return without ending the turn."""
+        self.flush()
         return self._router.wait_for(self, question, block_seconds=block_seconds)
 
     def wait_output(
@@ -267,6 +367,7 @@ class Turn:
         """Wait for ``target``'s next output as the result of ``tool_call_id`` (then block with
         :meth:`wait_for`). Refused with :class:`~agent_router.errors.AskRefusedError` if it
         would deadlock."""
+        self.flush()
         return self._router.wait_output(
             self, target, tool_call_id=check.call_id(tool_call_id), timeout_seconds=timeout_seconds
         )
@@ -300,6 +401,7 @@ class Turn:
     def finish_stop(self, *, reason: str | None = None) -> None:
         """Honour a stop: the rest of the batch is ``cancelled``, the agent ``idle``; the
         ``stopped`` event says ``reason``, by default the one the stop was requested with."""
+        self.flush()
         self._router.store.finish_stop(self.record, reason=reason)
 
     def charge_model_call(self) -> None:
@@ -345,15 +447,34 @@ class Turn:
 
     def heartbeat(self) -> bool:
         """Renew this turn's lease; ``False`` once it has been fenced (stop working)."""
-        return self._router.store.renew_lease(self.record)
+        renewed = self._router.store.renew_lease(self.record)
+        if renewed:
+            self.renewed_at = time.monotonic()
+        return renewed
 
     def suspend(self) -> bool:
         """Give up the worker while blocked in an ask; ``False`` if the answer already came."""
+        self.flush()
         return self._router.store.suspend(self.record)
 
     def end(self, *, failed: bool = False, error: str | None = None) -> EndOfTurn:
-        """The end-of-turn hook: exactly one follow-up when wake messages are pending."""
-        return self._router.end_turn(self, failed=failed, error=error)
+        """The end-of-turn hook, with the tool call results the turn carries: exactly one
+        follow-up when wake messages are pending."""
+        return self._with_carried(
+            lambda results: self._router.end_turn(self, failed=failed, error=error, results=results)
+        )
+
+    def _with_carried(self, write: Callable[[tuple[Result, ...]], T]) -> T:
+        """``write`` given the tool call results the turn carries: no longer carried once it
+        ran (written, or refused with the transition), unless the database was out of reach
+        (not written, or not known to be: they go with the next write)."""
+        results, self._carried = tuple(self._carried), []
+        try:
+            return write(results)
+        except errors.StoreError as exc:
+            if exc.transient:
+                self._carried[:0] = results
+            raise
 
     def state(self) -> AgentState:
         return self._router.store.reads.agent_by_id(self.agent_id).state

@@ -81,7 +81,13 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
             if floor is None:
                 assert ratio is None, (backend, figure)
                 assert figure.startswith(
-                    ("drain", "database round trip", "Celery round trip", "router CPU per")
+                    (
+                        "drain",
+                        "database round trip",
+                        "Celery round trip",
+                        "router CPU per",
+                        "statements per",
+                    )
                 ), (backend, figure)
             else:
                 assert isinstance(floor, int | float) and floor > 0, (backend, figure)
@@ -99,11 +105,34 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
             else:
                 assert isinstance(row["met"], bool), figure
         targets = {f: r for f, r in figures.items() if r["target"] is not None}
+        # The statements a turn sends are held to their bounds on PostgreSQL, where a
+        # transition is one statement (a turn: 2k + 2 transitions and the lead's answer).
+        statements = {
+            "statements per model call (counted)": 2,
+            "statements per turn of 1 model call (counted)": 5,
+            "statements per turn of 4 model calls (counted)": 11,
+        }
+        bounded = set(statements) if backend == "postgresql+redis" else set()
         assert set(targets) == {
             "route p50 (idle)", "route p50 (running)", "route p50 (waiting)", "wake p50",
             "turn start p50", "routed msgs/s (4 senders)",
-            "router CPU per model call (32k-token request, OpenAI SDK)",
+            "router CPU per model call (32k-token request, OpenAI SDK)", *bounded,
         }, backend  # fmt: skip
+        for figure, bound in statements.items():
+            counted = figures[figure]
+            assert counted["unit"] == "stmts" and counted["floor"] is None, (backend, figure)
+            if figure in bounded:
+                assert counted["met"] == (float(str(counted["ours"])) <= bound), figure
+        # Model calls per second with the built-in loop beside the same-work floor: the rows a
+        # model call must write, by hand.
+        how = "4 turns at once"
+        capacity = figures[f"model calls/s, built-in loop ({how})"]
+        same_calls = figures[f"same-work floor model calls/s ({how})"]
+        assert capacity["floor"] == same_calls["ours"] == same_calls["floor"], backend
+        # A message sent -> the first model call holding it, beside the Celery round trip.
+        for q in ("p50", "p99"):
+            first_call = figures[f"send -> first model call {q}"]
+            assert first_call["floor"] == figures[f"turn start {q}"]["floor"], (backend, q)
         for state, times in (("idle", 2), ("running", 2), ("waiting", 3)):
             route = figures[f"route p50 ({state})"]
             assert route["floor"] == raw50, (backend, state)

@@ -12,7 +12,8 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from agent_router import Router, Settings
 from agent_router.agents.llm import SCRIPTED_MODEL, directive
 from agent_router.agents.roles import ROLES_FILE_ENV
 from tests.support.browser import chromium, page_errors, screenshot
+from tests.support.chat_server import ChatServer, scripted_lead
 
 from .test_web import free_port, wait_for
 
@@ -43,17 +45,35 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture
 def live_chat(own_pg_schema_url: str, redis_url: str, tmp_path: Path) -> Iterator[str]:
     """The example's server and a worker on a database of the test's own; its base URL."""
-    Router(Settings(database_url=own_pg_schema_url)).create_schema()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")} | {
-        "AGENT_ROUTER_DATABASE_URL": own_pg_schema_url,
-        "AGENT_ROUTER_BROKER_URL": redis_url,
-        "AGENT_ROUTER_REDIS_URL": redis_url,
-        "AGENT_ROUTER_QUEUE": f"agent_router.live.{uuid.uuid4().hex[:8]}",
-        "AGENT_ROUTER_OPENAI_MODEL": SCRIPTED_MODEL,
-        "AGENT_ROUTER_WORKER_SWEEPER": "false",
-        ROLES_FILE_ENV: os.environ[ROLES_FILE_ENV],
-        "PYTHONPATH": str(ROOT / "src"),
-    }
+    with _serving(own_pg_schema_url, redis_url, tmp_path) as base:
+        yield base
+
+
+@contextmanager
+def _serving(
+    database_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    more_env: Mapping[str, str] | None = None,
+    stream_seconds: float = 1.0,
+) -> Iterator[str]:
+    """The example's server and a worker on ``database_url`` (the scripted model unless
+    ``more_env`` says otherwise); its base URL."""
+    Router(Settings(database_url=database_url)).create_schema()
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
+        | {
+            "AGENT_ROUTER_DATABASE_URL": database_url,
+            "AGENT_ROUTER_BROKER_URL": redis_url,
+            "AGENT_ROUTER_REDIS_URL": redis_url,
+            "AGENT_ROUTER_QUEUE": f"agent_router.live.{uuid.uuid4().hex[:8]}",
+            "AGENT_ROUTER_OPENAI_MODEL": SCRIPTED_MODEL,
+            "AGENT_ROUTER_WORKER_SWEEPER": "false",
+            ROLES_FILE_ENV: os.environ[ROLES_FILE_ENV],
+            "PYTHONPATH": str(ROOT / "src"),
+        }
+        | dict(more_env or {})
+    )
     port = free_port()
     procs = []
     with (tmp_path / "worker.log").open("wb") as wlog, (tmp_path / "web.log").open("wb") as log:
@@ -62,7 +82,8 @@ def live_chat(own_pg_schema_url: str, redis_url: str, tmp_path: Path) -> Iterato
             env=env, stdout=wlog, stderr=subprocess.STDOUT,
         ))  # fmt: skip
         procs.append(subprocess.Popen(
-            [sys.executable, str(APP), "--port", str(port), "--stream-seconds", "1"],
+            [sys.executable, str(APP), "--port", str(port),
+             "--stream-seconds", str(stream_seconds)],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         ))  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -114,3 +135,40 @@ def test_the_page_streams_the_conversation_once_across_reconnections(live_chat: 
         assert shown() == first
         assert page_errors(driver) == []
         screenshot(driver, "live_chat")
+
+
+def test_the_page_shows_the_answer_as_it_is_written_then_the_answer_stored(
+    own_pg_schema_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    # The lead on a model served over HTTP that streams its replies a word at a time.
+    with ChatServer(scripted_lead("Lead:"), chunk_seconds=0.3) as model:
+        streamed = {
+            "AGENT_ROUTER_OPENAI_MODEL": "test-model",
+            "AGENT_ROUTER_OPENAI_BASE_URL": model.base_url,
+            "AGENT_ROUTER_OPENAI_API_KEY": "sk-test",
+            "AGENT_ROUTER_STREAM_TO_USER": "true",
+        }
+        with (
+            _serving(own_pg_schema_url, redis_url, tmp_path, streamed, 60.0) as base,
+            chromium() as driver,
+        ):
+            driver.get(f"{base}/")
+            body = driver.find_element(By.TAG_NAME, "body")
+            wait_for(lambda: int(body.get_attribute("data-connections") or 0) >= 1, "the stream")
+            driver.execute_script("document.getElementById('text').value = 'Plan the release.';")
+            driver.find_element(By.ID, "send").click()
+            growing = wait_for(
+                lambda: driver.find_elements(By.CSS_SELECTOR, "#chat li.streaming"),
+                "the answer being written",
+            )
+            assert growing[0].text.startswith("Lead:")
+            wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#chat li.answer"), "answer")
+            lines = driver.find_elements(By.CSS_SELECTOR, "#chat li")
+            answer = lines[-1].text
+            assert [li.get_attribute("class") for li in lines] == ["user", "answer"]
+            assert answer.startswith("Lead:")
+            # The text was shown as it was written, before the answer took its place.
+            assert (body.get_attribute("data-seen") or "").split() == ["user", "delta", "answer"]
+            assert all(r.body.get("stream") is True for r in model.requests)
+            assert page_errors(driver) == []
+            screenshot(driver, "live_chat_streamed")

@@ -328,7 +328,7 @@ def test_stop_and_terminate_from_a_shell(pg_schema_url: str) -> None:
 
 def test_sweep_from_a_shell_takes_over_a_dead_turn(fresh_pg_url: str) -> None:
     """A database of its own: a sweep acts on every team it finds."""
-    router = Router(Settings(database_url=fresh_pg_url, lease_seconds=0.2))
+    router = Router(Settings(database_url=fresh_pg_url, lease_seconds=0.2, heartbeat_seconds=0.1))
     router.create_schema()
     team = router.create_team()
     router.create_agent(team.id, role="Engineer")

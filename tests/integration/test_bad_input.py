@@ -28,6 +28,7 @@ from agent_router.errors import (
     InvalidNameError,
     WrongQuestionError,
 )
+from agent_router.store import refusals
 
 from .helpers import assistant, start_running, start_waiting, tool_call
 
@@ -153,7 +154,8 @@ def test_an_unknown_agent_name_says_the_agent_it_was_probably_meant_for(
         router.send(team.id, to=given, content="hi")
     assert str(sent.value) == said
     rejected = [e for e in router.ledger(team.id) if e.action is LedgerAction.SEND_REJECTED]
-    assert rejected[-1].detail["message"] == said
+    assert rejected[-1].detail["refused"] == "unknown_agent"
+    assert refusals.sentence(rejected[-1].detail) == said
     with pytest.raises(UnknownAgentError) as read:
         router.agent(team.id, given)
     assert str(read.value) == said

@@ -45,7 +45,9 @@ def test_redis_broker_gets_a_result_backend() -> None:
 
 def test_sweeper_thread_takes_over_an_expired_lease(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    settings = Settings(database_url=url, lease_seconds=0.3, sweep_seconds=0.1)
+    settings = Settings(
+        database_url=url, lease_seconds=0.3, heartbeat_seconds=0.1, sweep_seconds=0.1
+    )
     router = Router(settings, publisher=RecordingPublisher())
     router.create_schema()
     team = router.create_team()

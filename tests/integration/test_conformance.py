@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from agent_router import AgentRouterError, MessageSubtype, Router, Settings, Turn
 from agent_router.domain import BudgetName, UserMessageKind
 from agent_router.outbox import RecordingPublisher
+from agent_router.store import Since
 from agent_router.store.models import Base
 from agent_router.validation import MAX_TOKENS_PER_CALL
 
@@ -93,21 +94,10 @@ TABLES = [
     "ar_model_calls",
     "ar_user_messages",
 ]
-#: Ids quoted inside a sentence (a refusal's text in the ledger, an envelope's attributes): each
-#: database numbers its own rows, and a sequence on PostgreSQL is not given back when a
-#: statement that drew from it is refused, so the same sentence may quote different numbers.
-_IDS_IN_TEXT = re.compile(
-    r'\b(message_id|question_id)="(\d+)"|\b(message|question|turn|job|team) (\d+)\b'
-)
-_TEXT_TABLES = {
-    "message_id": "ar_messages",
-    "question_id": "ar_questions",
-    "message": "ar_messages",
-    "question": "ar_questions",
-    "turn": "ar_turns",
-    "job": "ar_background_jobs",
-    "team": "ar_teams",
-}
+#: Ids quoted in an envelope's attributes (a message in a transcript): each database numbers
+#: its own rows, and a sequence on PostgreSQL is not given back when a statement that drew from
+#: it is refused, so the same envelope may quote different numbers.
+_IDS_IN_TEXT = re.compile(r'\b(message_id|question_id)="(\d+)"')
 
 
 def _team_rows(engine: sa.Engine, team_id: int) -> dict[str, list[dict[str, Any]]]:
@@ -161,9 +151,7 @@ class Snapshot:
         return out
 
     def _text_id(self, m: re.Match[str]) -> str:
-        if m[1]:
-            return f'{m[1]}="{self._id(_TEXT_TABLES[m[1]], int(m[2]))}"'
-        return f"{m[3]} {self._id(_TEXT_TABLES[m[3]], int(m[4]))}"
+        return f'{m[1]}="{self._id(REFERS[m[1]], int(m[2]))}"'
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, dict):
@@ -199,12 +187,16 @@ def _difference(table: str, sqlite: list[dict[str, Any]], pg: list[dict[str, Any
     return table
 
 
-def _outcome(result: Any) -> Any:
-    """What an operation returned or raised, comparable across the two databases."""
+def _outcome(result: Any, ids: Snapshot | None = None) -> Any:
+    """What an operation returned or raised, comparable across the two databases: a refusal by
+    its class, code and fields (ids in them by rank in ``ids``, the database's rows after it)."""
     if isinstance(result, AgentRouterError):
+        if result.code is not None:
+            assert ids is not None
+            return type(result).__name__, result.code, ids._value(result.fields)
         return type(result).__name__, re.sub(r"\d+", "#", str(result))
     if isinstance(result, list | tuple):
-        return [_outcome(r) for r in result]
+        return [_outcome(r, ids) for r in result]
     if hasattr(result, "__dataclass_fields__"):
         fields = {
             k: v
@@ -243,7 +235,12 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
                     results.append(op(side, r, team_id))
                 except AgentRouterError as exc:
                     results.append(exc)
-            sqlite, pg = (_outcome(x) for x in results)
+            sqlite, pg = (
+                _outcome(
+                    x, Snapshot(r.store.engine, t) if isinstance(x, AgentRouterError) else None
+                )
+                for x, r, t in zip(results, routers, self.teams, strict=True)
+            )
             assert sqlite == pg, f"sqlite: {sqlite}\npostgresql: {pg}"
             return results
 
@@ -392,11 +389,73 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
                 for side in (0, 1):
                     self.questions[side].append(results[side][0].id)
 
-        @rule(name=st.sampled_from(NAMES), failed=st.booleans())
-        def end(self, name: str, failed: bool) -> None:
-            self.with_turn(
-                name, lambda turn: turn.end(failed=failed, error="boom" if failed else None)
-            )
+        def carry(self, turn: Turn, results: int, bogus: bool) -> None:
+            """The turn carries results for its first ``results`` open calls (one of no open
+            call when ``bogus``)."""
+            calls = turn.open_tool_calls()[:results]
+            for call in [*calls, "nope"] if bogus else calls:
+                turn.carry_tool_result(call, f"result of {call}")
+
+        @rule(
+            name=st.sampled_from(NAMES),
+            results=st.integers(min_value=0, max_value=2),
+            bogus=st.booleans(),
+            since=st.sampled_from([None, Since(None), Since(2)]),
+        )
+        def before_call(self, name: str, results: int, bogus: bool, since: Since | None) -> None:
+            def op(turn: Turn) -> Any:
+                self.carry(turn, results, bogus)
+                before = turn.before_call(since=since)
+                return (
+                    before.stopped,
+                    _outcome(before.budget),
+                    [m.content for m in before.messages],
+                    before.more,
+                    [(a.display_name, a.state) for a in before.roster],
+                    None if before.rows is None else [p for p, _ in before.rows],
+                )
+
+            self.with_turn(name, op)
+
+        @rule(
+            name=st.sampled_from(NAMES),
+            calls=st.integers(min_value=0, max_value=2),
+            usage=st.booleans(),
+            left_out=st.sampled_from([None, 3]),
+        )
+        def after_call(self, name: str, calls: int, usage: bool, left_out: int | None) -> None:
+            ids = [f"c{next(self.calls)}" for _ in range(calls)]
+            message = assistant(None if ids else "done", *[tool_call(i) for i in ids])
+            used: dict[str, Any] | None = None
+            if usage:
+                # On the call where what the request leaves out changed: where the window stood.
+                moved = left_out is not None
+                used = {
+                    "model": "gpt-4o",
+                    "prompt_tokens": 20,
+                    "completion_tokens": 3,
+                    "context": {"left_out": left_out} if moved else None,
+                    "window": {"cut": left_out} if moved else None,
+                }
+
+            def op(turn: Turn) -> Any:
+                _stored, after = turn.after_call(message, usage=used)
+                return after.stopped, _outcome(after.budget), [q.asker for q in after.questions]
+
+            self.with_turn(name, op)
+
+        @rule(
+            name=st.sampled_from(NAMES),
+            failed=st.booleans(),
+            results=st.integers(min_value=0, max_value=1),
+            bogus=st.booleans(),
+        )
+        def end(self, name: str, failed: bool, results: int, bogus: bool) -> None:
+            def op(turn: Turn) -> Any:
+                self.carry(turn, results, bogus)
+                return turn.end(failed=failed, error="boom" if failed else None)
+
+            self.with_turn(name, op)
 
         @rule(name=st.sampled_from(NAMES))
         def suspend(self, name: str) -> None:

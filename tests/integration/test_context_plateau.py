@@ -15,9 +15,10 @@ from agent_router.agents.loop import WINDOW_VIEW, TurnOutcome, context_target, r
 from agent_router.agents.protocol import HEADING
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.agents.tools import default_registry
-from agent_router.domain import LedgerAction
+from agent_router.domain import LedgerAction, TurnRecord
 from agent_router.ops.bench import ENTRY_TEXT, InstantModel
 from agent_router.outbox import RecordingPublisher
+from agent_router.store import BeforeCall
 from agent_router.turn import Turn
 
 TARGET = 3000
@@ -62,9 +63,10 @@ def _turn(router: Router, team_id: int, name: str, model: InstantModel) -> None:
 
 
 def _counting_reads(router: Router, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The transcript rows each read of this router's store returned."""
+    """The transcript rows each read of this router's store returned: a read of its own, or
+    the entries a transition before a model call read back."""
     counts: list[int] = []
-    read = router.store.reads.transcript_after
+    read, before_call = router.store.reads.transcript_after, router.store.before_call
 
     def counted(
         agent_id: int, position: int | None, *, also: Sequence[int] = ()
@@ -73,7 +75,14 @@ def _counting_reads(router: Router, monkeypatch: pytest.MonkeyPatch) -> list[int
         counts.append(len(rows))
         return rows
 
+    def counted_before(turn: TurnRecord, **kwargs: Any) -> BeforeCall:
+        before = before_call(turn, **kwargs)
+        if before.rows is not None:
+            counts.append(len(before.rows))
+        return before
+
     monkeypatch.setattr(router.store.reads, "transcript_after", counted)
+    monkeypatch.setattr(router.store, "before_call", counted_before)
     return counts
 
 

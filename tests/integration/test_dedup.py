@@ -83,6 +83,12 @@ def test_a_dedup_key_reused_for_another_message_is_a_conflict(router: Router) ->
     rejected = router.ledger(team.id)[ledger:]
     assert {e.detail["reason"] for e in rejected} == {"dedup_conflict"}
     assert sum(e.detail.get("repeats", 1) for e in rejected) == 3
+    # The row counting them holds the latest refusal's code and fields, its sentence with them.
+    conflict = {"dedup_key": "deploy", "message_id": first.message_id, "target": "Engineer_1"}
+    assert (rejected[-1].detail["refused"], rejected[-1].detail["fields"]) == (
+        "dedup_conflict",
+        conflict,
+    )
     # The same key to another agent names another message.
     router.create_agent(team.id, role="Designer")
     other = router.send(team.id, to="Designer_1", content="deploy v2", dedup_key="deploy")

@@ -62,7 +62,9 @@ def test_json_lines_keep_the_message_and_the_fields_apart(
 @pytest.fixture
 def fast_router(sqlite_url: str) -> Iterator[Router]:
     # A database of the test's own: the sweeper is global, another test's team would be seen.
-    settings = Settings(database_url=sqlite_url, lease_seconds=0.3, sweep_seconds=0.1)
+    settings = Settings(
+        database_url=sqlite_url, lease_seconds=0.3, heartbeat_seconds=0.1, sweep_seconds=0.1
+    )
     router = Router(settings, publisher=RecordingPublisher())
     router.create_schema()
     yield router

@@ -1,7 +1,6 @@
 """The pieces the PostgreSQL functions share with the Python side say the same thing: the envelope
-(``ar__envelope`` and formats.render), the quoting of the names, keys and tool call ids a refusal
-quotes (``ar__repr`` and repr()), the routing table (``ar__decide`` and decisions.decide) and the
-agent transitions (``ar__can_move`` and decisions.can_move). Each is called directly, in a
+(``ar__envelope`` and formats.render), the routing table (``ar__decide`` and decisions.decide) and
+the agent transitions (``ar__can_move`` and decisions.can_move). Each is called directly, in a
 SELECT, on a database holding the functions."""
 
 from __future__ import annotations
@@ -150,77 +149,6 @@ def test_the_database_writes_the_envelope_formats_renders(
     ).scalar_one()
     assert rendered == formats.render(envelope)
     assert formats.parse(rendered) == envelope
-
-
-def _repr(conn: sa.Connection, text: str) -> str:
-    return str(conn.execute(_called("SELECT ar__repr(:text)"), {"text": text}).scalar_one())
-
-
-#: Printable text with the characters repr() treats apart: both quotes and the backslash.
-PRINTABLE = st.lists(
-    st.sampled_from(["'", '"', "\\", "\\'", "é", " "])
-    | st.text(st.characters(codec="utf-8", exclude_categories=["Cs"])).filter(str.isprintable),
-    max_size=6,
-).map("".join)
-
-
-@EXAMPLES
-@given(text=PRINTABLE)
-def test_repr_quotes_printable_text_as_python(conn: sa.Connection, text: str) -> None:
-    assert _repr(conn, text) == repr(text)
-
-
-@EXAMPLES
-@given(name=NAMES)
-def test_repr_quotes_a_name_as_python(conn: sa.Connection, name: str) -> None:
-    assert _repr(conn, name) == repr(name)
-
-
-#: Any text below U+0100 (but NUL, which no text column holds) and the line separators: what
-#: Python prints and what it escapes, side by side.
-LATIN_1 = st.text(
-    st.characters(min_codepoint=1, max_codepoint=0xFF) | st.sampled_from(["\u2028", "\u2029"])
-)
-#: Any text a model may write as a tool call id (stored as written, but NUL).
-ANY_TEXT = st.text(
-    st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00")
-)
-
-
-@EXAMPLES
-@given(text=LATIN_1)
-def test_repr_escapes_what_python_escapes_below_u0100(conn: sa.Connection, text: str) -> None:
-    assert _repr(conn, text) == repr(text)
-
-
-@EXAMPLES
-@given(text=ANY_TEXT)
-def test_a_quoted_text_is_one_line(conn: sa.Connection, text: str) -> None:
-    """Whatever a tool call id holds, a refusal that quotes it stays one line; where Python
-    prints every character, the quote is Python's."""
-    quoted = _repr(conn, text)
-    assert len(quoted.splitlines()) == 1
-    if all(c.isprintable() or ord(c) < 0x100 for c in text):
-        assert quoted == repr(text)
-
-
-#: Dedup keys and tool call ids, as validation lets them through.
-KEYS = st.text(_NAME_CHARACTERS | st.sampled_from('"\\<>&`'), min_size=1, max_size=40).filter(
-    lambda key: _valid(lambda k: validation.key(k, "key"), key)
-)
-
-
-@EXAMPLES
-@given(key=KEYS)
-def test_repr_quotes_a_key_as_python(conn: sa.Connection, key: str) -> None:
-    assert _repr(conn, key) == repr(key)
-
-
-@EXAMPLES
-@given(keys=st.lists(KEYS, max_size=4))
-def test_a_list_of_keys_is_quoted_as_python(conn: sa.Connection, keys: list[str]) -> None:
-    quoted = conn.execute(_called("SELECT ar__repr_list(:keys)"), {"keys": keys}).scalar_one()
-    assert quoted == repr(keys)
 
 
 def test_the_routing_table_is_the_same_for_every_input(conn: sa.Connection) -> None:

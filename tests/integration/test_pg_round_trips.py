@@ -44,7 +44,7 @@ from agent_router.outbox import RecordingPublisher
 from agent_router.store import functions
 from agent_router.store.models import OutboxRow
 from agent_router.store.reads import _WAIT_STATE
-from agent_router.store.values import SendRequest
+from agent_router.store.values import SendRequest, Since
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker
 
@@ -780,6 +780,138 @@ def _(r: Router) -> Case:
     turn = start_running(r, _team(r, "Engineer"), ENGINEER)
     turn.end()
     return Case(lambda: turn.append_assistant(assistant("late")), raised(e.StaleTurnError))
+
+
+@branch("before_call: mail drained, the call charged, the roster and entries read", "before_call")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.send(team, to=ENGINEER, content="one", sender=LEAD)
+
+    def taken(before: Any) -> bool:
+        return (
+            [m.content for m in before.messages] == ["one"]
+            and before.budget.ok
+            and [a.display_name for a in before.roster] == [LEAD, ENGINEER]
+            and before.rows[-1][1]["content"].endswith("one\n</agent-message>")
+        )
+
+    return Case(lambda: turn.before_call(since=Since(None)), taken)
+
+
+@branch("before_call: the carried results written first", "before_call")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    turn.carry_tool_result("ask-1", "ok")
+    return Case(
+        lambda: turn.before_call(since=Since(None)),
+        lambda before: before.rows[-1][1]["content"] == "ok",
+    )
+
+
+@branch("before_call: a stop requested is honoured", "before_call")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.stop(team, ENGINEER, reason="enough")
+    return Case(turn.before_call, lambda before: before.stopped and turn.state() is AgentState.IDLE)
+
+
+@branch(
+    "before_call: refused, the budget spent now (the team stops)",
+    *("before_call", "request_stop"),
+)
+def _(r: Router) -> Case:
+    """As charge_model_call's: the Router then stops the team's active sub-agents."""
+    team = _team(r, "Engineer", model_calls=1.0)
+    turn = start_running(r, team, ENGINEER)
+    turn.charge_model_call()
+    return Case(turn.before_call, raised(e.BudgetExhaustedError))
+
+
+@branch("before_call: refused, a tool call has no carried result", "before_call")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(turn.before_call, raised(e.ToolCallsPendingError))
+
+
+@branch("before_call: refused, a result of no open tool call", "before_call")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    turn.carry_tool_result("ask-2", "ok")
+    return Case(turn.before_call, raised(e.InvalidTranscriptEntryError))
+
+
+@branch("before_call: refused, a stale turn", "before_call")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.take_over(team, ENGINEER, reason="presumed dead")
+    return Case(turn.before_call, raised(e.StaleTurnError))
+
+
+_USAGE = {"model": "gpt-4o", "prompt_tokens": 10, "completion_tokens": 2}
+
+
+@branch("after_call: the reply and its usage, the open questions read", "after_call")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    lead = _waiting_lead(r, team)
+    question = lead.ask(ENGINEER, "which module?", tool_call_id="wait-1")
+    return Case(
+        lambda: turn.after_call(assistant("done"), usage=_USAGE),
+        lambda done: [q.id for q in done[1].questions] == [question.id] and done[1].budget.ok,
+    )
+
+
+@branch("after_call: a reply that calls tools, no usage reported", "after_call")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    return Case(
+        lambda: turn.after_call(assistant(None, tool_call("call-1"))),
+        lambda done: done[1].budget is None and turn.open_tool_calls() == ["call-1"],
+    )
+
+
+@branch("after_call: a stop requested is honoured, the reply left out", "after_call")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.stop(team, ENGINEER, reason="enough")
+    return Case(
+        lambda: turn.after_call(assistant("done"), usage=_USAGE),
+        lambda done: done[1].stopped and turn.transcript()[-1]["role"] != "assistant",
+    )
+
+
+@branch("after_call: refused, a reply while a tool call has no result", "after_call")
+def _(r: Router) -> Case:
+    turn = _asking(r, _team(r, "Engineer"))
+    return Case(lambda: turn.after_call(assistant("done")), raised(e.ToolCallsPendingError))
+
+
+@branch("after_call: refused, a stale turn", "after_call")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    turn = start_running(r, team, ENGINEER)
+    r.take_over(team, ENGINEER, reason="presumed dead")
+    return Case(lambda: turn.after_call(assistant("done")), raised(e.StaleTurnError))
+
+
+@branch("end: completed, with the results it carried", "end")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    turn.append_assistant(assistant(None, tool_call("call-1")))
+    turn.carry_tool_result("call-1", "done")
+    return Case(turn.end, lambda end: end.synthetic_results == 0)
+
+
+@branch("end: refused, a carried result of no open tool call", "end")
+def _(r: Router) -> Case:
+    turn = start_running(r, _team(r, "Engineer"), ENGINEER)
+    turn.carry_tool_result("call-9", "done")
+    return Case(turn.end, raised(e.InvalidTranscriptEntryError))
 
 
 @branch("end: completed", "end")
@@ -1552,7 +1684,7 @@ def test_a_database_error_in_a_call_is_the_stores_and_changes_nothing(
     before = router.messages(team)
     request = {"team_id": team, "to": ENGINEER, "content": "hi", "sender": "user", **fields}
     with pytest.raises(e.StoreError) as raised_:
-        router.store.route(SendRequest(type=MessageType.TASK, **request))
+        router.store.send(SendRequest(type=MessageType.TASK, **request))
     assert not isinstance(raised_.value, e.CommitUnknownError) and not raised_.value.retryable
     assert str(raised_.value) == error
     assert _pooled(engine) == 1 and not _autocommit(engine)

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from agent_router import (
     Agent,
     AgentState,
+    LedgerAction,
     MessageSubtype,
     MessageType,
     RefusedError,
@@ -23,6 +24,7 @@ from agent_router.agents.loop import TurnOutcome, run_turn
 from agent_router.agents.tools import default_registry
 from agent_router.formats import report_parts
 from agent_router.ops.checks import check_team
+from agent_router.ops.explain import describe
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.models import MessageRow
 
@@ -110,7 +112,15 @@ def test_a_refused_output_of_an_agent_shows_in_the_check(router: Router) -> None
     report = check_team(router, team.id, quiescent=True)
     assert report.undelivered_reports == 1
     assert not report.ok
-    assert report.failures[0].startswith(f"{agent.display_name}: completion_report to ")
+    assert report.failures[0] == (
+        f"{agent.display_name}: completion_report to Team Leader refused: "
+        f"sender {agent.display_name!r} is terminated"
+    )
+    refused = [e for e in router.ledger(team.id) if e.action is LedgerAction.SEND_REJECTED]
+    assert describe(refused[-1], {}) == (
+        f"x output from {agent.display_name} to Team Leader refused: "
+        f"sender {agent.display_name!r} is terminated"
+    )
 
 
 def test_report_parts_keep_every_character() -> None:

@@ -35,7 +35,7 @@ from agent_router.store.recovery import BACKLOG_WINDOWS
 
 from .helpers import assistant, start_running, tool_call
 
-FAST: dict[str, Any] = {"lease_seconds": 0.3, "sweep_seconds": 0.1}
+FAST: dict[str, Any] = {"lease_seconds": 0.3, "heartbeat_seconds": 0.1, "sweep_seconds": 0.1}
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 It speaks real HTTP (stdlib ``http.server``, one thread per request), so the client under test
 is never patched. Each ``POST /v1/chat/completions`` is recorded and answered by the next
 queued :class:`Reply`, else by the ``responder`` callable. Failures are replies too: an error
-status, a malformed body, or a delay beyond the client's timeout.
+status, a malformed body, or a delay beyond the client's timeout. A request with
+``"stream": true`` gets a successful completion as server-sent events
+(:func:`stream_chunks`), ``chunk_seconds`` apart.
 
     with ChatServer() as server:
         server.enqueue(error(500), completion("hello"))
@@ -174,6 +176,49 @@ def scripted_lead(mark: str, *, tokens: tuple[int, int] = (100, 10)) -> Responde
     return respond
 
 
+def stream_chunks(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects a server streams a completion ``body`` as: the
+    role, the content a word at a time, each tool call in pieces (its id, type and name, then
+    its arguments in three parts), the finish reason, and the usage in a last chunk without
+    choices (what ``stream_options.include_usage`` asks for)."""
+    choice = body["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": body.get("id"),
+            "object": "chat.completion.chunk",
+            "created": body.get("created"),
+            "model": body.get("model"),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    content = message.get("content")
+    if isinstance(content, str):
+        chunks += [chunk({"content": word}) for word in re.findall(r"\s*\S+\s*", content)]
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        head = {"index": index, "id": call["id"], "type": "function"}
+        chunks.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        head | {"function": {"name": call["function"]["name"], "arguments": ""}}
+                    ]
+                }
+            )
+        )
+        arguments = call["function"]["arguments"]
+        third = -(-len(arguments) // 3) or 1
+        for start in range(0, len(arguments), third):
+            piece = {"index": index, "function": {"arguments": arguments[start : start + third]}}
+            chunks.append(chunk({"tool_calls": [piece]}))
+    chunks.append(chunk({}, choice.get("finish_reason")))
+    if "usage" in body:
+        chunks.append(chunk({}) | {"choices": [], "usage": body["usage"]})
+    return chunks
+
+
 # ------------------------------------------------------- absurd values a broken model writes
 
 
@@ -313,8 +358,16 @@ class SloppyModel:
 class ChatServer:
     """The server: start it (or use it as a context manager), script it, read what it got."""
 
-    def __init__(self, responder: Responder | None = None, *, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        *,
+        api_key: str | None = None,
+        chunk_seconds: float = 0.0,
+    ) -> None:
         self.responder = responder
+        #: The pause between the chunks of a streamed reply.
+        self.chunk_seconds = chunk_seconds
         #: With a key, the model list answers 401 to a request without it, as real servers do.
         self.api_key = api_key
         self._replies: deque[Reply] = deque()
@@ -393,6 +446,17 @@ class ChatServer:
         self._stopping.wait(seconds)
 
 
+def _streamable(reply: Reply) -> bool:
+    """A successful completion (an error or a malformed body is answered as it is)."""
+    return (
+        reply.status == 200
+        and isinstance(reply.body, Mapping)
+        and isinstance(reply.body.get("choices"), list)
+        and bool(reply.body["choices"])
+        and isinstance(reply.body["choices"][0].get("message"), Mapping)
+    )
+
+
 def _handler_class(server: ChatServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -419,6 +483,9 @@ def _handler_class(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             )
             if reply.delay_seconds:
                 server._wait(reply.delay_seconds)
+            if isinstance(body, dict) and body.get("stream") and _streamable(reply):
+                self._stream(stream_chunks(reply.body))  # type: ignore[arg-type]
+                return
             payload = reply.encoded()
             try:
                 self.send_response(reply.status)
@@ -430,6 +497,19 @@ def _handler_class(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (its timeout): nothing left to answer
+
+        def _stream(self, chunks: list[dict[str, Any]]) -> None:
+            try:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()
+                for chunk in chunks:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    server._wait(server.chunk_seconds)
+                self.wfile.write(b"data: [DONE]\n\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep test output clean; `requests` is the record

@@ -24,6 +24,7 @@ PUBLIC = [
     "ContentTooLargeError",
     "DedupConflictError",
     "Delivery",
+    "Delta",
     "DuplicateDisplayNameError",
     "EndOfTurn",
     "FeedItem",

@@ -31,9 +31,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from agent_router.agents.llm import SCRIPTED_MODEL, Model, ModelFactory, ScriptedModel
+from agent_router.agents.llm import (
+    SCRIPTED_MODEL,
+    DeltaSink,
+    Model,
+    ModelFactory,
+    ScriptedModel,
+    Streamed,
+    StreamsReplies,
+)
 from agent_router.agents.roles import RoleCatalogue, roles_from_env
 from agent_router.agents.toolbox import AgentTools, agent_tools
 from agent_router.agents.tools import ToolRegistry, team_registry
@@ -49,6 +57,8 @@ TEAMS_KEPT = 10_000
 
 #: A team's model by team id (``None``: the team names none).
 TeamModel = Callable[[int], str | None]
+#: The sink of a team's agent (team id, display name) for its streamed model calls.
+DeltaSinks = Callable[[int, str], DeltaSink]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,11 +108,16 @@ class AgentModels:
     between threads; a team's model is read once per team (it never changes)."""
 
     def __init__(
-        self, settings: Settings, roles: RoleCatalogue, team_model: TeamModel | None = None
+        self,
+        settings: Settings,
+        roles: RoleCatalogue,
+        team_model: TeamModel | None = None,
+        deltas: DeltaSinks | None = None,
     ) -> None:
         self.settings = settings
         self.roles = roles
         self.team_model = team_model
+        self.deltas = deltas
         self._teams: dict[int, str | None] = {}
         self._models: dict[tuple[str, float | None, int | None], Model] = {}
         self._lock = threading.Lock()
@@ -143,7 +158,12 @@ class AgentModels:
             model = self._models.get(key)
             if model is None:
                 model = self._models[key] = self._openai(*key)
-            return model
+        if self.settings.stream_to_user and agent.is_lead and self.deltas is not None:
+            # The shared client; the sink is this agent's, the stream each call's own.
+            return Streamed(
+                cast(StreamsReplies, model), self.deltas(agent.team_id, agent.display_name)
+            )
+        return model
 
     def _team(self, team_id: int) -> str | None:
         if self.team_model is None:
@@ -220,13 +240,15 @@ def build(
     *,
     team_model: TeamModel | None = None,
     server_options: Iterable[str] = (),
+    deltas: DeltaSinks | None = None,
 ) -> Built:
     """The models and tools of a process that runs turns, from ``settings`` and ``roles``
     (default: the roles file of ``AGENT_ROUTER_ROLES_FILE``, else the built-in catalogue).
     ``team_model`` reads a team's model (``lambda team_id: router.team(team_id).model``);
-    ``server_options``: more default MCP servers (``NAME=COMMAND_OR_URL``)."""
+    ``server_options``: more default MCP servers (``NAME=COMMAND_OR_URL``); ``deltas``: the
+    sink of a team's agent for its streamed model calls (with ``stream_to_user``, the lead's)."""
     roles = roles if roles is not None else roles_from_env()
-    models = AgentModels(settings, roles, team_model)
+    models = AgentModels(settings, roles, team_model, deltas)
     tools = agent_tools(
         settings,
         roles,
@@ -238,8 +260,14 @@ def build(
 
 
 def for_router(router: Router, roles: RoleCatalogue | None = None) -> Built:
-    """:func:`build` for a process whose turns ``router`` claims: team models read from it."""
-    return build(router.settings, roles, team_model=lambda team_id: router.team(team_id).model)
+    """:func:`build` for a process whose turns ``router`` claims: team models read from it,
+    streamed replies told to its teams' feeds (:meth:`Router.delta_sink`)."""
+    return build(
+        router.settings,
+        roles,
+        team_model=lambda team_id: router.team(team_id).model,
+        deltas=router.delta_sink,
+    )
 
 
 def scripted_models(settings: Settings) -> ModelFactory:

@@ -57,6 +57,7 @@ from agent_router.agents.tools import (
 from agent_router.agents.usage import Usage, usage_from_body
 from agent_router.domain import Agent, MessageSubtype, TokenUsage
 from agent_router.router import Router
+from agent_router.store import Since
 from agent_router.turn import Turn
 
 
@@ -74,10 +75,10 @@ class ModelCall:
     drained into it (:meth:`HostedTurn.messages`, read after the charge, so a wrap-up notice the
     charge sent is in it) and the agent's tool schemas."""
 
-    def __init__(self, hosted: HostedTurn, model: str | None) -> None:
+    def __init__(self, hosted: HostedTurn, model: str | None, messages: list[dict[str, Any]]):
         self._hosted = hosted
         self.model = model
-        self.messages = hosted.messages()
+        self.messages = messages
         self.tools = hosted.tools
         # The call's span on the timeline: from here (what it sends is ready) to its usage.
         self._began = time.monotonic()
@@ -98,7 +99,8 @@ class ModelCall:
         ``CompletionUsage``, a mapping with ``prompt_tokens`` and ``completion_tokens``, or a
         :class:`~agent_router.agents.usage.Usage`). ``None`` (a server that sends no usage):
         estimated from the request and ``reply``, the assistant message. Priced by the
-        ``models`` table under the model the call was opened with. Once per call."""
+        ``models`` table under the model the call was opened with. Once per call; written
+        with the reply (:meth:`HostedTurn.step`), or at the end of the turn without one."""
         if self.recorded is not None:
             raise UncountedModelCallError("this model call's usage is already recorded")
         counted = _usage(usage)
@@ -108,18 +110,16 @@ class ModelCall:
                 completion_tokens=count_tokens([dict(reply)] if reply is not None else []),
                 estimated=True,
             )
-        turn = self._hosted.turn
-        seconds = time.monotonic() - self._began
-        self.recorded = loop._with_retries(
-            lambda: turn.record_usage(
-                model=self.model,
-                prompt_tokens=counted.prompt_tokens,
-                completion_tokens=counted.completion_tokens,
-                cached_tokens=counted.cached_tokens,
-                estimated=counted.estimated,
-                seconds=seconds,
-            )
-        )
+        usage_of: dict[str, Any] = {
+            "model": self.model,
+            "prompt_tokens": counted.prompt_tokens,
+            "completion_tokens": counted.completion_tokens,
+            "cached_tokens": counted.cached_tokens,
+            "estimated": counted.estimated,
+            "seconds": time.monotonic() - self._began,
+        }
+        _model, self.recorded = self._hosted.router.priced_usage(**usage_of)
+        self._hosted._usage = usage_of
         self._hosted._counted = True
         return self.recorded
 
@@ -149,6 +149,8 @@ class HostedTurn:
     _steps: int = field(default=0)
     _resumed: bool = field(default=False)
     _counted: bool = field(default=False)  # a model call was counted since the last step
+    _usage: dict[str, Any] | None = field(default=None)  # its usage, written with the reply
+    _length: int | None = field(default=None)  # the transcript's entries at the model call
 
     @property
     def team_id(self) -> int:
@@ -169,15 +171,24 @@ class HostedTurn:
         earlier replies neutralised, as the built-in loop sends them). Raises (and the block
         ends the turn as the loop would) if the turn was fenced or the lead stopped the
         agent."""
-        if not self._resumed:
-            # A continuation (or a turn that finds its last batch unfinished) runs the calls
-            # still without a result first, as the built-in loop does.
-            self._resumed = True
-            index, unfinished = loop._open_calls(self.turn)
-            loop._run_calls(self.turn, self.heartbeat, unfinished, self.registry, self._ctx(index))
+        self._resume()
         loop._boundary(self.turn, self.heartbeat)
         loop._drain_all(self.router, self.turn)
         return quoted_replies(self.turn.transcript())
+
+    def _resume(self) -> None:
+        """A continuation (or a turn that finds its last batch unfinished) runs the calls
+        still without a result first, as the built-in loop does."""
+        if not self._resumed:
+            self._resumed = True
+            index, unfinished = loop._open_calls(self.turn)
+            loop._run_calls(self.turn, self.heartbeat, unfinished, self.registry, self._ctx(index))
+
+    def _record_usage(self) -> None:
+        """The usage of a model call whose reply never reached :meth:`step`, recorded."""
+        usage, self._usage = self._usage, None
+        if usage is not None:
+            loop._with_retries(lambda: self.turn.record_usage(**usage))
 
     def _ctx(self, reply_index: int) -> ToolContext:
         # reply_index: where the reply whose calls run sits in the transcript (it scopes the
@@ -204,9 +215,15 @@ class HostedTurn:
                 call.usage(reply.usage, reply=reply.message)
             text = turn.step(reply.message)
         """
-        loop._boundary(self.turn, self.heartbeat)
-        self.turn.charge_model_call()
-        call = ModelCall(self, model)
+        self._resume()
+        loop._unfenced(self.turn, self.heartbeat)
+        self._record_usage()
+        # One transition: the results carried, a stop honoured, the call charged, mail drained;
+        # and the transcript read.
+        rows = loop._before(self.router, self.turn, since=Since(None)).rows
+        entries = self.turn.transcript() if rows is None else [entry for _, entry in rows]
+        self._length = len(entries)
+        call = ModelCall(self, model, quoted_replies(entries))
         yield call
         if call.recorded is None:
             raise UncountedModelCallError(
@@ -244,10 +261,14 @@ class HostedTurn:
             raise loop.MaxStepsExceededError(
                 f"no final reply after {self.router.settings.max_turn_steps} model calls"
             )
-        loop._boundary(self.turn, self.heartbeat)
-        reply_index = len(self.turn.history())
-        # As stored: its calls run under the ids the transcript holds (a repeated id renamed).
-        reply = self.turn.append_assistant(reply)
+        loop._unfenced(self.turn, self.heartbeat)
+        reply_index = len(self.turn.history()) if self._length is None else self._length
+        # One transition: the usage recorded, the reply stored (its calls run under the ids the
+        # transcript holds, a repeated id renamed), or a stop honoured.
+        usage, self._usage, self._length = self._usage, None, None
+        reply, after = self.turn.after_call(reply, usage=usage)
+        if after.stopped:
+            raise loop._Stopped
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = reply.get("content")
         if not calls:
@@ -298,18 +319,19 @@ def claim(
     if turn is None:
         yield None
         return
-    agent = router.reads.agent_by_id(turn.agent_id)
+    agent = turn.agent
     with loop.Heartbeat(turn, router.settings.heartbeat_seconds) as heartbeat:
         hosted = HostedTurn(
             router=router,
             turn=turn,
             agent=agent,
-            lead=router.team(turn.team_id).lead.display_name,
+            lead=turn.lead,
             registry=tools or team_registry(),
             heartbeat=heartbeat,
         )
         try:
             yield hosted
+            hosted._record_usage()
             if hosted.final is not None:
                 if agent.is_lead:  # the lead's final reply is its answer to the user
                     loop._answer_user(router, turn, hosted.final)
@@ -340,6 +362,7 @@ def claim(
             hosted.outcome = loop.TurnOutcome.FAILED
             error = f"{type(exc).__name__}: {exc}"[:1000]
             try:
+                hosted._record_usage()
                 loop._with_retries(lambda: turn.end(failed=True, error=error))
             except errors.StaleTurnError:
                 hosted.outcome = loop.TurnOutcome.FENCED

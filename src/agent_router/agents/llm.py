@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from agent_router import formats
 from agent_router.agents.context import count_tokens
 from agent_router.agents.usage import Completion, ReportsUsage, Usage
-from agent_router.domain import Agent, MessageType
+from agent_router.domain import Agent, Delta, MessageType
 from agent_router.logfields import get_logger
 
 logger = get_logger(__name__)
@@ -44,6 +44,41 @@ class Model(Protocol):
 
 #: Picks the model for an agent (a host may give the lead a bigger model than its sub-agents).
 ModelFactory = Callable[[Agent], Model]
+
+
+#: Takes the pieces of a reply's text as they are written.
+DeltaSink = Callable[[Delta], None]
+
+
+class StreamsReplies(Protocol):
+    """A model that can stream a call, handing each piece of the reply's text to a sink."""
+
+    def respond(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        on_delta: DeltaSink | None = None,
+    ) -> Completion: ...
+
+
+class Streamed:
+    """``model`` whose every call streams into ``sink``; the replies are the model's own,
+    exactly as without streaming."""
+
+    def __init__(self, model: StreamsReplies, sink: DeltaSink) -> None:
+        self.model = model
+        self.sink = sink
+        self.model_name: str | None = getattr(model, "model_name", None)
+        self.context_window: int | None = getattr(model, "context_window", None)
+
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return self.respond(messages, tools).message
+
+    def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        return self.model.respond(messages, tools, on_delta=self.sink)
 
 
 def complete(

@@ -1,11 +1,14 @@
 """The built-in agent loop: one claimed turn, from first drain to end-of-turn hook.
 
-Per step: drain (pending messages enter the transcript before every model call), call the model,
-append its reply, run its tool calls in order and append each result; stop at a reply without
-tool calls. A sub-agent's text goes to the lead: alongside tool calls as ``progress_output``
-(context only), as its final reply as ``completion_report`` (wakes the lead). The end-of-turn hook
-runs whatever happens; if the turn was fenced (a newer epoch took over) it stops and writes
-nothing.
+Per step, two transitions of the store around the model call: before it
+(:meth:`Turn.before_call`) the results of the last batch are written, a stop requested is
+honoured, the call is charged and the pending messages enter the transcript; after it
+(:meth:`Turn.after_call`) its usage is recorded and its reply appended. Its tool calls then run
+in order, each result carried into the next transition; stop at a reply without tool calls. A
+sub-agent's text goes to the lead: alongside tool calls as ``progress_output`` (context only),
+as its final reply as ``completion_report`` (wakes the lead). The end-of-turn hook runs whatever
+happens (with the results still carried); if the turn was fenced (a newer epoch took over) it
+stops and writes nothing.
 
 Blocking tools (asks, ``wait_sub_agent_output``) block the worker for at most
 ``ask_block_seconds``; the router writes their result. If the wait outlives that, the turn
@@ -29,9 +32,10 @@ A failed lead turn is retried once: a ``notice`` tells the lead what failed and 
 retry; a second failure in a row stops there. A failed sub-agent turn tells the lead.
 
 Boundaries (before every model call, after it, and before every tool call) check two things: a
-heartbeat thread that renews the lease every ``heartbeat_seconds`` found the turn fenced (stop,
-write nothing), or the lead asked this agent to stop (the rest of the batch is ``cancelled``,
-the agent becomes ``idle``).
+heartbeat thread that renews the lease every ``heartbeat_seconds`` (when no transition of the
+turn did) found the turn fenced (stop, write nothing), or the lead asked this agent to stop (the
+rest of the batch is ``cancelled``, the agent becomes ``idle``): the transitions around a model
+call honour a stop themselves, and it is read before each tool call of a batch but the first.
 """
 
 from __future__ import annotations
@@ -73,12 +77,14 @@ from agent_router.domain import (
     EndOfTurn,
     MessageSubtype,
     MessageType,
+    Question,
     TurnStatus,
     UserMessageKind,
 )
 from agent_router.formats import report_parts
 from agent_router.logfields import get_logger
 from agent_router.router import Router
+from agent_router.store import BeforeCall, Since
 from agent_router.turn import Turn
 
 logger = get_logger(__name__)
@@ -123,8 +129,11 @@ class _Stopped(Exception):  # noqa: N818 - control flow inside the loop
 
 class Heartbeat:
     """Renews the turn's lease every ``interval`` seconds from a daemon thread, for the whole
-    turn (model calls and blocked waits included). A renewal refused means the turn was fenced:
-    :attr:`fenced` is set and the loop stops at its next boundary."""
+    turn (model calls and blocked waits included), unless a transition of the turn renewed it
+    within the last ``interval`` (:attr:`Turn.renewed_at`: the transitions before and after a
+    model call renew it), so that it writes only while a model call or a tool runs long. A
+    renewal refused means the turn was fenced: :attr:`fenced` is set and the loop stops at its
+    next boundary."""
 
     def __init__(self, turn: Turn, interval: float) -> None:
         self.turn = turn
@@ -150,6 +159,8 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            if time.monotonic() - self.turn.renewed_at < self.interval:
+                continue  # a transition of the turn renewed the lease since the last beat
             try:
                 renewed = self.turn.heartbeat()
             except errors.AgentRouterError:
@@ -175,8 +186,7 @@ def run_turn(
 def _run(
     router: Router, turn: Turn, heartbeat: Heartbeat, *, models: ModelFactory, tools: ToolRegistry
 ) -> TurnOutcome:
-    agent = router.reads.agent_by_id(turn.agent_id)
-    lead = router.team(turn.team_id).lead.display_name
+    agent, lead = turn.agent, turn.lead
     try:
         model = models(agent)
         final = _steps(router, turn, agent, lead, heartbeat, model=model, tools=tools)
@@ -266,11 +276,39 @@ def failure_text(exc: Exception) -> str:
 
 def _boundary(turn: Turn, heartbeat: Heartbeat) -> None:
     """Between two steps: stop writing if fenced; honour a stop request."""
-    if heartbeat.fenced.is_set():
-        raise errors.StaleTurnError(f"turn {turn.id} was fenced (its lease was taken over)")
+    _unfenced(turn, heartbeat)
     if turn.stop_requested():
         turn.finish_stop()
         raise _Stopped
+
+
+def _unfenced(turn: Turn, heartbeat: Heartbeat) -> None:
+    """Stop writing if the heartbeat found the turn fenced."""
+    if heartbeat.fenced.is_set():
+        raise errors.StaleTurnError(f"turn {turn.id} was fenced (its lease was taken over)")
+
+
+def _before(router: Router, turn: Turn, *, since: Since | None) -> BeforeCall:
+    """The turn's transition before a model call (:meth:`Turn.before_call`, reading the
+    entries ``since`` says): a stop requested is honoured there, a spent budget raises; the
+    messages it left pending (past one batch) and a wrap-up notice its charge sent are drained
+    too (the entries it read are then read again)."""
+    before = turn.before_call(since=since)
+    if before.stopped:
+        raise _Stopped
+    if before.more or (before.budget is not None and before.budget.warn is not None):
+        _drain_all(router, turn)
+        before = replace(before, rows=None)
+    return before
+
+
+def _rows_wanted(turn: Turn) -> Since | None:
+    """The transcript entries :func:`_window` reads next (``None``: it restores the window
+    from its checkpoint, which reads other entries)."""
+    kept = turn.kept().views.get(WINDOW_VIEW)
+    if isinstance(kept, ContextWindow):
+        return Since(kept.length - 2 if kept.length else None)
+    return Since(None) if turn.window_checkpoint() is None else None
 
 
 def _steps(
@@ -298,29 +336,41 @@ def _steps(
     given: set[reminders.Nudge] = set()
     max_steps = router.settings.max_turn_steps
     for step in range(max_steps):
-        _boundary(turn, heartbeat)
+        _unfenced(turn, heartbeat)
         last = step == max_steps - 1
         if last:
             _tell_last_step(router, turn, max_steps)
-        turn.charge_model_call()  # the team's budgets; a wrap-up notice is drained just below
-        _drain_all(router, turn)
-        section = protocol_section(agent, router.agents(turn.team_id), schemas, tools.roles)
+        # One transition: the results carried, a stop honoured, the call charged, mail drained.
+        roster = _before(router, turn, since=_rows_wanted(turn)).roster
+        section = protocol_section(agent, roster, schemas, tools.roles)
         request = _request(turn, section, target=target, tool_tokens=tool_tokens)
-        reply = _reply(turn, model, request, schemas)
-        _boundary(turn, heartbeat)
+        reply, usage = _reply(turn, model, request, schemas)
+        _unfenced(turn, heartbeat)
         # As the transcript holds it: calls run so.
         reply = _unique_call_ids(reply, request.length, request.call_ids)
         # Only this turn writes the transcript now: the reply lands at the end.
         ctx = replace(ctx, reply_index=request.length)
-        turn.append_assistant(reply)
+        # One transition: the usage recorded, the reply appended (or a stop honoured).
+        reply, after = turn.after_call(reply, usage=usage)
+        if after.stopped:
+            raise _Stopped
         calls: list[dict[str, Any]] = list(reply.get("tool_calls") or [])
         text = str(reply.get("content") or "")
         if last:
             for call in calls:
-                turn.append_tool_result(call["id"], NOT_RUN.format(n=max_steps))
+                turn.carry_tool_result(call["id"], NOT_RUN.format(n=max_steps))
         if not calls or last:
+            # The questions open to the agent: read with the reply, unless it called tools.
+            questions = reminders.open_questions(router, agent) if calls else after.questions
             nudge = _ending(
-                router, turn, agent, text, read=request.read, names=names, given=given, last=last
+                router,
+                turn,
+                text,
+                questions,
+                read=request.read,
+                names=names,
+                given=given,
+                last=last,
             )
             if nudge is None:
                 return text
@@ -344,8 +394,8 @@ def _steps(
 def _ending(
     router: Router,
     turn: Turn,
-    agent: Agent,
     text: str,
+    questions: list[Question],
     *,
     read: list[dict[str, Any]],
     names: list[str],
@@ -353,9 +403,9 @@ def _ending(
     last: bool,
 ) -> tuple[reminders.Nudge, str] | None:
     """The reminder due before a reply without tool calls ends the turn (none on the last
-    step: that reply ends it). With no reminder due, a final text is the answer to the one
-    question left open, if the model read it (``read``: the entries its request held)."""
-    questions = reminders.open_questions(router, agent)
+    step: that reply ends it), given the ``questions`` open to the agent. With no reminder due,
+    a final text is the answer to the one question left open, if the model read it (``read``:
+    the entries its request held)."""
     nudge = None if last else reminders.nudge_for(text, questions, names, given)
     if nudge is None and len(questions) == 1:
         reminders.answer_in_prose(router, turn, questions[0], text, read)
@@ -482,11 +532,12 @@ def _complete(
     schemas: list[dict[str, Any]],
     *,
     context: dict[str, Any] | None = None,
-) -> Any:
-    """One model call on the request (the model may compact what it sends further), its
-    reply as the transcript holds it (:func:`check.model_reply`) and its usage recorded for the
-    turn, with ``context`` (what the request left out, when that changed). An estimated usage
-    counts the reply as kept: arguments too large to keep are never sent back, so they are not
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One model call on the request (the model may compact what it sends further): its
+    reply as the transcript holds it (:func:`check.model_reply`) and its usage for the turn
+    to record (the arguments of :meth:`Turn.record_usage`; ``None``: the model reported none),
+    with ``context`` (what the request left out, when that changed). An estimated usage counts
+    the reply as kept: arguments too large to keep are never sent back, so they are not
     counted as if they were."""
     began = time.monotonic()
     result = complete(model, request.messages, schemas, prompt_tokens=request.tokens)
@@ -495,22 +546,20 @@ def _complete(
     limit = turn.settings.max_tool_argument_bytes
     message = check.model_reply(result.message, max_argument_bytes=limit)
     usage = None if result.usage is None else bounded(result.usage)
-    if usage is not None and usage.estimated and message != result.message:
+    if usage is None:
+        return message, None
+    if usage.estimated and message != result.message:
         usage = replace(usage, completion_tokens=count_tokens([message]))
-    if usage is not None:
-        _with_retries(
-            lambda: turn.record_usage(
-                model=result.model,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                cached_tokens=usage.cached_tokens,
-                estimated=usage.estimated,
-                context=context,
-                window=window,
-                seconds=seconds,
-            )
-        )
-    return message
+    return message, {
+        "model": result.model,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "estimated": usage.estimated,
+        "context": context,
+        "window": window,
+        "seconds": seconds,
+    }
 
 
 def _tell_last_step(router: Router, turn: Turn, max_steps: int) -> None:
@@ -519,17 +568,23 @@ def _tell_last_step(router: Router, turn: Turn, max_steps: int) -> None:
     reminders.notice(router, turn, text, f"last-step:{turn.id}", wake=False)
 
 
-def _reply(turn: Turn, model: Model, request: _Request, schemas: list[dict[str, Any]]) -> Any:
-    """One model reply (charged by the caller); an empty one (no text, no tool calls) is asked
-    for once more, that call charged to the team's budgets too."""
-    reply = _complete(turn, model, request, schemas, context=request.context)
+def _reply(
+    turn: Turn, model: Model, request: _Request, schemas: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One model reply (charged by the caller) and its usage, for the caller to record; an
+    empty one (no text, no tool calls) is asked for once more: the empty reply's usage is
+    recorded, and the second call charged to the team's budgets too."""
+    reply, usage = _complete(turn, model, request, schemas, context=request.context)
     if not reply.get("tool_calls") and not str(reply.get("content") or "").strip():
         logger.warning("empty model reply, asking again", extra={"action": "model_reply_empty"})
+        if usage is not None:
+            recorded = usage
+            _with_retries(lambda: turn.record_usage(**recorded))
         turn.charge_model_call()
-        reply = _complete(turn, model, request, schemas)
+        reply, usage = _complete(turn, model, request, schemas)
         if not reply.get("tool_calls"):
             reply = {**reply, "content": str(reply.get("content") or "")}
-    return reply
+    return reply, usage
 
 
 def _unique_call_ids(reply: dict[str, Any], length: int, used: set[str]) -> dict[str, Any]:
@@ -544,9 +599,9 @@ def _unique_call_ids(reply: dict[str, Any], length: int, used: set[str]) -> dict
 
 
 def _open_calls(turn: Turn) -> tuple[int, list[dict[str, Any]]]:
-    """The transcript index of the last assistant message and its calls that still have no
-    result, in order."""
-    open_ids = turn.open_tool_calls()
+    """The transcript index of the last assistant message and its calls that still had no
+    result when the turn was claimed, in order."""
+    open_ids = turn.claimed_open_calls
     last = turn.last_assistant() if open_ids else None
     if last is None:
         return 0, []
@@ -561,14 +616,20 @@ def _run_calls(
     tools: ToolRegistry,
     ctx: ToolContext,
 ) -> None:
-    for call in calls:
-        _boundary(turn, heartbeat)
+    """Run a batch's calls in order; each result is carried into the turn's next transition.
+    A stop requested is honoured before every call but the first (the transition just made
+    looked)."""
+    for number, call in enumerate(calls):
+        if number:
+            _boundary(turn, heartbeat)
+        else:
+            _unfenced(turn, heartbeat)
         began = time.monotonic()
         result = _call_tool(tools, call, replace(ctx, call_id=str(call["id"])))
         if result is not RESULT_RECORDED:
             assert isinstance(result, str)
             run = tool_run(str(call["function"]["name"]), result, time.monotonic() - began)
-            turn.append_tool_result(call["id"], result, run=run)
+            turn.carry_tool_result(call["id"], result, run=run)
 
 
 def _drain_all(router: Router, turn: Turn) -> None:

@@ -22,6 +22,10 @@ the SDK as ``extra_body``, which it merges into the body after its client-side t
 walk of the whole request in Python on every call): only the small rest is transformed, and
 the body is encoded once, by the SDK's JSON encoder, byte for byte as it would be otherwise.
 
+With ``on_delta`` a call is streamed (``stream=True``, the usage asked for in the last chunk):
+each piece of the reply's text goes to the sink as it arrives, and the chunks are added up into
+the body the same call would have answered unstreamed, mapped by the same functions.
+
 The SDK is an optional extra and is imported only when an :class:`OpenAIModel` is built; the
 mapping functions are pure and need no SDK.
 """
@@ -33,7 +37,7 @@ import re
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent_router.agents.context import (
@@ -46,7 +50,9 @@ from agent_router.agents.context import (
     message_tokens,
     token_counter,
 )
+from agent_router.agents.llm import DeltaSink
 from agent_router.agents.usage import Completion, Usage, usage_from_body
+from agent_router.domain import Delta
 from agent_router.errors import (
     ConfigurationError,
     ContextLengthExceededError,
@@ -263,6 +269,73 @@ def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def streamed_body(chunks: Iterable[Any], on_text: Callable[[str], None]) -> dict[str, Any]:
+    """The Chat Completions response body that streamed ``chunks`` (each a decoded
+    ``chat.completion.chunk``) add up to, for :func:`assistant_message`: the pieces of the
+    first choice's content, refusal, and each tool call's (by its ``index``) id, name and
+    arguments joined in order, its last ``finish_reason``, and the ``usage`` of the last chunk
+    that had one. Each non-empty piece of content goes to ``on_text`` as it comes. Raises
+    :class:`MalformedModelResponseError` when a chunk is not an object or no chunk had a
+    choice."""
+    content: list[str] = []
+    refusal: list[str] = []
+    calls: dict[Any, dict[str, Any]] = {}
+    finish: Any = None
+    usage: Any = None
+    chosen = False
+    for chunk in chunks:
+        if not isinstance(chunk, Mapping):
+            raise _malformed("a streamed chunk is not a JSON object", chunk)
+        if chunk.get("usage") is not None:
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
+                continue
+            chosen = True
+            finish = choice.get("finish_reason") or finish
+            delta = choice.get("delta")
+            if not isinstance(delta, Mapping):
+                continue
+            piece = delta.get("content")
+            if isinstance(piece, str) and piece:
+                content.append(piece)
+                on_text(piece)
+            if isinstance(delta.get("refusal"), str):
+                refusal.append(delta["refusal"])
+            for raw in delta.get("tool_calls") or ():
+                if isinstance(raw, Mapping):
+                    _add_call_piece(calls.setdefault(raw.get("index", len(calls)), {}), raw)
+    if not chosen:
+        raise _malformed("no streamed chunk had a choice", {"usage": usage})
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(content) if content else None,
+    }
+    if refusal:
+        message["refusal"] = "".join(refusal)
+    if calls:
+        message["tool_calls"] = list(calls.values())
+    body: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def _add_call_piece(call: dict[str, Any], piece: Mapping[str, Any]) -> None:
+    """One streamed piece of a tool call added to what came of it before: the id and type
+    once, the name's and the arguments' texts appended."""
+    for key in ("id", "type"):
+        if isinstance(piece.get(key), str) and piece[key] and key not in call:
+            call[key] = piece[key]
+    function = piece.get("function")
+    if not isinstance(function, Mapping):
+        return
+    assembled = call.setdefault("function", {})
+    for key in ("name", "arguments"):
+        if isinstance(function.get(key), str):
+            assembled[key] = assembled.get(key, "") + function[key]
+
+
 def _malformed(reason: str, body: Any) -> MalformedModelResponseError:
     text = json.dumps(body, ensure_ascii=False, default=str)
     excerpt = text if len(text) <= _EXCERPT else text[: _EXCERPT - 1] + "…"
@@ -350,14 +423,22 @@ class OpenAIModel:
     ) -> dict[str, Any]:
         return self.respond(messages, tools).message
 
-    def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+    def respond(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        on_delta: DeltaSink | None = None,
+    ) -> Completion:
         """One call: the reply and its usage. The request is compacted to fit the window, and
-        once more (tighter) if the server still finds it too long."""
+        once more (tighter) if the server still finds it too long. With ``on_delta`` the call
+        is streamed and each piece of the reply's text goes to it as it arrives (one
+        ``stream`` id per call); the reply is the same as unstreamed."""
         mapped, sizes = self._prepared(messages)
         tool_tokens = self._tool_tokens(tools)
         sent, tokens = self._fitted(mapped, sizes, tool_tokens, self._how)
         try:
-            raw = self._send(self._request(sent, tools))
+            body = self._body(self._request(sent, tools), on_delta)
         except ContextLengthExceededError as exc:
             sent_tokens = tokens + tool_tokens
             self._limit = min(self._limit, tighter_limit(sent_tokens, str(exc)))
@@ -374,14 +455,7 @@ class OpenAIModel:
                     "sent": len(sent),
                 },
             )
-            raw = self._send(self._request(sent, tools))
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            excerpt = raw[:_EXCERPT].decode("utf-8", "replace")
-            raise MalformedModelResponseError(
-                f"malformed model response: the body is not JSON: {excerpt!r}"
-            ) from exc
+            body = self._body(self._request(sent, tools), on_delta)
         message = assistant_message(body)
         usage = usage_from_body(body) or Usage(
             prompt_tokens=tokens + tool_tokens,
@@ -454,6 +528,59 @@ class OpenAIModel:
         """Close the connection pool."""
         self._client.close()
 
+    def _body(self, request: dict[str, Any], on_delta: DeltaSink | None) -> Any:
+        """The decoded response body: sent whole, or streamed into ``on_delta`` and added up."""
+        if on_delta is not None:
+            return self._streamed(request, on_delta)
+        raw = self._send(request)
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            excerpt = raw[:_EXCERPT].decode("utf-8", "replace")
+            raise MalformedModelResponseError(
+                f"malformed model response: the body is not JSON: {excerpt!r}"
+            ) from exc
+
+    def _streamed(self, request: dict[str, Any], on_delta: DeltaSink) -> dict[str, Any]:
+        """POST the request with ``stream=True`` (the SDK retries its start as any request)
+        and add up the chunks (:func:`streamed_body`), each text piece handed on as it comes."""
+        import openai
+
+        stream_id, seq = uuid.uuid4().hex, iter(range(2**62))
+
+        def on_text(text: str) -> None:
+            on_delta(Delta(stream=stream_id, seq=next(seq), text=text))
+
+        wire = {key: request[key] for key in _WIRE_KEYS if key in request}
+        try:
+            stream = self._client.chat.completions.create(
+                **(request | {key: [] for key in wire}),
+                extra_body=wire,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            with stream:
+                return streamed_body((c.to_dict(warnings=False) for c in stream), on_text)
+        except openai.OpenAIError as exc:  # a broken stream too (a connection error)
+            raise self._failed(self._model_error(exc)) from exc
+        except (ValueError, RecursionError) as exc:
+            raise MalformedModelResponseError(
+                f"malformed model response: a streamed chunk is not JSON: {exc}"
+            ) from exc
+
+    def _failed(self, error: ModelError) -> ModelError:
+        logger.warning(
+            "model call failed: %s",
+            error,
+            extra={
+                "action": "model_call",
+                "model": self.model_name,
+                "status_code": error.status_code,
+                "transient": error.transient,
+            },
+        )
+        return error
+
     def _send(self, request: dict[str, Any]) -> bytes:
         """POST the request (the SDK retries transient failures); the raw response body.
 
@@ -470,18 +597,7 @@ class OpenAIModel:
                 **(request | {key: [] for key in wire}), extra_body=wire
             )
         except openai.OpenAIError as exc:
-            error = self._model_error(exc)
-            logger.warning(
-                "model call failed: %s",
-                error,
-                extra={
-                    "action": "model_call",
-                    "model": self.model_name,
-                    "status_code": error.status_code,
-                    "transient": error.transient,
-                },
-            )
-            raise error from exc
+            raise self._failed(self._model_error(exc)) from exc
         return response.http_response.content
 
     def _model_error(self, exc: openai.OpenAIError) -> ModelError:
@@ -525,5 +641,6 @@ __all__ = [
     "OpenAIModel",
     "assistant_message",
     "request_messages",
+    "streamed_body",
     "tighter_limit",
 ]

@@ -27,11 +27,21 @@ from typing import Any
 import redis
 from kombu import Queue
 
-from agent_router.agents.llm import SCRIPTED_MODEL
-from agent_router.domain import MessageType
+from agent_router.agents.builder import scripted_models
+from agent_router.agents.llm import SCRIPTED_MODEL, Model, ModelFactory
+from agent_router.budgeting import NO_LIMITS
+from agent_router.domain import Agent, MessageType
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.ops.bench_report import Row, row
-from agent_router.ops.floors import Floors, SameWorkFloor, cpu_per_op, ms, pct, rate
+from agent_router.ops.floors import (
+    Floors,
+    ModelCallFloor,
+    SameWorkFloor,
+    cpu_per_op,
+    ms,
+    pct,
+    rate,
+)
 from agent_router.router import Router
 from agent_router.settings import Settings
 from agent_router.turn import Turn
@@ -45,6 +55,9 @@ TRANSCRIPT_ENTRIES = (10, 100, 1000)
 #: calls each makes: two ``do_work`` calls, then the final reply.
 MODEL_CALL_TURNS = 7
 MODEL_CALLS_PER_TURN = 3
+#: Turns at once (threads of this process, each its own team's lead) in the model call capacity
+#: figure, and the model calls per turn there: two ``do_work`` calls, then the final reply.
+CAPACITY_THREADS = 4
 #: Request sizes, in thousands of tokens, at which the CPU of one model call through the OpenAI
 #: SDK is measured (:func:`request_cpu`), and the calls measured at each.
 REQUEST_KTOKENS = (1, 8, 32)
@@ -412,6 +425,76 @@ class Bench:
             finally:
                 router.close()
 
+    def model_call_capacity(self) -> None:
+        """What a model call costs the database: the statements a turn of the built-in loop
+        sends, counted at the driver (per model call: the difference between a turn of four
+        model calls and a turn of one, over three; and per turn), and the model calls per
+        second the database sustains with the built-in loop and an :class:`InstantModel`,
+        ``CAPACITY_THREADS`` turns at once in this process (each a team's lead: no report
+        to send), beside the same-work floor (:class:`ModelCallFloor`: the rows a model call
+        must write, by hand through the raw driver, in the two transactions it must make).
+        The two alternate, ``THROUGHPUT_ROUNDS`` rounds each; each figure is the median."""
+        settings = self.settings.model_copy(update={"work_seconds": 0.0})
+        router = Router(settings, publisher=None, waker=InProcessWaker())
+        try:
+            counted = {calls: turn_statements(router, calls) for calls in (1, 4)}
+            # The bounds hold on PostgreSQL, where a transition is one statement.
+            bound = not settings.is_sqlite
+            per_call = (counted[4] - counted[1]) / 3
+            self.rows.append(self._statements_row("model call", per_call, 2 if bound else None))
+            for calls, sent in counted.items():
+                what = f"turn of {calls} model call{'s' if calls > 1 else ''}"
+                # Its transitions, and the lead's answer to the user.
+                self.rows.append(self._statements_row(what, sent, 2 * calls + 3 if bound else None))
+            self._capacity(router, settings)
+        finally:
+            router.close()
+
+    def _statements_row(self, what: str, sent: float, bound: int | None) -> Row:
+        target: dict[str, Any] = {} if bound is None else {"target": f"<= {bound}", "limit": bound}
+        return row(f"statements per {what} (counted)", self.backend, sent, None, "stmts", **target)
+
+    def _capacity(self, router: Router, settings: Settings) -> None:
+        from agent_router.agents.loop import run_turn
+        from agent_router.agents.tools import default_registry
+
+        tools = default_registry()
+        leads = [router.create_team(budget=NO_LIMITS).lead for _ in range(CAPACITY_THREADS)]
+
+        def turn_of(i: int) -> None:
+            one_turn(i)
+
+        def one_turn(i: int) -> int:
+            lead = leads[i]
+            router.send(lead.team_id, to=lead.display_name, content=ENTRY_TEXT, sender="user")
+            turn = router.claim(lead.id)
+            assert turn is not None
+            model = InstantModel()
+            run_turn(router, turn, models=partial(_same_model, model), tools=tools)
+            return turn.id
+
+        floor = ModelCallFloor(settings, [(lead.id, one_turn(i)) for i, lead in enumerate(leads)])
+        turns = max(2, self.samples // 20)
+        runs: dict[str, Callable[[], float]] = {
+            "ours": lambda: MODEL_CALLS_PER_TURN * rate(CAPACITY_THREADS, turns, turn_of),
+            "floor": lambda: rate(CAPACITY_THREADS, turns * MODEL_CALLS_PER_TURN, floor.run),
+        }
+        rates: dict[str, list[float]] = {name: [] for name in runs}
+        try:
+            for _ in range(THROUGHPUT_ROUNDS):
+                for name, measure in runs.items():
+                    rates[name].append(measure())
+        finally:
+            floor.close()
+        ours, same = (statistics.median(rates[name]) for name in ("ours", "floor"))
+        how = f"{CAPACITY_THREADS} turns at once"
+        self.rows.append(
+            row(f"same-work floor model calls/s ({how})", self.backend, same, same, "calls/s")
+        )
+        self.rows.append(
+            row(f"model calls/s, built-in loop ({how})", self.backend, ours, same, "calls/s")
+        )
+
     def request_figures(self) -> None:
         """The router's CPU for one model call through the OpenAI SDK at 1k, 8k and 32k-token
         requests, beside the same request's JSON encoding alone (its floor); the target: at
@@ -454,7 +537,8 @@ class Bench:
                 "openai_model": SCRIPTED_MODEL,  # every agent of the run on the scripted model
             }
         )
-        rt = runtime.configure(settings)
+        calls = _FirstCallClock(scripted_models(settings))
+        rt = runtime.configure(settings, models=calls)
         noop = _NoopTask(rt.app, queue)
         n = max(20, self.samples // 5)
         try:
@@ -478,7 +562,9 @@ class Bench:
                     floor.append(noop.round_trip(after=pause))
                     time.sleep(pause)
 
-                ours = _turn_starts(rt.router, n, before_each=floor_then_pause)
+                ours, first_calls = _turn_starts(
+                    rt.router, n, before_each=floor_then_pause, calls=calls
+                )
                 trip = statistics.median(floor)
                 p50 = self._ms_row(
                     "turn start p50",
@@ -488,13 +574,20 @@ class Bench:
                     limit=trip + 2.0,
                 )
                 p99 = self._ms_row("turn start p99", pct(ours, 0.99), pct(floor, 0.99))
+                # The same samples: the message sent -> the model called with it.
+                first = [
+                    self._ms_row(
+                        f"send -> first model call {q}", pct(first_calls, p), pct(floor, p)
+                    )
+                    for q, p in (("p50", 0.5), ("p99", 0.99))
+                ]
                 rt_row = self._ms_row(
                     "Celery round trip p50, back to back", statistics.median(back_to_back), None
                 )
                 turns = _burst_turns(rt.router)
                 noop.run_many(100)  # the baseline: one task per message
                 burst = row("turns fired for a burst of 100", self.backend, turns, 100, "turns")
-                self.rows.extend([p50, p99, rt_row, burst])
+                self.rows.extend([p50, p99, *first, rt_row, burst])
         finally:
             runtime.reset()
             with rt.app.connection_for_write() as conn:
@@ -762,9 +855,11 @@ class _NoopTask:
         _until(lambda: len(self.started) - before >= count, timeout=120)
 
 
-def _turn_starts(router: Router, n: int, *, before_each: Callable[[], None]) -> list[float]:
-    """Message to an idle agent -> its turn claimed by the worker, ``n`` times, ms; each sample
-    after ``before_each()`` returned."""
+def _turn_starts(
+    router: Router, n: int, *, before_each: Callable[[], None], calls: _FirstCallClock
+) -> tuple[list[float], list[float]]:
+    """Message to an idle agent -> its turn claimed by the worker, and -> its first model call
+    (which holds the message), ``n`` times, ms; each sample after ``before_each()`` returned."""
     team = router.create_team()
     agents = [router.create_agent(team.id, role="Bench") for _ in range(n)]
     # The worker in this process tells when it claimed (a hook, no polling: a probe
@@ -773,14 +868,16 @@ def _turn_starts(router: Router, n: int, *, before_each: Callable[[], None]) -> 
     assert isinstance(router.hooks, HookChain)  # Router always chains its hooks
     router.hooks.hooks.insert(0, clock)  # before the task events: only the claim
     ours: list[float] = []
+    first: list[float] = []
     for agent in agents:
         before_each()
         sent = time.perf_counter()
         router.send(team.id, to=agent.display_name, content="go", sender="user")
         ours.append((clock.wait(agent.id) - sent) * 1000)
+        first.append((calls.wait(agent.id) - sent) * 1000)
         # The next sample starts with every worker slot free, as the floor's does.
         _until(partial(_team_resting, router, team.id))
-    return ours
+    return ours, first
 
 
 def _burst_turns(router: Router) -> int:
@@ -827,6 +924,70 @@ class _ClaimClock(RouterHooks):
             if not self._changed.wait_for(lambda: agent_id in self._claimed, timeout):
                 raise TimeoutError(f"no turn of agent {agent_id} was claimed")
             return self._claimed[agent_id]
+
+
+class _FirstCallClock:
+    """A model factory (``models``, the worker's) that tells when each agent's model was first
+    called (``perf_counter``), as the worker's loop calls it."""
+
+    def __init__(self, models: ModelFactory) -> None:
+        self._models = models
+        self._called: dict[int, float] = {}
+        self._changed = threading.Condition()
+
+    def __call__(self, agent: Agent) -> Model:
+        return _Clocked(self, agent.id, self._models(agent))
+
+    def called(self, agent_id: int) -> None:
+        with self._changed:
+            self._called.setdefault(agent_id, time.perf_counter())
+            self._changed.notify_all()
+
+    def wait(self, agent_id: int, timeout: float = 120.0) -> float:
+        with self._changed:
+            if not self._changed.wait_for(lambda: agent_id in self._called, timeout):
+                raise TimeoutError(f"the model of agent {agent_id} was never called")
+            return self._called[agent_id]
+
+
+class _Clocked:
+    """A model that tells :class:`_FirstCallClock` when it is called, then answers as
+    ``model``."""
+
+    def __init__(self, clock: _FirstCallClock, agent_id: int, model: Model) -> None:
+        self._clock, self._agent_id, self._model = clock, agent_id, model
+        self.model_name = getattr(model, "model_name", None)
+
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        self._clock.called(self._agent_id)
+        return self._model.complete(messages, tools)
+
+
+def turn_statements(router: Router, calls: int) -> int:
+    """The statements the store sends (counted at the driver) for one turn of ``calls`` model
+    calls of an :class:`InstantModel` (``do_work`` calls between them), from the claim of a
+    team's lead to its end (its final reply is its answer to the user: one send), after one
+    turn of the same agent that warms this process up."""
+    from agent_router.agents.loop import run_turn
+    from agent_router.agents.tools import default_registry
+
+    tools = default_registry()
+    lead = router.create_team(budget=NO_LIMITS).lead
+
+    def turn() -> None:
+        turn = router.claim(lead.id)
+        assert turn is not None
+        model = InstantModel(calls - 1)
+        run_turn(router, turn, models=partial(_same_model, model), tools=tools)
+
+    router.send(lead.team_id, to=lead.display_name, content=ENTRY_TEXT, sender="user")
+    turn()  # warms the process up
+    router.send(lead.team_id, to=lead.display_name, content=ENTRY_TEXT, sender="user")
+    with router.reads.statements() as sent:
+        turn()
+    return len(sent)
 
 
 def _until(probe: Callable[[], Any], timeout: float = 120.0) -> Any:
@@ -886,6 +1047,7 @@ def run(
             bench.celery_figures()
             bench.drain(queued)
             bench.model_calls()
+            bench.model_call_capacity()
             bench.request_figures()
             rows.extend(bench.rows)
     return rows

@@ -22,7 +22,7 @@ from agent_router.domain import (
     TurnRecord,
     TurnStatus,
 )
-from agent_router.store import utcnow
+from agent_router.store import refusals, utcnow
 from agent_router.store.quarantine import QUARANTINE_AFTER
 
 if TYPE_CHECKING:
@@ -355,5 +355,5 @@ def _check_failures(report: TeamReport, agents: dict[int, Any], ledger: list[Led
             report.undelivered_reports += 1
             report.failures.append(
                 f"{e.detail['sender']}: {e.detail.get('subtype') or 'output'} to "
-                f"{e.detail.get('to')} refused: {str(e.detail.get('message'))[:200]}"
+                f"{e.detail.get('to')} refused: {str(refusals.sentence(e.detail))[:200]}"
             )

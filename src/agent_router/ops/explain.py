@@ -12,6 +12,7 @@ from agent_router.domain import (
     Message,
 )
 from agent_router.router import Router
+from agent_router.store import refusals
 
 
 def _usage_text(d: dict[str, Any]) -> str:
@@ -99,6 +100,11 @@ def describe(event: LedgerEvent, messages: dict[int, Message]) -> str:
         return f"! question {d.get('question_id')} resolved: {how}"
     if event.action is LedgerAction.ASK_REFUSED:
         return f"x ask to {d.get('target')} refused: {d.get('reason')} {d.get('cycle') or ''}"
+    if event.action is LedgerAction.SEND_REJECTED:
+        why = d.get("error") or refusals.sentence(d) or d.get("reason")
+        return (
+            f"x {d.get('type') or 'message'} from {d.get('sender')} to {d.get('to')} refused: {why}"
+        )
     if event.action is LedgerAction.STOP_REQUESTED:
         return f"stop requested ({d.get('reason')}): stops at its next boundary"
     if event.action is LedgerAction.STOPPED:

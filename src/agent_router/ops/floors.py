@@ -167,29 +167,12 @@ class RawFloor:
             self._connections.clear()
 
 
-class SameWorkFloor:
-    """The same-work floor: one transaction writing, through the raw driver, the rows the design
-    must write for a message routed to a running agent: the receiver's counter taken (its row
-    locked and updated), the message inserted into its mailbox (with the mailbox's indexes and
-    foreign keys) and the route's ledger event. One connection per thread (``run(i)`` writes to
-    the ``i``-th agent given), opened once; no pool, no ORM, statements written by hand
-    (psycopg 3, or ``sqlite3`` under ``BEGIN IMMEDIATE``). The rows it writes are real pending
-    messages, left for the bench's teams to discard."""
+class _HandWritten:
+    """Transactions written by hand through the raw driver: one connection per thread
+    (``run(i)`` uses the ``i``-th), opened once; no pool, no ORM (psycopg 3, or ``sqlite3``
+    under ``BEGIN IMMEDIATE``). A subclass's statements use ``{m}`` for a parameter."""
 
-    _TAKE = (
-        "UPDATE ar_agents SET next_seq = next_seq + 1 WHERE id = {m} RETURNING team_id, next_seq"
-    )
-    _MESSAGE = (
-        "INSERT INTO ar_messages (team_id, seq, source_name, target_agent_id, type, content, "
-        "wake, outcome, status, created_at) VALUES ({m}, {m}, 'user', {m}, 'message', 'm', "
-        "true, 'injected_inline', 'pending', CURRENT_TIMESTAMP) RETURNING id"
-    )
-    _EVENT = (
-        "INSERT INTO ar_ledger (team_id, agent_id, action, outcome, message_id, detail, "
-        "created_at) VALUES ({m}, {m}, 'route', 'injected_inline', {m}, {m}, CURRENT_TIMESTAMP)"
-    )
-
-    def __init__(self, settings: Settings, agents: list[int]) -> None:
+    def __init__(self, settings: Settings) -> None:
         url = sa.engine.make_url(settings.database_url)
         self.sqlite = url.get_backend_name() == "sqlite"
         self._dsn = (
@@ -197,13 +180,15 @@ class SameWorkFloor:
             if self.sqlite
             else url.set(drivername="postgresql").render_as_string(hide_password=False)
         )
-        mark = "?" if self.sqlite else "%s"
-        self._take, self._message, self._event = (
-            text.format(m=mark) for text in (self._TAKE, self._MESSAGE, self._EVENT)
-        )
-        self.agents = agents
         self._connections: dict[int, Any] = {}
         self._guard = threading.Lock()
+
+    def sql(self, text: str) -> str:
+        return text.format(m="?" if self.sqlite else "%s")
+
+    def json(self, value: Any) -> Any:
+        """A JSON parameter as the driver takes it."""
+        return json.dumps(value) if self.sqlite else psycopg.types.json.Jsonb(value)
 
     def _connection(self, i: int) -> Any:
         with self._guard:
@@ -219,22 +204,17 @@ class SameWorkFloor:
                 self._connections[i] = conn
             return conn
 
-    def run(self, i: int = 0) -> None:
-        conn, agent = self._connection(i), self.agents[i]
-        detail = {"seq": 0, "type": "message", "wake": True}
+    def transaction(self, i: int, body: Callable[[Callable[..., Any]], None]) -> None:
+        """One transaction on the ``i``-th connection: ``body(execute)``, where
+        ``execute(statement, *params)`` returns the statement's first row."""
+        conn = self._connection(i)
         if self.sqlite:
             conn.execute("BEGIN IMMEDIATE")
-            team, seq = conn.execute(self._take, (agent,)).fetchone()
-            (message,) = conn.execute(self._message, (team, seq - 1, agent)).fetchone()
-            conn.execute(self._event, (team, agent, message, json.dumps(detail)))
+            body(lambda statement, *params: conn.execute(statement, params).fetchone())
             conn.execute("COMMIT")
             return
         with conn.cursor() as cur:
-            taken: Any = cur.execute(self._take, (agent,)).fetchone()
-            team, seq = taken
-            inserted: Any = cur.execute(self._message, (team, seq - 1, agent)).fetchone()
-            (message,) = inserted
-            cur.execute(self._event, (team, agent, message, psycopg.types.json.Jsonb(detail)))
+            body(lambda statement, *params: _first(cur, statement, params))
         conn.commit()
 
     def close(self) -> None:
@@ -242,6 +222,116 @@ class SameWorkFloor:
             for conn in self._connections.values():
                 conn.close()
             self._connections.clear()
+
+
+def _first(cur: Any, statement: str, params: tuple[Any, ...]) -> Any:
+    """Run ``statement`` on the psycopg cursor; its first row, if it returns rows."""
+    cur.execute(statement, params)
+    return cur.fetchone() if cur.description is not None else None
+
+
+class SameWorkFloor(_HandWritten):
+    """The same-work floor: one transaction writing, through the raw driver, the rows the design
+    must write for a message routed to a running agent: the receiver's counter taken (its row
+    locked and updated), the message inserted into its mailbox (with the mailbox's indexes and
+    foreign keys) and the route's ledger event (``run(i)`` writes to the ``i``-th agent given).
+    The rows it writes are real pending messages, left for the bench's teams to discard."""
+
+    _TAKE = (
+        "UPDATE ar_agents SET next_seq = next_seq + 1 WHERE id = {m} RETURNING team_id, next_seq"
+    )
+    _MESSAGE = (
+        "INSERT INTO ar_messages (team_id, seq, source_name, target_agent_id, type, content, "
+        "wake, outcome, status, created_at) VALUES ({m}, {m}, 'user', {m}, 'message', 'm', "
+        "true, 'injected_inline', 'pending', CURRENT_TIMESTAMP) RETURNING id"
+    )
+    _EVENT = (
+        "INSERT INTO ar_ledger (team_id, agent_id, action, outcome, message_id, detail, "
+        "created_at) VALUES ({m}, {m}, 'route', 'injected_inline', {m}, {m}, CURRENT_TIMESTAMP)"
+    )
+
+    def __init__(self, settings: Settings, agents: list[int]) -> None:
+        super().__init__(settings)
+        self._take, self._message, self._event = map(
+            self.sql, (self._TAKE, self._MESSAGE, self._EVENT)
+        )
+        self.agents = agents
+
+    def run(self, i: int = 0) -> None:
+        agent = self.agents[i]
+        detail = self.json({"seq": 0, "type": "message", "wake": True})
+
+        def route(execute: Callable[..., Any]) -> None:
+            team, seq = execute(self._take, agent)
+            (message,) = execute(self._message, team, seq - 1, agent)
+            execute(self._event, team, agent, message, detail)
+
+        self.transaction(i, route)
+
+
+class ModelCallFloor(_HandWritten):
+    """The same-work floor of a model call of the built-in loop: the two transactions the
+    design must make for it (one before the call, one after), writing by hand through the raw
+    driver the rows they must write. Before: the last tool result appended (the agent's row
+    locked and its next position taken), the call counted in the team's budget row, the turn's
+    lease renewed. After: the reply appended likewise, its usage row inserted and summed into
+    the budget row, its ledger event, the lease renewed. ``run(i)`` makes one model call's
+    writes for the ``i``-th ``(agent, turn)`` given (a turn of the agent's, ended or not)."""
+
+    _NEXT = (
+        "UPDATE ar_agents SET next_position = next_position + 1 WHERE id = {m} "
+        "RETURNING team_id, next_position"
+    )
+    _ENTRY = (
+        "INSERT INTO ar_transcript_entries (agent_id, position, role, payload, turn_id, "
+        "created_at) VALUES ({m}, {m}, {m}, {m}, {m}, CURRENT_TIMESTAMP)"
+    )
+    _LEASE = "UPDATE ar_turns SET lease_expires_at = CURRENT_TIMESTAMP WHERE id = {m}"
+    _COUNT = "UPDATE ar_budgets SET model_calls = model_calls + 1 WHERE team_id = {m}"
+    _USAGE = (
+        "INSERT INTO ar_model_calls (team_id, agent_id, turn_id, model, prompt_tokens, "
+        "completion_tokens, cached_tokens, cost_nano, estimated, created_at) VALUES "
+        "({m}, {m}, {m}, 'bench', 10, 2, 0, 0, false, CURRENT_TIMESTAMP)"
+    )
+    _SUMS = (
+        "UPDATE ar_budgets SET prompt_tokens = prompt_tokens + 10, "
+        "completion_tokens = completion_tokens + 2 WHERE team_id = {m}"
+    )
+    _EVENT = (
+        "INSERT INTO ar_ledger (team_id, agent_id, action, turn_id, detail, created_at) "
+        "VALUES ({m}, {m}, 'model_call', {m}, {m}, CURRENT_TIMESTAMP)"
+    )
+
+    def __init__(self, settings: Settings, turns: list[tuple[int, int]]) -> None:
+        super().__init__(settings)
+        self._next, self._entry, self._lease, self._count, self._usage, self._sums = map(
+            self.sql, (self._NEXT, self._ENTRY, self._LEASE, self._COUNT, self._USAGE, self._SUMS)
+        )
+        self._event = self.sql(self._EVENT)
+        self.turns = turns
+        self._result = self.json({"role": "tool", "tool_call_id": "floor", "content": "done"})
+        self._reply = self.json({"role": "assistant", "content": "Done."})
+        self._detail = self.json({"model": "bench", "prompt_tokens": 10, "completion_tokens": 2})
+
+    def run(self, i: int = 0) -> None:
+        agent, turn = self.turns[i]
+
+        def before(execute: Callable[..., Any]) -> None:
+            team, position = execute(self._next, agent)
+            execute(self._entry, agent, position - 1, "tool", self._result, turn)
+            execute(self._count, team)
+            execute(self._lease, turn)
+
+        def after(execute: Callable[..., Any]) -> None:
+            team, position = execute(self._next, agent)
+            execute(self._entry, agent, position - 1, "assistant", self._reply, turn)
+            execute(self._usage, team, agent, turn)
+            execute(self._sums, team)
+            execute(self._event, team, agent, turn, self._detail)
+            execute(self._lease, turn)
+
+        self.transaction(i, before)
+        self.transaction(i, after)
 
 
 def _process_cpu(pid: int) -> float | None:

@@ -6,7 +6,16 @@ from agent_router.store.models import utcnow
 from agent_router.store.postgres import PostgresStore
 from agent_router.store.reads import Reads
 from agent_router.store.store import Store
-from agent_router.store.values import Ask, NewAgent, SendRequest
+from agent_router.store.values import (
+    AfterCall,
+    Ask,
+    BeforeCall,
+    CallUsage,
+    NewAgent,
+    Result,
+    SendRequest,
+    Since,
+)
 
 
 def open_store(settings: Settings) -> Store:
@@ -15,11 +24,16 @@ def open_store(settings: Settings) -> Store:
 
 
 __all__ = [
+    "AfterCall",
     "Ask",
+    "BeforeCall",
+    "CallUsage",
     "NewAgent",
     "PostgresStore",
     "Reads",
+    "Result",
     "SendRequest",
+    "Since",
     "Store",
     "make_engine",
     "open_store",

@@ -21,7 +21,7 @@ from agent_router.domain import (
     Team,
     TurnStatus,
 )
-from agent_router.store import queries, routing, turns, values, waits
+from agent_router.store import queries, refusals, routing, turns, values, waits
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -103,9 +103,7 @@ def add_agent(tx: Tx, team_id: int, new: NewAgent) -> AgentRow:
         display_name = f"{role}_{n}"
     if queries.agent_by_name(tx.session, team_id, display_name) is not None:
         raise tx.refuse(
-            errors.DuplicateDisplayNameError(
-                f"display name {display_name!r} is taken in team {team_id}"
-            ),
+            refusals.error("display_name_taken", name=display_name, team_id=team_id),
             LedgerAction.SEND_REJECTED,
             team_id=team_id,
             reason="duplicate_display_name",
@@ -161,7 +159,7 @@ def lock_sub_agent_and_askers(
     session = tx.session
     probe = session.get(AgentRow, agent_id)
     if probe is None:
-        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+        raise refusals.error("no_agent_id", agent_id=agent_id)
     queries.team(tx.session, probe.team_id, lock=True)
     asked_of = session.scalars(
         sa.select(QuestionRow).where(
@@ -174,9 +172,9 @@ def lock_sub_agent_and_askers(
     agent = session.get(AgentRow, agent_id)
     assert agent is not None
     if agent.is_lead:
-        raise errors.InvalidMessageError(f"the Team Leader cannot be {done}")
+        raise refusals.error("lead_kept", done=done)
     if agent.state is AgentState.TERMINATED:
-        raise errors.AgentTerminatedError(f"{agent.display_name!r} is already terminated")
+        raise refusals.error("already_terminated", name=agent.display_name)
     return agent, asked_of
 
 
@@ -304,7 +302,7 @@ def seed_mailbox(
     session = tx.session
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
-        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+        raise refusals.error("no_agent_id", agent_id=agent_id)
     first = agent.next_seq
     agent.next_seq += count
     now = utcnow()

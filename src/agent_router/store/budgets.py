@@ -44,6 +44,7 @@ from agent_router.domain import (
     TokenUsage,
 )
 from agent_router.settings import Settings
+from agent_router.store import refusals
 from agent_router.store.models import AgentRow, BudgetRow, ModelCallRow, TeamRow, utcnow
 from agent_router.store.tx import Tx
 
@@ -133,7 +134,7 @@ def _row(tx: Tx, team_id: int) -> BudgetRow:
         return row
     created = session.scalar(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
     if created is None:
-        raise errors.UnknownTeamError(f"no team with id {team_id}")
+        raise refusals.error("no_team", team_id=team_id)
     values = _new_row(team_id, created, default_limits(tx.settings))
     insert = (sqlite if tx.settings.is_sqlite else postgresql).insert(BudgetRow)
     session.execute(insert.values(**values).on_conflict_do_nothing())
@@ -221,7 +222,7 @@ def create(tx: Tx, team_id: int, limits: Mapping[BudgetName, float | None] | Non
     merged = default_limits(tx.settings) | dict(limits or {})
     created = tx.session.scalar(sa.select(TeamRow.created_at).where(TeamRow.id == team_id))
     if created is None:
-        raise errors.UnknownTeamError(f"no team with id {team_id}")
+        raise refusals.error("no_team", team_id=team_id)
     tx.session.add(BudgetRow(**_new_row(team_id, created, merged)))
 
 
@@ -333,14 +334,8 @@ def charge_sub_agent(tx: Tx, team_id: int, role: str) -> None:
         limit, used = _limit(row, name), _used(row, name, now, counts)
         if limit is None or used < limit:
             continue
-        what = "created" if name is BudgetName.SUB_AGENTS_CREATED else "active at once"
-        hint = " (terminate one that is done first)" if what != "created" else ""
         raise tx.refuse(
-            errors.BudgetExhaustedError(
-                f"the team's budget of {int(limit)} sub-agents {what} is spent ({int(used)}): "
-                f"no new sub-agent{hint}",
-                budget=name.value,
-            ),
+            refusals.error("sub_agents_spent", budget=name.value, limit=int(limit), used=int(used)),
             LedgerAction.BUDGET_REFUSED,
             team_id=team_id,
             budget=name.value,

@@ -97,7 +97,7 @@ def move(agent: AgentRow, to: AgentState) -> None:
     """The one way an agent changes state; an illegal transition is a store bug and raises."""
     if not can_move(agent.state, to):
         raise errors.StoreError(
-            f"illegal transition of {agent.display_name!r}: {agent.state.value} -> {to.value}"
+            f"illegal transition of agent {agent.id}: {agent.state.value} -> {to.value}"
         )
     agent.state = to
 

@@ -6,7 +6,6 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from agent_router import errors
 from agent_router.domain import (
     AgentState,
     BackgroundJob,
@@ -18,7 +17,7 @@ from agent_router.domain import (
     RouteOutcome,
     TurnTrigger,
 )
-from agent_router.store import queries, routing, values
+from agent_router.store import queries, refusals, routing, values
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -39,16 +38,14 @@ def start_job(tx: Tx, team_id: int, agent: str, *, name: str, task_id: str) -> B
     queries.team(tx.session, team_id)
     row = queries.agent_by_name(tx.session, team_id, agent)
     if row is None:
-        raise errors.UnknownAgentError(f"no agent {agent!r} in team {team_id}")
+        raise refusals.error("unknown_agent", name=agent, team_id=team_id)
     if row.state is AgentState.TERMINATED:
-        raise errors.AgentTerminatedError(f"agent {agent!r} is terminated")
+        raise refusals.error("terminated", name=agent)
     if (
         tx.session.scalar(sa.select(BackgroundJobRow.id).where(BackgroundJobRow.task_id == task_id))
         is not None
     ):
-        raise errors.InvalidArgumentError(
-            f"a background job of task {task_id!r} is recorded already"
-        )
+        raise refusals.error("job_task_recorded", task_id=task_id)
     job = tx.added(
         BackgroundJobRow(
             team_id=team_id,
@@ -80,7 +77,7 @@ def finish_job(
     session = tx.session
     job = session.get(BackgroundJobRow, job_id, with_for_update={"key_share": True})
     if job is None:
-        raise errors.RefusedError(f"no background job {job_id}")
+        raise refusals.error("unknown_job", job_id=job_id)
     if job.status is not JobStatus.RUNNING:
         return values.job(job)
     agent = session.get(AgentRow, job.agent_id)

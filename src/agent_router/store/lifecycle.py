@@ -416,6 +416,7 @@ def aggregate_refusal(tx: Tx, fields: dict[str, Any]) -> bool:
         **latest.detail,
         "repeats": int(latest.detail.get("repeats", 1)) + 1,
         "last_at": now.isoformat(),
-        "message": fields.get("message", latest.detail.get("message")),
+        # The latest refusal's code and fields: its sentence is the one shown.
+        **{k: fields[k] for k in ("refused", "fields") if fields.get(k) is not None},
     }
     return True

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
 
@@ -60,6 +61,7 @@ from agent_router.store import (
     faults,
     functions,
     jobs,
+    refusals,
     routing,
     turns,
     values,
@@ -69,7 +71,17 @@ from agent_router.store.engine import closed_by_server
 from agent_router.store.models import BudgetRow, utcnow
 from agent_router.store.store import Store
 from agent_router.store.tx import log_event, logging_events
-from agent_router.store.values import Ask, Claim, NewAgent, SendRequest
+from agent_router.store.values import (
+    AfterCall,
+    Ask,
+    BeforeCall,
+    CallUsage,
+    Claim,
+    NewAgent,
+    Result,
+    SendRequest,
+    Since,
+)
 
 #: The SQLSTATE of a call to a function the database does not have.
 _UNDEFINED_FUNCTION = "42883"
@@ -211,11 +223,11 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ routing
 
     @faults.retrying
-    def route(self, req: SendRequest) -> Delivery:
+    def send(self, req: SendRequest) -> Delivery:
         return _delivery(self._call("send", **_sent(req), **_sender(req)))
 
     @faults.retrying
-    def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
+    def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
         if len({req.team_id for req in reqs}) > 1:
             raise errors.InvalidMessageError("the messages of one send_many go to one team")
         if not reqs:
@@ -225,7 +237,7 @@ class PostgresStore(Store):
         return [_delivery({"delivery": found}) for found in result["deliveries"]]
 
     @faults.retrying
-    def record_rejection(self, team_id: int | None, reason: str, **detail: Any) -> None:
+    def record_refusal(self, team_id: int | None, reason: str, **detail: Any) -> None:
         event = {
             "action": LedgerAction.SEND_REJECTED.value,
             "team_id": team_id,
@@ -256,6 +268,10 @@ class PostgresStore(Store):
             claim["team_id"],
             claim["display_name"],
             _check(result["budget"]),
+            _agent(claim["agent"]),
+            claim["lead"],
+            claim["checkpoint"],
+            tuple(claim["open_calls"]),
         )
 
     @faults.retrying
@@ -291,8 +307,81 @@ class PostgresStore(Store):
         )
 
     @faults.retrying
+    def before_call(
+        self, turn: TurnRecord, *, results: Sequence[Result] = (), since: Since | None = None
+    ) -> BeforeCall:
+        result = self._call(
+            "before_call",
+            **_of(turn),
+            results=_results(results),
+            read=since is not None,
+            after=None if since is None else since.position,
+            limit=self.settings.drain_batch_size,
+            lease_seconds=self.settings.lease_seconds,
+            stopped=turns.STOPPED_RESULT,
+            **self._budget_params(),
+        )
+        if result.get("stopped"):
+            return BeforeCall(stopped=True, budget=None, messages=[], roster=[])
+        budget = _check(result["budget"])
+        if not budget.ok:
+            return BeforeCall(budget=budget, messages=[], roster=[])
+        rows = result["rows"]
+        return BeforeCall(
+            budget=budget,
+            messages=[_message(row, result["target"]) for row in result["messages"]],
+            more=result["more"],
+            roster=[_agent(row) for row in result["roster"]],
+            rows=None if rows is None else [(position, entry) for position, entry in rows],
+        )
+
+    @faults.retrying
+    def after_call(
+        self, turn: TurnRecord, message: dict[str, Any], *, usage: CallUsage | None
+    ) -> AfterCall:
+        payload = turns.validate_assistant(message)
+        counts: dict[str, Any] = dict.fromkeys(
+            ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_nano")
+        ) | {"estimated": None, "priced": None, "context": None, "window": None, "ms": None}
+        if usage is not None:
+            counts = {
+                "model": usage.model,
+                "prompt_tokens": usage.usage.prompt_tokens,
+                "completion_tokens": usage.usage.completion_tokens,
+                "cached_tokens": usage.usage.cached_tokens,
+                "cost_nano": budgets.call_cost_nano(usage.usage.cost_usd),
+                "estimated": usage.estimated,
+                "priced": budgets.priced(self.settings, usage.model),
+                "context": None if usage.context is None else json.dumps(dict(usage.context)),
+                "window": None if usage.window is None else json.dumps(dict(usage.window)),
+                "ms": None if usage.seconds is None else round(usage.seconds * 1000),
+            }
+        result = self._call(
+            "after_call",
+            **_of(turn),
+            payload=json.dumps(payload),
+            lease_seconds=self.settings.lease_seconds,
+            stopped=turns.STOPPED_RESULT,
+            **counts,
+            **self._budget_params(),
+        )
+        return AfterCall(
+            stopped=bool(result.get("stopped")),
+            budget=_check(result["budget"]) if "budget" in result else None,
+            questions=[
+                replace(_question(row), asker=row["asker"], target=row["target"])
+                for row in result["questions"]
+            ],
+        )
+
+    @faults.retrying
     def end_turn(
-        self, turn: TurnRecord, *, failed: bool = False, error: str | None = None
+        self,
+        turn: TurnRecord,
+        *,
+        failed: bool = False,
+        error: str | None = None,
+        results: Sequence[Result] = (),
     ) -> EndOfTurn:
         ended = self._call(
             "end",
@@ -301,6 +390,7 @@ class PostgresStore(Store):
             error=error,
             interrupted=turns.INTERRUPTED_RESULT,
             stopped=turns.STOPPED_RESULT,
+            results=_results(results),
         )["ended"]
         return EndOfTurn(
             follow_up=ended["follow_up"],
@@ -402,10 +492,10 @@ class PostgresStore(Store):
                 .scalars()
                 .all()
             )
-        return sum(self._expire(question) for question in overdue)
+        return sum(self._expire_question(question) for question in overdue)
 
     @faults.retrying
-    def _expire(self, question_id: int) -> bool:
+    def _expire_question(self, question_id: int) -> bool:
         result = self._call("expire_question", question=question_id, result=waits.EXPIRED_RESULT)
         return bool(result["expired"])
 
@@ -572,6 +662,11 @@ def _functions_missing(conn: sa.Connection) -> bool:
         return True
 
 
+def _results(results: Sequence[Result]) -> str:
+    """Carried tool call results as the turn functions take them: [[id, content, meta], ...]."""
+    return json.dumps([list(result) for result in results])
+
+
 def _of(turn: TurnRecord) -> dict[str, Any]:
     """A turn as the turn functions take it: checked against its agent's fence."""
     return {"turn": turn.id, "agent": turn.agent_id, "epoch": turn.epoch}
@@ -736,9 +831,6 @@ def _event(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _error(refused: Mapping[str, Any]) -> errors.AgentRouterError:
-    """The error a function refused with: a class of :mod:`agent_router.errors` by name."""
-    cls = getattr(errors, refused["error"], None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.AgentRouterError)):
-        return errors.StoreError(f"the database refused with an unknown error: {refused!r}")
-    error: errors.AgentRouterError = cls(refused["message"], **(refused.get("fields") or {}))
-    return error
+    """The error a function refused with: its code and fields, as :mod:`refusals` renders
+    them."""
+    return refusals.error(refused["code"], **(refused.get("fields") or {}))

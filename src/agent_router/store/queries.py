@@ -4,6 +4,7 @@ built of. Functions of a session: the read views use them as well."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -15,6 +16,7 @@ from agent_router.domain import (
     LedgerAction,
     MessageStatus,
 )
+from agent_router.store import refusals
 from agent_router.store.models import (
     AgentRow,
     LedgerRow,
@@ -33,7 +35,7 @@ def team(session: Session, team_id: int, *, lock: bool = False) -> TeamRow:
         stmt = stmt.with_for_update(key_share=True)
     team = session.scalars(stmt).one_or_none()
     if team is None:
-        raise errors.UnknownTeamError(f"unknown team {team_id}")
+        raise refusals.error("unknown_team", team_id=team_id)
     return team
 
 
@@ -62,9 +64,9 @@ def name_key(name: str) -> str:
     return _NOT_KEY.sub("", name.translate(str.maketrans(_KEY_UPPER, _KEY_LOWER)))
 
 
-def unknown_agent(session: Session, team_id: int, name: str) -> errors.UnknownAgentError:
+def unknown_agent(session: Session, team_id: int, name: str) -> errors.AgentRouterError:
     """The refusal of an agent name the team does not have, with the agent it was probably
-    meant for (``ar__unknown_agent`` in postgresql/common.sql words it the same)."""
+    meant for (``close``; ``ar__unknown_agent`` in postgresql/common.sql finds the same)."""
     given = name_key(name)
     close: str | None = None
     if given:
@@ -79,8 +81,8 @@ def unknown_agent(session: Session, team_id: int, name: str) -> errors.UnknownAg
             close = next(
                 (n for n, k in keys if k and (k.startswith(given) or given.startswith(k))), None
             )
-    guess = f"; did you mean {close!r}?" if close is not None else ""
-    return errors.UnknownAgentError(f"no agent {name!r} in team {team_id}{guess}")
+    guess = {"close": close} if close is not None else {}
+    return refusals.error("unknown_agent", name=name, team_id=team_id, **guess)
 
 
 def lock_agent(session: Session, agent_id: int) -> AgentRow | None:
@@ -142,6 +144,23 @@ def open_tool_calls(session: Session, agent_id: int) -> list[str]:
         )
     )
     return [c for c in calls if c not in answered]
+
+
+def transcript_after(
+    session: Session, agent_id: int, position: int | None, *, also: Sequence[int] = ()
+) -> list[tuple[int, dict[str, Any]]]:
+    """The agent's transcript entries after ``position`` (all with ``None``) and those at the
+    positions ``also``, with their positions, in order."""
+    stmt = sa.select(TranscriptEntryRow.position, TranscriptEntryRow.payload).where(
+        TranscriptEntryRow.agent_id == agent_id
+    )
+    if position is not None:
+        after = TranscriptEntryRow.position > position
+        if also:
+            after = sa.or_(after, TranscriptEntryRow.position.in_(sorted(set(also))))
+        stmt = stmt.where(after)
+    rows = session.execute(stmt.order_by(TranscriptEntryRow.position)).all()
+    return [(p, payload) for p, payload in rows]
 
 
 # Built once (appends and waiter lookups run on the hot path of every resolved wait).

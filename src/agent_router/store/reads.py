@@ -4,7 +4,8 @@ chaos run read. Each read is one short session, no lock."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -240,16 +241,7 @@ class Reads:
         ``also``, with their positions, in order: a turn reads its transcript once and then
         only what was appended since."""
         with self._sessions() as session:
-            stmt = sa.select(TranscriptEntryRow.position, TranscriptEntryRow.payload).where(
-                TranscriptEntryRow.agent_id == agent_id
-            )
-            if position is not None:
-                after = TranscriptEntryRow.position > position
-                if also:
-                    after = sa.or_(after, TranscriptEntryRow.position.in_(sorted(set(also))))
-                stmt = stmt.where(after)
-            rows = session.execute(stmt.order_by(TranscriptEntryRow.position)).all()
-            return [(p, payload) for p, payload in rows]
+            return queries.transcript_after(session, agent_id, position, also=also)
 
     @faults.wrapped_read
     def window_checkpoint(self, agent_id: int) -> dict[str, Any] | None:
@@ -703,6 +695,21 @@ class Reads:
     def idle_connections(self) -> int:
         """Connections checked in to the engine's pool."""
         return int(self._engine.pool.checkedin())  # type: ignore[attr-defined]
+
+    @contextmanager
+    def statements(self) -> Iterator[list[str]]:
+        """The statements the store sends to the database meanwhile, as the driver gets them,
+        in order (what the bench counts)."""
+        sent: list[str] = []
+
+        def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            sent.append(statement)
+
+        sa.event.listen(self._engine, "before_cursor_execute", record)
+        try:
+            yield sent
+        finally:
+            sa.event.remove(self._engine, "before_cursor_execute", record)
 
 
 def _row(session: Session, row: type[R], key: int, missing: errors.AgentRouterError) -> R:

@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from agent_router import errors
 from agent_router.domain import (
     AgentState,
     LedgerAction,
@@ -19,7 +18,7 @@ from agent_router.domain import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.store import queries, routing, turns, values
+from agent_router.store import queries, refusals, routing, turns, values
 from agent_router.store.decisions import move
 from agent_router.store.models import (
     AgentRow,
@@ -44,18 +43,20 @@ def take_over(
     session = tx.session
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
-        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+        raise refusals.error("no_agent_id", agent_id=agent_id)
     if agent.state not in (AgentState.RUNNING, AgentState.WAITING) or agent.suspended:
-        raise errors.TurnError(f"{agent.display_name} is {agent.state.value}: nothing to take over")
+        raise refusals.error(
+            "nothing_to_take_over", name=agent.display_name, state=agent.state.value
+        )
     old = session.scalars(
         sa.select(TurnRow).where(TurnRow.agent_id == agent.id, TurnRow.epoch == agent.epoch)
     ).one_or_none()
     if expected_turn_id is not None and (old is None or old.id != expected_turn_id):
-        raise errors.TurnError("the turn changed since it was found expired")
+        raise refusals.error("turn_changed")
     if lease_check and (
         old is None or old.lease_expires_at is None or old.lease_expires_at >= utcnow()
     ):
-        raise errors.TurnError("the lease was renewed")
+        raise refusals.error("lease_renewed")
     if old is not None:
         old.status = TurnStatus.FENCED
         old.ended_at = utcnow()

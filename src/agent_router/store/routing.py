@@ -23,7 +23,7 @@ from agent_router.domain import (
     RouteOutcome,
     TurnTrigger,
 )
-from agent_router.store import decisions, queries, values
+from agent_router.store import decisions, queries, refusals, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -131,7 +131,7 @@ def route_detail(
     }
 
 
-def route_many(tx: Tx, reqs: Sequence[SendRequest]) -> list[Delivery]:
+def send_many(tx: Tx, reqs: Sequence[SendRequest]) -> list[Delivery]:
     """Several messages of one team in this one transaction, each routed as :func:`route`
     routes it, their targets locked in ascending id order (the canonical lock order); the
     deliveries come back in the order given."""
@@ -176,15 +176,13 @@ def _lock_target(tx: Tx, req: SendRequest) -> tuple[AgentRow, int | None]:
     if found is None:
         queries.team(tx.session, req.team_id)  # an unknown team says so, not "unknown agent"
         resolve_sender(req, sender_of(tx, req))
-        raise reject(req, queries.unknown_agent(tx.session, req.team_id, req.to), "unknown_target")
+        raise reject(req, "unknown_target", queries.unknown_agent(tx.session, req.team_id, req.to))
     target, source_id, source_state = found
     source_id = resolve_sender(req, (source_id, source_state))
     if source_id == target.id:
-        raise reject(req, errors.InvalidMessageError("an agent cannot message itself"), "self_send")
+        raise reject(req, "self_send", refusals.error("self_send"))
     if target.state is AgentState.TERMINATED:
-        raise reject(
-            req, errors.AgentTerminatedError(f"agent {req.to!r} is terminated"), "terminated"
-        )
+        raise reject(req, "terminated", refusals.error("terminated", name=req.to))
     return target, source_id
 
 
@@ -206,11 +204,13 @@ def _duplicate(tx: Tx, req: SendRequest, target: AgentRow) -> Delivery | None:
     ):
         raise reject(
             req,
-            errors.DedupConflictError(
-                f"dedup key {req.dedup_key!r} was used for message {first.id} to "
-                f"{target.display_name} with other content, sender or type"
-            ),
             "dedup_conflict",
+            refusals.error(
+                "dedup_conflict",
+                dedup_key=req.dedup_key,
+                message_id=first.id,
+                target=target.display_name,
+            ),
         )
     target.next_seq -= 1  # no new message: give the number back
     tx.agent_ledger(
@@ -271,7 +271,9 @@ def _insert_message(
     return MessageRow(id=message_id, **fields)
 
 
-def reject(req: SendRequest, error: errors.AgentRouterError, reason: str) -> Refused:
+def reject(req: SendRequest, reason: str, error: errors.AgentRouterError) -> Refused:
+    """A send refused with ``error`` (of :mod:`~agent_router.store.refusals`): its
+    ``send_rejected`` event records ``reason`` and the error's code and fields."""
     return Refused(
         error,
         LedgerAction.SEND_REJECTED,
@@ -282,7 +284,8 @@ def reject(req: SendRequest, error: errors.AgentRouterError, reason: str) -> Ref
         sender=req.sender,
         type=req.type.value,
         subtype=req.subtype.value if req.subtype else None,
-        message=str(error),
+        refused=error.code,
+        fields=error.fields,
     )
 
 
@@ -296,26 +299,21 @@ def resolve_sender(req: SendRequest, found: tuple[int | None, AgentState | None]
         if state is AgentState.TERMINATED:
             raise reject(
                 req,
-                errors.AgentTerminatedError(f"sender {req.sender!r} is terminated"),
                 "sender_terminated",
+                refusals.error("sender_terminated", sender=req.sender),
             )
         return source_id
     raise reject(
         req,
-        errors.UnknownAgentError(
-            f"unknown sender {req.sender!r}: not an agent of team {req.team_id}, "
-            f"nor 'user', 'system' or 'job:<name>'"
-        ),
         "unknown_sender",
+        refusals.error("unknown_sender", sender=req.sender, team_id=req.team_id),
     )
 
 
 def question_for_answer(tx: Tx, req: SendRequest, target: AgentRow) -> QuestionRow:
     session = tx.session
     if req.question_id is None:
-        raise reject(
-            req, errors.InvalidMessageError("an answer needs a question_id"), "no_question_id"
-        )
+        raise reject(req, "no_question_id", refusals.error("no_question_id"))
     question = session.scalars(
         sa.select(QuestionRow)
         .where(QuestionRow.id == req.question_id)
@@ -324,38 +322,30 @@ def question_for_answer(tx: Tx, req: SendRequest, target: AgentRow) -> QuestionR
     if question is None or question.team_id != req.team_id:
         raise reject(
             req,
-            errors.UnknownQuestionError(f"no question {req.question_id} in team {req.team_id}"),
             "unknown_question",
+            refusals.error("unknown_question", question_id=req.question_id, team_id=req.team_id),
         )
     if question.asker_agent_id != target.id:
         raise reject(
             req,
-            errors.WrongQuestionError(
-                f"question {question.id} was not asked by {target.display_name!r}"
-            ),
             "wrong_question",
+            refusals.error("not_asked_by", question_id=question.id, target=target.display_name),
         )
     if question.kind is QuestionKind.USER and req.sender != USER:
         raise reject(
-            req,
-            errors.WrongQuestionError(f"question {question.id} is the user's to answer"),
-            "wrong_question",
+            req, "wrong_question", refusals.error("users_question", question_id=question.id)
         )
     if question.kind is QuestionKind.OUTPUT:
         raise reject(
-            req,
-            errors.WrongQuestionError(
-                f"{question.id} is not a question but a wait for output: nothing to answer"
-            ),
-            "wrong_question",
+            req, "wrong_question", refusals.error("not_a_question", question_id=question.id)
         )
     if question.status is not QuestionStatus.OPEN:
         raise reject(
             req,
-            errors.QuestionClosedError(
-                f"question {question.id} is already {question.status.value}"
-            ),
             "question_closed",
+            refusals.error(
+                "question_closed", question_id=question.id, status=question.status.value
+            ),
         )
     return question
 

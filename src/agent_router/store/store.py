@@ -67,7 +67,17 @@ from agent_router.store.models import AgentRow, Base, OutboxRow, TurnRow, utcnow
 from agent_router.store.reads import Reads
 from agent_router.store.transcripts import TranscriptCache
 from agent_router.store.tx import Refused, Tx, drop_ledger_buffer, write_ledger_buffer
-from agent_router.store.values import Ask, Claim, NewAgent, SendRequest
+from agent_router.store.values import (
+    AfterCall,
+    Ask,
+    BeforeCall,
+    CallUsage,
+    Claim,
+    NewAgent,
+    Result,
+    SendRequest,
+    Since,
+)
 
 #: Called after a commit with the outbox entries the transaction wrote.
 AfterCommit = Callable[[list[OutboxEntry]], object]
@@ -227,20 +237,20 @@ class Store:
     # ------------------------------------------------------------------ routing
 
     @faults.retrying
-    def route(self, req: SendRequest) -> Delivery:
+    def send(self, req: SendRequest) -> Delivery:
         """Accept one message and deliver it by the receiver's state."""
         with self._tx() as tx:
             return routing.route(tx, req)
 
     @faults.retrying
-    def route_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
+    def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
         """Route several messages of one team in one transaction: all of them, or none (the
         first refusal is raised and only it is ledgered)."""
         with self._tx() as tx:
-            return routing.route_many(tx, reqs)
+            return routing.send_many(tx, reqs)
 
     @faults.retrying
-    def record_rejection(self, team_id: int | None, reason: str, **detail: Any) -> None:
+    def record_refusal(self, team_id: int | None, reason: str, **detail: Any) -> None:
         """Ledger a send refused before it reached the store (malformed input)."""
         self._write_ledger(
             LedgerAction.SEND_REJECTED,
@@ -290,12 +300,34 @@ class Store:
             turns.append_tool_result(tx, turn, tool_call_id, content, meta=meta)
 
     @faults.retrying
+    def before_call(
+        self, turn: TurnRecord, *, results: Sequence[Result] = (), since: Since | None = None
+    ) -> BeforeCall:
+        """What a turn does before a model call (:func:`turns.before_call`)."""
+        with self._tx() as tx:
+            return turns.before_call(tx, turn, results=results, since=since)
+
+    @faults.retrying
+    def after_call(
+        self, turn: TurnRecord, message: dict[str, Any], *, usage: CallUsage | None
+    ) -> AfterCall:
+        """What a turn does after a model call (:func:`turns.after_call`)."""
+        payload = turns.validate_assistant(message)
+        with self._tx() as tx:
+            return turns.after_call(tx, turn, payload, usage=usage)
+
+    @faults.retrying
     def end_turn(
-        self, turn: TurnRecord, *, failed: bool = False, error: str | None = None
+        self,
+        turn: TurnRecord,
+        *,
+        failed: bool = False,
+        error: str | None = None,
+        results: Sequence[Result] = (),
     ) -> EndOfTurn:
         """End the turn (:func:`turns.end_turn`)."""
         with self._tx() as tx:
-            return turns.end_turn(tx, turn, failed=failed, error=error)
+            return turns.end_turn(tx, turn, failed=failed, error=error, results=results)
 
     @faults.retrying
     def renew_lease(self, turn: TurnRecord) -> bool:

@@ -36,7 +36,7 @@ from agent_router.domain import (
     RouteOutcome,
     TurnRecord,
 )
-from agent_router.store import values
+from agent_router.store import refusals, values
 from agent_router.store.models import (
     AgentRow,
     LedgerRow,
@@ -565,7 +565,7 @@ def _arrow(row: Any) -> Arrow:
         question_id=question_id,
         wake=wake,
         status=status,
-        preview=str(detail.get("error") or detail.get("reason") or "")
+        preview=str(detail.get("error") or refusals.sentence(detail) or detail.get("reason") or "")
         if refused
         else preview or "",
     )

@@ -3,6 +3,7 @@ append, end, lease, suspend, stop."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,12 +18,14 @@ from agent_router.domain import (
     Message,
     MessageStatus,
     MessageSubtype,
+    Question,
+    QuestionKind,
     QuestionStatus,
     TurnRecord,
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.store import budgets, queries, routing, values
+from agent_router.store import budgets, queries, refusals, routing, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -33,7 +36,7 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Refused, Tx
-from agent_router.store.values import Claim
+from agent_router.store.values import AfterCall, BeforeCall, CallUsage, Claim, Result, Since
 
 #: The synthetic result of a tool call whose turn died or ended first. It says that the call may
 #: have taken effect (a sub-agent created, a message sent) so that the model looks before it
@@ -58,9 +61,9 @@ def claim_turn(
     written, whatever the agent's state: the host's task claims or refuses it)."""
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
-        raise errors.UnknownAgentError(f"no agent with id {agent_id}")
+        raise refusals.error("no_agent_id", agent_id=agent_id)
     if builtin and agent.runner:
-        raise errors.HostOwnedTurnError(agent.runner)
+        raise refusals.error("host_owned", runner=agent.runner)
     if agent.state is not AgentState.SCHEDULED or (epoch is not None and epoch != agent.epoch):
         tx.agent_ledger(
             LedgerAction.CLAIM_REFUSED,
@@ -94,7 +97,23 @@ def claim_turn(
     )
     # The agent's lock, then the budget's: no transaction takes them the other way round.
     check = budgets.charge_turn(tx, agent.team_id, agent.id, turn.id)
-    return Claim(values.turn(turn), agent.team_id, agent.display_name, check)
+    lead = agent.display_name
+    if not agent.is_lead:
+        lead = tx.session.scalars(
+            sa.select(AgentRow.display_name).where(
+                AgentRow.team_id == agent.team_id, AgentRow.is_lead.is_(True)
+            )
+        ).one()
+    return Claim(
+        values.turn(turn),
+        agent.team_id,
+        agent.display_name,
+        check,
+        values.agent(agent),
+        lead,
+        agent.context_window,
+        tuple(queries.open_tool_calls(tx.session, agent.id)),
+    )
 
 
 # The agent locked and its turn read in one statement (the lock is the agent's alone; see
@@ -121,9 +140,7 @@ def fenced(tx: Tx, turn: TurnRecord, operation: str) -> tuple[AgentRow, TurnRow]
         or agent.state not in (AgentState.RUNNING, AgentState.WAITING)
     ):
         raise tx.refuse(
-            errors.StaleTurnError(
-                f"turn {turn.id} (epoch {turn.epoch}) is no longer current: {operation} refused"
-            ),
+            refusals.error("stale_turn", turn_id=turn.id, epoch=turn.epoch, operation=operation),
             LedgerAction.STALE_WRITE_REFUSED,
             team_id=agent.team_id if agent else None,
             # A deleted team's rows are gone: the event then names them only in its detail.
@@ -160,9 +177,12 @@ def _write_refused(
 def drain(tx: Tx, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:
     """Move pending messages, in sequence order, into the transcript; consumed in this
     transaction. Refused while the last assistant tool calls still lack results."""
+    return _drain(tx, _drainable(tx, turn), turn, limit or tx.settings.drain_batch_size)
+
+
+def _drain(tx: Tx, agent: AgentRow, turn: TurnRecord, batch: int) -> list[Message]:
+    """:func:`drain` once its turn may drain."""
     session = tx.session
-    batch = limit or tx.settings.drain_batch_size
-    agent = _drainable(tx, turn)
     # Core rows and two set-based statements: a drain of a thousand messages is one
     # SELECT, one multi-row INSERT and one UPDATE, not a unit of work per message.
     rows = session.execute(
@@ -267,23 +287,28 @@ def _into_transcript(
 def _drainable(tx: Tx, turn: TurnRecord) -> AgentRow:
     """The turn's agent, locked, if it may drain: running, and no tool call left open."""
     agent, _row = fenced(tx, turn, "drain")
+    _running(tx, agent, turn)
+    _refuse_open_tool_calls(
+        tx,
+        agent,
+        turn,
+        "drain",
+        "calls_open_at_drain",
+        ledger_calls=True,
+    )
+    return agent
+
+
+def _running(tx: Tx, agent: AgentRow, turn: TurnRecord) -> None:
+    """Refuse a drain of an agent that is not running (it waits on a question)."""
     if agent.state is not AgentState.RUNNING:
         raise _write_refused(
             tx,
             agent,
             turn,
             "drain",
-            errors.TurnError(f"{agent.display_name} is {agent.state.value}: cannot drain"),
+            refusals.error("cannot_drain", name=agent.display_name, state=agent.state.value),
         )
-    _refuse_open_tool_calls(
-        tx,
-        agent,
-        turn,
-        "drain",
-        "have no result yet: a drain would split them from their assistant message",
-        ledger_calls=True,
-    )
-    return agent
 
 
 def _refuse_open_tool_calls(
@@ -291,16 +316,16 @@ def _refuse_open_tool_calls(
     agent: AgentRow,
     turn: TurnRecord,
     operation: str,
-    why: str,
+    code: str,
     *,
     ledger_calls: bool = False,
 ) -> None:
     """Refuse ``operation`` while tool calls of the last assistant message have no result
-    (:class:`ToolCallsPendingError`, ``why`` after their ids); ``ledger_calls``: the stale
-    write event names them."""
+    (the refusal ``code``, naming them); ``ledger_calls``: the stale write event names
+    them."""
     dangling = queries.open_tool_calls(tx.session, agent.id)
     if dangling:
-        error = errors.ToolCallsPendingError(f"tool calls {dangling} {why}")
+        error = refusals.error(code, calls=dangling)
         detail = {"dangling": dangling} if ledger_calls else {}
         raise _write_refused(tx, agent, turn, operation, error, **detail)
 
@@ -308,9 +333,7 @@ def _refuse_open_tool_calls(
 def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
     """Append an assistant message (checked by :func:`validate_assistant`) to the transcript."""
     agent, _row = fenced(tx, turn, "append_assistant")
-    _refuse_open_tool_calls(
-        tx, agent, turn, "append_assistant", "need results before the next assistant message"
-    )
+    _refuse_open_tool_calls(tx, agent, turn, "append_assistant", "calls_open_at_append")
     queries.append(tx.session, agent, payload, turn_id=turn.id)
 
 
@@ -323,15 +346,27 @@ def append_tool_result(
     meta: Mapping[str, Any] | None = None,
 ) -> None:
     agent, _row = fenced(tx, turn, "append_tool_result")
+    _append_result(tx, agent, turn, tool_call_id, content, meta=meta)
+
+
+def _append_result(
+    tx: Tx,
+    agent: AgentRow,
+    turn: TurnRecord,
+    tool_call_id: str,
+    content: str,
+    *,
+    meta: Mapping[str, Any] | None = None,
+) -> None:
+    """The result of the open tool call ``tool_call_id``, the turn fenced; ``meta``: how the
+    call ran (kept in the transcript entry's ``meta``)."""
     if tool_call_id not in queries.open_tool_calls(tx.session, agent.id):
         raise _write_refused(
             tx,
             agent,
             turn,
             "append_tool_result",
-            errors.InvalidTranscriptEntryError(
-                f"{tool_call_id!r} is not an open tool call of the last assistant message"
-            ),
+            refusals.error("not_open_tool_call", call=tool_call_id),
         )
     queries.append(
         tx.session,
@@ -368,10 +403,18 @@ def close_dangling(
 
 
 def end_turn(
-    tx: Tx, turn: TurnRecord, *, failed: bool = False, error: str | None = None
+    tx: Tx,
+    turn: TurnRecord,
+    *,
+    failed: bool = False,
+    error: str | None = None,
+    results: Sequence[Result] = (),
 ) -> EndOfTurn:
-    """The end-of-turn hook: one follow-up if wake messages are pending, else completed."""
+    """The end-of-turn hook: one follow-up if wake messages are pending, else completed.
+    ``results``: tool call results the turn carried, appended first."""
     agent, row = fenced(tx, turn, "end")
+    for call_id, content, meta in results:
+        _append_result(tx, agent, turn, call_id, content, meta=meta)
     if agent.stop_requested and not failed:
         stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
         return EndOfTurn(follow_up=False, state=agent.state, epoch=agent.epoch)
@@ -419,6 +462,105 @@ def end_turn(
     return EndOfTurn(
         follow_up=follow_up, state=agent.state, epoch=agent.epoch, synthetic_results=closed
     )
+
+
+def before_call(
+    tx: Tx, turn: TurnRecord, *, results: Sequence[Result] = (), since: Since | None = None
+) -> BeforeCall:
+    """Everything a turn does before a model call, in one transaction: the ``results`` it
+    carried appended (each the result of an open tool call; together they close the batch),
+    its lease renewed, then a stop requested honoured (:func:`stop_turn`), else the model call
+    charged to the team's budgets and, if it may be made, a batch of pending messages drained
+    into the transcript. Reads what the loop builds its request from: the team's agents and,
+    with ``since``, the transcript entries it says."""
+    agent, row = fenced(tx, turn, "before_call")
+    _running(tx, agent, turn)
+    for call_id, content, meta in results:
+        _append_result(tx, agent, turn, call_id, content, meta=meta)
+    _refuse_open_tool_calls(
+        tx,
+        agent,
+        turn,
+        "drain",
+        "calls_open_at_drain",
+        ledger_calls=True,
+    )
+    row.lease_expires_at = utcnow() + timedelta(seconds=tx.settings.lease_seconds)
+    if agent.stop_requested:
+        stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
+        return BeforeCall(stopped=True, budget=None, messages=[], roster=[])
+    check = budgets.charge_model_call(tx, agent.team_id, agent.id, turn.id)
+    if not check.ok:
+        return BeforeCall(budget=check, messages=[], roster=[])
+    batch = tx.settings.drain_batch_size
+    messages = _drain(tx, agent, turn, batch)
+    session = tx.session
+    roster = session.scalars(
+        sa.select(AgentRow).where(AgentRow.team_id == agent.team_id).order_by(AgentRow.id)
+    )
+    return BeforeCall(
+        budget=check,
+        messages=messages,
+        more=len(messages) == batch and queries.mailbox_depth(session, agent.id) > 0,
+        roster=[values.agent(member) for member in roster],
+        rows=None if since is None else queries.transcript_after(session, agent.id, since.position),
+    )
+
+
+def after_call(
+    tx: Tx, turn: TurnRecord, payload: dict[str, Any], *, usage: CallUsage | None
+) -> AfterCall:
+    """Everything a turn does after a model call, in one transaction: the call's ``usage``
+    recorded (:func:`budgets.record_usage`), then, if a stop was requested meanwhile, the stop
+    honoured and the reply (``payload``, checked by :func:`validate_assistant`) left out; else
+    the reply appended and the turn's lease renewed. A reply that calls no tool reads the
+    questions open to the agent (the loop's reminders look at them before the turn ends)."""
+    agent, row = fenced(tx, turn, "append_assistant")
+    stopping = agent.stop_requested
+    if not stopping:
+        _refuse_open_tool_calls(tx, agent, turn, "append_assistant", "calls_open_at_append")
+    check = None
+    if usage is not None:
+        check = budgets.record_usage(
+            tx,
+            agent.team_id,
+            agent.id,
+            turn.id,
+            model=usage.model,
+            usage=usage.usage,
+            estimated=usage.estimated,
+            agent=agent.display_name,
+            context=usage.context,
+            window=usage.window,
+            ms=None if usage.seconds is None else round(usage.seconds * 1000),
+        )
+    if stopping:
+        stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
+        return AfterCall(stopped=True, budget=check, questions=[])
+    queries.append(tx.session, agent, payload, turn_id=turn.id)
+    row.lease_expires_at = utcnow() + timedelta(seconds=tx.settings.lease_seconds)
+    questions = [] if payload.get("tool_calls") else _open_asks(tx, agent)
+    return AfterCall(budget=check, questions=questions)
+
+
+def _open_asks(tx: Tx, agent: AgentRow) -> list[Question]:
+    """The open questions asked of ``agent`` (asks, not waits for an output), oldest first,
+    with the names of their askers and of the agent."""
+    asker = sa.orm.aliased(AgentRow)
+    found = tx.session.execute(
+        sa.select(QuestionRow, asker.display_name)
+        .join(asker, asker.id == QuestionRow.asker_agent_id)
+        .where(
+            QuestionRow.target_agent_id == agent.id,
+            QuestionRow.status == QuestionStatus.OPEN,
+            QuestionRow.kind == QuestionKind.ASK,
+        )
+        .order_by(QuestionRow.id)
+    ).all()
+    return [
+        dataclasses.replace(values.question(q), asker=name, target=agent.display_name)
+        for q, name in found
+    ]
 
 
 def renew_lease(tx: Tx, turn: TurnRecord) -> bool:

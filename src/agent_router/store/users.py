@@ -10,7 +10,6 @@ from datetime import timedelta
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from agent_router import errors
 from agent_router.domain import (
     AgentState,
     FeedItem,
@@ -24,7 +23,7 @@ from agent_router.domain import (
     UserMessage,
     UserMessageKind,
 )
-from agent_router.store import queries, turns, values
+from agent_router.store import queries, refusals, turns, values
 from agent_router.store.decisions import move
 from agent_router.store.models import (
     AgentRow,
@@ -81,9 +80,7 @@ def ask_user(
     asker, lead, turn_row = _locked(tx, turn, "ask_user")
     if tool_call_id not in queries.open_tool_calls(tx.session, asker.id):
         raise tx.refuse(
-            errors.InvalidTranscriptEntryError(
-                f"{tool_call_id!r} is not an open tool call of the last assistant message"
-            ),
+            refusals.error("not_open_tool_call", call=tool_call_id),
             LedgerAction.ASK_REFUSED,
             team_id=asker.team_id,
             agent_id=asker.id,

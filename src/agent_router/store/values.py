@@ -18,6 +18,7 @@ from agent_router.domain import (
     MessageType,
     OutboxEntry,
     Question,
+    TokenUsage,
     TurnRecord,
 )
 from agent_router.store.models import (
@@ -82,12 +83,77 @@ class Ask:
 
 class Claim(NamedTuple):
     """A claimed turn, whose it is, and the turn counted against the team's budgets in the
-    claim's transaction (``budget.ok`` false: a budget is spent and the turn must stop)."""
+    claim's transaction (``budget.ok`` false: a budget is spent and the turn must stop); and
+    what the turn reads to start, read in the same transaction: its agent, the display name of
+    its team's lead, where the agent's request window last stood (its checkpoint) and the tool
+    calls of its last reply still without a result."""
 
     record: TurnRecord
     team_id: int
     display_name: str
     budget: BudgetCheck
+    agent: Agent
+    lead: str
+    checkpoint: dict[str, Any] | None
+    open_calls: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallUsage:
+    """One model call's usage as a turn records it: the model, its tokens and cost, whether
+    they were estimated, what the request left out (``context``, on the call where that
+    changed), where the agent's request window then stood (``window``) and how long the call
+    took (``seconds``, the ``model_call`` event's ``ms``)."""
+
+    model: str | None
+    usage: TokenUsage
+    estimated: bool
+    context: Mapping[str, Any] | None = None
+    window: Mapping[str, Any] | None = None
+    seconds: float | None = None
+
+
+class Since(NamedTuple):
+    """The transcript entries a turn's transition reads back: those after ``position`` (all of
+    them with ``None``)."""
+
+    position: int | None
+
+
+#: A tool call's result a turn carries into its next transition: (tool call id, content, how
+#: the call ran: the transcript entry's ``meta``, see :meth:`~agent_router.domain.ToolRun.meta`).
+Result = tuple[str, str, dict[str, Any] | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BeforeCall:
+    """What a turn's transition before a model call did and read (:func:`turns.before_call`):
+    ``stopped``: a stop was requested and the turn honoured it (nothing charged, nothing
+    drained, ``budget`` ``None``); ``budget``: the model call's check (not ``ok``: refused,
+    nothing drained); the
+    messages drained into the transcript and whether more are pending (``more``: past one
+    batch); the team's agents (``roster``); the transcript entries asked for (``rows``, with
+    their positions; ``None`` when none were asked for)."""
+
+    stopped: bool = False
+    budget: BudgetCheck | None
+    messages: list[Message]
+    more: bool = False
+    roster: list[Agent]
+    rows: list[tuple[int, dict[str, Any]]] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AfterCall:
+    """What a turn's transition after a model call did and read (:func:`turns.after_call`):
+    ``stopped``: a stop was requested, the call's usage is recorded, the reply is not appended
+    and the turn honoured the stop; ``budget``: the check of the usage recorded (``None``: no
+    usage given); ``questions``: the open questions asked of the agent (with the asker's name)
+    when the reply called no tool (the turn is about to end), else empty."""
+
+    stopped: bool = False
+    budget: BudgetCheck | None
+    questions: list[Question]
 
 
 def _columns(cls: type[Any], *, but: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from agent_router import errors
 from agent_router.domain import (
     AgentState,
     Delivery,
@@ -21,7 +20,7 @@ from agent_router.domain import (
     QuestionStatus,
     TurnRecord,
 )
-from agent_router.store import queries, routing, turns, values
+from agent_router.store import queries, refusals, routing, turns, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -73,29 +72,26 @@ def open_wait_edge(
     operation, verb, _action = _WAITS[kind]
     probe = session.get(AgentRow, turn.agent_id)
     if probe is None:
-        raise errors.UnknownAgentError(f"no agent with id {turn.agent_id}")
+        raise refusals.error("no_agent_id", agent_id=turn.agent_id)
     team_id = probe.team_id
     queries.team(tx.session, team_id, lock=True)
     target_row = queries.agent_by_name(tx.session, team_id, target)
 
-    def refuse(reason: str, message: str, cycle: list[str] | None = None) -> Refused:
-        return wait_refusal(turn, team_id, target, reason, message, cycle=cycle, kind=kind)
+    def refuse(reason: str, code: str, cycle: list[str] | None = None, **fields: Any) -> Refused:
+        return wait_refusal(turn, team_id, target, reason, code, cycle=cycle, kind=kind, **fields)
 
     if target_row is None:
-        raise refuse("unknown_target", f"no agent {target!r} in this team")
+        raise refuse("unknown_target", "ask_unknown_target")
     for agent_id in sorted({turn.agent_id, target_row.id}):
         queries.lock_agent(tx.session, agent_id)
     waiter, _row = turns.fenced(tx, turn, operation)
     if target_row.id == waiter.id:
-        what = "ask itself" if verb == "ask" else "wait for its own output"
-        raise refuse("self", f"an agent cannot {what}")
+        raise refuse("self", "ask_self" if verb == "ask" else "wait_self")
     if target_row.state is AgentState.TERMINATED:
-        raise refuse("terminated", f"{target!r} is terminated")
+        raise refuse("terminated", "ask_terminated")
     if tool_call_id not in queries.open_tool_calls(tx.session, waiter.id):
         raise tx.refuse(
-            errors.InvalidTranscriptEntryError(
-                f"{tool_call_id!r} is not an open tool call of the last assistant message"
-            ),
+            refusals.error("not_open_tool_call", call=tool_call_id),
             LedgerAction.ASK_REFUSED,
             team_id=team_id,
             agent_id=waiter.id,
@@ -104,7 +100,7 @@ def open_wait_edge(
         )
     cycle = queries.cycle_through(tx.session, waiter, target_row)
     if cycle:
-        raise refuse("cycle", f"this {verb} would deadlock: " + " -> ".join(cycle), cycle=cycle)
+        raise refuse("cycle", "cycle", cycle=cycle, verb=verb)
     return WaitEdge(
         turn=turn,
         waiter=waiter,
@@ -265,9 +261,9 @@ def _ready_output(tx: Tx, edge: WaitEdge) -> MessageRow | None:
             edge.waiter.team_id,
             edge.target,
             "not_working",
-            f"{edge.target!r} is {target_row.state.value} with nothing to work on: "
-            "it will produce no output until it is given a task",
+            "not_working",
             kind=edge.kind,
+            state=target_row.state.value,
         )
     return ready
 
@@ -277,16 +273,17 @@ def wait_refusal(
     team_id: int,
     target: str,
     reason: str,
-    message: str,
+    code: str,
     *,
     cycle: list[str] | None = None,
     kind: QuestionKind = QuestionKind.ASK,
+    **fields: Any,
 ) -> Refused:
     """A refused wait edge: the tool gets :class:`AskRefusedError`, the ledger ``ask_refused``
     (with the wait's kind when it is not an ask)."""
     extra = {"kind": kind.value} if kind is not QuestionKind.ASK else {}
     return Refused(
-        errors.AskRefusedError(message, cycle=cycle),
+        refusals.error(code, target=target, cycle=cycle or [], **fields),
         LedgerAction.ASK_REFUSED,
         team_id=team_id,
         agent_id=turn.agent_id,

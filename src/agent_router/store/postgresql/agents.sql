@@ -56,13 +56,14 @@ RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
     a ar_agents;
+    r record;
     v_now timestamp;
     v_name text := p_name;
     v_n integer := 1;
 BEGIN
     PERFORM 1 FROM ar_teams WHERE id = p_team FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RETURN ar__refused(o, 'UnknownTeamError', format('unknown team %s', p_team));
+        RETURN ar__refused(o, 'unknown_team', jsonb_build_object('team_id', p_team));
     END IF;
     v_now := ar__now();
     IF v_name IS NULL THEN
@@ -74,8 +75,8 @@ BEGIN
         v_name := p_role || '_' || v_n;
     END IF;
     IF EXISTS (SELECT 1 FROM ar_agents WHERE team_id = p_team AND display_name = v_name) THEN
-        o := ar__refused(o, 'DuplicateDisplayNameError',
-                         format('display name %s is taken in team %s', ar__repr(v_name), p_team));
+        o := ar__refused(o, 'display_name_taken',
+                         jsonb_build_object('name', v_name, 'team_id', p_team));
         o := jsonb_set(o, '{refused,event}', jsonb_build_object(
             'action', 'send_rejected', 'team_id', p_team,
             'detail', jsonb_build_object('reason', 'duplicate_display_name',
@@ -87,12 +88,10 @@ BEGIN
         o := ar__agent_event(o, 'agent_created', a, v_now,
                              jsonb_build_object('display_name', v_name, 'role', p_role));
         IF p_task IS NOT NULL THEN
-            o := ar__route(o, p_team, v_name, p_task ->> 'sender',
-                           (p_task ->> 'external')::boolean,
-                           (p_task ->> 'type')::ar_message_type,
-                           (p_task ->> 'subtype')::ar_message_subtype, p_task ->> 'content',
-                           p_task ->> 'body', (p_task ->> 'question_id')::bigint,
-                           (p_task ->> 'wake')::boolean, p_task ->> 'dedup_key');
+            r := ar__route(o, v_name, (p_task ->> 'external')::boolean, jsonb_populate_record(
+                NULL::ar_messages, p_task || jsonb_build_object(
+                    'team_id', p_team, 'source_name', p_task -> 'sender')));
+            o := r.o || jsonb_build_object('delivery', r.d);
             IF o ? 'refused' THEN
                 RAISE EXCEPTION USING ERRCODE = 'AR001', MESSAGE = (o -> 'refused')::text;
             END IF;
@@ -117,7 +116,7 @@ DECLARE
 BEGIN
     SELECT team_id INTO v_team FROM ar_agents WHERE id = p_agent;
     IF NOT FOUND THEN
-        o := ar__refused(o, 'UnknownAgentError', format('no agent with id %s', p_agent));
+        o := ar__refused(o, 'no_agent_id', jsonb_build_object('agent_id', p_agent));
         RETURN;
     END IF;
     PERFORM 1 FROM ar_teams WHERE id = v_team FOR NO KEY UPDATE;
@@ -127,10 +126,9 @@ BEGIN
     ORDER BY id FOR NO KEY UPDATE;
     SELECT * INTO a FROM ar_agents WHERE id = p_agent;
     IF a.is_lead THEN
-        o := ar__refused(o, 'InvalidMessageError', format('the Team Leader cannot be %s', p_done));
+        o := ar__refused(o, 'lead_kept', jsonb_build_object('done', p_done));
     ELSIF a.state = 'terminated' THEN
-        o := ar__refused(o, 'AgentTerminatedError',
-                         format('%s is already terminated', ar__repr(a.display_name)));
+        o := ar__refused(o, 'already_terminated', jsonb_build_object('name', a.display_name));
     END IF;
 END $$;
 

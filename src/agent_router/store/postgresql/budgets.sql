@@ -151,7 +151,7 @@ DECLARE
     v_spent ar_budget_name;
 BEGIN
     IF b.team_id IS NULL THEN
-        o := ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
+        o := ar__refused(o, 'no_team', jsonb_build_object('team_id', p_team));
         RETURN;
     END IF;
     v_spent := coalesce(b.exhausted, ar__budget_spent(b, p_now, p_turns));
@@ -196,7 +196,7 @@ DECLARE
     v_saturated jsonb;
 BEGIN
     IF b.team_id IS NULL THEN
-        RETURN ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
+        RETURN ar__refused(o, 'no_team', jsonb_build_object('team_id', p_team));
     END IF;
     -- A call's cost at the column's range saturated there (the caller caps it); a team's
     -- total stops at it rather than overflow.
@@ -251,7 +251,7 @@ DECLARE
     v_used float8;
 BEGIN
     IF b.team_id IS NULL THEN
-        o := ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
+        o := ar__refused(o, 'no_team', jsonb_build_object('team_id', p_team));
         RETURN;
     END IF;
     v_created := (ar__sub_agents(p_team) ->> 0)::bigint;
@@ -261,14 +261,8 @@ BEGIN
         v_limit := ar__budget_limit(b, v_name);
         v_used := CASE v_name WHEN 'sub_agents_created' THEN v_created ELSE v_active END;
         CONTINUE WHEN v_limit IS NULL OR v_used < v_limit;
-        o := ar__refused(o, 'BudgetExhaustedError', format(
-                'the team''s budget of %s sub-agents %s is spent (%s): no new sub-agent%s',
-                v_limit::bigint,
-                CASE v_name WHEN 'sub_agents_created' THEN 'created' ELSE 'active at once' END,
-                v_used::bigint,
-                CASE v_name WHEN 'sub_agents_created' THEN ''
-                     ELSE ' (terminate one that is done first)' END),
-            jsonb_build_object('budget', v_name));
+        o := ar__refused(o, 'sub_agents_spent', jsonb_build_object(
+            'budget', v_name, 'limit', v_limit::bigint, 'used', v_used::bigint));
         o := jsonb_set(o, '{refused,event}', jsonb_build_object(
             'action', 'budget_refused', 'team_id', p_team,
             'detail', jsonb_build_object('budget', v_name, 'limit', v_limit, 'used', v_used,
@@ -301,7 +295,7 @@ DECLARE
     v_before ar_budget_name;
 BEGIN
     IF b.team_id IS NULL THEN
-        RETURN ar__refused(o, 'UnknownTeamError', format('no team with id %s', p_team));
+        RETURN ar__refused(o, 'no_team', jsonb_build_object('team_id', p_team));
     END IF;
     v_before := b.exhausted;
     UPDATE ar_budgets SET
@@ -340,8 +334,7 @@ DECLARE
     b ar_budgets := ar__budget_row(p_team, p_defaults);
 BEGIN
     IF b.team_id IS NULL THEN
-        RETURN ar__refused(ar__result(), 'UnknownTeamError',
-                           format('no team with id %s', p_team));
+        RETURN ar__refused(ar__result(), 'no_team', jsonb_build_object('team_id', p_team));
     END IF;
     RETURN ar__result() || jsonb_build_object('row', to_jsonb(b),
                                               'sub_agents', ar__sub_agents(p_team));

@@ -26,34 +26,23 @@ BEGIN
     RETURN '{"events": [], "outbox": []}'::jsonb;
 END $$;
 
--- A text as Python's repr() writes it, for the names, keys and tool call ids that refusals
--- quote: in quotes, the backslash and the quote escaped, and escaped as repr() escapes them each
--- character below U+0100 that Python does not print (the controls, U+00A0, U+00AD) and the line
--- and paragraph separators, so that a quoted text is one line. Every other character is written
--- as it is: the names and keys the router accepts are printable (validation), and which others
--- Python escapes follows its own Unicode tables.
-CREATE OR REPLACE FUNCTION ar__repr(p text) RETURNS text
+-- The result `p` of a transition run inside another, whose result is `o`: its events and
+-- outbox rows after `o`'s, its other keys (a refusal too) over `o`'s.
+CREATE OR REPLACE FUNCTION ar__merge(o jsonb, p jsonb) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    q text := CASE
-        WHEN strpos(p, '''') > 0 AND strpos(p, '"') = 0
-            THEN '"' || replace(p, '\', '\\') || '"'
-        ELSE '''' || replace(replace(p, '\', '\\'), '''', '\''') || ''''
-    END;
 BEGIN
-    IF q !~ '[\x01-\x1f\x7f-\xa0\xad\u2028\u2029]' THEN
-        RETURN q;
-    END IF;
-    RETURN (SELECT string_agg(CASE
-                WHEN c = E'\t' THEN '\t'
-                WHEN c = E'\n' THEN '\n'
-                WHEN c = E'\r' THEN '\r'
-                WHEN ascii(c) < 32 OR ascii(c) BETWEEN 127 AND 160 OR ascii(c) = 173
-                    THEN '\x' || lpad(to_hex(ascii(c)), 2, '0')
-                WHEN ascii(c) IN (8232, 8233) THEN '\u' || to_hex(ascii(c))
-                ELSE c
-            END, '' ORDER BY n)
-            FROM regexp_split_to_table(q, '') WITH ORDINALITY AS s(c, n));
+    RETURN o || (p - 'events' - 'outbox') || jsonb_build_object(
+        'events', (o -> 'events') || (p -> 'events'),
+        'outbox', (o -> 'outbox') || (p -> 'outbox'));
+END $$;
+
+-- A timestamp as Python's isoformat() writes it: a message to the user carries its time so
+-- (UserMessage.as_payload), the same text whichever database wrote it.
+CREATE OR REPLACE FUNCTION ar__isoformat(p timestamp) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN to_char(p, 'YYYY-MM-DD"T"HH24:MI:SS')
+        || CASE WHEN to_char(p, 'US') = '000000' THEN '' ELSE '.' || to_char(p, 'US') END;
 END $$;
 
 -- A display name as it is compared for a suggestion: ASCII letters lower-cased, nothing but
@@ -66,10 +55,11 @@ BEGIN
         '[^abcdefghijklmnopqrstuvwxyz0123456789]', '', 'g');
 END $$;
 
--- The refusal of an agent name the team does not have, with the agent it was probably meant
--- for: the first (by id) whose key is the name's, else (for a key of 3 characters or more) the
--- first whose key starts with the name's or begins it (queries.unknown_agent on SQLite).
-CREATE OR REPLACE FUNCTION ar__unknown_agent(p_team bigint, p_name text) RETURNS text
+-- The fields of the refusal of an agent name the team does not have (the code
+-- `unknown_agent`), with the agent it was probably meant for ("close"): the first (by id) whose
+-- key is the name's, else (for a key of 3 characters or more) the first whose key starts with
+-- the name's or begins it (queries.unknown_agent on SQLite).
+CREATE OR REPLACE FUNCTION ar__unknown_agent(p_team bigint, p_name text) RETURNS jsonb
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_given text := ar__name_key(p_name);
@@ -86,9 +76,8 @@ BEGIN
             ORDER BY a.id LIMIT 1;
         END IF;
     END IF;
-    RETURN format('no agent %s in team %s', ar__repr(p_name), p_team)
-        || CASE WHEN v_close IS NULL THEN ''
-                ELSE format('; did you mean %s?', ar__repr(v_close)) END;
+    RETURN jsonb_build_object('name', p_name, 'team_id', p_team)
+        || CASE WHEN v_close IS NULL THEN '{}' ELSE jsonb_build_object('close', v_close) END;
 END $$;
 
 -- Which state may follow which (an illegal move is a bug of the store, and raises): `idle`
@@ -112,7 +101,7 @@ CREATE OR REPLACE FUNCTION ar__move(INOUT a ar_agents, p_to ar_agent_state)
 LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT ar__can_move(a.state, p_to) THEN
-        RAISE EXCEPTION 'illegal transition of %: % -> %', ar__repr(a.display_name), a.state, p_to
+        RAISE EXCEPTION 'illegal transition of agent %: % -> %', a.id, a.state, p_to
             USING ERRCODE = 'P0001';
     END IF;
     a.state := p_to;
@@ -352,12 +341,11 @@ BEGIN
                               'from', m.source_name, 'question_id', m.question_id, 'seq', m.seq);
 END $$;
 
--- A refusal: the error the store raises (a class of agent_router.errors, its message and its
--- own fields) in the result's "refused". Nothing of the transition is written.
-CREATE OR REPLACE FUNCTION ar__refused(
-    INOUT o jsonb, p_error text, p_message text, p_fields jsonb DEFAULT '{}')
+-- A refusal: its code (store/refusals.py: the error class and message the store raises) and
+-- the fields its message is rendered from, in the result's "refused". Nothing of the
+-- transition is written.
+CREATE OR REPLACE FUNCTION ar__refused(INOUT o jsonb, p_code text, p_fields jsonb DEFAULT '{}')
 LANGUAGE plpgsql AS $$
 BEGIN
-    o := jsonb_set(o, '{refused}', jsonb_build_object('error', p_error, 'message', p_message,
-                                                        'fields', p_fields));
+    o := jsonb_set(o, '{refused}', jsonb_build_object('code', p_code, 'fields', p_fields));
 END $$;

@@ -12,18 +12,16 @@ DECLARE
     v_now timestamp := ar__now();
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM ar_teams WHERE id = p_team) THEN
-        RETURN ar__refused(o, 'UnknownTeamError', format('unknown team %s', p_team));
+        RETURN ar__refused(o, 'unknown_team', jsonb_build_object('team_id', p_team));
     END IF;
     SELECT * INTO a FROM ar_agents WHERE team_id = p_team AND display_name = p_agent;
     IF NOT FOUND THEN
-        RETURN ar__refused(o, 'UnknownAgentError',
-                           format('no agent %s in team %s', ar__repr(p_agent), p_team));
+        RETURN ar__refused(o, 'unknown_agent',
+                           jsonb_build_object('name', p_agent, 'team_id', p_team));
     ELSIF a.state = 'terminated' THEN
-        RETURN ar__refused(o, 'AgentTerminatedError',
-                           format('agent %s is terminated', ar__repr(p_agent)));
+        RETURN ar__refused(o, 'terminated', jsonb_build_object('name', p_agent));
     ELSIF EXISTS (SELECT 1 FROM ar_background_jobs WHERE task_id = p_task) THEN
-        RETURN ar__refused(o, 'InvalidArgumentError', format(
-            'a background job of task %s is recorded already', ar__repr(p_task)));
+        RETURN ar__refused(o, 'job_task_recorded', jsonb_build_object('task_id', p_task));
     END IF;
     INSERT INTO ar_background_jobs (team_id, agent_id, name, task_id, status, created_at)
     VALUES (p_team, a.id, left(p_name, 200), p_task, 'running', v_now)
@@ -39,7 +37,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_entry jsonb := o -> 'outbox' -> -1;
     v_payload jsonb := (v_entry -> 'payload') || jsonb_build_object(
-        'countdown', p_seconds, 'batch_started', ar__isoformat(p_first));
+        'countdown', p_seconds, 'batch_started', to_jsonb(p_first));
 BEGIN
     UPDATE ar_outbox SET payload = v_payload WHERE id = (v_entry ->> 'id')::bigint;
     o := jsonb_set(o, ARRAY['outbox', (jsonb_array_length(o -> 'outbox') - 1)::text, 'payload'],
@@ -94,10 +92,11 @@ DECLARE
     v_now timestamp;
     v_head text;
     v_reported boolean := false;
+    r record;
 BEGIN
     SELECT * INTO j FROM ar_background_jobs WHERE id = p_job FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RETURN ar__refused(o, 'RefusedError', format('no background job %s', p_job));
+        RETURN ar__refused(o, 'unknown_job', jsonb_build_object('job_id', p_job));
     ELSIF j.status <> 'running' THEN
         RETURN o || jsonb_build_object('job', to_jsonb(j));
     END IF;
@@ -110,17 +109,18 @@ BEGIN
     IF a.state <> 'terminated' THEN
         v_head := format('Background job %s (%s) %s: ', j.name, j.task_id,
                          CASE WHEN p_ok THEN 'finished' ELSE 'failed' END);
-        o := ar__route(o, j.team_id, a.display_name, 'job:' || j.name, true, 'notice', NULL,
-                       v_head || p_result, v_head || p_result_body, NULL, true,
-                       'job:' || j.id);
+        r := ar__route(o, a.display_name, true, ar__message(
+            j.team_id, 'job:' || j.name, 'notice', NULL, v_head || p_result,
+            v_head || p_result_body, NULL, true, 'job:' || j.id));
+        o := r.o;
         IF o ? 'refused' THEN  -- its agent exists and is not terminated: a bug, rolled back
             RAISE EXCEPTION 'the notice of job % refused: %', j.id, o -> 'refused';
         END IF;
         v_reported := true;
-        UPDATE ar_background_jobs SET notice_message_id = (o #>> '{delivery,message_id}')::bigint
+        UPDATE ar_background_jobs SET notice_message_id = (r.d ->> 'message_id')::bigint
         WHERE id = j.id RETURNING * INTO j;
         IF p_batch_seconds > 0 THEN
-            o := ar__batch_turn(o, a.id, (o #>> '{delivery,outcome}')::ar_route_outcome,
+            o := ar__batch_turn(o, a.id, (r.d ->> 'outcome')::ar_route_outcome,
                                 p_batch_seconds, p_max_windows, v_now);
         END IF;
     END IF;
@@ -128,5 +128,5 @@ BEGIN
                          jsonb_build_object('job_id', j.id, 'status', j.status,
                                             'reported', v_reported),
                          p_message => j.notice_message_id);
-    RETURN (o - 'delivery') || jsonb_build_object('job', to_jsonb(j));
+    RETURN o || jsonb_build_object('job', to_jsonb(j));
 END $$;

@@ -28,9 +28,25 @@ SELECT ar_drain(:turn, :agent, :epoch, :limit)
 -- entry's meta), to a current turn's transcript.
 SELECT ar_append(:turn, :agent, :epoch, CAST(:payload AS jsonb), :call, CAST(:meta AS jsonb))
 
+-- name: before_call
+-- Before a model call: carried results appended, lease renewed, a stop honoured, else the call
+-- charged and pending messages drained; the roster and the new transcript entries read.
+SELECT ar_before_call(:turn, :agent, :epoch, CAST(:results AS jsonb), :read, :after, :limit,
+                      :lease_seconds, :ratio, CAST(:defaults AS jsonb), :stopped)
+
+-- name: after_call
+-- After a model call: its usage recorded, then the reply appended and the lease renewed (or a
+-- stop honoured).
+SELECT ar_after_call(:turn, :agent, :epoch, CAST(:payload AS jsonb), :model, :prompt_tokens,
+                     :completion_tokens, :cached_tokens, :cost_nano, :estimated, :priced,
+                     :ratio, CAST(:defaults AS jsonb), CAST(:context AS jsonb),
+                     CAST(:window AS jsonb), :ms, :lease_seconds, :stopped)
+
 -- name: end
--- End a turn: completed, suspended on its question, stopped, or one follow-up turn scheduled.
-SELECT ar_end(:turn, :agent, :epoch, :failed, :error, :interrupted, :stopped)
+-- End a turn (after the results it carried): completed, suspended on its question, stopped, or
+-- one follow-up turn scheduled.
+SELECT ar_end(:turn, :agent, :epoch, :failed, :error, :interrupted, :stopped,
+              CAST(:results AS jsonb))
 
 -- name: suspend
 -- A blocked asker gives up its worker, unless its answer already came.

@@ -19,20 +19,20 @@ DECLARE
 BEGIN
     SELECT * INTO a FROM ar_agents WHERE id = p_agent FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RETURN ar__refused(o, 'UnknownAgentError', format('no agent with id %s', p_agent));
+        RETURN ar__refused(o, 'no_agent_id', jsonb_build_object('agent_id', p_agent));
     END IF;
     IF a.state NOT IN ('running', 'waiting') OR a.suspended THEN
-        RETURN ar__refused(o, 'TurnError',
-                           format('%s is %s: nothing to take over', a.display_name, a.state));
+        RETURN ar__refused(o, 'nothing_to_take_over',
+                           jsonb_build_object('name', a.display_name, 'state', a.state));
     END IF;
     v_now := ar__now();
     SELECT * INTO t FROM ar_turns WHERE agent_id = a.id AND epoch = a.epoch;
     IF p_expected_turn IS NOT NULL AND t.id IS DISTINCT FROM p_expected_turn THEN
-        RETURN ar__refused(o, 'TurnError', 'the turn changed since it was found expired');
+        RETURN ar__refused(o, 'turn_changed');
     END IF;
     IF p_lease_check AND (t.id IS NULL OR t.lease_expires_at IS NULL
                           OR t.lease_expires_at >= v_now) THEN
-        RETURN ar__refused(o, 'TurnError', 'the lease was renewed');
+        RETURN ar__refused(o, 'lease_renewed');
     END IF;
     IF t.id IS NOT NULL THEN
         UPDATE ar_turns SET status = 'fenced', ended_at = v_now, error = p_reason

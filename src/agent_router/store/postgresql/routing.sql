@@ -34,25 +34,30 @@ BEGIN
     END::ar_route_outcome;
 END $$;
 
--- A timestamp as Python's isoformat() writes it.
-CREATE OR REPLACE FUNCTION ar__isoformat(p timestamp) RETURNS text
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    RETURN to_char(p, 'YYYY-MM-DD"T"HH24:MI:SS')
-        || CASE WHEN to_char(p, 'US') = '000000' THEN '' ELSE '.' || to_char(p, 'US') END;
-END $$;
-
--- A send refused: the error, and the `send_rejected` event that records it.
+-- A send refused (`p_refusal`: its code, fields and reason, or NULL): the error, and the
+-- `send_rejected` event that records it, with the code and fields its message is rendered from
+-- (none for an unknown team: nothing of it to record).
 CREATE OR REPLACE FUNCTION ar__rejected(
-    INOUT o jsonb, p_error text, p_message text, p_reason text, p_team bigint, p_to text,
-    p_sender text, p_type ar_message_type, p_subtype ar_message_subtype)
+    INOUT o jsonb, p_refusal jsonb, p_to text, p_new ar_messages)
 LANGUAGE plpgsql AS $$
 BEGIN
-    o := jsonb_set(ar__refused(o, p_error, p_message), '{refused,event}', jsonb_build_object(
-        'action', 'send_rejected', 'team_id', p_team, 'outcome', 'rejected',
-        'detail', jsonb_build_object('reason', p_reason, 'to', p_to, 'sender', p_sender,
-                                     'type', p_type, 'subtype', p_subtype,
-                                     'message', p_message)));
+    o := ar__refused(o, p_refusal ->> 'code', p_refusal -> 'fields');
+    IF p_refusal ? 'reason' THEN
+        o := jsonb_set(o, '{refused,event}', jsonb_build_object(
+            'action', 'send_rejected', 'team_id', p_new.team_id, 'outcome', 'rejected',
+            'detail', jsonb_build_object(
+                'reason', p_refusal -> 'reason', 'to', p_to, 'sender', p_new.source_name,
+                'type', p_new.type, 'subtype', p_new.subtype,
+                'refused', p_refusal -> 'code', 'fields', p_refusal -> 'fields')));
+    END IF;
+END $$;
+
+-- A refusal of a send as ar__rejected takes it: `p_reason` is its event's (NULL: no event).
+CREATE OR REPLACE FUNCTION ar__send_refusal(p_reason text, p_code text, p_fields jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN jsonb_strip_nulls(jsonb_build_object('reason', p_reason, 'code', p_code))
+        || jsonb_build_object('fields', p_fields);
 END $$;
 
 -- The event of a refusal (the result's refused.event), written after the refusal. Refusals of
@@ -79,9 +84,9 @@ BEGIN
            AND (v_latest.detail -> 'to') IS NOT DISTINCT FROM (v_detail -> 'to') THEN
             UPDATE ar_ledger SET detail = detail || jsonb_build_object(
                 'repeats', coalesce((detail ->> 'repeats')::integer, 1) + 1,
-                'last_at', ar__isoformat(p_now),
-                'message', CASE WHEN v_detail ? 'message' THEN v_detail -> 'message'
-                                ELSE detail -> 'message' END)
+                'last_at', to_jsonb(p_now))
+                || jsonb_strip_nulls(jsonb_build_object(
+                    'refused', v_detail -> 'refused', 'fields', v_detail -> 'fields'))
             WHERE id = v_latest.id;
             RETURN;
         END IF;
@@ -127,22 +132,124 @@ BEGIN
     o := r.o;
 END $$;
 
--- Route one message (store/routing.py's route): the result's "delivery", or "refused" with
--- nothing written (its event is for the caller to write).
+-- A message to route: its team, sender and own fields (the rest of the row is the router's).
+CREATE OR REPLACE FUNCTION ar__message(
+    p_team bigint, p_sender text, p_type ar_message_type, p_subtype ar_message_subtype,
+    p_content text, p_body text, p_question bigint, p_wake boolean, p_dedup text)
+RETURNS ar_messages LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    m ar_messages;
+BEGIN
+    m.team_id := p_team;
+    m.source_name := p_sender;
+    m.type := p_type;
+    m.subtype := p_subtype;
+    m.content := p_content;
+    m.body := p_body;
+    m.question_id := p_question;
+    m.wake := p_wake;
+    m.dedup_key := p_dedup;
+    RETURN m;
+END $$;
+
+-- Why a send to the receiver `t` (locked; NULL when the team has no `p_to`) is refused, checked
+-- in order: an unknown team, an unknown or terminated sender (`p_source_state`), an unknown,
+-- same or terminated receiver. NULL when none is.
+CREATE OR REPLACE FUNCTION ar__send_refused(
+    t ar_agents, p_to text, p_new ar_messages, p_external boolean, p_source bigint,
+    p_source_state ar_agent_state)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF t.id IS NULL AND NOT EXISTS (SELECT 1 FROM ar_teams WHERE id = p_new.team_id) THEN
+        RETURN ar__send_refusal(NULL, 'unknown_team',
+                                jsonb_build_object('team_id', p_new.team_id));
+    ELSIF NOT p_external AND p_source IS NULL THEN
+        RETURN ar__send_refusal('unknown_sender', 'unknown_sender', jsonb_build_object(
+            'sender', p_new.source_name, 'team_id', p_new.team_id));
+    ELSIF p_source_state = 'terminated' THEN
+        RETURN ar__send_refusal('sender_terminated', 'sender_terminated',
+                                jsonb_build_object('sender', p_new.source_name));
+    ELSIF t.id IS NULL THEN
+        RETURN ar__send_refusal('unknown_target', 'unknown_agent',
+                                ar__unknown_agent(p_new.team_id, p_to));
+    ELSIF p_source = t.id THEN
+        RETURN ar__send_refusal('self_send', 'self_send', '{}');
+    ELSIF t.state = 'terminated' THEN
+        RETURN ar__send_refusal('terminated', 'terminated', jsonb_build_object('name', p_to));
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Why an answer to `t` is refused: it names no question, or `q` (locked; NULL when there is no
+-- such question) is of another team, was not asked by `t`, is the user's to answer (and the
+-- sender not the user), is a wait for output, or is closed. NULL when it answers `q`.
+CREATE OR REPLACE FUNCTION ar__answer_refused(q ar_questions, t ar_agents, p_new ar_messages)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_new.question_id IS NULL THEN
+        RETURN ar__send_refusal('no_question_id', 'no_question_id', '{}');
+    ELSIF q.id IS NULL OR q.team_id <> p_new.team_id THEN
+        RETURN ar__send_refusal('unknown_question', 'unknown_question', jsonb_build_object(
+            'question_id', p_new.question_id, 'team_id', p_new.team_id));
+    ELSIF q.asker_agent_id <> t.id THEN
+        RETURN ar__send_refusal('wrong_question', 'not_asked_by', jsonb_build_object(
+            'question_id', q.id, 'target', t.display_name));
+    ELSIF q.kind = 'user' AND p_new.source_name <> 'user' THEN
+        RETURN ar__send_refusal('wrong_question', 'users_question',
+                                jsonb_build_object('question_id', q.id));
+    ELSIF q.kind = 'output' THEN
+        RETURN ar__send_refusal('wrong_question', 'not_a_question',
+                                jsonb_build_object('question_id', q.id));
+    ELSIF q.status <> 'open' THEN
+        RETURN ar__send_refusal('question_closed', 'question_closed', jsonb_build_object(
+            'question_id', q.id, 'status', q.status));
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- The message `p_new` to `t`, inserted final (one that resolves a wait is delivered as it is
+-- inserted, into the turn `p_turn` that waits for it).
+CREATE OR REPLACE FUNCTION ar__insert_message(
+    p_new ar_messages, t ar_agents, p_source bigint, p_seq bigint,
+    p_outcome ar_route_outcome, p_turn bigint, p_now timestamp)
+RETURNS ar_messages LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    m ar_messages;
+BEGIN
+    INSERT INTO ar_messages (team_id, seq, source_name, source_agent_id, target_agent_id, type,
+                             subtype, content, body, question_id, wake, dedup_key, outcome,
+                             status, consumed_turn_id, consumed_at, created_at)
+    VALUES (p_new.team_id, p_seq, p_new.source_name, p_source, t.id, p_new.type,
+            p_new.subtype, p_new.content, p_new.body, p_new.question_id, p_new.wake,
+            p_new.dedup_key, p_outcome,
+            CASE WHEN p_outcome = 'resolved' THEN 'delivered' ELSE 'pending' END::ar_message_status,
+            p_turn, CASE WHEN p_outcome = 'resolved' THEN p_now END, p_now)
+    RETURNING * INTO m;
+    RETURN m;
+END $$;
+
+-- What a send returns: `m` as routed to `t` (`p_duplicate`: a retried send found it).
+CREATE OR REPLACE FUNCTION ar__delivery(t ar_agents, m ar_messages, p_duplicate boolean)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN jsonb_build_object('message_id', m.id, 'outcome', m.outcome, 'target', t.display_name,
+                              'seq', m.seq, 'epoch', t.epoch, 'duplicate', p_duplicate);
+END $$;
+
+-- Route one message `p_new` to `p_to` (store/routing.py's route): "d" the delivery, or "o" with
+-- "refused" and nothing written (its event is for the caller to write). The sender is looked up
+-- once, then the receiver's row is taken one of two ways.
 --
--- The receiver's row is taken one of two ways. A send that can change nothing of it but its
--- counter (a message that is no answer, names no question and carries no dedup key, from an
--- outside sender or a live agent other than the receiver, to a receiver that is running or
--- scheduled, or idle or completed and not woken) takes it with the UPDATE that writes the
--- counter: one statement locks and writes the row, and there is nothing to refuse. Any other
--- send, and this one when that UPDATE matched no row (the receiver in another state, unknown,
--- of another team), locks the row first, checks and refuses, and writes it back once decided.
--- Either way the outcome is ar__decide's and the message, its event and the delivery are
--- written below by the same statements.
+-- The fast path: a send that can change nothing of the receiver but its counter (a message
+-- that is no answer, names no question and carries no dedup key, from an outside sender or a
+-- live agent other than the receiver, to a receiver that is running or scheduled, or idle or
+-- completed and not woken) takes the row with the UPDATE that writes the counter: one statement
+-- locks and writes it, there is nothing to refuse, and the routing table's row is the
+-- receiver's state alone. The general path (any other send, and this one when that UPDATE
+-- matched no row): lock the receiver, refuse, find the question answered and the one waited on,
+-- decide, and write the row back once.
 CREATE OR REPLACE FUNCTION ar__route(
-    INOUT o jsonb, p_team bigint, p_to text, p_sender text, p_external boolean,
-    p_type ar_message_type, p_subtype ar_message_subtype, p_content text, p_body text,
-    p_question bigint, p_wake boolean, p_dedup text)
+    INOUT o jsonb, OUT d jsonb, p_to text, p_external boolean, p_new ar_messages)
 LANGUAGE plpgsql AS $$
 DECLARE
     t ar_agents;
@@ -150,154 +257,78 @@ DECLARE
     w ar_questions;
     m ar_messages;
     r record;
-    v_found boolean;
     v_source bigint;
     v_source_state ar_agent_state;
     v_before ar_agent_state;
     v_outcome ar_route_outcome;
+    v_refused jsonb;
     v_now timestamp;
-    v_taken boolean := false;
 BEGIN
-    IF p_type <> 'answer' AND p_question IS NULL AND p_dedup IS NULL
-       AND (p_external OR p_sender <> p_to) THEN
-        IF NOT p_external THEN
-            SELECT id, state INTO v_source, v_source_state FROM ar_agents
-            WHERE team_id = p_team AND display_name = p_sender;
-        END IF;
-        IF p_external OR v_source_state <> 'terminated' THEN
-            UPDATE ar_agents SET next_seq = next_seq + 1
-            WHERE team_id = p_team AND display_name = p_to
-              AND (state IN ('running', 'scheduled')
-                   OR (state IN ('idle', 'completed') AND NOT p_wake))
-            RETURNING * INTO t;
-            v_taken := FOUND;
+    IF NOT p_external THEN
+        SELECT id, state INTO v_source, v_source_state FROM ar_agents
+        WHERE team_id = p_new.team_id AND display_name = p_new.source_name;
+    END IF;
+    IF p_new.type <> 'answer' AND p_new.question_id IS NULL AND p_new.dedup_key IS NULL
+       AND (p_external OR (v_source_state <> 'terminated' AND p_new.source_name <> p_to)) THEN
+        UPDATE ar_agents SET next_seq = next_seq + 1
+        WHERE team_id = p_new.team_id AND display_name = p_to
+          AND (state IN ('running', 'scheduled')
+               OR (state IN ('idle', 'completed') AND NOT p_new.wake))
+        RETURNING * INTO t;
+        IF FOUND THEN
             v_now := ar__now();
+            m := ar__insert_message(p_new, t, v_source, t.next_seq - 1, ar__decide(
+                    t.state, NULL, NULL, NULL, p_new.type, p_new.subtype, v_source,
+                    p_new.wake, NULL, p_external AND p_new.source_name = 'user'), NULL, v_now);
+            o := ar__agent_event(o, 'route', t, v_now, ar__route_detail(m, t.state, t.state),
+                                 m.outcome, m.id, NULL, t.epoch);
+            d := ar__delivery(t, m, false);
+            RETURN;
         END IF;
     END IF;
-    IF NOT v_taken THEN
-        SELECT * INTO t FROM ar_agents WHERE team_id = p_team AND display_name = p_to
-        FOR NO KEY UPDATE;
-        v_found := FOUND;
-        v_now := ar__now();
-        IF NOT v_found AND NOT EXISTS (SELECT 1 FROM ar_teams WHERE id = p_team) THEN
-            o := ar__refused(o, 'UnknownTeamError', format('unknown team %s', p_team));
+
+    SELECT * INTO t FROM ar_agents WHERE team_id = p_new.team_id AND display_name = p_to
+    FOR NO KEY UPDATE;
+    v_now := ar__now();
+    v_refused := ar__send_refused(t, p_to, p_new, p_external, v_source, v_source_state);
+    -- A retried send finds its first delivery by its dedup key.
+    IF v_refused IS NULL AND p_new.dedup_key IS NOT NULL THEN
+        SELECT * INTO m FROM ar_messages
+        WHERE target_agent_id = t.id AND dedup_key = p_new.dedup_key;
+        IF FOUND AND (m.content, m.source_name, m.type, m.subtype, m.question_id)
+                     IS DISTINCT FROM (p_new.content, p_new.source_name, p_new.type,
+                                       p_new.subtype, p_new.question_id) THEN
+            v_refused := ar__send_refusal('dedup_conflict', 'dedup_conflict', jsonb_build_object(
+                'dedup_key', p_new.dedup_key, 'message_id', m.id, 'target', t.display_name));
+        ELSIF FOUND THEN
+            o := ar__agent_event(o, 'duplicate_send', t, v_now,
+                                 jsonb_build_object('dedup_key', p_new.dedup_key), m.outcome,
+                                 m.id);
+            d := ar__delivery(t, m, true);
             RETURN;
-        END IF;
-        IF NOT p_external THEN
-            SELECT id, state INTO v_source, v_source_state FROM ar_agents
-            WHERE team_id = p_team AND display_name = p_sender;
-            IF v_source IS NULL THEN
-                o := ar__rejected(o, 'UnknownAgentError', format(
-                        'unknown sender %s: not an agent of team %s, nor ''user'', ''system'' or '
-                        '''job:<name>''', ar__repr(p_sender), p_team),
-                    'unknown_sender', p_team, p_to, p_sender, p_type, p_subtype);
-                RETURN;
-            ELSIF v_source_state = 'terminated' THEN
-                o := ar__rejected(o, 'AgentTerminatedError',
-                    format('sender %s is terminated', ar__repr(p_sender)),
-                    'sender_terminated', p_team, p_to, p_sender, p_type, p_subtype);
-                RETURN;
-            END IF;
-        END IF;
-        IF NOT v_found THEN
-            o := ar__rejected(o, 'UnknownAgentError', ar__unknown_agent(p_team, p_to),
-                'unknown_target', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        END IF;
-        IF v_source = t.id THEN
-            o := ar__rejected(o, 'InvalidMessageError', 'an agent cannot message itself',
-                'self_send', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        END IF;
-        IF t.state = 'terminated' THEN
-            o := ar__rejected(o, 'AgentTerminatedError',
-                format('agent %s is terminated', ar__repr(p_to)),
-                'terminated', p_team, p_to, p_sender, p_type, p_subtype);
-            RETURN;
-        END IF;
-        -- A retried send finds its first delivery by its dedup key.
-        IF p_dedup IS NOT NULL THEN
-            SELECT * INTO m FROM ar_messages WHERE target_agent_id = t.id AND dedup_key = p_dedup;
-            IF FOUND THEN
-                IF (m.content, m.source_name, m.type, m.subtype, m.question_id)
-                   IS DISTINCT FROM (p_content, p_sender, p_type, p_subtype, p_question) THEN
-                    o := ar__rejected(o, 'DedupConflictError', format(
-                            'dedup key %s was used for message %s to %s with other content, '
-                            'sender or type', ar__repr(p_dedup), m.id, t.display_name),
-                        'dedup_conflict', p_team, p_to, p_sender, p_type, p_subtype);
-                    RETURN;
-                END IF;
-                o := ar__agent_event(o, 'duplicate_send', t, v_now,
-                                     jsonb_build_object('dedup_key', p_dedup), m.outcome, m.id);
-                o := o || jsonb_build_object('delivery', jsonb_build_object(
-                    'message_id', m.id, 'outcome', m.outcome, 'target', t.display_name,
-                    'seq', m.seq, 'epoch', t.epoch, 'duplicate', true));
-                RETURN;
-            END IF;
-        END IF;
-        v_before := t.state;
-        -- An answer answers an open question that its receiver asked.
-        IF p_type = 'answer' THEN
-            IF p_question IS NULL THEN
-                o := ar__rejected(o, 'InvalidMessageError', 'an answer needs a question_id',
-                    'no_question_id', p_team, p_to, p_sender, p_type, p_subtype);
-                RETURN;
-            END IF;
-            SELECT * INTO q FROM ar_questions WHERE id = p_question FOR NO KEY UPDATE;
-            IF NOT FOUND OR q.team_id <> p_team THEN
-                o := ar__rejected(o, 'UnknownQuestionError',
-                    format('no question %s in team %s', p_question, p_team),
-                    'unknown_question', p_team, p_to, p_sender, p_type, p_subtype);
-                RETURN;
-            ELSIF q.asker_agent_id <> t.id THEN
-                o := ar__rejected(o, 'WrongQuestionError',
-                    format('question %s was not asked by %s', q.id, ar__repr(t.display_name)),
-                    'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
-                RETURN;
-            ELSIF q.kind = 'user' AND p_sender <> 'user' THEN
-                o := ar__rejected(o, 'WrongQuestionError',
-                    format('question %s is the user''s to answer', q.id),
-                    'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
-                RETURN;
-            ELSIF q.kind = 'output' THEN
-                o := ar__rejected(o, 'WrongQuestionError', format(
-                        '%s is not a question but a wait for output: nothing to answer', q.id),
-                    'wrong_question', p_team, p_to, p_sender, p_type, p_subtype);
-                RETURN;
-            ELSIF q.status <> 'open' THEN
-                o := ar__rejected(o, 'QuestionClosedError',
-                    format('question %s is already %s', q.id, q.status),
-                    'question_closed', p_team, p_to, p_sender, p_type, p_subtype);
-                RETURN;
-            END IF;
-        END IF;
-        -- The question a waiting receiver is blocked on (usually the very one answered).
-        IF t.state = 'waiting' THEN
-            IF q.id IS NOT NULL AND q.waiting THEN
-                w := q;
-            ELSE
-                w := ar__waiting_question(t.id);
-            END IF;
         END IF;
     END IF;
-    v_before := coalesce(v_before, t.state);
-    v_outcome := ar__decide(t.state, w.id, w.kind, w.target_agent_id, p_type, p_subtype,
-                            v_source, p_wake, q.id, p_external AND p_sender = 'user');
-    -- The message, final as inserted: one that resolves a wait is delivered as it is
-    -- inserted, into the turn that waits for it.
-    INSERT INTO ar_messages (team_id, seq, source_name, source_agent_id, target_agent_id, type,
-                             subtype, content, body, question_id, wake, dedup_key, outcome,
-                             status, consumed_turn_id, consumed_at, created_at)
-    VALUES (p_team, CASE WHEN v_taken THEN t.next_seq - 1 ELSE t.next_seq END, p_sender,
-            v_source, t.id, p_type, p_subtype, p_content, p_body, p_question, p_wake, p_dedup,
-            v_outcome,
-            CASE WHEN v_outcome = 'resolved' THEN 'delivered' ELSE 'pending' END::ar_message_status,
-            CASE WHEN v_outcome = 'resolved' THEN ar__waiter_turn(t.id, w.asker_epoch) END,
-            CASE WHEN v_outcome = 'resolved' THEN v_now END, v_now)
-    RETURNING * INTO m;
-    IF NOT v_taken THEN
-        t.next_seq := t.next_seq + 1;
+    -- An answer answers an open question that its receiver asked.
+    IF v_refused IS NULL AND p_new.type = 'answer' THEN
+        SELECT * INTO q FROM ar_questions WHERE id = p_new.question_id FOR NO KEY UPDATE;
+        v_refused := ar__answer_refused(q, t, p_new);
     END IF;
+    IF v_refused IS NOT NULL THEN
+        o := ar__rejected(o, v_refused, p_to, p_new);
+        RETURN;
+    END IF;
+    -- The question a waiting receiver is blocked on (usually the very one answered).
+    IF t.state = 'waiting' THEN
+        w := CASE WHEN q.waiting THEN q ELSE ar__waiting_question(t.id) END;
+    END IF;
+    v_before := t.state;
+    v_outcome := ar__decide(t.state, w.id, w.kind, w.target_agent_id, p_new.type,
+                            p_new.subtype, v_source, p_new.wake, q.id,
+                            p_external AND p_new.source_name = 'user');
+    m := ar__insert_message(p_new, t, v_source, t.next_seq, v_outcome,
+                            CASE WHEN v_outcome = 'resolved'
+                                 THEN ar__waiter_turn(t.id, w.asker_epoch) END, v_now);
+    t.next_seq := t.next_seq + 1;
     IF q.id IS NOT NULL THEN
         q := ar__close_question(q, 'answered', v_now, m.id);
     END IF;
@@ -315,16 +346,19 @@ BEGIN
         t := r.a;
         o := r.o;
     END IF;
-    IF NOT v_taken THEN
-        PERFORM ar__save_agent(t);
-    END IF;
-    o := ar__agent_event(o, 'route', t, v_now, jsonb_build_object(
-            'seq', m.seq, 'type', p_type, 'sender', p_sender, 'wake', p_wake,
-            'state_before', v_before, 'state_after', t.state),
-        v_outcome, m.id, NULL, t.epoch);
-    o := o || jsonb_build_object('delivery', jsonb_build_object(
-        'message_id', m.id, 'outcome', v_outcome, 'target', t.display_name, 'seq', m.seq,
-        'epoch', t.epoch, 'duplicate', false));
+    PERFORM ar__save_agent(t);
+    o := ar__agent_event(o, 'route', t, v_now, ar__route_detail(m, v_before, t.state),
+                         v_outcome, m.id, NULL, t.epoch);
+    d := ar__delivery(t, m, false);
+END $$;
+
+-- The detail of a route's ledger event (routing.route_detail).
+CREATE OR REPLACE FUNCTION ar__route_detail(
+    m ar_messages, p_before ar_agent_state, p_after ar_agent_state)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN jsonb_build_object('seq', m.seq, 'type', m.type, 'sender', m.source_name,
+                              'wake', m.wake, 'state_before', p_before, 'state_after', p_after);
 END $$;
 
 -- Send one message: routed, or refused with its event written.
@@ -334,13 +368,13 @@ CREATE OR REPLACE FUNCTION ar_send(
     p_wake boolean, p_dedup text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    o jsonb := ar__route(ar__result(), p_team, p_to, p_sender, p_external, p_type, p_subtype,
-                         p_content, p_body, p_question, p_wake, p_dedup);
+    r record := ar__route(ar__result(), p_to, p_external, ar__message(
+        p_team, p_sender, p_type, p_subtype, p_content, p_body, p_question, p_wake, p_dedup));
 BEGIN
-    IF o ? 'refused' THEN
-        o := ar__refusal_event(o, ar__now());
+    IF r.o ? 'refused' THEN
+        RETURN ar__refusal_event(r.o, ar__now());
     END IF;
-    RETURN o;
+    RETURN r.o || jsonb_build_object('delivery', r.d);
 END $$;
 
 -- Send several messages of one team from one sender in this one transaction, each routed as
@@ -355,7 +389,7 @@ DECLARE
     o jsonb := ar__result();
     v_deliveries jsonb := '[]';
     v_sent record;
-    v_refused jsonb;
+    r record;
 BEGIN
     BEGIN
         FOR v_sent IN
@@ -363,23 +397,22 @@ BEGIN
             LEFT JOIN ar_agents ag ON ag.team_id = p_team AND ag.display_name = e.value ->> 'to'
             ORDER BY coalesce(ag.id, 0), e.n
         LOOP
-            o := ar__route(o, p_team, v_sent.m ->> 'to', p_sender, p_external,
-                           (v_sent.m ->> 'type')::ar_message_type,
-                           (v_sent.m ->> 'subtype')::ar_message_subtype, v_sent.m ->> 'content',
-                           v_sent.m ->> 'body', (v_sent.m ->> 'question_id')::bigint,
-                           (v_sent.m ->> 'wake')::boolean, v_sent.m ->> 'dedup_key');
+            r := ar__route(o, v_sent.m ->> 'to', p_external, jsonb_populate_record(
+                NULL::ar_messages,
+                v_sent.m || jsonb_build_object('team_id', p_team, 'source_name', p_sender)));
+            o := r.o;
             IF o ? 'refused' THEN
                 RAISE EXCEPTION USING ERRCODE = 'AR001', MESSAGE = (o -> 'refused')::text;
             END IF;
             v_deliveries := v_deliveries || jsonb_build_array(
-                (o -> 'delivery') || jsonb_build_object('n', v_sent.n));
+                r.d || jsonb_build_object('n', v_sent.n));
         END LOOP;
     EXCEPTION WHEN SQLSTATE 'AR001' THEN
         -- Everything of the batch is rolled back; its first refusal is recorded.
-        v_refused := SQLERRM::jsonb;
-        RETURN ar__refusal_event(jsonb_set(ar__result(), '{refused}', v_refused), ar__now());
+        RETURN ar__refusal_event(jsonb_set(ar__result(), '{refused}', SQLERRM::jsonb),
+                                 ar__now());
     END;
     SELECT coalesce(jsonb_agg(d - 'n' ORDER BY (d ->> 'n')::integer), '[]') INTO v_deliveries
     FROM jsonb_array_elements(v_deliveries) d;
-    RETURN (o - 'delivery') || jsonb_build_object('deliveries', v_deliveries);
+    RETURN o || jsonb_build_object('deliveries', v_deliveries);
 END $$;

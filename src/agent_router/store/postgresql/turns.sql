@@ -1,5 +1,5 @@
 -- A turn's transitions on PostgreSQL, under its agent's row lock and checked against the fence:
--- claim, drain, append, end, suspend, stop. The SQLite implementation of the same transitions
+-- claim, drain, append, before and after a model call, end, suspend, stop. The SQLite implementation of the same transitions
 -- is store/turns.py.
 
 -- Lock the turn's agent and check the fence: a stale turn (its agent gone, another epoch, the
@@ -20,8 +20,8 @@ BEGIN
        AND a.state IN ('running', 'waiting') THEN
         RETURN;
     END IF;
-    o := ar__refused(o, 'StaleTurnError', format(
-        'turn %s (epoch %s) is no longer current: %s refused', p_turn, p_epoch, p_operation));
+    o := ar__refused(o, 'stale_turn', jsonb_build_object(
+        'turn_id', p_turn, 'epoch', p_epoch, 'operation', p_operation));
     o := jsonb_set(o, '{refused,event}', jsonb_build_object(
         'action', 'stale_write_refused', 'team_id', a.team_id,
         -- A deleted team's rows are gone: the event then names them only in its detail.
@@ -34,35 +34,27 @@ END $$;
 
 -- A write (`p_operation`) of a current turn refused: ledgered as a stale write.
 CREATE OR REPLACE FUNCTION ar__write_refused(
-    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_error text, p_message text,
+    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_code text, p_fields jsonb,
     p_detail jsonb DEFAULT '{}')
 LANGUAGE plpgsql AS $$
 BEGIN
-    o := jsonb_set(ar__refused(o, p_error, p_message), '{refused,event}', jsonb_build_object(
+    o := jsonb_set(ar__refused(o, p_code, p_fields), '{refused,event}', jsonb_build_object(
         'action', 'stale_write_refused', 'team_id', a.team_id, 'agent_id', a.id,
         'turn_id', p_turn, 'detail', jsonb_build_object('operation', p_operation) || p_detail));
 END $$;
 
--- A list of texts as Python prints it (a refusal quotes the tool calls it names).
-CREATE OR REPLACE FUNCTION ar__repr_list(p text[]) RETURNS text
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    RETURN (SELECT '[' || coalesce(string_agg(ar__repr(x), ', ' ORDER BY n), '') || ']'
-    FROM unnest(p) WITH ORDINALITY AS u(x, n));
-END $$;
-
--- Refuse `p_operation` while tool calls of the last assistant message have no result;
--- `p_ledger_calls`: the event names them.
+-- Refuse `p_operation` while tool calls of the last assistant message have no result (the
+-- refusal `p_code`, naming them); `p_ledger_calls`: the event names them.
 CREATE OR REPLACE FUNCTION ar__refuse_open_tool_calls(
-    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_why text,
+    INOUT o jsonb, a ar_agents, p_turn bigint, p_operation text, p_code text,
     p_ledger_calls boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_open text[] := ar__open_tool_calls(a.id);
 BEGIN
     IF cardinality(v_open) > 0 THEN
-        o := ar__write_refused(o, a, p_turn, p_operation, 'ToolCallsPendingError',
-            format('tool calls %s %s', ar__repr_list(v_open), p_why),
+        o := ar__write_refused(o, a, p_turn, p_operation, p_code,
+            jsonb_build_object('calls', to_jsonb(v_open)),
             CASE WHEN p_ledger_calls THEN jsonb_build_object('dangling', to_jsonb(v_open))
                  ELSE '{}'::jsonb END);
     END IF;
@@ -86,10 +78,10 @@ DECLARE
 BEGIN
     SELECT * INTO a FROM ar_agents WHERE id = p_agent FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RETURN ar__refused(o, 'UnknownAgentError', format('no agent with id %s', p_agent));
+        RETURN ar__refused(o, 'no_agent_id', jsonb_build_object('agent_id', p_agent));
     END IF;
     IF p_builtin AND a.runner IS NOT NULL THEN
-        RETURN ar__refused(o, 'HostOwnedTurnError', a.runner);
+        RETURN ar__refused(o, 'host_owned', jsonb_build_object('runner', a.runner));
     END IF;
     v_now := ar__now();
     IF a.state <> 'scheduled' OR (p_epoch IS NOT NULL AND p_epoch <> a.epoch) THEN
@@ -110,7 +102,157 @@ BEGIN
     -- The agent's lock, then the budget's: no transaction takes them the other way round.
     o := ar__charge(o, a.team_id, a.id, t.id, true, p_ratio, p_defaults, v_now);
     RETURN o || jsonb_build_object('claim', jsonb_build_object(
-        'turn', to_jsonb(t), 'team_id', a.team_id, 'display_name', a.display_name));
+        'turn', to_jsonb(t), 'team_id', a.team_id, 'display_name', a.display_name,
+        'agent', to_jsonb(a),
+        'lead', CASE WHEN a.is_lead THEN a.display_name ELSE (
+            SELECT l.display_name FROM ar_agents l WHERE l.team_id = a.team_id AND l.is_lead) END,
+        'checkpoint', a.context_window, 'open_calls', to_jsonb(ar__open_tool_calls(a.id))));
+END $$;
+
+-- The results a turn carried (`p_results`: [[tool call id, content, meta], ...]; the meta, how
+-- the call ran or null, is the entry's) appended, each the result of an open tool call of the
+-- last assistant message; `p_close`: together they must close its calls (a drain follows). All are checked before any is written: a refusal writes
+-- nothing.
+CREATE OR REPLACE FUNCTION ar__carried(
+    INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_results jsonb, p_close boolean,
+    p_now timestamp)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_open text[] := ar__open_tool_calls(a.id);
+    v_result jsonb;
+BEGIN
+    FOR v_result IN SELECT value FROM jsonb_array_elements(p_results) LOOP
+        IF NOT (v_result ->> 0) = ANY (v_open) THEN
+            o := ar__write_refused(o, a, p_turn, 'append_tool_result', 'not_open_tool_call',
+                                   jsonb_build_object('call', v_result ->> 0));
+            RETURN;
+        END IF;
+        v_open := array_remove(v_open, v_result ->> 0);
+    END LOOP;
+    IF p_close AND cardinality(v_open) > 0 THEN
+        o := ar__write_refused(o, a, p_turn, 'drain', 'calls_open_at_drain',
+            jsonb_build_object('calls', to_jsonb(v_open)),
+            jsonb_build_object('dangling', to_jsonb(v_open)));
+        RETURN;
+    END IF;
+    FOR v_result IN SELECT value FROM jsonb_array_elements(p_results) LOOP
+        a := ar__append(a, jsonb_build_object('role', 'tool', 'tool_call_id', v_result ->> 0,
+                                              'content', v_result ->> 1), p_turn, p_now,
+                        NULL, nullif(v_result -> 2, 'null'::jsonb));
+    END LOOP;
+END $$;
+
+-- Everything a turn does before a model call: the results it carried appended (they close the
+-- last batch), its lease renewed, then a stop requested honoured ("stopped"), else the model
+-- call charged to the team's budgets ("budget") and, if it may be made, a batch of pending
+-- messages drained ("messages"; "more": others are pending). Returns what the loop builds its
+-- request from: the team's agents ("roster") and, with `p_read`, the transcript entries after
+-- position `p_after` (all with NULL): "rows", [position, payload] pairs.
+CREATE OR REPLACE FUNCTION ar_before_call(
+    p_turn bigint, p_agent bigint, p_epoch integer, p_results jsonb, p_read boolean,
+    p_after integer,
+    p_limit integer, p_lease_seconds float8, p_ratio float8, p_defaults jsonb, p_stopped text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    r record;
+    v_now timestamp;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'before_call');
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    IF a.state <> 'running' THEN
+        o := ar__write_refused(o, a, p_turn, 'drain', 'cannot_drain',
+                               jsonb_build_object('name', a.display_name, 'state', a.state));
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    v_now := ar__now();
+    r := ar__carried(a, o, p_turn, p_results, true, v_now);
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    UPDATE ar_turns SET lease_expires_at = v_now + make_interval(secs => p_lease_seconds)
+    WHERE id = p_turn;
+    IF a.stop_requested THEN
+        r := ar__stop_turn(a, o, p_turn, ar__requested_stop_reason(a), p_stopped, v_now);
+        PERFORM ar__save_agent(r.a);
+        RETURN r.o || '{"stopped": true}';
+    END IF;
+    PERFORM ar__save_agent(a);
+    o := ar__charge(o, a.team_id, a.id, p_turn, false, p_ratio, p_defaults, v_now);
+    IF o ? 'refused' OR NOT (o -> 'budget' ->> 'ok')::boolean THEN
+        RETURN o;
+    END IF;
+    o := ar__merge(o, ar_drain(p_turn, p_agent, p_epoch, p_limit));
+    RETURN o || jsonb_build_object(
+        'more', jsonb_array_length(o -> 'messages') = p_limit AND EXISTS (
+            SELECT 1 FROM ar_messages WHERE target_agent_id = a.id AND status = 'pending'),
+        'roster', (SELECT jsonb_agg(to_jsonb(m) ORDER BY m.id) FROM ar_agents m
+                   WHERE m.team_id = a.team_id),
+        'rows', CASE WHEN p_read THEN (
+            SELECT coalesce(jsonb_agg(jsonb_build_array(e.position, e.payload)
+                                      ORDER BY e.position), '[]')
+            FROM ar_transcript_entries e
+            WHERE e.agent_id = a.id AND (p_after IS NULL OR e.position > p_after)) END);
+END $$;
+
+-- Everything a turn does after a model call: its usage recorded (when given: `p_prompt` not
+-- NULL, as ar_record_usage; `p_ms`: how long the call took), then, if a stop was requested meanwhile, the stop honoured and the
+-- reply left out ("stopped"); else the reply appended and the turn's lease renewed. A reply
+-- that calls no tool reads the questions open to the agent ("questions", with the names of
+-- their askers and of the agent): the loop's reminders look at them before the turn ends.
+CREATE OR REPLACE FUNCTION ar_after_call(
+    p_turn bigint, p_agent bigint, p_epoch integer, p_payload jsonb, p_model text,
+    p_prompt bigint, p_completion bigint, p_cached bigint, p_cost_nano bigint,
+    p_estimated boolean, p_priced boolean, p_ratio float8, p_defaults jsonb, p_context jsonb,
+    p_window jsonb, p_ms bigint, p_lease_seconds float8, p_stopped text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    r record;
+    v_now timestamp;
+BEGIN
+    r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'append_assistant');
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
+    IF NOT a.stop_requested THEN
+        o := ar__refuse_open_tool_calls(o, a, p_turn, 'append_assistant',
+                                        'calls_open_at_append');
+        IF o ? 'refused' THEN
+            RETURN ar__refusal_event(o, ar__now());
+        END IF;
+    END IF;
+    IF p_prompt IS NOT NULL THEN
+        o := ar__merge(o, ar_record_usage(
+            a.team_id, a.id, p_turn, p_model, p_prompt, p_completion, p_cached, p_cost_nano,
+            p_estimated, p_priced, p_ratio, p_defaults, p_context, p_window, p_ms));
+    END IF;
+    v_now := ar__now();
+    IF a.stop_requested THEN
+        r := ar__stop_turn(a, o, p_turn, ar__requested_stop_reason(a), p_stopped, v_now);
+        PERFORM ar__save_agent(r.a);
+        RETURN r.o || '{"stopped": true, "questions": []}';
+    END IF;
+    a := ar__append(a, p_payload, p_turn, v_now);
+    PERFORM ar__save_agent(a);
+    UPDATE ar_turns SET lease_expires_at = v_now + make_interval(secs => p_lease_seconds)
+    WHERE id = p_turn;
+    RETURN o || jsonb_build_object('questions', CASE
+        WHEN jsonb_array_length(coalesce(p_payload -> 'tool_calls', '[]')) > 0 THEN '[]'::jsonb
+        ELSE (SELECT coalesce(jsonb_agg(to_jsonb(q) || jsonb_build_object(
+                  'asker', s.display_name, 'target', a.display_name) ORDER BY q.id), '[]')
+              FROM ar_questions q JOIN ar_agents s ON s.id = q.asker_agent_id
+              WHERE q.target_agent_id = a.id AND q.status = 'open' AND q.kind = 'ask') END);
 END $$;
 
 -- Move pending messages, in sequence order, into the transcript as user entries, consumed in
@@ -137,12 +279,11 @@ BEGIN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     IF a.state <> 'running' THEN
-        o := ar__write_refused(o, a, p_turn, 'drain', 'TurnError',
-                               format('%s is %s: cannot drain', a.display_name, a.state));
+        o := ar__write_refused(o, a, p_turn, 'drain', 'cannot_drain',
+                               jsonb_build_object('name', a.display_name, 'state', a.state));
         RETURN ar__refusal_event(o, ar__now());
     END IF;
-    o := ar__refuse_open_tool_calls(o, a, p_turn, 'drain',
-        'have no result yet: a drain would split them from their assistant message', true);
+    o := ar__refuse_open_tool_calls(o, a, p_turn, 'drain', 'calls_open_at_drain', true);
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
@@ -224,12 +365,10 @@ BEGIN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     IF p_call IS NULL THEN
-        o := ar__refuse_open_tool_calls(o, a, p_turn, v_operation,
-                                        'need results before the next assistant message');
+        o := ar__refuse_open_tool_calls(o, a, p_turn, v_operation, 'calls_open_at_append');
     ELSIF NOT p_call = ANY (ar__open_tool_calls(a.id)) THEN
-        o := ar__write_refused(o, a, p_turn, v_operation, 'InvalidTranscriptEntryError',
-            format('%s is not an open tool call of the last assistant message',
-                   ar__repr(p_call)));
+        o := ar__write_refused(o, a, p_turn, v_operation, 'not_open_tool_call',
+                               jsonb_build_object('call', p_call));
     END IF;
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
@@ -282,12 +421,12 @@ BEGIN
         p_turn => p_turn, p_epoch => a.epoch);
 END $$;
 
--- The end-of-turn hook: one follow-up turn if wake messages are pending, else completed. A
--- stop requested is honoured (unless the turn failed); a turn that ends while blocked on a
+-- The end-of-turn hook, after the results the turn carried (`p_results`, as ar__carried): one
+-- follow-up turn if wake messages are pending, else completed. A stop requested is honoured (unless the turn failed); a turn that ends while blocked on a
 -- question leaves it open, suspended; every other open tool call gets `p_interrupted`.
 CREATE OR REPLACE FUNCTION ar_end(
     p_turn bigint, p_agent bigint, p_epoch integer, p_failed boolean, p_error text,
-    p_interrupted text, p_stopped text)
+    p_interrupted text, p_stopped text, p_results jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -305,6 +444,12 @@ BEGIN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     v_now := ar__now();
+    r := ar__carried(a, o, p_turn, p_results, false, v_now);
+    a := r.a;
+    o := r.o;
+    IF o ? 'refused' THEN
+        RETURN ar__refusal_event(o, ar__now());
+    END IF;
     IF a.stop_requested AND NOT p_failed THEN
         r := ar__stop_turn(a, o, p_turn, ar__requested_stop_reason(a), p_stopped, v_now);
         a := r.a;

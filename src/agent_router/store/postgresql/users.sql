@@ -121,8 +121,7 @@ BEGIN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     IF NOT p_call = ANY (ar__open_tool_calls(a.id)) THEN
-        o := ar__refused(o, 'InvalidTranscriptEntryError', format(
-            '%s is not an open tool call of the last assistant message', ar__repr(p_call)));
+        o := ar__refused(o, 'not_open_tool_call', jsonb_build_object('call', p_call));
         o := jsonb_set(o, '{refused,event}', jsonb_build_object(
             'action', 'ask_refused', 'team_id', a.team_id, 'agent_id', a.id, 'turn_id', p_turn,
             'detail', jsonb_build_object('reason', 'bad_tool_call_id')));

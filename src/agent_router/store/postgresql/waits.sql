@@ -44,16 +44,17 @@ BEGIN
     RETURN '{}';
 END $$;
 
--- A refused wait edge: AskRefusedError, and its `ask_refused` event (with the wait's kind when
--- it is not an ask).
+-- A refused wait edge: its code (an AskRefusedError) with the target and the cycle (and
+-- `p_fields`), and its `ask_refused` event (with the wait's kind when it is not an ask).
 CREATE OR REPLACE FUNCTION ar__wait_refused(
     INOUT o jsonb, p_team bigint, p_agent bigint, p_turn bigint, p_epoch integer,
-    p_target text, p_reason text, p_message text, p_kind ar_question_kind,
-    p_cycle text[] DEFAULT '{}')
+    p_target text, p_reason text, p_code text, p_kind ar_question_kind,
+    p_cycle text[] DEFAULT '{}', p_fields jsonb DEFAULT '{}')
 LANGUAGE plpgsql AS $$
 BEGIN
     o := jsonb_set(
-        ar__refused(o, 'AskRefusedError', p_message, jsonb_build_object('cycle', p_cycle)),
+        ar__refused(o, p_code, jsonb_build_object('target', p_target, 'cycle', p_cycle)
+                               || p_fields),
         '{refused,event}', jsonb_build_object(
             'action', 'ask_refused', 'team_id', p_team, 'agent_id', p_agent, 'turn_id', p_turn,
             'epoch', p_epoch,
@@ -66,13 +67,12 @@ END $$;
 -- The checks before a new waits-for edge (an ask, or a wait for an output), under the team lock
 -- that serializes edge creation, then both agents' locks by id: refused for an unknown,
 -- terminated or same target, a tool call that is not open, or an edge that would close a
--- cycle. The waiter's row in `a`, the target's in the result's "target".
+-- cycle. The waiter's row in `a`, the target's in `t`.
 CREATE OR REPLACE FUNCTION ar__open_wait_edge(
-    INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_agent bigint, p_epoch integer,
-    p_target text, p_call text, p_kind ar_question_kind)
+    INOUT a ar_agents, INOUT o jsonb, INOUT t ar_agents, p_turn bigint, p_agent bigint,
+    p_epoch integer, p_target text, p_call text, p_kind ar_question_kind)
 LANGUAGE plpgsql AS $$
 DECLARE
-    t ar_agents;
     r record;
     v_team bigint;
     v_verb text := CASE p_kind WHEN 'ask' THEN 'ask' ELSE 'wait' END;
@@ -80,14 +80,14 @@ DECLARE
 BEGIN
     SELECT team_id INTO v_team FROM ar_agents WHERE id = p_agent;
     IF NOT FOUND THEN
-        o := ar__refused(o, 'UnknownAgentError', format('no agent with id %s', p_agent));
+        o := ar__refused(o, 'no_agent_id', jsonb_build_object('agent_id', p_agent));
         RETURN;
     END IF;
     PERFORM 1 FROM ar_teams WHERE id = v_team FOR NO KEY UPDATE;
     SELECT * INTO t FROM ar_agents WHERE team_id = v_team AND display_name = p_target;
     IF NOT FOUND THEN
         o := ar__wait_refused(o, v_team, p_agent, p_turn, p_epoch, p_target, 'unknown_target',
-                              format('no agent %s in this team', ar__repr(p_target)), p_kind);
+                              'ask_unknown_target', p_kind);
         RETURN;
     END IF;
     PERFORM 1 FROM ar_agents WHERE id IN (p_agent, t.id) ORDER BY id FOR NO KEY UPDATE;
@@ -101,18 +101,17 @@ BEGIN
     END IF;
     IF t.id = a.id THEN
         o := ar__wait_refused(o, v_team, p_agent, p_turn, p_epoch, p_target, 'self',
-            CASE p_kind WHEN 'ask' THEN 'an agent cannot ask itself'
-                        ELSE 'an agent cannot wait for its own output' END, p_kind);
+                              CASE p_kind WHEN 'ask' THEN 'ask_self' ELSE 'wait_self' END,
+                              p_kind);
         RETURN;
     END IF;
     IF t.state = 'terminated' THEN
         o := ar__wait_refused(o, v_team, p_agent, p_turn, p_epoch, p_target, 'terminated',
-                              format('%s is terminated', ar__repr(p_target)), p_kind);
+                              'ask_terminated', p_kind);
         RETURN;
     END IF;
     IF NOT p_call = ANY (ar__open_tool_calls(a.id)) THEN
-        o := ar__refused(o, 'InvalidTranscriptEntryError', format(
-            '%s is not an open tool call of the last assistant message', ar__repr(p_call)));
+        o := ar__refused(o, 'not_open_tool_call', jsonb_build_object('call', p_call));
         o := jsonb_set(o, '{refused,event}', jsonb_build_object(
             'action', 'ask_refused', 'team_id', v_team, 'agent_id', a.id, 'turn_id', p_turn,
             'detail', jsonb_build_object('reason', 'bad_tool_call_id')));
@@ -121,12 +120,8 @@ BEGIN
     v_cycle := ar__cycle_through(v_team, a.id, t.id);
     IF cardinality(v_cycle) > 0 THEN
         o := ar__wait_refused(o, v_team, p_agent, p_turn, p_epoch, p_target, 'cycle',
-                              format('this %s would deadlock: %s', v_verb,
-                                     array_to_string(v_cycle, ' -> ')),
-                              p_kind, v_cycle);
-        RETURN;
+                              'cycle', p_kind, v_cycle, jsonb_build_object('verb', v_verb));
     END IF;
-    o := o || jsonb_build_object('target', to_jsonb(t));
 END $$;
 
 -- The new waits-for edge: an open question with its deadline, and the waiter waiting, blocking
@@ -160,29 +155,31 @@ RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
     a ar_agents;
+    t ar_agents;
     q ar_questions;
     r record;
     v_now timestamp;
 BEGIN
-    r := ar__open_wait_edge(a, o, p_turn, p_agent, p_epoch, p_target, p_call, 'ask');
+    r := ar__open_wait_edge(a, o, t, p_turn, p_agent, p_epoch, p_target, p_call, 'ask');
     a := r.a;
     o := r.o;
+    t := r.t;
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     v_now := ar__now();
-    r := ar__open_question(a, o, q, p_turn, (o #>> '{target,id}')::bigint, p_target, p_call,
-                           'ask', p_timeout, '{}', v_now);
+    r := ar__open_question(a, o, q, p_turn, t.id, p_target, p_call, 'ask', p_timeout, '{}',
+                           v_now);
     a := r.a;
     o := r.o;
     q := r.q;
     PERFORM ar__save_agent(a);
-    o := ar__route(o - 'target', a.team_id, p_target, a.display_name, false, 'ask', p_subtype,
-                   p_content, p_body, q.id, true, NULL);
-    IF o ? 'refused' THEN  -- the checks above leave nothing to refuse: a bug, rolled back
-        RAISE EXCEPTION 'ask % refused after its checks: %', q.id, o -> 'refused';
+    r := ar__route(o, p_target, false, ar__message(
+        a.team_id, a.display_name, 'ask', p_subtype, p_content, p_body, q.id, true, NULL));
+    IF r.o ? 'refused' THEN  -- the checks above leave nothing to refuse: a bug, rolled back
+        RAISE EXCEPTION 'ask % refused after its checks: %', q.id, r.o -> 'refused';
     END IF;
-    RETURN o || jsonb_build_object('question', to_jsonb(q));
+    RETURN r.o || jsonb_build_object('question', to_jsonb(q), 'delivery', r.d);
 END $$;
 
 -- The lead waits for `p_target`'s next output (a waits-for edge lead -> target, checked for
@@ -202,14 +199,13 @@ DECLARE
     r record;
     v_now timestamp;
 BEGIN
-    r := ar__open_wait_edge(a, o, p_turn, p_agent, p_epoch, p_target, p_call, 'output');
+    r := ar__open_wait_edge(a, o, t, p_turn, p_agent, p_epoch, p_target, p_call, 'output');
     a := r.a;
     o := r.o;
+    t := r.t;
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
-    t := jsonb_populate_record(NULL::ar_agents, o -> 'target');
-    o := o - 'target';
     -- A report ends the wait; progress narration does not.
     SELECT * INTO m FROM ar_messages
     WHERE target_agent_id = a.id AND source_agent_id = t.id AND type = 'output'
@@ -219,8 +215,8 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM ar_messages
                        WHERE target_agent_id = t.id AND status = 'pending' AND wake) THEN
         o := ar__wait_refused(o, a.team_id, p_agent, p_turn, p_epoch, p_target, 'not_working',
-            format('%s is %s with nothing to work on: it will produce no output until it is '
-                   'given a task', ar__repr(p_target), t.state), 'output');
+                              'not_working', 'output', p_fields => jsonb_build_object(
+                                  'state', t.state));
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     v_now := ar__now();
