@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import event
 
 from agent_router import AgentState, MessageType, Router, Settings, errors
+from agent_router.domain import ToolOutcome, ToolRun
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.timeline import TimelineQuery
 from tests.integration.helpers import start_running
@@ -300,6 +301,45 @@ def test_model_calls_and_tool_calls_are_spans_of_their_turns(router: Router) -> 
     # Another agent's page does not hold them.
     other = router.store.reads.team_window(team, TimelineQuery(name="Leader"))
     assert other.calls == []
+
+
+def test_the_two_transitions_of_a_model_call_keep_its_spans(router: Router) -> None:
+    """The built-in loop's path: the call's seconds go with its usage into ``after_call`` (the
+    event's ``ms``), how each tool call ran with its carried result (written by the next
+    ``before_call``, and by ``end``); the window draws them as the direct writes draw them."""
+    team = router.create_team().id
+    router.create_agent(team, role="Engineer")
+    turn = start_running(router, team, "Engineer_1", "Build it.")
+    turn.before_call()
+    calls = [
+        {
+            "id": f"call-{n}",
+            "type": "function",
+            "function": {"name": TOOLS[n][0], "arguments": "{}"},
+        }
+        for n in (0, 2)
+    ]
+    usage = {"model": MODEL, "prompt_tokens": 900, "completion_tokens": 40, "seconds": 1.5}
+    turn.after_call({"role": "assistant", "content": None, "tool_calls": calls}, usage=usage)
+    for n, (outcome, seconds) in enumerate([(ToolOutcome.ERROR, 0.75), (ToolOutcome.OK, 0.25)]):
+        tool, server = TOOLS[n * 2]
+        run = ToolRun(tool=tool, server=server, outcome=outcome, seconds=seconds)
+        turn.carry_tool_result(f"call-{n * 2}", "done", run=run)
+    turn.before_call()
+    turn.after_call({"role": "assistant", "content": None, "tool_calls": calls[:1]})
+    run = ToolRun(tool=TOOLS[0][0], server=TOOLS[0][1], outcome=ToolOutcome.OK, seconds=0.5)
+    turn.carry_tool_result("call-0", "done again", run=run)
+    turn.end()
+    [event] = [e for e in router.ledger(team) if e.action.value == "model_call"]
+    assert event.detail["ms"] == 1500
+    model, failed, done, again = router.store.reads.team_window(team, TimelineQuery()).calls
+    assert (model.kind, model.name, model.seconds) == ("model", MODEL, 1.5)
+    assert model.ended_at == event.created_at
+    assert (failed.name, failed.seconds, failed.detail) == (
+        TOOLS[0][0], 0.75, {"server": TOOLS[0][1], "outcome": "error"}
+    )  # fmt: skip
+    assert (done.name, done.seconds, done.detail["outcome"]) == (TOOLS[2][0], 0.25, "ok")
+    assert (again.name, again.seconds, again.detail["outcome"]) == (TOOLS[0][0], 0.5, "ok")
 
 
 def test_a_long_model_call_is_work_not_an_idle_gap(router: Router) -> None:
