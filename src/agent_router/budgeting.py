@@ -29,6 +29,7 @@ from agent_router.domain import (
     Budget,
     BudgetCheck,
     BudgetName,
+    CallSpan,
     Delivery,
     MessageType,
     Team,
@@ -167,6 +168,7 @@ def record_usage(
     estimated: bool,
     context: Mapping[str, Any] | None = None,
     window: Mapping[str, Any] | None = None,
+    seconds: float | None = None,
 ) -> TokenUsage:
     """Record one model call's ``usage`` (:func:`priced`) for the turn: counted against the
     team's budgets, then reported to the hooks. ``context``: what the request left out, on
@@ -182,17 +184,40 @@ def record_usage(
         agent=turn.display_name,
         context=context,
         window=window,
+        ms=None if seconds is None else round(seconds * 1000),
     )
-    usage_recorded(router, turn, model, usage, check)
+    usage_recorded(router, turn, model, usage, check, estimated=estimated, seconds=seconds)
     return usage
 
 
 def usage_recorded(
-    router: Budgeted, turn: Turn, model: str | None, usage: TokenUsage, check: BudgetCheck
+    router: Budgeted,
+    turn: Turn,
+    model: str | None,
+    usage: TokenUsage,
+    check: BudgetCheck,
+    *,
+    estimated: bool = False,
+    seconds: float | None = None,
 ) -> None:
-    """After a model call's usage is recorded (its budget ``check``): the hooks hear of it, and
-    the team is warned or stopped as the check says."""
+    """After a model call's usage is recorded (its budget ``check``): the hooks hear of it (with
+    ``seconds``, how long it took, as a span too), and the team is warned or stopped as the
+    check says."""
     router.hooks.after_model_call(turn, model, usage)
+    if seconds is not None:
+        router.hooks.after_call(
+            turn,
+            CallSpan.ended_now(
+                "model",
+                model or "model",
+                seconds,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+                cost_usd=usage.cost_usd,
+                estimated=estimated,
+            ),
+        )
     _after(router, turn.team_id, check)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 LEAD_DISPLAY_NAME = "Team Leader"
@@ -445,6 +445,51 @@ class TokenUsage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class ToolOutcome(enum.StrEnum):
+    """How a tool call ended, as its result says."""
+
+    OK = "ok"
+    ERROR = "error"  # the result is an error the model reads (a failing tool, a bad call)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolRun:
+    """One tool call as it ran: the tool, the MCP server it belongs to (``None``: a built-in
+    tool or a host function), how it ended, and how long it took. It is kept with its result
+    in the transcript entry's metadata, where the timeline reads it."""
+
+    tool: str
+    server: str | None
+    outcome: ToolOutcome
+    seconds: float
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "server": self.server,
+            "outcome": self.outcome.value,
+            "ms": round(self.seconds * 1000),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallSpan:
+    """A model call or a tool call of a turn, with when it started and how long it took: what
+    :meth:`~agent_router.hooks.RouterHooks.after_call` reports (a tracer's span)."""
+
+    kind: str  # "model" or "tool"
+    name: str  # the model (or "model" when its server named none), or the tool
+    started: datetime
+    seconds: float
+    fields: dict[str, Any] = field(default_factory=dict)  # tokens and cost; server, outcome
+
+    @classmethod
+    def ended_now(cls, kind: str, name: str, seconds: float, **fields: Any) -> CallSpan:
+        """A call that has just ended, after ``seconds``."""
+        started = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=seconds)
+        return cls(kind=kind, name=name, started=started, seconds=seconds, fields=fields)
 
 
 @dataclass(frozen=True, kw_only=True)

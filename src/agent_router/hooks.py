@@ -17,6 +17,7 @@ from agent_router.logfields import get_logger
 if TYPE_CHECKING:
     from agent_router.domain import (
         BudgetName,
+        CallSpan,
         Delivery,
         Delta,
         EndOfTurn,
@@ -49,6 +50,10 @@ class RouterHooks:
 
     def after_model_call(self, turn: Turn, model: str | None, usage: TokenUsage) -> None:
         """A model call's usage was recorded (tokens, and cost by the price table)."""
+
+    def after_call(self, turn: Turn, span: CallSpan) -> None:
+        """A model call (its usage recorded with its duration) or a tool call (its result
+        appended) ended: ``span`` says which, when it started and how long it took."""
 
     def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
         """A team budget was found spent (once per team until it is raised): the team stops."""
@@ -98,6 +103,10 @@ class HookChain(RouterHooks):
     def after_model_call(self, turn: Turn, model: str | None, usage: TokenUsage) -> None:
         for hook in self.hooks:
             _safely(hook.after_model_call, turn, model, usage)
+
+    def after_call(self, turn: Turn, span: CallSpan) -> None:
+        for hook in self.hooks:
+            _safely(hook.after_call, turn, span)
 
     def after_budget_exhausted(self, team_id: int, budget: BudgetName) -> None:
         for hook in self.hooks:

@@ -562,10 +562,19 @@ class Router:
                 estimated=bool(usage.get("estimated")),
                 context=_storable(usage.get("context")),
                 window=_storable(usage.get("window")),
+                seconds=_seconds(usage.get("seconds")),
             )
         after = self.store.after_call(turn.record, message, usage=counted)
         if counted is not None and after.budget is not None:
-            budgeting.usage_recorded(self, turn, counted.model, counted.usage, after.budget)
+            budgeting.usage_recorded(
+                self,
+                turn,
+                counted.model,
+                counted.usage,
+                after.budget,
+                estimated=counted.estimated,
+                seconds=counted.seconds,
+            )
         return after
 
     def priced_usage(
@@ -663,11 +672,13 @@ class Router:
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        seconds: float | None = None,
     ) -> TokenUsage:
         """Record one model call's tokens for ``turn``, priced by ``Settings.models``, against
         its team's budgets; the hooks hear of it (see :meth:`Turn.record_usage`). ``context``:
         what the request left out of the transcript, on the call where that changed;
-        ``window``: where the request window then stood, kept on the agent."""
+        ``window``: where the request window then stood, kept on the agent; ``seconds``: how
+        long the call took."""
         model, usage = self.priced_usage(
             model=model,
             prompt_tokens=prompt_tokens,
@@ -682,6 +693,7 @@ class Router:
             estimated=estimated,
             context=_storable(context),
             window=_storable(window),
+            seconds=_seconds(seconds),
         )
 
     def charge_sub_agent(self, team_id: int, role: str) -> None:
@@ -1023,6 +1035,11 @@ def _broker_publisher(settings: Settings) -> Publisher | None:
 def _storable(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A model call's ``context`` or ``window`` as the store keeps it."""
     return None if value is None else check.storable(dict(value))
+
+
+def _seconds(seconds: float | None) -> float | None:
+    """How long a model call took, as its ``model_call`` event keeps it (``ms``)."""
+    return None if seconds is None else check.seconds(seconds, "a model call's seconds")
 
 
 def _cursor(after: Any) -> int:

@@ -300,7 +300,8 @@ class Settings(BaseSettings):
     )
     tracing: bool = Field(
         False,
-        description="Record OpenTelemetry spans per route and per turn in workers (needs the "
+        description="Record OpenTelemetry spans per route, per turn and per model call and "
+        "tool call of a turn in workers (needs the "
         "`otel` extra; spans go to the process's tracer provider, e.g. set up by "
         "opentelemetry-instrument and the OTEL_* variables).",
     )

@@ -11,11 +11,13 @@ from agent_router import validation as check
 from agent_router.domain import (
     AgentState,
     BackgroundJob,
+    CallSpan,
     EndOfTurn,
     Message,
     MessageSubtype,
     Question,
     TokenUsage,
+    ToolRun,
     TurnTrigger,
     UserMessage,
     UserMessageKind,
@@ -31,14 +33,24 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class CallHooks(Protocol):
+    """What a turn tells the router's hooks itself (:class:`~agent_router.hooks.RouterHooks`
+    is one): a tool call it ran."""
+
+    def after_call(self, turn: Turn, span: CallSpan) -> None: ...
+
+
 class TurnHost(Protocol):
     """What a turn needs of the router that claimed it (:class:`~agent_router.router.Router` is
-    one): its settings and store, and the transitions that reach beyond the turn's own agent
-    (an ask routes a message, a model call counts against the team's budgets). The router
+    one): its settings, store and hooks, and the transitions that reach beyond the turn's own
+    agent (an ask routes a message, a model call counts against the team's budgets). The router
     depends on the turn, never the other way round."""
 
     settings: Settings
     store: Store
+
+    @property
+    def hooks(self) -> CallHooks: ...
 
     def ask(
         self,
@@ -113,6 +125,7 @@ class TurnHost(Protocol):
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        seconds: float | None = None,
     ) -> TokenUsage: ...
 
     def track_background(self, team_id: int, agent: str, signature: Any) -> BackgroundJob: ...
@@ -184,21 +197,43 @@ class Turn:
         self._router.store.append_assistant(self.record, stored)
         return stored
 
-    def append_tool_result(self, tool_call_id: str, content: str) -> None:
+    def append_tool_result(
+        self, tool_call_id: str, content: str, *, run: ToolRun | None = None
+    ) -> None:
         """The result of the open call ``tool_call_id``: the model's own id, or the one the
-        router stored it under (:func:`check.call_id` maps the one to the other)."""
+        router stored it under (:func:`check.call_id` maps the one to the other). ``run``:
+        the tool, its server, its outcome and how long it took, kept with the result (the
+        timeline draws the call; the hooks hear of it as a span)."""
         self.flush()
         content = check.scrub(content) if isinstance(content, str) else content
-        self._router.store.append_tool_result(self.record, check.call_id(tool_call_id), content)
+        self._router.store.append_tool_result(
+            self.record, check.call_id(tool_call_id), content, meta=self._ran(run)
+        )
 
-    def carry_tool_result(self, tool_call_id: str, content: str) -> None:
+    def carry_tool_result(
+        self, tool_call_id: str, content: str, *, run: ToolRun | None = None
+    ) -> None:
         """The result of the open call ``tool_call_id`` (as :meth:`append_tool_result` takes
-        it), written with the turn's next transition: :meth:`before_call`, :meth:`end`, or
-        before any other write of the turn (:meth:`flush`). A result the store refuses (no
-        such open call) is refused there."""
+        it, ``run`` too), written with the turn's next transition: :meth:`before_call`,
+        :meth:`end`, or before any other write of the turn (:meth:`flush`). A result the store
+        refuses (no such open call) is refused there."""
         if not isinstance(content, str):
             raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
-        self._carried.append((check.call_id(tool_call_id), check.scrub(content)))
+        self._carried.append((check.call_id(tool_call_id), check.scrub(content), self._ran(run)))
+
+    def _ran(self, run: ToolRun | None) -> dict[str, Any] | None:
+        """How a tool call ran as its result's entry keeps it; the hooks hear of the call, which
+        has just ended, as a span."""
+        if run is None:
+            return None
+        self._router.hooks.after_call(
+            self,
+            CallSpan.ended_now(
+                "tool", run.tool, run.seconds, server=run.server, outcome=run.outcome.value
+            ),
+        )
+        meta: dict[str, Any] = check.storable(run.meta())
+        return meta
 
     def flush(self) -> None:
         """Write the tool call results the turn carries, one transition each."""
@@ -207,8 +242,8 @@ class Turn:
 
     def _append_first(self, results: tuple[Result, ...]) -> None:
         """Write the first of ``results``; carry the others on."""
-        (call_id, content), *rest = results
-        self._router.store.append_tool_result(self.record, call_id, content)
+        (call_id, content, meta), *rest = results
+        self._router.store.append_tool_result(self.record, call_id, content, meta=meta)
         self._carried[:0] = rest
 
     def before_call(self, *, since: Since | None = None) -> BeforeCall:
@@ -386,11 +421,14 @@ class Turn:
         estimated: bool = False,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        seconds: float | None = None,
     ) -> TokenUsage:
         """Record a model call's tokens (and their cost by the price table) for this turn.
         ``context``: what the request left out of the transcript, given on the call where
         that changed (its ``model_call`` event carries it); ``window``: where the built-in
-        loop's request window then stood (kept on the agent, see :meth:`window_checkpoint`)."""
+        loop's request window then stood (kept on the agent, see :meth:`window_checkpoint`);
+        ``seconds``: how long the call took, recorded just after it returned (its event's
+        ``ms``: the timeline draws the call ending at the event's time)."""
         return self._router.record_usage(
             self,
             model=model,
@@ -400,6 +438,7 @@ class Turn:
             estimated=estimated,
             context=context,
             window=window,
+            seconds=seconds,
         )
 
     def start_background(self, signature: Any) -> BackgroundJob:

@@ -290,5 +290,5 @@ def test_run_timeline_says_what_the_team_waits_on() -> None:
         proc = run_sloppy_cli(server)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = " ".join(proc.stdout.split())  # the console wraps long lines
-    assert f"waiting: {ENG} waits on Team Leader for its answer to question" in out
+    assert f"blocked: {ENG} waits on Team Leader for its answer to question" in out
     assert "stopped: nothing can make progress:" in out

@@ -29,7 +29,7 @@ from agent_router.outbox import RecordingPublisher
 from tests.acceptance.test_web import HOSTILE_CONTENT, HOSTILE_NAMES, HOSTILE_PAGE, hostile_team
 from tests.integration.helpers import assistant, start_running, start_waiting
 from tests.support.browser import chromium, page_errors, screenshot
-from tests.support.teams import BusyTeam, busy_team
+from tests.support.teams import BusyTeam, blocked_team, busy_team, slow_model_team
 
 CLI = str(Path(sys.executable).parent / "agent-router")
 KIND_COLOURS = """
@@ -192,6 +192,8 @@ return {
   kinds: [...new Set([...document.querySelectorAll("g.arrow")].map((g) => g.dataset.kind))],
   from: Number(svg.dataset.from), to: Number(svg.dataset.to),
   arrows: [...document.querySelectorAll("g.arrow")].map((g) => [g.dataset.from, g.dataset.to]),
+  stubs: [...document.querySelectorAll("g.arrow.stub")]
+    .reduce((n, g) => n + Number(g.dataset.count), 0),
 };
 """
 
@@ -358,7 +360,7 @@ def test_mermaid_past_its_limit_is_summarised_and_split(
     busy: tuple[str, BusyTeam], tmp_path: Path
 ) -> None:
     url, team = busy
-    proc = timeline(url, team.team_id, "--format", "mermaid")
+    proc = timeline(url, team.team_id, "--format", "mermaid", "--by-agent")
     assert proc.returncode == 0, proc.stderr
     [said] = proc.stderr.splitlines()
     assert "past Mermaid's 50,000-character limit" in said and "parts" in said
@@ -381,11 +383,38 @@ def test_mermaid_past_its_limit_is_summarised_and_split(
     assert arrows == team.messages
 
     out = tmp_path / "team.mmd"
-    written = timeline(url, team.team_id, "--format", "mermaid", "-o", str(out))
+    written = timeline(url, team.team_id, "--format", "mermaid", "--by-agent", "-o", str(out))
     assert written.returncode == 0, written.stderr
     files = sorted(tmp_path.glob("team-*.mmd"))
     assert [f.name for f in files] == [f"team-{i}.mmd" for i in range(1, len(parts) + 1)]
     assert [f.read_text() for f in files] == [p if p.endswith("\n") else p + "\n" for p in parts]
+
+
+def test_mermaid_of_a_large_team_is_summarised_by_role(busy: tuple[str, BusyTeam]) -> None:
+    """30 agents as 30 participants is a diagram thousands of pixels wide: the team is drawn
+    by role instead, every message in one arrow, and stderr names the command that draws
+    every agent."""
+    url, team = busy
+    proc = timeline(url, team.team_id, "--format", "mermaid")
+    assert proc.returncode == 0, proc.stderr
+    [said] = proc.stderr.splitlines()
+    assert "summarised by role" in said
+    assert f"agent-router timeline {team.team_id} --format mermaid --by-agent" in said
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"%% team {team.team_id}: 30 agents summarised by role")
+    assert lines[1] == "sequenceDiagram"
+    participants = [line.split(" as ", 1)[1] for line in lines if " as " in line]
+    assert participants == [
+        "system", "user", "Team Leader", "Frontend Engineer (6)", "Backend Engineer (6)",
+        "QA Engineer (6)", "Data Engineer (6)", "Tech Writer (5)",
+    ]  # fmt: skip
+    counted = 0
+    for line in lines[2:]:
+        found = re.match(r"\s+P_\w+(?:->>|-x)P_\w+: (\d+) x ", line)
+        if found:
+            counted += int(found.group(1))
+    assert counted == team.messages
+    assert len(proc.stdout) < 20_000
 
 
 def test_unknown_team_is_one_line(story: tuple[str, int]) -> None:
@@ -406,7 +435,10 @@ def test_timeline_json_is_the_page_data(story: tuple[str, int], tmp_path: Path) 
     router.close()
     text = page_of(url, team, tmp_path).read_text()
     raw = text.split('id="timeline-data">', 1)[1].split("</script>", 1)[0]
-    assert json.loads(raw) == expected
+    written = json.loads(raw)
+    # Now is when each was read; who is blocked is the same.
+    assert written["now"].pop("at") >= expected["now"].pop("at")
+    assert written == expected
 
 
 def test_long_lane_labels_fit(tmp_path: Path) -> None:
@@ -447,14 +479,185 @@ def test_a_big_team_is_drawn_a_page_of_lanes_at_a_time(tmp_path: Path) -> None:
     names = [router.create_agent(team, role="Worker").display_name for _ in range(130)]
     for name in names:
         router.send(team, to=name, content="Go.", sender="Team Leader", type=MessageType.TASK)
+    # Worker_61 (page 2) tells Worker_1 (page 1).
+    router.send(team, to=names[0], content="Rebase on mine.", sender=names[60], wake=False)
     router.close()
     with chromium() as driver:
         driver.get(page_of(url, team, tmp_path).as_uri())
         first = driver.execute_script(LAYOUT)
         assert first["lanes"] == ["Team Leader", *names[:59]]
-        assert first["messages"] == 59  # the tasks among the lanes drawn
+        # The lead's tasks to the page's agents; Worker_61's message as a stub into Worker_1's
+        # lane (the lead's tasks to other pages are theirs).
+        assert first["messages"] == 59 + 1 and first["stubs"] == 1
         assert "agents 1\u201360 of 131" in driver.find_element(By.CSS_SELECTOR, ".sl-pager").text
         driver.find_element(By.CSS_SELECTOR, "button[title='Next agents']").click()
         second = wait_until(driver, lambda p: p["lanes"] != first["lanes"])
-        assert second["lanes"] == names[59:119] and second["messages"] == 0
+        # Page 2: the lead again, with its tasks to the page's agents; the stub out of
+        # Worker_61's lane.
+        assert second["lanes"] == ["Team Leader", *names[59:119]]
+        assert second["messages"] == 60 + 1 and second["stubs"] == 1
+        assert ["Team Leader", names[59]] in second["arrows"]
+        [stub] = driver.find_elements(By.CSS_SELECTOR, "g.arrow.stub")
+        assert stub.get_attribute("data-stub") == names[0]
+        assert "agents 61\u2013120 of 131" in driver.find_element(By.CSS_SELECTOR, ".sl-pager").text
         assert page_errors(driver) == []
+        screenshot(driver, "timeline_big_team_page_2")
+
+
+CALLS = """
+return [...document.querySelectorAll("g.call")].map((g) => {
+  const bar = g.querySelector(".call-bar").getBBox();
+  return {kind: g.dataset.kind, agent: g.dataset.agent, name: g.dataset.name,
+          ms: g.dataset.ms, width: bar.width, label: (g.querySelector("text") || {}).textContent};
+});
+"""
+
+
+def test_model_and_tool_calls_inside_turns(busy: tuple[str, BusyTeam], tmp_path: Path) -> None:
+    url, team = busy
+    with chromium() as driver:
+        driver.get(page_of(url, team.team_id, tmp_path).as_uri())
+        data = embedded(driver)
+        drawn = driver.execute_script(CALLS)
+        assert len(drawn) == len(data["calls"]) > 100
+        assert {c["kind"] for c in drawn} == {"model", "tool"}
+        # Zoomed into nine seconds: each span wide enough to say what it is.
+        driver.execute_script("window.swimlane.setWindow(6, 15)")
+        zoomed = [c for c in driver.execute_script(CALLS) if c["width"] > 60]
+        assert any(c["label"] and c["label"].startswith("gpt-4.1-mini") for c in zoomed)
+        model = next(c for c in data["calls"] if c["kind"] == "model" and 6 < c["end"] < 15)
+        click(driver, f"g.call[data-kind='model'][data-agent='{model['agent']}']"
+                      f"[data-ms='{model['ms']}']")  # fmt: skip
+        detail = driver.find_element(By.ID, "detail").text
+        assert detail.startswith("model call · gpt-4.1-mini")
+        assert f"{model['agent']}, turn {model['turn']}" in detail
+        assert "prompt" in detail and "completion" in detail and "price unknown" in detail
+        tool = next(c for c in data["calls"] if c["kind"] == "tool" and c["outcome"] == "error")
+        driver.execute_script("window.swimlane.setWindow(0, null)")
+        click(driver, f"g.call.error[data-agent='{tool['agent']}'][data-ms='{tool['ms']}']")
+        detail = driver.find_element(By.ID, "detail").text
+        assert f"tool call · {tool['name']}" in detail and "error" in detail
+        assert page_errors(driver) == []
+
+
+def test_a_slow_model_call_is_drawn_as_work(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'slow.db'}"
+    router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+    router.create_schema()
+    team = slow_model_team(router, seconds=25.0)
+    router.close()
+    with chromium() as driver:
+        driver.get(page_of(url, team, tmp_path).as_uri())
+        layout = driver.execute_script(LAYOUT)
+        assert layout["breaks"] == 0  # nothing compressed: the model was working
+        [slow] = [c for c in driver.execute_script(CALLS) if c["ms"] == "25000"]
+        plot = driver.execute_script(
+            "return Number(document.querySelector('#sl-plot rect').getAttribute('width'))"
+        )
+        # 25 s of about 27.3: most of the plot's width.
+        assert slow["width"] > plot * 0.85
+        screenshot(driver, "timeline_slow_model_call")
+
+
+def test_now_names_who_is_blocked_on_whom(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'blocked.db'}"
+    router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+    router.create_schema()
+    team = blocked_team(router, blocked_for=40.0)
+    router.close()
+    with chromium() as driver:
+        driver.get(page_of(url, team, tmp_path).as_uri())
+        data = embedded(driver)
+        [item] = driver.find_elements(By.CSS_SELECTOR, "#now li.now-item")
+        # Asked 40 s before the page was written (or more, the time it took to write it).
+        found = re.match(
+            r"Backend Engineer_1 blocked on Team Leader for (?:(\d+) min )?(\d+(?:\.\d)?) s",
+            item.text,
+        )
+        assert found and 60 * int(found.group(1) or 0) + float(found.group(2)) >= 40.0, item.text
+        [open_ask] = [q for q in data["questions"] if q["status"] == "open"]
+        assert item.get_attribute("data-question") == str(open_ask["id"])
+        # The open ask is drawn up to now, past the team's last event.
+        svg = driver.find_element(By.ID, "swimlane-svg")
+        assert float(svg.get_attribute("data-to") or "nan") == pytest.approx(
+            data["now"]["at"], abs=0.01
+        )
+        band = driver.find_element(By.CSS_SELECTOR, f".wait.open[data-question='{open_ask['id']}']")
+        label = driver.find_element(
+            By.CSS_SELECTOR, f".wait-label[data-question='{open_ask['id']}']"
+        )
+        found = re.match(r"blocked (?:(\d+) min )?(\d+(?:\.\d)?) s", label.text)
+        assert found and 60 * int(found.group(1) or 0) + float(found.group(2)) >= 40.0, label.text
+        assert band.rect["x"] + band.rect["width"] > svg.rect["width"] * 0.6
+        # One word for it: the lane's dot, the table and the legend say "blocked".
+        row = driver.find_element(By.CSS_SELECTOR, "#agents tr[data-agent='Backend Engineer_1']")
+        assert "blocked" in row.text and f"Team Leader (question {open_ask['id']})" in row.text
+        legend = driver.find_element(By.ID, "detail").text
+        assert "blocked" in legend and "waiting" not in legend
+        # A click on it shows the wait.
+        item.click()
+        assert f"question {open_ask['id']}" in driver.find_element(By.ID, "detail").text
+        assert page_errors(driver) == []
+        screenshot(driver, "timeline_now_blocked")
+
+
+ROWS = """
+return [...document.querySelectorAll(`#${arguments[0]} tbody tr`)].map((r) =>
+  [...r.cells].map((c) => c.textContent));
+"""
+
+
+def test_asks_and_agents_tables_sort(busy: tuple[str, BusyTeam], tmp_path: Path) -> None:
+    url, team = busy
+    with chromium() as driver:
+        driver.get(page_of(url, team.team_id, tmp_path).as_uri())
+        data = embedded(driver)
+        asks = driver.execute_script(ROWS, "asks")
+        assert len(asks) == len(data["questions"]) == team.questions
+        # Sorted by how long they waited, longest first (a second click turns it around).
+        click(driver, "#asks th button[data-key='waited']")
+        click(driver, "#asks th button[data-key='waited']")
+        longest = max(data["questions"], key=lambda q: q["wait"])
+        first = driver.execute_script(ROWS, "asks")[0]
+        assert first[0] == str(longest["id"]) and first[1:3] == [
+            longest["asker"],
+            longest["target"],
+        ]
+        assert first[6] == "answered"
+        th = driver.find_element(By.CSS_SELECTOR, "#asks th:has(button[data-key='waited'])")
+        assert th.get_attribute("aria-sort") == "descending"
+        # By asker: in the order of their names.
+        click(driver, "#asks th button[data-key='asker']")
+        askers = [row[1] for row in driver.execute_script(ROWS, "asks")]
+        assert askers == sorted(askers)
+        # A row lights its ask and its answer in the lanes.
+        click(driver, f"#asks tr[data-question='{longest['id']}']")
+        lit = driver.find_elements(
+            By.CSS_SELECTOR, f"#swimlane-svg g.arrow.sel[data-question='{longest['id']}']"
+        )
+        assert {g.get_attribute("data-kind") for g in lit} == {"ask", "answer"}
+
+        # The agents: sorted by model calls, most first; the counts say what they count.
+        click(driver, "#agents th button[data-key='model']")
+        click(driver, "#agents th button[data-key='model']")
+        agents = driver.execute_script(ROWS, "agents")
+        calls = [int(row[7]) for row in agents]
+        assert calls == sorted(calls, reverse=True) and calls[0] > 0
+        caption = driver.find_element(By.CSS_SELECTOR, "#agents caption").text
+        assert "whole history" in caption
+        # An ask names the other agent, not only its question's number.
+        assert all("(question " in row[3] for row in agents if row[3] != "-")
+        driver.execute_script("window.swimlane.setWindow(6, 15)")
+        caption = driver.find_element(By.CSS_SELECTOR, "#agents caption").text
+        assert "the window 6.000 s \u2013 15.00 s" in caption
+        # A name focuses the lanes on its agent.
+        name = agents[0][0]
+        driver.execute_script(
+            "[...document.querySelectorAll('#agents a')]"
+            ".find((a) => a.textContent === arguments[0]).click()",
+            name,
+        )
+        focused = wait_until(driver, lambda p: len(p["lanes"]) < 30)
+        assert name in focused["lanes"]
+        assert page_errors(driver) == []
+        screenshot(driver, "timeline_asks_table")

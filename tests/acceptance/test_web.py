@@ -642,8 +642,10 @@ def test_a_team_of_70000_agents_comes_in_pages(huge_database: str) -> None:
         assert {m["kind"] for m in messages.values()} == {"task", "report"}
         # The next page, a name, the teams.
         page = api(address, "/api/teams/1/view?offset=69990&to=5")
+        # The lead is on every page, first.
         assert [lane["name"] for lane in page["lanes"]["items"]] == [
-            f"Worker_{k}" for k in range(69990, 70001)
+            "Team Leader",
+            *(f"Worker_{k}" for k in range(69990, 70001)),
         ]
         named = api(address, "/api/teams/1/view?agent=worker_6999&to=1")
         assert named["lanes"]["total"] == 11

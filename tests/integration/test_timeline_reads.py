@@ -16,10 +16,20 @@ import pytest
 from sqlalchemy import event
 
 from agent_router import AgentState, MessageType, Router, Settings, errors
+from agent_router.domain import ToolOutcome, ToolRun
 from agent_router.outbox import RecordingPublisher
 from agent_router.store.timeline import TimelineQuery
 from tests.integration.helpers import start_running
-from tests.support.teams import BusyTeam, busy_team
+from tests.support.teams import (
+    MODEL,
+    TOOLS,
+    BusyTeam,
+    blocked_team,
+    busy_team,
+    model_call,
+    slow_model_team,
+    tool_call,
+)
 
 
 @pytest.fixture
@@ -83,22 +93,30 @@ def test_a_window_read_in_pieces_adds_up_to_the_whole(router: Router, team: Busy
     assert sorted(set(seen)) == sorted(_ids(whole.arrows))
 
 
-def test_a_page_of_lanes_shows_the_messages_among_its_agents(
+def test_a_page_of_lanes_has_the_lead_and_the_messages_to_or_from_its_agents(
     router: Router, team: BusyTeam
 ) -> None:
     page = router.store.reads.team_window(team.team_id, TimelineQuery(offset=2, limit=3))
     names = [s.agent.display_name for s in page.lanes]
-    assert names == team.agents[2:5]
+    # The lead is on every page, first; the page's own agents after it.
+    assert names == ["Team Leader", *team.agents[2:5]]
     assert page.lanes_total == 8
     assert page.arrows
-    for a in page.arrows:
-        assert a.target in names or a.message_id is None
-        assert a.sender in names or not a.sender_is_agent
+    # An end among the page's own agents (the other end may be on another page: the page
+    # draws a stub), or the lead's with an outside sender; not the lead's with other pages.
+    own = team.agents[2:5]
     among = {
         m.id
         for m in router.messages(team.team_id)
-        if m.target_name in names and (m.source_name in names or m.source_agent_id is None)
+        if m.target_name in own
+        or m.source_name in own
+        or (m.target_name == "Team Leader" and m.source_agent_id is None)
     }
+    assert any(
+        m.source_name not in names or m.target_name not in names
+        for m in router.messages(team.team_id)
+        if m.id in among
+    )
     assert {a.message_id for a in page.arrows} - {None} == among
     assert {router.store.reads.agent_by_id(t.agent_id).display_name for t in page.turns} <= set(
         names
@@ -239,3 +257,114 @@ def test_messages_of_one_time_are_never_cut_apart(router: Router) -> None:
     bounded = reads.team_window(team, TimelineQuery(end=end, max_arrows=29))
     if whole.arrows[-1].at == whole.arrows[0].at:
         assert bounded.complete_until is None and len(bounded.arrows) == 30
+
+
+def test_model_calls_and_tool_calls_are_spans_of_their_turns(router: Router) -> None:
+    """A model call's event keeps how long it took (``ms``), a tool result how its call ran:
+    the window returns each as a span of its agent's turn, with its fields."""
+    team = router.create_team().id
+    router.create_agent(team, role="Engineer")
+    turn = start_running(router, team, "Engineer_1", "Build it.")
+    model_call(turn, 2.5, 1200)
+    tool, server = TOOLS[0]
+    tool_call(turn, "call-1", tool, server, 0.75, failed=True)
+    tool_call(turn, "call-2", TOOLS[2][0], TOOLS[2][1], 0.25)
+    turn.append_assistant({"role": "assistant", "content": "Built."})
+    turn.end()
+    [event] = [e for e in router.ledger(team) if e.action.value == "model_call"]
+    assert event.detail["ms"] == 2500
+    from agent_router.ops.explain import describe
+
+    assert describe(event, {}).endswith("price unknown (not in AGENT_ROUTER_MODELS), took 2.50 s")
+
+    window = router.store.reads.team_window(team, TimelineQuery())
+    model, failed, done = window.calls
+    assert (model.kind, model.agent, model.turn_id, model.name) == (
+        "model", "Engineer_1", turn.id, MODEL
+    )  # fmt: skip
+    assert model.seconds == 2.5 and model.ended_at == event.created_at
+    assert model.detail["prompt_tokens"] == 1200 and model.detail["completion_tokens"] == 170
+    assert model.detail["unpriced"] is True and "cost_usd" in model.detail
+    assert (failed.kind, failed.name, failed.seconds, failed.detail) == (
+        "tool", tool, 0.75, {"server": server, "outcome": "error"}
+    )  # fmt: skip
+    assert (done.name, done.seconds, done.detail) == (
+        TOOLS[2][0], 0.25, {"server": None, "outcome": "ok"}
+    )  # fmt: skip
+
+    from agent_router.ops.timeline import view
+
+    [drawn, *_] = view(router, team, TimelineQuery())["calls"]
+    # It ended at its event's time and began 2.5 s before (not before the team began).
+    assert drawn["start"] == pytest.approx(max(0.0, drawn["end"] - 2.5), abs=0.002)
+    assert drawn["ms"] == 2500 and drawn["name"] == MODEL and drawn["turn"] == turn.id
+    # Another agent's page does not hold them.
+    other = router.store.reads.team_window(team, TimelineQuery(name="Leader"))
+    assert other.calls == []
+
+
+def test_the_two_transitions_of_a_model_call_keep_its_spans(router: Router) -> None:
+    """The built-in loop's path: the call's seconds go with its usage into ``after_call`` (the
+    event's ``ms``), how each tool call ran with its carried result (written by the next
+    ``before_call``, and by ``end``); the window draws them as the direct writes draw them."""
+    team = router.create_team().id
+    router.create_agent(team, role="Engineer")
+    turn = start_running(router, team, "Engineer_1", "Build it.")
+    turn.before_call()
+    calls = [
+        {
+            "id": f"call-{n}",
+            "type": "function",
+            "function": {"name": TOOLS[n][0], "arguments": "{}"},
+        }
+        for n in (0, 2)
+    ]
+    usage = {"model": MODEL, "prompt_tokens": 900, "completion_tokens": 40, "seconds": 1.5}
+    turn.after_call({"role": "assistant", "content": None, "tool_calls": calls}, usage=usage)
+    for n, (outcome, seconds) in enumerate([(ToolOutcome.ERROR, 0.75), (ToolOutcome.OK, 0.25)]):
+        tool, server = TOOLS[n * 2]
+        run = ToolRun(tool=tool, server=server, outcome=outcome, seconds=seconds)
+        turn.carry_tool_result(f"call-{n * 2}", "done", run=run)
+    turn.before_call()
+    turn.after_call({"role": "assistant", "content": None, "tool_calls": calls[:1]})
+    run = ToolRun(tool=TOOLS[0][0], server=TOOLS[0][1], outcome=ToolOutcome.OK, seconds=0.5)
+    turn.carry_tool_result("call-0", "done again", run=run)
+    turn.end()
+    [event] = [e for e in router.ledger(team) if e.action.value == "model_call"]
+    assert event.detail["ms"] == 1500
+    model, failed, done, again = router.store.reads.team_window(team, TimelineQuery()).calls
+    assert (model.kind, model.name, model.seconds) == ("model", MODEL, 1.5)
+    assert model.ended_at == event.created_at
+    assert (failed.name, failed.seconds, failed.detail) == (
+        TOOLS[0][0], 0.75, {"server": TOOLS[0][1], "outcome": "error"}
+    )  # fmt: skip
+    assert (done.name, done.seconds, done.detail["outcome"]) == (TOOLS[2][0], 0.25, "ok")
+    assert (again.name, again.seconds, again.detail["outcome"]) == (TOOLS[0][0], 0.5, "ok")
+
+
+def test_a_long_model_call_is_work_not_an_idle_gap(router: Router) -> None:
+    """A turn whose one model call took 25 s: nothing else happens in those 25 s, but the
+    overview counts them as busy, so the swimlane draws the call to scale."""
+    from agent_router.ops.timeline import overview
+
+    team = slow_model_team(router)
+    gaps = overview(router, team)["gaps"]
+    assert gaps == []
+    calls = router.store.reads.team_window(team, TimelineQuery()).calls
+    assert max(c.seconds or 0 for c in calls) == 25.0
+
+
+def test_the_window_names_who_is_blocked_now(router: Router) -> None:
+    team = blocked_team(router, blocked_for=40.0)
+    window = router.store.reads.team_window(team, TimelineQuery())
+    assert window.blocked_total == 1
+    [blocked] = window.blocked
+    assert (blocked.asker, blocked.target, blocked.kind.value) == (
+        "Backend Engineer_1", "Team Leader", "ask"
+    )  # fmt: skip
+    assert not blocked.suspended
+    # Asked 40 s before the read (the team's clock put it there).
+    assert (window.now - blocked.since).total_seconds() == pytest.approx(40.0, abs=5.0)
+    # The answered ask is no longer there; a page without either agent still names them.
+    page = router.store.reads.team_window(team, TimelineQuery(name="QA"))
+    assert [b.asker for b in page.blocked] == ["Backend Engineer_1"]

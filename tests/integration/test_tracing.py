@@ -1,6 +1,7 @@
 """OpenTelemetry spans from the Router's hooks, recorded by the SDK's in-memory exporter: one
-span per message routed and per turn, a turn linked to the message that woke it, a message sent
-from inside a turn a child of that turn's span."""
+span per message routed, per turn, per model call and per tool call, a turn linked to the
+message that woke it, a message sent and a call made from inside a turn children of that
+turn's span."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from agent_router import Router, Settings, errors
+from agent_router.domain import ToolOutcome, ToolRun
 from agent_router.hooks import HookChain
 from agent_router.outbox import RecordingPublisher
 from agent_router.worker import runtime
@@ -124,3 +126,42 @@ def test_tracing_is_off_unless_configured(sqlite_url: str) -> None:
 
     assert "TracingHooks" not in kinds(Settings(database_url=sqlite_url))
     assert "TracingHooks" in kinds(Settings(database_url=sqlite_url, tracing=True))
+
+
+def test_model_calls_and_tool_calls_are_spans_of_their_turn(
+    traced: Router, exporter: InMemorySpanExporter
+) -> None:
+    """A model call recorded with how long it took, and a tool result kept with how its call
+    ran: each a span, a child of its turn's span, from when the call began to when it ended."""
+    team = traced.create_team().id
+    traced.create_agent(team, role="Engineer")
+    traced.send(team, to="Engineer_1", content="Run the tests.")
+    turn = traced.claim_turn(team, "Engineer_1")
+    assert turn is not None
+    turn.drain()
+    turn.record_usage(model="gpt-test", prompt_tokens=900, completion_tokens=40, seconds=1.5)
+    turn.record_usage(model="gpt-test", prompt_tokens=950, completion_tokens=10)  # no duration
+    turn.append_assistant(assistant(None, tool_call("c1", "shell__run_tests")))
+    run = ToolRun(tool="shell__run_tests", server="shell", outcome=ToolOutcome.ERROR, seconds=0.25)
+    turn.append_tool_result("c1", '{"ok": false, "error": "3 failed"}', run=run)
+    turn.append_assistant(assistant("Tests fail."))
+    turn.end()
+
+    spans = exporter.get_finished_spans()
+    [turn_span] = [s for s in spans if s.name == "agent_router.turn"]
+    [model] = [s for s in spans if s.name == "agent_router.model_call"]
+    [tool] = [s for s in spans if s.name == "agent_router.tool_call"]
+    for span in (model, tool):
+        assert span.parent is not None and span.parent.span_id == turn_span.context.span_id
+        assert attrs(span)["agent"] == "Engineer_1" and attrs(span)["turn_id"] == turn.id
+    assert model.end_time is not None and model.start_time is not None
+    assert model.end_time - model.start_time == 1_500_000_000
+    assert attrs(model)["model"] == "gpt-test"
+    assert (attrs(model)["prompt_tokens"], attrs(model)["completion_tokens"]) == (900, 40)
+    assert model.status.status_code is StatusCode.UNSET
+    assert tool.end_time is not None and tool.start_time is not None
+    assert tool.end_time - tool.start_time == 250_000_000
+    assert (attrs(tool)["tool"], attrs(tool)["server"], attrs(tool)["outcome"]) == (
+        "shell__run_tests", "shell", "error"
+    )  # fmt: skip
+    assert tool.status.status_code is StatusCode.ERROR

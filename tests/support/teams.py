@@ -6,9 +6,11 @@ sub-agent a task, each sub-agent's turn starts and ends, and each reports back t
 ledger holds the team's and agents' creation, every route and every turn's claim and end.
 
 :func:`busy_team` routes a team's messages through the real :class:`~agent_router.Router`
-(sends, turns, drains, asks, answers, notices, refusals), then moves each step's rows to the
-time a script gives it (:class:`Clock`), so that the team's history spans minutes with bursts
-and idle gaps while the test takes seconds.
+(sends, turns, drains, model calls, tool calls, asks, answers, notices, refusals), then moves
+each step's rows to the time a script gives it (:class:`Clock`), so that the team's history
+spans minutes with bursts and idle gaps while the test takes seconds. :func:`slow_model_team`
+is a team of one whose single model call takes 25 s, and :func:`blocked_team` one with an ask
+still open.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_router import MessageType, Router, errors
-from agent_router.domain import BudgetName, MessageSubtype
+from agent_router.agents.toolkit import fail
+from agent_router.domain import BudgetName, MessageSubtype, ToolOutcome, ToolRun
 from agent_router.store.models import utcnow
 from agent_router.turn import Turn
 
@@ -69,7 +72,8 @@ def fill_huge_team(engine: sa.Engine, agents: int) -> HugeTeam:
     claim_at = _at(dialect, f"0.5 + s.k * {step} + 0.01")
     report_at = _at(dialect, f"{_HUGE_SPAN + 0.5} + s.k * {step}")
     end_at = _at(dialect, f"{_HUGE_SPAN + 0.5} + s.k * {step} + 0.01")
-    t0 = utcnow().replace(microsecond=0)
+    # A story that has ended: the reports are in before now.
+    t0 = (utcnow() - timedelta(seconds=2 * _HUGE_SPAN + 2)).replace(microsecond=0)
     # Each statement finds its rows by the worker's number k (display name Worker_k).
     workers = (
         f"({series}) AS s JOIN ar_agents w "
@@ -180,6 +184,9 @@ class Clock:
 
     marks: list[tuple[datetime, float]] = field(default_factory=list)
     now: float = 0.0
+    #: When the script's time 0 is (default: when it started); a team whose story ends
+    #: before the present sets it in the past.
+    origin: datetime | None = None
 
     def at(self, seconds: float) -> None:
         """What the team does from here on happens ``seconds`` after its start."""
@@ -197,6 +204,8 @@ class Clock:
 
     @property
     def start(self) -> datetime:
+        if self.origin is not None:
+            return self.origin
         return self.marks[0][0] - timedelta(seconds=self.marks[0][1])
 
     def warp(self, engine: sa.Engine, team_id: int) -> None:
@@ -210,11 +219,17 @@ class Clock:
             "ar_turns": ("team_id", ["started_at", "ended_at", "lease_expires_at"]),
             "ar_questions": ("team_id", ["created_at", "closed_at", "deadline"]),
             "ar_ledger": ("team_id", ["created_at"]),
+            "ar_transcript_entries": ("agent_id", ["created_at"]),
         }
         with engine.begin() as conn:
             for table, (key, names) in columns.items():
+                where = (
+                    f"{key} IN (SELECT id FROM ar_agents WHERE team_id = :team)"
+                    if key == "agent_id"
+                    else f"{key} = :team"
+                )
                 rows = conn.execute(
-                    sa.text(f"SELECT id, {', '.join(names)} FROM {table} WHERE {key} = :team"),
+                    sa.text(f"SELECT id, {', '.join(names)} FROM {table} WHERE {where}"),
                     {"team": team_id},
                 ).all()
                 updates = [
@@ -234,6 +249,26 @@ def _datetime(value: object) -> datetime | None:
 
 
 ROLES = ("Frontend Engineer", "Backend Engineer", "QA Engineer", "Data Engineer", "Tech Writer")
+#: The model the scripted calls name, and the tools they call (with their MCP servers).
+MODEL = "gpt-4.1-mini"
+TOOLS = (("files__read_file", "files"), ("shell__run_tests", "shell"), ("search_docs", None))
+
+
+def model_call(turn: Turn, seconds: float, prompt_tokens: int) -> None:
+    """A model call of ``turn`` that took ``seconds``, recorded as the loop records it."""
+    turn.record_usage(model=MODEL, prompt_tokens=prompt_tokens,
+                      completion_tokens=prompt_tokens // 8 + 20, seconds=seconds)  # fmt: skip
+
+
+def tool_call(turn: Turn, call: str, tool: str, server: str | None, seconds: float,
+              failed: bool = False) -> None:  # fmt: skip
+    """The model's call of ``tool`` and its result, appended as the loop appends them."""
+    call_entry = {"id": call, "type": "function", "function": {"name": tool, "arguments": "{}"}}
+    turn.append_assistant({"role": "assistant", "content": None, "tool_calls": [call_entry]})
+    result = fail("3 tests failed", "tool_error") if failed else "all 42 tests pass"
+    outcome = ToolOutcome.ERROR if failed else ToolOutcome.OK
+    turn.append_tool_result(call, result, run=ToolRun(tool=tool, server=server, outcome=outcome,
+                                                      seconds=seconds))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,7 +345,34 @@ def busy_team(
 
     def lead_turn(t: float, length: float) -> None:
         script.at(t, claim, lead)
+        script.at(t + length * 0.8, call_model, lead, length * 0.6)
         script.at(t + length, end, lead)
+
+    def call_model(name: str, seconds: float) -> None:
+        turn = turns.get(name)
+        if turn is not None and name not in waiting:
+            model_call(turn, seconds, rng.randint(800, 12000))
+
+    def call_tool(name: str, number: int, seconds: float) -> None:
+        turn = turns.get(name)
+        if turn is None or name in waiting:  # an open ask: no other call before its answer
+            return
+        tool, server = TOOLS[number % len(TOOLS)]
+        call = f"tool-{name}-{number}".replace(" ", "-")
+        tool_call(turn, call, tool, server, seconds, failed=rng.random() < 0.08)
+
+    def work(name: str, start: float, stop: float, first: int) -> None:
+        """A sub-agent's turn between its claim and its report: model calls, each followed by
+        a tool call, end to end."""
+        t, number = start + 0.1, first
+        while True:
+            thinking, running = 0.4 + rng.random() * 1.8, 0.2 + rng.random() * 2.4
+            if t + thinking + running > stop - 0.3:
+                break
+            script.at(t + thinking, call_model, name, thinking)
+            script.at(t + thinking + running + 0.02, call_tool, name, number, running)
+            t += thinking + running + 0.05
+            number += 1
 
     def ask(name: str, number: int, wave: int) -> None:
         turn = turns.get(name)
@@ -352,8 +414,10 @@ def busy_team(
             t = start + 0.3 + i * 0.06
             script.at(t, send, name, f"Wave {w + 1}, part {i + 1}: implement it and report.",
                       lead, type=MessageType.TASK)  # fmt: skip
-            script.at(t + 0.5 + rng.random(), claim, name)
+            claimed = t + 0.5 + rng.random()
+            script.at(claimed, claim, name)
             report = reports[(w, name)] = start + span * (0.72 + 0.2 * rng.random())
+            work(name, claimed, report, 100 * w)
             script.at(report, send, lead, f"Done: wave {w + 1}, part {i + 1}. All tests pass.",
                       name, type=MessageType.OUTPUT,
                       subtype=MessageSubtype.COMPLETION_REPORT)  # fmt: skip
@@ -410,6 +474,7 @@ def busy_team(
     script.at(seconds - 0.5, refused)
     script.run()
     clock.at(seconds)
+    clock.origin = utcnow() - timedelta(seconds=seconds + 1.0)  # a story that has ended
     clock.warp(router.store.engine, team)
     return BusyTeam(
         team_id=team,
@@ -418,3 +483,77 @@ def busy_team(
         questions=count["questions"],
         seconds=seconds,
     )
+
+
+def slow_model_team(router: Router, seconds: float = 25.0) -> int:
+    """A team of one: the user asks the lead, whose turn makes one model call that takes
+    ``seconds`` (recorded as the loop records it), then one quick tool call, and ends."""
+    clock = Clock()
+    clock.at(0.0)
+    team = router.create_team().id
+    router.send(team, to="Team Leader", content="Summarise the design review.", sender="user")
+    clock.at(0.2)
+    turn = router.claim_turn(team, "Team Leader")
+    assert turn is not None
+    turn.drain()
+    clock.at(0.2 + seconds)
+    model_call(turn, seconds, 48_000)
+    clock.at(0.2 + seconds + 0.6)
+    tool_call(turn, "call-notes", "files__write_file", "files", 0.55)
+    clock.at(0.2 + seconds + 2.0)
+    model_call(turn, 1.3, 49_000)
+    turn.append_assistant({"role": "assistant", "content": "The review is summarised."})
+    turn.end()
+    clock.at(0.2 + seconds + 2.1)
+    clock.origin = utcnow() - timedelta(seconds=clock.now + 2.0)
+    clock.warp(router.store.engine, team)
+    return team
+
+
+def blocked_team(router: Router, blocked_for: float = 40.0) -> int:
+    """A lead and two engineers: Backend Engineer_1 asked the lead a question
+    ``blocked_for`` seconds ago and is still blocked; QA Engineer_1 asked Backend Engineer_1
+    and was answered."""
+    clock = Clock()
+    clock.at(0.0)
+    team = router.create_team().id
+    backend = router.create_agent(team, role="Backend Engineer").display_name
+    qa = router.create_agent(team, role="QA Engineer").display_name
+    for name in (backend, qa):
+        router.send(team, to=name, content="Build and test the export.", sender="Team Leader",
+                    type=MessageType.TASK)  # fmt: skip
+    clock.at(1.0)
+    turns = {}
+    for name in (backend, qa):
+        turn = router.claim_turn(team, name)
+        assert turn is not None
+        turn.drain()
+        turns[name] = turn
+    clock.at(3.5)
+    model_call(turns[qa], 2.4, 3000)
+    turns[qa].append_assistant({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "ask-1", "type": "function",
+         "function": {"name": "ask_other_agent", "arguments": "{}"}}]})  # fmt: skip
+    question = turns[qa].ask(backend, "Which format does the export write?", tool_call_id="ask-1")
+    clock.at(6.0)
+    model_call(turns[backend], 4.9, 5200)
+    clock.at(6.5)
+    router.answer(question.id, "CSV, one row per message.", sender=backend)
+    clock.at(9.0)
+    tool_call(turns[backend], "call-1", "shell__run_tests", "shell", 2.4)
+    clock.at(11.0)
+    model_call(turns[backend], 1.9, 6100)
+    turns[backend].append_assistant({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "ask-2", "type": "function",
+         "function": {"name": "ask_master", "arguments": "{}"}}]})  # fmt: skip
+    turns[backend].ask("Team Leader", "May the export drop empty rows?", tool_call_id="ask-2")
+    clock.at(11.0)
+    clock.origin = utcnow() - timedelta(seconds=11.0 + blocked_for)
+    clock.warp(router.store.engine, team)
+    with router.store.engine.begin() as conn:  # the open ask's deadline, 5 min after it
+        conn.execute(
+            sa.text("UPDATE ar_questions SET deadline = :at WHERE team_id = :team "
+                    "AND status = 'open'"),
+            {"at": clock.origin + timedelta(seconds=11.0 + 300.0), "team": team},
+        )  # fmt: skip
+    return team

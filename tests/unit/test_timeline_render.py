@@ -74,7 +74,7 @@ def test_a_long_diagram_is_summarised_and_split_keeping_every_message() -> None:
             messages.append(_message(i, worker, "Team Leader"))
         else:
             messages.append(_message(i, "Team Leader", worker, "task"))
-    diagrams = render_mermaid(_team(messages), max_chars=20_000)
+    diagrams = render_mermaid(_team(messages), max_chars=20_000, by_agent=True)
     assert len(diagrams) > 1
     counted = 0
     for d in diagrams:

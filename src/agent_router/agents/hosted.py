@@ -38,6 +38,7 @@ tool (an ask, ``wait_sub_agent_output``) returns without ending: the answer sche
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,8 @@ class ModelCall:
         self.model = model
         self.messages = messages
         self.tools = hosted.tools
+        # The call's span on the timeline: from here (what it sends is ready) to its usage.
+        self._began = time.monotonic()
         #: What the call used, once recorded.
         self.recorded: TokenUsage | None = None
 
@@ -113,6 +116,7 @@ class ModelCall:
             "completion_tokens": counted.completion_tokens,
             "cached_tokens": counted.cached_tokens,
             "estimated": counted.estimated,
+            "seconds": time.monotonic() - self._began,
         }
         _model, self.recorded = self._hosted.router.priced_usage(**usage_of)
         self._hosted._usage = usage_of

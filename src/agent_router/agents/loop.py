@@ -69,6 +69,7 @@ from agent_router.agents.tools import (
     ToolResult,
     TurnSuspended,
     fail,
+    tool_run,
 )
 from agent_router.agents.usage import bounded
 from agent_router.domain import (
@@ -525,7 +526,9 @@ def _complete(
     with ``context`` (what the request left out, when that changed). An estimated usage counts
     the reply as kept: arguments too large to keep are never sent back, so they are not
     counted as if they were."""
+    began = time.monotonic()
     result = complete(model, request.messages, schemas, prompt_tokens=request.tokens)
+    seconds = time.monotonic() - began
     window = request.window if context is not None else None
     limit = turn.settings.max_tool_argument_bytes
     message = check.model_reply(result.message, max_argument_bytes=limit)
@@ -542,6 +545,7 @@ def _complete(
         "estimated": usage.estimated,
         "context": context,
         "window": window,
+        "seconds": seconds,
     }
 
 
@@ -607,10 +611,12 @@ def _run_calls(
             _boundary(turn, heartbeat)
         else:
             _unfenced(turn, heartbeat)
+        began = time.monotonic()
         result = _call_tool(tools, call, replace(ctx, call_id=str(call["id"])))
         if result is not RESULT_RECORDED:
             assert isinstance(result, str)
-            turn.carry_tool_result(call["id"], result)
+            run = tool_run(str(call["function"]["name"]), result, time.monotonic() - began)
+            turn.carry_tool_result(call["id"], result, run=run)
 
 
 def _drain_all(router: Router, turn: Turn) -> None:

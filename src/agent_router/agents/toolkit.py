@@ -28,6 +28,8 @@ from agent_router.agents import lookup
 from agent_router.agents.roles import RoleCatalogue
 from agent_router.domain import (
     Agent,
+    ToolOutcome,
+    ToolRun,
 )
 from agent_router.logfields import get_logger
 from agent_router.settings import Settings
@@ -173,6 +175,29 @@ def ok(**fields: Any) -> str:
 
 def fail(error: str, reason: str, **fields: Any) -> str:
     return json.dumps({"ok": False, "error": error, "reason": reason, **fields}, ensure_ascii=False)
+
+
+#: Between an MCP server's name and its tool's in the name the model calls (``files__read``).
+SERVER_SEPARATOR: Final = "__"
+
+
+def tool_run(name: str, result: str, seconds: float) -> ToolRun:
+    """How the call of the tool ``name`` ran, from its result: an error when the result is
+    one :func:`fail` wrote (a failing tool, a bad call, a server that did not answer)."""
+    server, separator, _ = name.partition(SERVER_SEPARATOR)
+    failed = False
+    if result.startswith("{"):
+        try:
+            value = json.loads(result)
+        except ValueError:
+            value = None
+        failed = isinstance(value, dict) and value.get("ok") is False
+    return ToolRun(
+        tool=name,
+        server=server if separator and server else None,
+        outcome=ToolOutcome.ERROR if failed else ToolOutcome.OK,
+        seconds=seconds,
+    )
 
 
 def refusal_reason(exc: errors.RefusedError) -> str:

@@ -50,6 +50,7 @@ from agent_router.agents.toolkit import (
     fail,
     ok,
     refusal_reason,
+    tool_run,
 )
 
 logger = get_logger(__name__)
@@ -558,4 +559,5 @@ __all__ = [
     "ok",
     "refusal_reason",
     "team_registry",
+    "tool_run",
 ]

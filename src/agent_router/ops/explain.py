@@ -16,8 +16,9 @@ from agent_router.store import refusals
 
 
 def _usage_text(d: dict[str, Any]) -> str:
-    """A ``model_call`` event: the model (or that its server named none), the tokens, and the
-    cost by the price table (or that the table has no price for the model)."""
+    """A ``model_call`` event: the model (or that its server named none), the tokens, the
+    cost by the price table (or that the table has no price for the model), and how long the
+    call took when that was recorded."""
     cached = f" ({d.get('cached_tokens')} cached)" if d.get("cached_tokens") else ""
     estimated = " estimated" if d.get("estimated") else ""
     model = d.get("model") or "model not reported"
@@ -26,9 +27,10 @@ def _usage_text(d: dict[str, Any]) -> str:
         if d.get("unpriced")
         else f"${d.get('cost_usd', 0):.6f}"
     )
+    took = f", took {d['ms'] / 1000:.2f} s" if isinstance(d.get("ms"), int) else ""
     return (
         f"model call ({model}): {d.get('prompt_tokens')} prompt{cached} + "
-        f"{d.get('completion_tokens')} completion tokens{estimated}, {cost}"
+        f"{d.get('completion_tokens')} completion tokens{estimated}, {cost}{took}"
     )
 
 

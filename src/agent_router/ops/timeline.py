@@ -1,7 +1,8 @@
 """A team's story as a swimlane: one lane per agent (and one per outside sender such as
 ``user``), each turn a bar on its agent's lane, each message an arrow from its sender's lane to
 its receiver's, coloured by its kind, an ask linked to its answer with the time the asker
-waited. Built from the store's timeline reads (:mod:`agent_router.store.timeline`).
+waited, each model call and tool call a span inside its turn, and who is blocked now. Built
+from the store's timeline reads (:mod:`agent_router.store.timeline`).
 
 - :func:`view`: a window of time and a page of lanes (what ``agent-router web`` serves, and the
   page asks for again as it is zoomed, panned, filtered or focused);
@@ -9,7 +10,8 @@ waited. Built from the store's timeline reads (:mod:`agent_router.store.timeline
   strip, and the breaks the swimlane compresses);
 - :func:`team_timeline`: all of it at once, with every message's content and every turn's
   ledger lines, for :func:`render_html` (a page that opens from a file, with no network) and
-  :func:`render_mermaid` (a Mermaid sequence diagram, split in parts past Mermaid's limit).
+  :func:`render_mermaid` (a Mermaid sequence diagram, split in parts past Mermaid's limit,
+  by role past 16 participants).
 
 Times in the data are seconds since the team was created.
 """
@@ -17,6 +19,7 @@ Times in the data are seconds since the team was created.
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import html
 import itertools
@@ -31,7 +34,7 @@ from typing import Any
 from agent_router.domain import AgentStatus, LedgerEvent, Message, MessageType
 from agent_router.ops.explain import describe
 from agent_router.router import Router
-from agent_router.store.timeline import Activity, TimelineQuery, TimelineWindow
+from agent_router.store.timeline import Activity, Call, TimelineQuery, TimelineWindow
 
 #: Message kinds as the swimlane tells them apart (an ``output`` is a report).
 KINDS = ("task", "ask", "answer", "report", "message", "notice")
@@ -41,8 +44,24 @@ OVERVIEW_BUCKETS = 1000
 MIN_GAP_SECONDS = 1.0
 #: An idle stretch is compressed once it is this share of the team's span or more.
 GAP_SHARE = 1 / 40
+#: What a model call and a tool call say of themselves, besides their name and times.
+CALL_FIELDS = {
+    "model": (
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "cost_usd",
+        "estimated",
+        "unpriced",
+        "saturated",
+    ),
+    "tool": ("server", "outcome"),
+}
 #: Mermaid refuses a diagram longer than this (its ``maxTextSize``).
 MERMAID_MAX_CHARS = 50_000
+#: Past this many participants (agents and outside senders) a sequence diagram is wider than
+#: any screen reads (a team of 30 drew 5,929 px wide): it is summarised by role.
+MERMAID_MAX_PARTICIPANTS = 16
 
 
 def kind(message_type: str) -> str:
@@ -122,6 +141,23 @@ def _view(w: TimelineWindow, query: TimelineQuery) -> dict[str, Any]:
             }
             for a in w.arrows
         ],
+        "calls": [_call(c, t0) for c in w.calls],
+        "now": {
+            "at": _seconds(w.now, t0),
+            "total": w.blocked_total,
+            "blocked": [
+                {
+                    "question_id": b.question_id,
+                    "kind": b.kind.value,
+                    "asker": b.asker,
+                    "target": b.target,
+                    "since": _seconds(b.since, t0),
+                    "deadline": _seconds(b.deadline, t0),
+                    "suspended": b.suspended,
+                }
+                for b in w.blocked
+            ],
+        },
         "questions": [
             {
                 "id": q.question_id,
@@ -138,6 +174,22 @@ def _view(w: TimelineWindow, query: TimelineQuery) -> dict[str, Any]:
             }
             for q in w.waits
         ],
+    }
+
+
+def _call(c: Call, t0: datetime) -> dict[str, Any]:
+    """A model call or tool call as the swimlane draws it: from ``start`` to ``end`` on its
+    agent's lane (``start`` null: how long it took was not recorded)."""
+    end = _seconds(c.ended_at, t0) or 0.0
+    return {
+        "kind": c.kind,
+        "agent": c.agent,
+        "turn": c.turn_id,
+        "name": c.name,
+        "start": None if c.seconds is None else round(max(0.0, end - c.seconds), 3),
+        "end": end,
+        "ms": None if c.seconds is None else round(c.seconds * 1000),
+        **{k: c.detail.get(k) for k in CALL_FIELDS[c.kind]},
     }
 
 
@@ -177,9 +229,17 @@ def _overview(a: Activity, buckets: int) -> dict[str, Any]:
         "kinds": list(KINDS),
         # Sparse: [bucket, [messages of each kind...], turn starts and ends], by bucket.
         "counts": [[b, row[: len(KINDS)], row[-1]] for b, row in sorted(per.items())],
-        "gaps": gaps(sorted(per), a.bucket_seconds, end),
+        "gaps": gaps(sorted(set(per) | _call_buckets(a.calls, buckets)), a.bucket_seconds, end),
         "outside": a.outside,
     }
+
+
+def _call_buckets(calls: list[tuple[int, int]], buckets: int) -> set[int]:
+    """The buckets a model call or a tool call runs in: busy, though no message is in them."""
+    busy: set[int] = set()
+    for first, last in calls:
+        busy.update(range(min(first, buckets - 1), min(last, buckets - 1) + 1))
+    return busy
 
 
 def gaps(busy: list[int], width: float, end: float) -> list[list[float]]:
@@ -249,8 +309,8 @@ def render_html(data: dict[str, Any], *, title: str | None = None) -> str:
     heading = html.escape(title or f"agent-router team {data['team_id']}")
     script = _asset("swimlane.js")
     start = (
-        'Swimlane.mount(document.getElementById("timeline"), Swimlane.local(JSON.parse('
-        'document.getElementById("timeline-data").textContent)));'
+        'window.swimlane = Swimlane.mount(document.getElementById("timeline"), Swimlane.local('
+        'JSON.parse(document.getElementById("timeline-data").textContent)));'
     )
     policy = (
         f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
@@ -297,15 +357,16 @@ class MermaidDiagram:
     start: float  # seconds since the team was created
     end: float
     summarised: bool  # runs of messages between one pair, of one kind, are one arrow each
+    by_role: bool = False  # a participant per role, an arrow per pair of roles and kind
 
 
 def _mermaid_id(name: str) -> str:
     return "P_" + re.sub(r"\W", "_", name)
 
 
-def _mermaid_text(text: str) -> str:
+def _mermaid_text(text: str, limit: int = 80) -> str:
     # Mermaid ends a message at a newline, and `;` or `#` start syntax of their own.
-    return re.sub(r"[;#\n\r]+", " ", text).strip()[:80]
+    return re.sub(r"[;#\n\r]+", " ", text).strip()[:limit]
 
 
 def _mermaid_steps(data: dict[str, Any], *, summarise: bool) -> list[tuple[float, int, str]]:
@@ -377,14 +438,18 @@ def _diagram(lanes: list[tuple[str, bool]], steps: list[tuple[float, int, str]],
 
 
 def render_mermaid(
-    data: dict[str, Any], *, max_chars: int = MERMAID_MAX_CHARS
+    data: dict[str, Any], *, max_chars: int = MERMAID_MAX_CHARS, by_agent: bool = False
 ) -> list[MermaidDiagram]:
     """A Mermaid sequence diagram of the team: messages as arrows labelled with type and
     outcome, turns as activations. Past ``max_chars`` (Mermaid's limit), runs of messages
     between one pair are summarised as one arrow with their count and the turns left out; if
     that is still too long, the diagram is split in time into parts that each fit, each
-    declaring only its own participants and saying which part of the whole it is."""
+    declaring only its own participants and saying which part of the whole it is. A team
+    with more than :data:`MERMAID_MAX_PARTICIPANTS` participants is summarised by role
+    (:func:`mermaid_by_role`) unless ``by_agent``."""
     lanes = _lanes_of(data)
+    if not by_agent and len(lanes) > MERMAID_MAX_PARTICIPANTS:
+        return [mermaid_by_role(data)]
     whole = _diagram(lanes, _mermaid_steps(data, summarise=False), "")
     end = float(data["end"])
     if len(whole) <= max_chars:
@@ -421,3 +486,61 @@ def render_mermaid(
             MermaidDiagram(_diagram(own, chunk, head), i, len(chunks), start, stop, True)
         )
     return diagrams
+
+
+def _role_of(data: dict[str, Any]) -> dict[str, str]:
+    """Each lane's participant in a summary by role: the lead and each outside sender alone,
+    every other agent its role with how many agents have it (``Backend Engineer (6)``)."""
+    roles: dict[str, list[str]] = {}
+    group: dict[str, str] = {}
+    for lane in data["lanes"]["items"]:
+        if lane.get("lead"):
+            group[lane["name"]] = lane["name"]
+        else:
+            roles.setdefault(lane.get("role") or lane["name"], []).append(lane["name"])
+    for role, names in roles.items():
+        for name in names:
+            group[name] = f"{role} ({len(names)})" if len(names) > 1 else name
+    return group
+
+
+def mermaid_by_role(data: dict[str, Any]) -> MermaidDiagram:
+    """The team as a sequence diagram of its roles: the lead, the outside senders and one
+    participant per role of the sub-agents; one arrow per pair of participants and kind of
+    message (a refused send's arrow apart), in the order of its first message, labelled with
+    how many messages it stands for, their outcomes and when the first and the last were
+    sent. Every message is in one arrow."""
+    group = _role_of(data)
+    arrows: dict[tuple[str, str, str, bool], list[dict[str, Any]]] = {}
+    for m in data["messages"]:
+        refused = m["outcome"] == "rejected"
+        key = (
+            group.get(m["from"], m["from"]),
+            group.get(m["to"], m["to"]),
+            kind(m["type"]),
+            refused,
+        )
+        arrows.setdefault(key, []).append(m)
+    outside = sorted({m["from"] for m in data["messages"] if not m["from_agent"]})
+    participants = [(n, True) for n in outside] + [
+        (n, False) for n in dict.fromkeys(group[lane["name"]] for lane in data["lanes"]["items"])
+    ]
+    steps = []
+    for (sender, target, what, refused), messages in arrows.items():
+        head = "-x" if refused else "->>"
+        first, last = messages[0]["t"], messages[-1]["t"]
+        when = f"at {first:.1f} s" if len(messages) == 1 else f"{first:.1f} s to {last:.1f} s"
+        outcomes = collections.Counter(m["outcome"] for m in messages).most_common()
+        how = ", ".join(f"{n} {outcome}" for outcome, n in outcomes)
+        text = _mermaid_text(f"{len(messages)} x {what} ({how}), {when}", limit=240)
+        steps.append((first, 1, f"    {_mermaid_id(sender)}{head}{_mermaid_id(target)}: {text}"))
+    agents = len(data["lanes"]["items"])
+    head = (
+        f"%% team {data['team_id']}: {agents} agents summarised by role, one arrow per pair of "
+        f"participants and kind; `agent-router timeline {data['team_id']} --format mermaid "
+        f"--by-agent` draws one participant per agent"
+    )
+    end = float(data["end"])
+    return MermaidDiagram(
+        _diagram(participants, sorted(steps), head), 1, 1, 0.0, end, True, by_role=True
+    )

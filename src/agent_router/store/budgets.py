@@ -266,6 +266,7 @@ def record_usage(
     agent: str | None = None,
     context: Mapping[str, Any] | None = None,
     window: Mapping[str, Any] | None = None,
+    ms: int | None = None,
 ) -> BudgetCheck:
     """One model call's usage: a row per call, the team's totals, one ledger event (whose log
     line names ``agent``; with ``context``, what the request left out, when that changed);
@@ -308,6 +309,7 @@ def record_usage(
         **ids,
         **({} if context is None else {"context": dict(context)}),
         **({"saturated": saturated} if saturated else {}),
+        **({} if ms is None else {"ms": ms}),
     )
     return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
 

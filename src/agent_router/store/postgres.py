@@ -290,16 +290,29 @@ class PostgresStore(Store):
     @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
         payload = turns.validate_assistant(message)
-        self._call("append", **_of(turn), payload=json.dumps(payload), call=None)
+        self._call("append", **_of(turn), payload=json.dumps(payload), call=None, meta=None)
 
     @faults.retrying
-    def append_tool_result(self, turn: TurnRecord, tool_call_id: str, content: str) -> None:
+    def append_tool_result(
+        self,
+        turn: TurnRecord,
+        tool_call_id: str,
+        content: str,
+        *,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
         if not isinstance(content, str):
             raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
         if not isinstance(tool_call_id, str):  # matches no open call
             tool_call_id = repr(tool_call_id)
         payload = {"role": "tool", "tool_call_id": tool_call_id, "content": content}
-        self._call("append", **_of(turn), payload=json.dumps(payload), call=tool_call_id)
+        self._call(
+            "append",
+            **_of(turn),
+            payload=json.dumps(payload),
+            call=tool_call_id,
+            meta=None if meta is None else json.dumps(dict(meta)),
+        )
 
     @faults.retrying
     def before_call(
@@ -337,7 +350,7 @@ class PostgresStore(Store):
         payload = turns.validate_assistant(message)
         counts: dict[str, Any] = dict.fromkeys(
             ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_nano")
-        ) | {"estimated": None, "priced": None, "context": None, "window": None}
+        ) | {"estimated": None, "priced": None, "context": None, "window": None, "ms": None}
         if usage is not None:
             counts = {
                 "model": usage.model,
@@ -349,6 +362,7 @@ class PostgresStore(Store):
                 "priced": budgets.priced(self.settings, usage.model),
                 "context": None if usage.context is None else json.dumps(dict(usage.context)),
                 "window": None if usage.window is None else json.dumps(dict(usage.window)),
+                "ms": None if usage.seconds is None else round(usage.seconds * 1000),
             }
         result = self._call(
             "after_call",
@@ -563,6 +577,7 @@ class PostgresStore(Store):
         agent: str | None = None,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        ms: int | None = None,
     ) -> BudgetCheck:
         result = self._call(
             "record_usage",
@@ -579,6 +594,7 @@ class PostgresStore(Store):
             priced=budgets.priced(self.settings, model),
             context=None if context is None else json.dumps(dict(context)),
             window=None if window is None else json.dumps(dict(window)),
+            ms=ms,
             **self._budget_params(),
         )
         return _check(result["budget"])
@@ -667,8 +683,8 @@ def _functions_missing(conn: sa.Connection) -> bool:
 
 
 def _results(results: Sequence[Result]) -> str:
-    """Carried tool call results as the turn functions take them: [[id, content], ...]."""
-    return json.dumps([[call_id, content] for call_id, content in results])
+    """Carried tool call results as the turn functions take them: [[id, content, meta], ...]."""
+    return json.dumps([list(result) for result in results])
 
 
 def _of(turn: TurnRecord) -> dict[str, Any]:

@@ -291,12 +291,20 @@ class Store:
             turns.append_assistant(tx, turn, payload)
 
     @faults.retrying
-    def append_tool_result(self, turn: TurnRecord, tool_call_id: str, content: str) -> None:
-        """Append the result of an open tool call (:func:`turns.append_tool_result`)."""
+    def append_tool_result(
+        self,
+        turn: TurnRecord,
+        tool_call_id: str,
+        content: str,
+        *,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Append the result of an open tool call (:func:`turns.append_tool_result`);
+        ``meta``: how the call ran (:class:`~agent_router.domain.ToolRun`), kept with it."""
         if not isinstance(content, str):
             raise errors.InvalidTranscriptEntryError("a tool result's content must be a string")
         with self._tx() as tx:
-            turns.append_tool_result(tx, turn, tool_call_id, content)
+            turns.append_tool_result(tx, turn, tool_call_id, content, meta=meta)
 
     @faults.retrying
     def before_call(
@@ -530,10 +538,12 @@ class Store:
         agent: str | None = None,
         context: Mapping[str, Any] | None = None,
         window: Mapping[str, Any] | None = None,
+        ms: int | None = None,
     ) -> BudgetCheck:
         """``agent``: the display name the ``model_call`` log line shows; ``context``: what
         the request left out, on the call where that changed (the event's ``context``);
-        ``window``: where the agent's request window then stood (its ``context_window``)."""
+        ``window``: where the agent's request window then stood (its ``context_window``);
+        ``ms``: how long the call took (the event's ``ms``; it ended at the event's time)."""
         with self._tx() as tx:
             return budgets.record_usage(
                 tx,
@@ -546,6 +556,7 @@ class Store:
                 agent=agent,
                 context=context,
                 window=window,
+                ms=ms,
             )
 
     @faults.retrying

@@ -2,8 +2,10 @@
 
 :func:`window` reads, in the caller's one session, a page of the team's agents (its lanes and
 the rows of its table, from the same snapshot) and what happened to them between two times:
-their turns, the messages they sent or received (routed or refused), and their questions (an ask
-and its answer, or a wait for a sub-agent's report, with both times). It also counts the whole
+their turns, the model calls and tool calls inside those turns, the messages they sent or
+received (routed or refused), and their questions (an ask and its answer, or a wait for a
+sub-agent's report, with both times), and who in the whole team is blocked now, on whom, since
+when. It also counts the whole
 team's messages and turns by time bucket (the overview strip, and the idle gaps the page
 compresses). Every part is bounded by the query (a page of agents, a window, a cap on messages),
 never by the size of the team, so that a team of tens of thousands of agents reads as fast as a
@@ -41,7 +43,9 @@ from agent_router.store.models import (
     MessageRow,
     QuestionRow,
     TeamRow,
+    TranscriptEntryRow,
     TurnRow,
+    utcnow,
 )
 from agent_router.validation import EXTERNAL_PREFIX, EXTERNAL_SENDERS
 
@@ -102,6 +106,41 @@ class Wait:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Call:
+    """A model call or a tool call inside a turn: it ended at ``ended_at`` (its ``model_call``
+    event, or its result entering the transcript) after ``seconds`` (``None``: not recorded,
+    written by a release that did not keep it)."""
+
+    kind: str  # "model" or "tool"
+    agent: str
+    turn_id: int | None
+    ended_at: datetime
+    seconds: float | None
+    name: str  # the model, or the tool
+    detail: dict[str, Any]  # tokens, cost, unpriced, saturated; server, outcome
+
+
+@dataclass(frozen=True, kw_only=True)
+class Blocked:
+    """An agent of the team blocked now: in an ask, or the lead waiting for a sub-agent's
+    report."""
+
+    question_id: int
+    kind: QuestionKind
+    asker: str
+    target: str
+    since: datetime
+    deadline: datetime | None
+    suspended: bool  # no worker held: the answer resumes it with a continuation turn
+
+
+#: The most agents the "now" part names (the count says how many there are in all).
+MAX_BLOCKED = 50
+#: The most calls a window returns; the rest of the window still has its turns.
+MAX_CALLS = 20_000
+
+
+@dataclass(frozen=True, kw_only=True)
 class TimelineWindow:
     team_id: int
     started_at: datetime  # the team's creation: time 0 of the query's seconds
@@ -114,6 +153,10 @@ class TimelineWindow:
     turns: list[TurnRecord]  # of the page's agents, overlapping the window
     arrows: list[Arrow]  # to or from the page's agents, in the window, in time order
     waits: list[Wait]  # asked by or of the page's agents, overlapping the window
+    calls: list[Call]  # model calls and tool calls of the page's agents ending in the window
+    blocked: list[Blocked]  # the team's agents blocked now, the longest first
+    blocked_total: int
+    now: datetime  # the time of this read: how long the blocked have waited, so far
     complete_until: datetime | None  # the messages are cut at max_arrows: complete up to here
 
 
@@ -126,6 +169,9 @@ class Activity:
     bucket_seconds: float
     #: (bucket, message type, messages) and (bucket, None, turn starts and ends).
     counts: list[tuple[int, str | None, int]]
+    #: (first bucket, last bucket) of model calls and tool calls: busy, though they hold no
+    #: message (a long model call is work, not an idle gap).
+    calls: list[tuple[int, int]]
     outside: list[str]  # senders that are not agents (user, system, job:...), by name
 
 
@@ -238,20 +284,49 @@ def window(
         .offset(query.offset)
         .limit(query.limit)
     ).all()
+    # The hubs, the lead (unless the name filter leaves it out) and the focused agent, are on
+    # every page, first: most of a team's messages are to or from them.
+    # The lead is the team's first agent: read in the order of ids, it is found at once.
+    lead = (
+        None
+        if query.name
+        else session.scalars(
+            sa.select(AgentRow)
+            .where(AgentRow.team_id == team_id, AgentRow.is_lead)
+            .order_by(AgentRow.id)
+            .limit(1)
+        ).first()
+    )
+    focused = session.get(AgentRow, focus) if focus is not None else None
+    hubs = sorted({a.id: a for a in (lead, focused) if a is not None}.values(), key=lambda a: a.id)
+    hub_ids = [h.id for h in hubs]
+    on_page = {row.id for row in rows}
+    own: AgentIds = [r.id for r in rows if r.id not in hub_ids]
+    rows = [*(h for h in hubs if h.id not in on_page), *rows]
     # A page of many agents (the whole of a large team) is named to the statements below by
     # the query that reads it, not by its ids: a statement holds at most 65,535 parameters.
     ids: AgentIds = [r.id for r in rows]
     if len(rows) > MAX_LISTED_IDS:
-        ids = (
+        page = (
             sa.select(AgentRow.id)
             .where(*kept)
             .order_by(AgentRow.id)
             .offset(query.offset)
             .limit(query.limit)
+            .scalar_subquery()
         )
+        ids = sa.select(AgentRow.id).where(sa.or_(AgentRow.id.in_(page), AgentRow.id.in_(hub_ids)))
+        own = sa.select(AgentRow.id).where(AgentRow.id.in_(page), AgentRow.id.not_in(hub_ids))
+    blocked, blocked_total = _blocked(session, team_id)
     whole = query.limit is None and query.offset == 0 and not query.name and focus is None
     arrows, complete_until = _arrows(
-        session, team_id, query, ids=None if whole else ids, focus=focus, start=start, end=end
+        session,
+        team_id,
+        query,
+        lanes=None if whole else (ids, own, hub_ids),
+        focus=focus,
+        start=start,
+        end=end,
     )
     return TimelineWindow(
         team_id=team_id,
@@ -267,6 +342,19 @@ def window(
         turns=_turns(session, ids, start, end),
         arrows=arrows,
         waits=_waits(session, team_id, ids if focus is None else [focus], start, end),
+        # The calls end where the messages do: a piece of the window holds both, so that the
+        # next piece reads the calls after it (and the read stays within max_scan events).
+        calls=_calls(
+            session,
+            team_id,
+            {r.id: r.display_name for r in rows},
+            ids=ids,
+            start=start,
+            end=end if complete_until is None else complete_until,
+        ),
+        blocked=blocked,
+        blocked_total=blocked_total,
+        now=utcnow(),
         complete_until=complete_until,
     )
 
@@ -332,13 +420,17 @@ def _arrows(
     team_id: int,
     query: TimelineQuery,
     *,
-    ids: AgentIds | None,
+    lanes: tuple[AgentIds, AgentIds, list[int]] | None,
     focus: int | None,
     start: datetime,
     end: datetime | None,
 ) -> tuple[list[Arrow], datetime | None]:
-    """Messages routed or refused in the window between the agents ``ids`` (``None``: all),
-    or from outside senders to them, and to or from ``focus`` if given, in time order. The
+    """Messages routed or refused in the window of the lanes ``lanes`` (``None``: all; else
+    every lane's agent, the page's own and its hubs, the lead and the focused agent), and to
+    or from ``focus`` if given, in time order: those with an end among the page's own agents
+    (the other end may be on another page: a stub), and those between hubs or from outside
+    senders to a hub. A hub's messages to agents of other pages are theirs: the lead of a
+    team of 70,000 would otherwise bring every message to every page. The
     window is read at most ``max_scan`` ledger events deep and cut at ``max_arrows`` messages:
     then also the time up to which the messages are complete, where the next window starts."""
     complete_until, window_end = None, end
@@ -387,12 +479,17 @@ def _arrows(
         )
         .order_by(LedgerRow.created_at, LedgerRow.id)
     )
-    if ids is not None:
+    if lanes is not None:
+        ids, own, hubs = lanes
         # A refusal names its sender only in its detail: those of the window are kept here
         # and sorted out below, by name.
-        routed = sa.and_(
-            LedgerRow.agent_id.in_(ids),
-            sa.or_(MessageRow.source_agent_id.in_(ids), MessageRow.source_agent_id.is_(None)),
+        routed = sa.or_(
+            LedgerRow.agent_id.in_(own),
+            MessageRow.source_agent_id.in_(own),
+            sa.and_(
+                LedgerRow.agent_id.in_(hubs),
+                sa.or_(MessageRow.source_agent_id.in_(hubs), MessageRow.source_agent_id.is_(None)),
+            ),
         )
         if focus is not None:
             routed = sa.and_(
@@ -411,7 +508,7 @@ def _arrows(
         if window_end is not None and complete_until >= window_end:
             complete_until = None  # that is the whole window
     arrows = [_arrow(row) for row in rows]
-    if ids is not None:
+    if lanes is not None:
         names = dict(
             session.execute(
                 sa.select(AgentRow.id, AgentRow.display_name).where(AgentRow.id.in_(ids))
@@ -521,6 +618,105 @@ def _waits(
     ]
 
 
+def _calls(
+    session: Session,
+    team_id: int,
+    names: dict[int, str],
+    *,
+    ids: AgentIds,
+    start: datetime,
+    end: datetime | None,
+) -> list[Call]:
+    """The model calls (``model_call`` events) and tool calls (tool results kept with how they
+    ran) of the agents ``ids`` ending in the window, in time order."""
+    if not names:
+        return []
+    calls = [
+        Call(
+            kind="model",
+            agent=names.get(agent_id, "?"),
+            turn_id=turn_id,
+            ended_at=at,
+            seconds=_seconds(detail.get("ms")),
+            name=str(detail.get("model") or "model"),
+            detail={k: v for k, v in detail.items() if k not in ("ms", "model", "agent_id")},
+        )
+        for at, agent_id, turn_id, detail in session.execute(
+            sa.select(LedgerRow.created_at, LedgerRow.agent_id, LedgerRow.turn_id, LedgerRow.detail)
+            .where(
+                LedgerRow.team_id == team_id,
+                LedgerRow.action == LedgerAction.MODEL_CALL,
+                LedgerRow.agent_id.in_(ids),
+                *_during(LedgerRow.created_at, start, end),
+            )
+            .order_by(LedgerRow.created_at, LedgerRow.id)
+            .limit(MAX_CALLS)
+        )
+    ]
+    for at, agent_id, turn_id, meta in session.execute(
+        sa.select(
+            TranscriptEntryRow.created_at,
+            TranscriptEntryRow.agent_id,
+            TranscriptEntryRow.turn_id,
+            TranscriptEntryRow.meta,
+        )
+        .where(
+            TranscriptEntryRow.agent_id.in_(ids),
+            TranscriptEntryRow.role == "tool",
+            *_during(TranscriptEntryRow.created_at, start, end),
+        )
+        .order_by(TranscriptEntryRow.created_at, TranscriptEntryRow.id)
+        .limit(MAX_CALLS)
+    ):
+        if not isinstance(meta, dict) or "ms" not in meta:
+            continue  # a result written by the router (an ask's answer, a cancelled call)
+        calls.append(
+            Call(
+                kind="tool",
+                agent=names.get(agent_id, "?"),
+                turn_id=turn_id,
+                ended_at=at,
+                seconds=_seconds(meta.get("ms")),
+                name=str(meta.get("tool") or "tool"),
+                detail={"server": meta.get("server"), "outcome": meta.get("outcome")},
+            )
+        )
+    return sorted(calls, key=lambda c: c.ended_at)
+
+
+def _seconds(ms: Any) -> float | None:
+    return ms / 1000 if isinstance(ms, int | float) and not isinstance(ms, bool) else None
+
+
+def _blocked(session: Session, team_id: int) -> tuple[list[Blocked], int]:
+    """The team's open questions (its blocked agents), the longest waiting first, at most
+    :data:`MAX_BLOCKED` of them, and how many there are."""
+    asker = sa.orm.aliased(AgentRow)
+    target = sa.orm.aliased(AgentRow)
+    open_ = [QuestionRow.team_id == team_id, QuestionRow.status == QuestionStatus.OPEN]
+    total = session.scalar(sa.select(sa.func.count()).where(*open_)) or 0
+    rows = session.execute(
+        sa.select(QuestionRow, asker.display_name, asker.suspended, target.display_name)
+        .join(asker, asker.id == QuestionRow.asker_agent_id)
+        .join(target, target.id == QuestionRow.target_agent_id)
+        .where(*open_)
+        .order_by(QuestionRow.created_at, QuestionRow.id)
+        .limit(MAX_BLOCKED)
+    ).all()
+    return [
+        Blocked(
+            question_id=q.id,
+            kind=q.kind,
+            asker=asker_name,
+            target=target_name,
+            since=q.created_at,
+            deadline=q.deadline,
+            suspended=bool(suspended),
+        )
+        for q, asker_name, suspended, target_name in rows
+    ], total
+
+
 def _outside(session: Session, team_id: int) -> list[str]:
     return sorted(
         session.scalars(
@@ -546,6 +742,7 @@ def activity(session: Session, team_id: int, buckets: int) -> Activity:
         started_at=t0,
         bucket_seconds=width,
         counts=_counts(session, team_id, t0, width),
+        calls=_call_buckets(session, team_id, t0, width),
         outside=_outside(session, team_id),
     )
 
@@ -574,3 +771,37 @@ def _counts(
             .group_by(turn_bucket)
         )
     return sorted(((b, k, n) for (b, k), n in counts.items()), key=lambda r: (r[0], r[1] or ""))
+
+
+def _call_buckets(
+    session: Session, team_id: int, t0: datetime, width: float
+) -> list[tuple[int, int]]:
+    """The (first, last) buckets of the team's model calls and tool calls that recorded how
+    long they took, each pair once."""
+    model_ms = LedgerRow.detail["ms"].as_float()
+    model_end = _SecondsSince(LedgerRow.created_at, t0)
+    tool_ms = TranscriptEntryRow.meta["ms"].as_float()
+    tool_end = _SecondsSince(TranscriptEntryRow.created_at, t0)
+    found: set[tuple[int, int]] = set()
+    for stmt in (
+        sa.select(
+            sa.cast((model_end - model_ms / 1000.0) / width, sa.Integer),
+            sa.cast(model_end / width, sa.Integer),
+        )
+        .where(
+            LedgerRow.team_id == team_id,
+            LedgerRow.action == LedgerAction.MODEL_CALL,
+            model_ms.is_not(None),
+        )
+        .distinct(),
+        sa.select(
+            sa.cast((tool_end - tool_ms / 1000.0) / width, sa.Integer),
+            sa.cast(tool_end / width, sa.Integer),
+        )
+        .join(AgentRow, AgentRow.id == TranscriptEntryRow.agent_id)
+        .where(AgentRow.team_id == team_id, TranscriptEntryRow.role == "tool", tool_ms.is_not(None))
+        .distinct(),
+    ):
+        for first, last in session.execute(stmt):
+            found.add((max(0, int(first)), max(0, int(last))))
+    return sorted(found)

@@ -4,7 +4,7 @@ append, end, lease, suspend, stop."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -337,15 +337,29 @@ def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
     queries.append(tx.session, agent, payload, turn_id=turn.id)
 
 
-def append_tool_result(tx: Tx, turn: TurnRecord, tool_call_id: str, content: str) -> None:
+def append_tool_result(
+    tx: Tx,
+    turn: TurnRecord,
+    tool_call_id: str,
+    content: str,
+    *,
+    meta: Mapping[str, Any] | None = None,
+) -> None:
     agent, _row = fenced(tx, turn, "append_tool_result")
-    _append_result(tx, agent, turn, tool_call_id, content)
+    _append_result(tx, agent, turn, tool_call_id, content, meta=meta)
 
 
 def _append_result(
-    tx: Tx, agent: AgentRow, turn: TurnRecord, tool_call_id: str, content: str
+    tx: Tx,
+    agent: AgentRow,
+    turn: TurnRecord,
+    tool_call_id: str,
+    content: str,
+    *,
+    meta: Mapping[str, Any] | None = None,
 ) -> None:
-    """The result of the open tool call ``tool_call_id``, the turn fenced."""
+    """The result of the open tool call ``tool_call_id``, the turn fenced; ``meta``: how the
+    call ran (kept in the transcript entry's ``meta``)."""
     if tool_call_id not in queries.open_tool_calls(tx.session, agent.id):
         raise _write_refused(
             tx,
@@ -359,6 +373,7 @@ def _append_result(
         agent,
         {"role": "tool", "tool_call_id": tool_call_id, "content": content},
         turn_id=turn.id,
+        meta=None if meta is None else dict(meta),
     )
 
 
@@ -398,8 +413,8 @@ def end_turn(
     """The end-of-turn hook: one follow-up if wake messages are pending, else completed.
     ``results``: tool call results the turn carried, appended first."""
     agent, row = fenced(tx, turn, "end")
-    for call_id, content in results:
-        _append_result(tx, agent, turn, call_id, content)
+    for call_id, content, meta in results:
+        _append_result(tx, agent, turn, call_id, content, meta=meta)
     if agent.stop_requested and not failed:
         restarted = stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
         return EndOfTurn(follow_up=restarted, state=agent.state, epoch=agent.epoch)
@@ -460,8 +475,8 @@ def before_call(
     with ``since``, the transcript entries it says."""
     agent, row = fenced(tx, turn, "before_call")
     _running(tx, agent, turn)
-    for call_id, content in results:
-        _append_result(tx, agent, turn, call_id, content)
+    for call_id, content, meta in results:
+        _append_result(tx, agent, turn, call_id, content, meta=meta)
     _refuse_open_tool_calls(
         tx,
         agent,
@@ -517,6 +532,7 @@ def after_call(
             agent=agent.display_name,
             context=usage.context,
             window=usage.window,
+            ms=None if usage.seconds is None else round(usage.seconds * 1000),
         )
     if stopping:
         stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))

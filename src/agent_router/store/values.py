@@ -102,13 +102,15 @@ class Claim(NamedTuple):
 class CallUsage:
     """One model call's usage as a turn records it: the model, its tokens and cost, whether
     they were estimated, what the request left out (``context``, on the call where that
-    changed) and where the agent's request window then stood (``window``)."""
+    changed), where the agent's request window then stood (``window``) and how long the call
+    took (``seconds``, the ``model_call`` event's ``ms``)."""
 
     model: str | None
     usage: TokenUsage
     estimated: bool
     context: Mapping[str, Any] | None = None
     window: Mapping[str, Any] | None = None
+    seconds: float | None = None
 
 
 class Since(NamedTuple):
@@ -118,8 +120,9 @@ class Since(NamedTuple):
     position: int | None
 
 
-#: A tool call's result a turn carries into its next transition: (tool call id, content).
-Result = tuple[str, str]
+#: A tool call's result a turn carries into its next transition: (tool call id, content, how
+#: the call ran: the transcript entry's ``meta``, see :meth:`~agent_router.domain.ToolRun.meta`).
+Result = tuple[str, str, dict[str, Any] | None]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,12 +8,16 @@ through the standard ``OTEL_*`` variables and ``opentelemetry-instrument``).
   status when it failed). A turn started by a message links to that message's route span.
 - ``agent_router.route``: one span per message routed (or refused), with sender, receiver,
   outcome and message id; a message sent from inside a turn is a child of that turn's span.
+- ``agent_router.model_call`` and ``agent_router.tool_call``: one span per model call (model,
+  tokens, cost) and per tool call (tool, server, outcome) of a turn, children of its span, from
+  when the call started to when it ended.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from agent_router.domain import RouteOutcome, WaitOutcome
@@ -22,7 +26,7 @@ from agent_router.hooks import RouterHooks, route_fields
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, TracerProvider
 
-    from agent_router.domain import Delivery, EndOfTurn
+    from agent_router.domain import CallSpan, Delivery, EndOfTurn
     from agent_router.errors import AgentRouterError
     from agent_router.turn import Turn
 
@@ -110,6 +114,29 @@ class TracingHooks(RouterHooks):
             if suspended:
                 span.set_attributes(_attributes(suspended=True))
                 span.end()
+
+    def after_call(self, turn: Turn, span: CallSpan) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        with self._lock:
+            parent = self._turns.get((turn.team_id, turn.display_name))
+        context = self._trace.set_span_in_context(parent) if parent is not None else None
+        start = round(span.started.replace(tzinfo=UTC).timestamp() * 1e9)
+        recorded = self.tracer.start_span(
+            f"agent_router.{span.kind}_call",
+            context=context,
+            start_time=start,
+            attributes=_attributes(
+                team_id=turn.team_id,
+                agent=turn.display_name,
+                turn_id=turn.id,
+                **{span.kind: span.name},
+                **span.fields,
+            ),
+        )
+        if span.fields.get("outcome") == "error":
+            recorded.set_status(Status(StatusCode.ERROR, "the tool call failed"))
+        recorded.end(end_time=start + round(span.seconds * 1e9))
 
     def after_end_turn(self, turn: Turn, end: EndOfTurn, seconds: float, *, failed: bool) -> None:
         from opentelemetry.trace import Status, StatusCode

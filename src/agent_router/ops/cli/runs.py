@@ -305,7 +305,7 @@ def _print_run_result(
     for expired in result.expired_questions:
         console.print(Text(f"expired: {expired}", style="bold red"))
     for wait in result.waiting_on:
-        console.print(Text(f"waiting: {wait}", style="yellow"))
+        console.print(Text(f"blocked: {wait}", style="yellow"))
     if result.reason:
         console.print(Text(f"stopped: {result.reason}", style="bold red"))
     if not result.settled:

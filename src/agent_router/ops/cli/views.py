@@ -51,6 +51,15 @@ def timeline(
             "50,000-character limit).",
         ),
     ] = TimelineFormat.HTML,
+    by_agent: Annotated[
+        bool,
+        typer.Option(
+            "--by-agent",
+            envvar="AGENT_ROUTER_TIMELINE_BY_AGENT",
+            help="mermaid: one participant per agent, however many (a team of more than "
+            "16 agents and outside senders is otherwise summarised by role).",
+        ),
+    ] = False,
     database_url: DatabaseUrlOption = None,
 ) -> None:
     """Draw a team's story: one lane per agent, turns as bars, messages as arrows coloured by
@@ -77,7 +86,14 @@ def timeline(
         if output is not None and str(output) != "-":
             print(f"{output}: {counts}", file=sys.stderr)
         return
-    diagrams = render_mermaid(data)
+    diagrams = render_mermaid(data, by_agent=by_agent)
+    if diagrams[0].by_role:
+        print(
+            f"agent-router: the diagram of {counts} is summarised by role, one arrow per pair "
+            f"and kind (a participant per agent would be too wide to read): "
+            f"`agent-router timeline {team} --format mermaid --by-agent` draws every agent",
+            file=sys.stderr,
+        )
     if len(diagrams) > 1:
         print(
             f"agent-router: the diagram of {counts} is past Mermaid's 50,000-character limit: "

@@ -6,9 +6,10 @@ The page (``/``, with its script and style under ``/static/``) reads JSON:
   latest activity;
 - ``GET /api/teams/N``: the id of the team's latest event (what the page polls);
 - ``GET /api/teams/N/view?from=&to=&offset=&limit=&agent=&focus=``: a page of the team's agents
-  (its table and its lanes, from one snapshot) and, between two times, their turns, messages and
-  questions (:func:`agent_router.ops.timeline.view`); the messages are cut at a cap, and the
-  response says up to when they are complete;
+  (its table and its lanes, from one snapshot; the lead and the focused agent on every page)
+  and, between two times, their turns, model calls and tool calls, messages and questions, and
+  who in the team is blocked now (:func:`agent_router.ops.timeline.view`); the messages are
+  cut at a cap, and the response says up to when they are complete;
 - ``GET /api/teams/N/overview``: the whole team by time bucket, its idle gaps and its outside
   senders (:func:`agent_router.ops.timeline.overview`);
 - ``GET /api/teams/N/messages/ID``, ``GET /api/teams/N/turns/ID``: one message's content and

@@ -180,11 +180,13 @@ END $$;
 
 -- One model call's usage: a row per call, the team's totals, one `model_call` event (its
 -- `context`: what the request left out, on the call where that changed); `p_window`, where the
--- agent's request window then stood, is kept on the agent.
+-- agent's request window then stood, is kept on the agent; `p_ms`, how long the call took, is
+-- the event's `ms` (the call ended at the event's time).
 CREATE OR REPLACE FUNCTION ar_record_usage(
     p_team bigint, p_agent bigint, p_turn bigint, p_model text, p_prompt bigint,
     p_completion bigint, p_cached bigint, p_cost_nano bigint, p_estimated boolean,
-    p_priced boolean, p_ratio float8, p_defaults jsonb, p_context jsonb, p_window jsonb)
+    p_priced boolean, p_ratio float8, p_defaults jsonb, p_context jsonb, p_window jsonb,
+    p_ms bigint)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -228,7 +230,8 @@ BEGIN
         || CASE WHEN p_context IS NULL THEN '{}'::jsonb
                 ELSE jsonb_build_object('context', p_context) END
         || CASE WHEN v_saturated = '[]'::jsonb THEN '{}'::jsonb
-                ELSE jsonb_build_object('saturated', v_saturated) END,
+                ELSE jsonb_build_object('saturated', v_saturated) END
+        || CASE WHEN p_ms IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('ms', p_ms) END,
         p_turn => p_turn);
     o := o || jsonb_build_object('budget', jsonb_build_object('ok', true));
     RETURN ar__budget_warn(o, b, p_ratio, p_agent, p_turn, v_now);

@@ -30,8 +30,9 @@ SELECT ar_claim(:agent, :epoch, :builtin, :lease_seconds, :ratio, CAST(:defaults
 SELECT ar_drain(:turn, :agent, :epoch, :limit)
 
 -- name: append
--- Append an assistant message, or an open tool call's result, to a current turn's transcript.
-SELECT ar_append(:turn, :agent, :epoch, CAST(:payload AS jsonb), :call)
+-- Append an assistant message, or an open tool call's result (with how the call ran, in the
+-- entry's meta), to a current turn's transcript.
+SELECT ar_append(:turn, :agent, :epoch, CAST(:payload AS jsonb), :call, CAST(:meta AS jsonb))
 
 -- name: before_call
 -- Before a model call: carried results appended, lease renewed, a stop honoured, else the call
@@ -45,7 +46,7 @@ SELECT ar_before_call(:turn, :agent, :epoch, CAST(:results AS jsonb), :read, :af
 SELECT ar_after_call(:turn, :agent, :epoch, CAST(:payload AS jsonb), :model, :prompt_tokens,
                      :completion_tokens, :cached_tokens, :cost_nano, :estimated, :priced,
                      :ratio, CAST(:defaults AS jsonb), CAST(:context AS jsonb),
-                     CAST(:window AS jsonb), :lease_seconds, :stopped)
+                     CAST(:window AS jsonb), :ms, :lease_seconds, :stopped)
 
 -- name: end
 -- End a turn (its final output written first, then the results it carried): completed,
@@ -80,7 +81,7 @@ SELECT ar_charge_model_call(:team, :agent, :turn, :ratio, CAST(:defaults AS json
 SELECT ar_record_usage(:team, :agent, :turn, :model, :prompt_tokens, :completion_tokens,
                        :cached_tokens, :cost_nano, :estimated, :priced, :ratio,
                        CAST(:defaults AS jsonb),
-                       CAST(:context AS jsonb), CAST(:window AS jsonb))
+                       CAST(:context AS jsonb), CAST(:window AS jsonb), :ms)
 
 -- name: charge_sub_agent
 -- Refuse a new sub-agent when the team has created, or has active, as many as it may.

@@ -109,9 +109,9 @@ BEGIN
         'checkpoint', a.context_window, 'open_calls', to_jsonb(ar__open_tool_calls(a.id))));
 END $$;
 
--- The results a turn carried (`p_results`: [[tool call id, content], ...]) appended, each the
--- result of an open tool call of the last assistant message; `p_close`: together they must
--- close its calls (a drain follows). All are checked before any is written: a refusal writes
+-- The results a turn carried (`p_results`: [[tool call id, content, meta], ...]; the meta, how
+-- the call ran or null, is the entry's) appended, each the result of an open tool call of the
+-- last assistant message; `p_close`: together they must close its calls (a drain follows). All are checked before any is written: a refusal writes
 -- nothing.
 CREATE OR REPLACE FUNCTION ar__carried(
     INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_results jsonb, p_close boolean,
@@ -137,7 +137,8 @@ BEGIN
     END IF;
     FOR v_result IN SELECT value FROM jsonb_array_elements(p_results) LOOP
         a := ar__append(a, jsonb_build_object('role', 'tool', 'tool_call_id', v_result ->> 0,
-                                              'content', v_result ->> 1), p_turn, p_now);
+                                              'content', v_result ->> 1), p_turn, p_now,
+                        NULL, nullif(v_result -> 2, 'null'::jsonb));
     END LOOP;
 END $$;
 
@@ -202,7 +203,7 @@ BEGIN
 END $$;
 
 -- Everything a turn does after a model call: its usage recorded (when given: `p_prompt` not
--- NULL, as ar_record_usage), then, if a stop was requested meanwhile, the stop honoured and the
+-- NULL, as ar_record_usage; `p_ms`: how long the call took), then, if a stop was requested meanwhile, the stop honoured and the
 -- reply left out ("stopped"); else the reply appended and the turn's lease renewed. A reply
 -- that calls no tool reads the questions open to the agent ("questions", with the names of
 -- their askers and of the agent): the loop's reminders look at them before the turn ends.
@@ -210,7 +211,7 @@ CREATE OR REPLACE FUNCTION ar_after_call(
     p_turn bigint, p_agent bigint, p_epoch integer, p_payload jsonb, p_model text,
     p_prompt bigint, p_completion bigint, p_cached bigint, p_cost_nano bigint,
     p_estimated boolean, p_priced boolean, p_ratio float8, p_defaults jsonb, p_context jsonb,
-    p_window jsonb, p_lease_seconds float8, p_stopped text)
+    p_window jsonb, p_ms bigint, p_lease_seconds float8, p_stopped text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -234,7 +235,7 @@ BEGIN
     IF p_prompt IS NOT NULL THEN
         o := ar__merge(o, ar_record_usage(
             a.team_id, a.id, p_turn, p_model, p_prompt, p_completion, p_cached, p_cost_nano,
-            p_estimated, p_priced, p_ratio, p_defaults, p_context, p_window));
+            p_estimated, p_priced, p_ratio, p_defaults, p_context, p_window, p_ms));
     END IF;
     v_now := ar__now();
     IF a.stop_requested THEN
@@ -346,9 +347,9 @@ BEGIN
 END $$;
 
 -- Append to a current turn's transcript: an assistant message (`p_call` NULL), which follows
--- no open tool call, or the result of the open tool call `p_call`.
+-- no open tool call, or the result of the open tool call `p_call` (`p_meta`: how it ran).
 CREATE OR REPLACE FUNCTION ar_append(p_turn bigint, p_agent bigint, p_epoch integer,
-                                     p_payload jsonb, p_call text)
+                                     p_payload jsonb, p_call text, p_meta jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -372,7 +373,7 @@ BEGIN
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
-    a := ar__append(a, p_payload, p_turn, ar__now());
+    a := ar__append(a, p_payload, p_turn, ar__now(), NULL, p_meta);
     PERFORM ar__save_agent(a);
     RETURN o;
 END $$;

@@ -1,6 +1,7 @@
-// The live page of `agent-router web`: the teams (a page at a time), a team's swimlane and its
-// agents' table, both drawn from one response of the server (the same snapshot, so a row and its
-// lane always agree), and an agent's transcript with the provenance of each entry. The page
+// The live page of `agent-router web`: the teams (a page at a time), a team's swimlane with who
+// is blocked now, its asks and its agents' table, all drawn from one response of the server (the
+// same snapshot, so a row and its lane always agree), and an agent's transcript with the
+// provenance of each entry. The page
 // polls the team's latest event every second and reloads what it shows when it changed.
 // Everything the server sends is set as text, never as markup.
 "use strict";
@@ -62,7 +63,7 @@
       var cell = node("td", null, null, row);
       node("a", "team " + t.team_id, [["href", "#/team/" + t.team_id]], cell);
       node("td", t.agents.toLocaleString(), null, row);
-      var states = Object.keys(t.states).map(function (s) { return t.states[s] + " " + s; });
+      var states = Object.keys(t.states).map(function (s) { return t.states[s] + " " + Swimlane.stateWord(s); });
       node("td", states.join(", "), null, row);
       node("td", ago(t.last_event_at), [["title", t.last_event_at || ""]], row);
     });
@@ -109,25 +110,11 @@
     };
   }
 
-  // The table of the agents the lanes show, from the same response.
-  function drawAgents(data) {
-    var body = document.querySelector("#agents tbody");
-    body.textContent = "";
-    var turns = new Map(), sent = new Map(), received = new Map();
-    var bump = function (map, key) { map.set(key, (map.get(key) || 0) + 1); };
-    data.turns.forEach(function (t) { bump(turns, t.agent); });
-    data.messages.forEach(function (m) { bump(sent, m.from); bump(received, m.to); });
-    data.lanes.items.forEach(function (a) {
-      var row = node("tr", null, [["data-agent", a.name], ["data-state", a.state]], body);
-      var cell = node("td", null, null, row);
-      node("a", a.name, [["href", "#/team/" + data.team_id + "/agent/" +
-        encodeURIComponent(a.name)]], cell);
-      [a.role, a.state + (a.suspended ? " (suspended)" : ""), a.epoch, a.mailbox,
-        a.open_questions.join(", ") || "-", a.questions_to_answer.join(", ") || "-",
-        turns.get(a.name) || 0, sent.get(a.name) || 0, received.get(a.name) || 0
-      ].forEach(function (v) { node("td", v, null, row); });
+  // The team's agents by state, from the same response as the lanes and their table.
+  function drawSummary(data) {
+    var states = Object.keys(data.states).map(function (s) {
+      return data.states[s] + " " + Swimlane.stateWord(s);
     });
-    var states = Object.keys(data.states).map(function (s) { return data.states[s] + " " + s; });
     document.getElementById("team-summary").textContent = data.agents_total.toLocaleString() +
       " agents (" + states.join(", ") + ")";
   }
@@ -138,10 +125,17 @@
     var holder = node("div", null, null, box);  // a fresh node: the old controller detaches
     shown.team = teamId;
     shown.lastEvent = -1;
-    shown.controller = Swimlane.mount(holder, remote(teamId), { onData: function (data) {
-      shown.lastEvent = data.last_event_id;
-      drawAgents(data);
-    } });
+    shown.controller = Swimlane.mount(holder, remote(teamId), {
+      onData: function (data) {
+        shown.lastEvent = data.last_event_id;
+        drawSummary(data);
+      },
+      // An agent's name in the table opens its transcript, below, and scrolls to it.
+      agentHref: function (name) {
+        return "#/team/" + teamId + "/agent/" + encodeURIComponent(name);
+      },
+      onAgent: function () { shown.scrollToTranscript = true; }
+    });
   }
 
   function drawTranscript(data) {
@@ -159,6 +153,10 @@
           (meta.question_id ? ", question " + meta.question_id : "") + ")";
       }
       if (meta.synthetic) head += "  synthetic " + meta.synthetic;
+      if (meta.ms !== undefined) {
+        head += "  " + meta.tool + (meta.server ? " (" + meta.server + ")" : "") + " took " +
+          meta.ms + " ms: " + meta.outcome;
+      }
       if (p.tool_call_id) head += "  result of " + p.tool_call_id;
       node("div", head, [["class", "head"]], entry);
       (p.tool_calls || []).forEach(function (c) {
@@ -167,6 +165,10 @@
       });
       if (p.content) node("pre", String(p.content), null, entry);
     });
+    if (shown.scrollToTranscript) {
+      shown.scrollToTranscript = false;
+      box.scrollIntoView({ block: "start" });
+    }
     var pager = node("div", null, [["class", "pager"]], box);
     if (data.start > 0) {
       node("button", "‹ earlier", [["type", "button"]], pager).addEventListener("click", function () {
@@ -236,7 +238,6 @@
     shown.controller = null;
     document.getElementById("swimlane").textContent = "";
     document.getElementById("team-summary").textContent = "";
-    document.querySelector("#agents tbody").textContent = "";
     var box = document.getElementById("team-error");
     box.textContent = "";
     node("strong", message, null, box);

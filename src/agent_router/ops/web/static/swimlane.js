@@ -4,7 +4,9 @@
 // are compressed with a marked break; an overview strip shows the whole team and the window
 // shown; zoom and pan (buttons, ctrl+wheel, drag, W/A/S/D), filters by agent and by kind, and a
 // view focused on one agent and its partners. Bursts between one pair are one bundle with a
-// count. Click anything to read it in the side panel.
+// count. Inside a turn, each model call and tool call is a span on its agent's lane. Above the
+// lanes, who is blocked now and on whom; below them, the asks and the agents as tables that
+// sort. Click anything to read it in the side panel.
 //
 // No library and no network: the same file is inlined in the page `agent-router timeline`
 // writes (over Swimlane.local: every message is in the page) and served by `agent-router web`
@@ -35,7 +37,13 @@ var Swimlane = (function () {
     ["running", "#2e9d46"], ["waiting", "#e08a00"], ["scheduled", "#1f5fbf"],
     ["idle", "#9aa3ad"], ["completed", "#5f6b7a"], ["terminated", "#c0392b"]
   ]);
-  var GAP_PX = 26, BUNDLE_PX = 9, MIN_LANE = 15, MAX_LANE = 38, AXIS_H = 22, OVERVIEW_H = 44;
+  // The word for a state, as `agent-router status` says it: an agent waiting in an ask (or for
+  // a sub-agent's report) is "blocked".
+  function stateWord(s) { return s === "waiting" ? "blocked" : s; }
+  var CALL_COLOURS = new Map([["model", "#3f51b5"], ["tool", "#00897b"], ["tool-error", "#c0392b"]]);
+  var GAP_PX = 26, BUNDLE_PX = 9, MIN_LANE = 18, MAX_LANE = 38, AXIS_H = 22, OVERVIEW_H = 44;
+  // Rows a table shows (the rest are counted below it).
+  var MAX_ROWS = 500;
   var MIN_GAP_SECONDS = 1.0, GAP_SHARE = 1 / 40, LABEL_FONT = "12px system-ui, sans-serif";
   // Most messages one window holds, and most pieces it is read in (the live page).
   var MAX_LOADED = 20000, MAX_PIECES = 60;
@@ -86,6 +94,27 @@ var Swimlane = (function () {
 
   function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
 
+  function fmtTokens(n) {
+    if (n === null || n === undefined) return "-";
+    return n >= 10000 ? Math.round(n / 1000) + "k" : n >= 1000 ? (n / 1000).toFixed(1) + "k" : String(n);
+  }
+
+  function fmtCost(call) {
+    if (call.unpriced) return "price unknown";
+    return "$" + (call.cost_usd || 0).toFixed(call.cost_usd >= 0.01 ? 4 : 6);
+  }
+
+  // What a model call or a tool call says of itself, in one line.
+  function callText(c) {
+    var took = c.ms === null ? "how long not recorded" : fmtD(c.ms / 1000);
+    if (c.kind === "model") {
+      return "model call " + c.name + " · " + took + " · " + fmtTokens(c.prompt_tokens) + " + " +
+        fmtTokens(c.completion_tokens) + " tokens · " + fmtCost(c);
+    }
+    return "tool " + c.name + (c.server ? " (server " + c.server + ")" : "") + " · " + took +
+      " · " + (c.outcome || "?");
+  }
+
   function kindName(k) { return k === "report" ? "report" : k; }
 
   var measureCtx = null;
@@ -108,6 +137,12 @@ var Swimlane = (function () {
       if (textWidth(s) <= width) return s;
     }
     return text.slice(0, 1) + "…";
+  }
+
+  // A label cut at its end to fit `width` pixels (at 9 px, about 0.6 of the lanes' font).
+  function fitEnd(text, width) {
+    var chars = Math.floor(width / 5.2);
+    return text.length <= chars ? text : chars < 2 ? "" : text.slice(0, chars - 1) + "…";
   }
 
   // ------------------------------------------------------------------ time axis with breaks
@@ -201,15 +236,25 @@ var Swimlane = (function () {
         messages = messages.filter(function (m) { return m.from === p.focus || m.to === p.focus; });
         keep = keep.filter(function (a) { return partners.has(a.name); });
       }
-      // A page of lanes, as the live page's (a team of any size draws at once).
+      // A page of lanes, as the live page's (a team of any size draws at once), with the
+      // lead (unless the filter leaves it out) and the focused agent on every page.
       var offset = p.offset || 0, total = keep.length;
       var whole = !p.agent && !p.focus && total <= PAGE_LANES;
-      keep = keep.slice(offset, offset + PAGE_LANES);
-      if (!whole) {  // the messages among the agents kept (and from outside to them)
+      var page = keep.slice(offset, offset + PAGE_LANES);
+      var onPage = new Set(page.map(function (a) { return a.name; }));
+      var hub = function (a) { return (a.lead && !p.agent) || a.name === p.focus; };
+      var hubs = new Set(agents.filter(hub).map(function (a) { return a.name; }));
+      keep = agents.filter(function (a) { return hub(a) && !onPage.has(a.name); }).concat(page);
+      if (!whole) {
+        // An end among the page's own agents (the other end may be a stub), or between hubs,
+        // or from outside to a hub: a hub's messages to other pages' agents are theirs.
         var names = new Set(keep.map(function (a) { return a.name; }));
+        var own = new Set(page.filter(function (a) { return !hubs.has(a.name); })
+          .map(function (a) { return a.name; }));
         messages = messages.filter(function (m) {
           if (m.message_id === null) return names.has(m.from) || names.has(m.to);
-          return names.has(m.to) && (names.has(m.from) || !m.from_agent);
+          return own.has(m.to) || own.has(m.from) ||
+            (hubs.has(m.to) && (hubs.has(m.from) || !m.from_agent));
         });
       }
       var lanes = new Set(keep.map(function (a) { return a.name; }));
@@ -222,6 +267,10 @@ var Swimlane = (function () {
           return lanes.has(t.agent) && t.start <= to && (t.end === null || t.end >= from);
         }),
         messages: messages,
+        calls: (data.calls || []).filter(function (c) {
+          return lanes.has(c.agent) && c.end >= from && c.end <= to;
+        }),
+        now: data.now,
         questions: data.questions.filter(function (q) {
           var about = p.focus ? q.asker === p.focus || q.target === p.focus :
             lanes.has(q.asker) || lanes.has(q.target);
@@ -234,6 +283,7 @@ var Swimlane = (function () {
     data.turns.forEach(function (t) { byTurn.set(t.id, t); });
     return {
       live: false,
+      exportedAt: data.now ? data.now.at : data.end,
       view: view,
       overview: function () { return Promise.resolve(data.overview); },
       message: function (m) {
@@ -250,22 +300,36 @@ var Swimlane = (function () {
     options = options || {};
     var state = {
       from: 0, to: null, focus: null, agent: "", offset: 0, hidden: new Set(),
-      data: null, overview: null, selected: null, request: 0
+      data: null, overview: null, selected: null, request: 0, receivedAt: Date.now(),
+      askSort: { key: "asked", dir: 1 }, agentSort: { key: null, dir: 1 }
     };
     container.textContent = "";
     container.classList.add("swimlane");
     var toolbar = html("div", null, "sl-toolbar", container);
+    var nowBox = html("section", null, "sl-now", container);
+    nowBox.id = "now";
+    nowBox.setAttribute("aria-live", "polite");
     var main = html("div", null, "sl-main", container);
     var chart = html("div", null, "sl-chart", main);
     var detail = html("aside", null, "sl-detail", main);
     detail.id = "detail";
     detail.setAttribute("aria-live", "polite");
-    html("p", "Click a message, a turn or a lane's name. Ctrl+wheel or W/S zooms, drag or A/D " +
-      "pans, the strip above picks a window.", "hint", detail);
+    // The side panel shows the legend until something is clicked (and again on a click
+    // between the lanes, Esc, or the toolbar's "legend"): it is on the first screen at any
+    // team size, beside the lanes, and takes none of their height.
+    function showLegend() {
+      detail.textContent = "";
+      html("p", "Click a message, a model or tool call, a turn or a lane's name. Ctrl+wheel or " +
+        "W/S zooms, drag or A/D pans, the strip above picks a window.", "hint", detail);
+      drawLegend(html("div", null, "sl-legend", detail));
+    }
+    showLegend();
     var overviewSvg = el("svg", attrs(["class", "sl-overview", "height", OVERVIEW_H]), chart);
     var lanesBox = html("div", null, "sl-lanes", chart);
     var notice = html("div", null, "sl-notice", chart);
-    var legend = html("div", null, "sl-legend", container);
+    var tables = html("div", null, "sl-tables", container);
+    var asksBox = html("section", null, "sl-asks", tables);
+    var agentsBox = html("section", null, "sl-agents", tables);
     var svg = null, geometry = null, labelsEnd = new Map(), overviewNext = false, overviewAt = 0;
 
     // -- toolbar
@@ -315,7 +379,10 @@ var Swimlane = (function () {
     var pager = html("span", null, "sl-pager", toolbar);
     var status = html("span", null, "sl-status", toolbar);
 
-    drawLegend(legend);
+    button("legend", "What every mark and colour means (in the side panel)", function () {
+      select(null);
+      showLegend();
+    });
 
     // -- loading
     function params() {
@@ -337,6 +404,7 @@ var Swimlane = (function () {
           if (generation !== state.request) return;  // a newer request is under way
           data = merged ? merge(merged, data) : data;
           state.data = data;
+          state.receivedAt = Date.now();
           draw();
           if (options.onData) options.onData(data);
           if (overviewNext) {
@@ -366,6 +434,10 @@ var Swimlane = (function () {
         return m;
       };
       var messages = byId(before.messages), turns = byId(before.turns), questions = byId(before.questions);
+      var calls = new Map();
+      (before.calls || []).concat(after.calls || []).forEach(function (c) {
+        calls.set(c.kind + "\u0000" + c.agent + "\u0000" + c.end + "\u0000" + c.name, c);
+      });
       after.messages.forEach(function (x) { messages.set(x.id, x); });
       after.turns.forEach(function (x) { turns.set(x.id, x); });
       after.questions.forEach(function (x) { questions.set(x.id, x); });
@@ -373,6 +445,7 @@ var Swimlane = (function () {
         window: { from: before.window.from, to: after.window.to, complete_to: after.window.complete_to },
         messages: Array.from(messages.values()).sort(function (a, b) { return a.t - b.t || a.id - b.id; }),
         turns: Array.from(turns.values()),
+        calls: Array.from(calls.values()).sort(function (a, b) { return a.end - b.end; }),
         questions: Array.from(questions.values())
       });
     }
@@ -384,8 +457,27 @@ var Swimlane = (function () {
       }, function () { /* the strip stays empty; the lanes do not need it */ });
     }
 
-    function end() {  // the team's latest event, in seconds
+    // Now, in seconds since the team was created: the live page counts on from the server's
+    // time of its last answer; the exported page's now is when it was written.
+    function nowT() {
+      var d = state.data;
+      if (!d || !d.now) return d ? d.end : 0;
+      return d.now.at + (source.live ? (Date.now() - state.receivedAt) / 1000 : 0);
+    }
+
+    // Somebody blocked (or a turn running) makes now part of the story: an open ask is drawn
+    // up to now.
+    // (The exported page's now is when it was written: a moment after its last event is not
+    // drawn, it would only squeeze the story to the left.)
+    function goesOn() {
+      var d = state.data;
+      return !!(d && d.now && (d.now.total > 0 || d.turns.some(function (t) { return t.end === null; })) &&
+        (source.live || d.now.at - d.end >= MIN_GAP_SECONDS));
+    }
+
+    function end() {  // the team's latest event (or now, while it goes on), in seconds
       var e = state.data ? state.data.end : state.overview ? state.overview.end : 0;
+      if (goesOn()) e = Math.max(e, nowT());
       return Math.max(e, 0.001);
     }
 
@@ -447,7 +539,11 @@ var Swimlane = (function () {
       var data = state.data;
       if (!data) return;
       var w = windowNow(), a = w[0], b = w[1];
-      var breaks = breaksIn(state.overview ? state.overview.gaps : [], a, b);
+      var gapsKnown = (state.overview ? state.overview.gaps : []).slice();
+      // Past the last event, while somebody is blocked and nobody runs, nothing happens.
+      var running = data.lanes.items.some(function (l) { return l.state === "running"; });
+      if (goesOn() && !running && nowT() > data.end) gapsKnown.push([data.end, nowT()]);
+      var breaks = breaksIn(gapsKnown, a, b);
       var agents = data.lanes.items;
       var names = new Set(agents.map(function (l) { return l.name; }));
       // Every outside sender has a lane; focused or filtered, only those that sent to the lanes.
@@ -459,25 +555,18 @@ var Swimlane = (function () {
         .concat(agents.map(function (l) { return Object.assign(Object.create(null), l); }));
       var index = new Map();
       lanes.forEach(function (l, i) { index.set(l.name, i); });
-      var others = data.messages.some(function (m) { return !index.has(m.from) || !index.has(m.to); });
-      if (others) {
-        var rest = Math.max(data.agents_total - agents.length, 0);
-        index.set("\u0000others", lanes.length);
-        lanes.push({ name: "\u0000others", others: true, label: plural(rest, "other agent") });
-      }
       var labelW = Math.min(230, Math.max(110, 26 + lanes.reduce(function (m, l) {
         return Math.max(m, textWidth(l.label || l.name));
       }, 0)));
       var width = Math.max(lanesBox.clientWidth || 900, 480);
       var top = lanesBox.getBoundingClientRect().top + window.scrollY;
-      var room = window.innerHeight - top - legend.offsetHeight - notice.offsetHeight - 30;
+      var room = window.innerHeight - top - notice.offsetHeight - 30;
       var laneH = Math.max(MIN_LANE, Math.min(MAX_LANE, Math.floor((room - AXIS_H) / Math.max(lanes.length, 1))));
       var plotX = labelW + 8, plotW = width - plotX - 14;
       var sc = scale(a, b, breaks, plotX, plotW);
       var height = AXIS_H + lanes.length * laneH + 6;
-      var laneY = function (name) {
-        var i = index.has(name) ? index.get(name) : index.get("\u0000others");
-        return AXIS_H + i * laneH;
+      var laneY = function (name) {  // null: an agent on another page
+        return index.has(name) ? AXIS_H + index.get(name) * laneH : null;
       };
       geometry = { sc: sc, a: a, b: b, plotX: plotX, plotW: plotW, laneH: laneH };
 
@@ -494,23 +583,22 @@ var Swimlane = (function () {
       lanes.forEach(function (lane, i) {
         var y = AXIS_H + i * laneH;
         var g = el("g", attrs(["class", "lane" + (lane.outside ? " outside" : "") +
-          (lane.others ? " others" : "") + (lane.lead ? " lead" : "") +
+          (lane.lead ? " lead" : "") +
           (state.focus === lane.name ? " focused" : "")]), svg);
-        if (!lane.others) g.setAttribute("data-agent", lane.name);
+        g.setAttribute("data-agent", lane.name);
         if (lane.state) g.setAttribute("data-state", lane.state);
         el("rect", attrs(["x", 0, "y", y, "width", width, "height", laneH,
           "class", "lane-band" + (i % 2 ? " odd" : "")]), g);
         if (lane.state) {
           var dot = el("circle", attrs(["cx", 9, "cy", y + laneH / 2, "r", 4,
             "fill", STATES.get(lane.state) || "#999", "class", "state-dot"]), g);
-          titled(dot, lane.state + (lane.suspended ? " (suspended)" : ""));
+          titled(dot, stateWord(lane.state) + (lane.suspended ? " (suspended: no worker held)" : ""));
         }
         var label = el("text", attrs(["x", 18, "y", y + laneH / 2 + 4, "class", "lane-label"]), g);
         label.textContent = fit(lane.label || lane.name, labelW - 22);
-        titled(label, lane.others ? "messages to or from agents not shown here" :
-          lane.name + (lane.role ? " (" + lane.role + (lane.state ? ", " + lane.state : "") + ")" : "") +
+        titled(label, lane.name + (lane.role ? " (" + lane.role + (lane.state ? ", " + stateWord(lane.state) : "") + ")" : "") +
           (lane.outside ? " — not an agent" : " — click to focus"));
-        if (!lane.others && !lane.outside) {
+        if (!lane.outside) {
           label.addEventListener("click", function () {
             setFocus(state.focus === lane.name ? null : lane.name);
           });
@@ -537,8 +625,33 @@ var Swimlane = (function () {
         bar.addEventListener("click", function (ev) { ev.stopPropagation(); showTurn(turn, bar); });
       });
 
-      // waits: an ask (or a wait for a report) on the asker's lane, until its answer
-      var asks = new Map(), answers = new Map();
+      // model calls and tool calls: spans inside their turns
+      var callH = Math.max(4, laneH - 9);
+      (data.calls || []).forEach(function (c, i) {
+        if (!index.has(c.agent)) return;
+        var s = c.start === null ? c.end : c.start;
+        if (c.end < a - 1 || s > b + 1) return;
+        var x1 = sc.x(Math.max(s, a - 1)), x2 = sc.x(Math.min(c.end, b + 1));
+        var y = laneY(c.agent) + 3;
+        var colour = CALL_COLOURS.get(c.kind === "tool" && c.outcome === "error" ? "tool-error" : c.kind);
+        var g = el("g", attrs(["class", "call " + c.kind + (c.outcome === "error" ? " error" : ""),
+          "data-call", i, "data-kind", c.kind, "data-agent", c.agent, "data-name", c.name,
+          "data-ms", c.ms === null ? "" : c.ms]), plot);
+        el("rect", attrs(["x", x1, "y", y, "width", Math.max(2, x2 - x1), "height", callH, "rx", 1.5,
+          "fill", colour, "class", "call-bar"]), g);
+        titled(g, c.agent + ": " + callText(c));
+        if (x2 - x1 > 48 && callH >= 9) {
+          var what = c.kind === "model" ? c.name + " · " +
+            fmtTokens((c.prompt_tokens || 0) + (c.completion_tokens || 0)) + " tok" : c.name;
+          var text = el("text", attrs(["x", x1 + 3, "y", y + callH - Math.max(2, (callH - 9) / 2),
+            "class", "call-label"]), g);
+          text.textContent = fitEnd(what, x2 - x1 - 6);
+        }
+        g.addEventListener("click", function (ev) { ev.stopPropagation(); showCall(c, i); });
+      });
+
+      // waits: an ask (or a wait for a report) on the asker's lane, until its answer (or now)
+      var asks = new Map(), answers = new Map(), waitBoxes = new Map(), current = nowT();
       data.messages.forEach(function (m) {
         if (m.question_id === null) return;
         if (m.kind === "ask") asks.set(m.question_id, m);
@@ -548,17 +661,23 @@ var Swimlane = (function () {
       data.questions.forEach(function (q) {
         questions.set(q.id, q);
         if (!index.has(q.asker) || (q.kind === "ask" && state.hidden.has("ask"))) return;
-        var x1 = sc.x(Math.max(q.asked, a)), x2 = sc.x(Math.min(q.closed === null ? b : q.closed, b));
+        var x1 = sc.x(Math.max(q.asked, a)), x2 = sc.x(Math.min(q.closed === null ? current : q.closed, b));
         var y = laneY(q.asker) + laneH - 6;
         var band = el("rect", attrs(["x", x1, "y", y, "width", Math.max(2, x2 - x1), "height", 5,
           "class", "wait " + q.kind + (q.closed === null ? " open" : ""),
           "data-question", q.id, "data-wait", q.wait === null ? "" : q.wait]), plot);
         titled(band, waitText(q));
         band.addEventListener("click", function (ev) { ev.stopPropagation(); showQuestion(q); });
-        if (q.wait !== null && x2 - x1 > 34) {
-          var label = el("text", attrs(["x", (x1 + x2) / 2, "y", y - 1, "class", "wait-label",
-            "data-question", q.id]), plot);
-          label.textContent = fmtD(q.wait);
+        var waited = q.wait !== null ? fmtD(q.wait) : q.status === "open" ? "blocked " +
+          fmtD(Math.max(0, current - q.asked)) : null;
+        if (waited !== null && x2 - x1 > 6 * waited.length) {
+          var label = el("text", attrs(["x", (x1 + x2) / 2, "y", y - 1, "class", "wait-label" +
+            (q.closed === null ? " open" : ""), "data-question", q.id]), plot);
+          label.textContent = waited;
+          var half = 2.7 * waited.length;
+          var boxes = waitBoxes.get(q.asker) || [];
+          boxes.push([(x1 + x2) / 2 - half, (x1 + x2) / 2 + half]);
+          waitBoxes.set(q.asker, boxes);
         }
       });
 
@@ -583,10 +702,10 @@ var Swimlane = (function () {
       svg.classList.toggle("dense", dense);
       labelsEnd = new Map();
       bundles.sort(function (p, q) { return p[0].t - q[0].t; });
-      bundles.forEach(function (list) { drawArrow(plot, list, sc, laneY, laneH, questions); });
+      bundles.forEach(function (list) { drawArrow(plot, list, sc, laneY, laneH, questions, waitBoxes); });
 
       // what is not loaded: past the cap, the messages stop at complete_to
-      if (data.window && data.window.complete_to < b - 1e-6) {
+      if (data.window && data.window.complete_to < Math.min(b, data.end) - 1e-6) {
         var cx = sc.x(Math.max(data.window.complete_to, a));
         el("rect", attrs(["x", cx, "y", AXIS_H, "width", Math.max(0, plotX + plotW - cx),
           "height", height - AXIS_H, "class", "not-loaded"]), plot);
@@ -598,42 +717,60 @@ var Swimlane = (function () {
       }
 
       svg.addEventListener("click", function (ev) {
-        if (ev.target === svg || ev.target.classList.contains("lane-band")) select(null);
+        if (ev.target === svg || ev.target.classList.contains("lane-band")) { select(null); showLegend(); }
       });
       bindPointer(svg);
       drawOverview();
       drawPager(data);
+      drawNow(data);
+      drawAsks(data);
+      drawAgents(data);
       reselect();
     }
 
-    function drawArrow(plot, list, sc, laneY, laneH, questions) {
+    function drawArrow(plot, list, sc, laneY, laneH, questions, waitBoxes) {
       var m = list[0], n = list.length, kind = KIND_COLOURS.has(m.kind) ? m.kind : "message";
-      var x = sc.x(m.t), y1 = laneY(m.from) + laneH / 2, y2 = laneY(m.to) + laneH / 2;
-      var down = y2 >= y1, tip = y2 + (down ? -3 : 3);
-      if (Math.abs(y2 - y1) < 2) { tip = y1 + 8; }  // to its own lane: a short tick
+      var x = sc.x(m.t), fromY = laneY(m.from), toY = laneY(m.to);
+      if (fromY === null && toY === null) return;
+      // One end on another page: a stub, from the sender's lane or into the receiver's.
+      var stub = fromY === null ? "from" : toY === null ? "to" : null, dx = 3, y1, y2, tip, down;
+      if (stub === "to") {  // out of the sender's lane, down and to the right
+        y1 = fromY + laneH / 2; tip = fromY + laneH + 3; dx = 8; down = true;
+      } else if (stub === "from") {  // into the receiver's lane, from above
+        y1 = toY - 5; tip = toY + laneH / 2 - 3; dx = 8; x -= 8; down = true;
+      } else {
+        y1 = fromY + laneH / 2; y2 = toY + laneH / 2;
+        down = y2 >= y1; tip = y2 + (down ? -3 : 3);
+        if (Math.abs(y2 - y1) < 2) { tip = y1 + 8; }  // to its own lane: a short tick
+      }
       var colour = KIND_COLOURS.get(kind);
       var outcome = dominant(list);
-      var g = el("g", attrs(["class", "arrow" + (n > 1 ? " bundle" : ""), "data-kind", m.kind,
+      var g = el("g", attrs(["class", "arrow" + (n > 1 ? " bundle" : "") + (stub ? " stub" : ""), "data-kind", m.kind,
         "data-outcome", outcome, "data-count", n, "data-from", m.from, "data-to", m.to]), plot);
       if (m.question_id !== null) g.setAttribute("data-question", m.question_id);
       if (n === 1 && m.message_id !== null) g.setAttribute("data-message", m.message_id);
       var width = n > 1 ? Math.min(5, 1.6 + Math.log2(n)) : 1.6;
-      var line = el("line", attrs(["x1", x, "y1", y1, "x2", x + 3, "y2", tip, "stroke", colour,
+      var line = el("line", attrs(["x1", x, "y1", y1, "x2", x + dx, "y2", tip, "stroke", colour,
         "stroke-width", width, "class", "msg " + outcome, "data-kind", m.kind,
         "data-outcome", outcome, "marker-end", "url(#tip-" + kind + "-" + tipShape(outcome) + ")"]), g);
       if (n === 1 && m.message_id !== null) line.setAttribute("data-message", m.message_id);
       if (m.question_id !== null) line.setAttribute("data-question", m.question_id);
       el("circle", attrs(["cx", x, "cy", y1, "r", n > 1 ? 2.6 : 1.8, "fill", colour, "class", "origin"]), g);
-      var free = labelsEnd.get(m.from) || -Infinity;
-      if (n > 2 && x + 4 > free) {  // by the sender: "this lane sent n of them here"
+      var free = labelsEnd.get(m.from) || -Infinity, countEnd = x + 14 + 7 * String(n).length;
+      var onWait = (waitBoxes.get(m.from) || []).some(function (box) {
+        return x + 4 < box[1] && countEnd > box[0];
+      });
+      if (n > 2 && x + 4 > free && !onWait) {  // by the sender: "this lane sent n of them here"
         var count = el("text", attrs(["x", x + 4, "y", y1 + (down ? -2 : 10), "class", "count"]), g);
         count.textContent = "×" + n;
-        labelsEnd.set(m.from, x + 14 + 7 * String(n).length);
+        labelsEnd.set(m.from, countEnd);
       }
-      var hit = el("line", attrs(["x1", x, "y1", y1, "x2", x + 3, "y2", tip, "class", "msg-hit"]), g);
-      titled(hit, n > 1 ? n + " " + m.kind + "s " + m.from + " → " + m.to + " (" +
+      var hit = el("line", attrs(["x1", x, "y1", y1, "x2", x + dx, "y2", tip, "class", "msg-hit"]), g);
+      titled(hit, (n > 1 ? n + " " + m.kind + "s " + m.from + " → " + m.to + " (" +
         fmtT(m.t) + " – " + fmtT(list[n - 1].t) + ")" : m.kind + " " + m.from + " → " + m.to +
-        ": " + (OUTCOMES.get(m.outcome) || m.outcome) + " — " + m.preview);
+        ": " + (OUTCOMES.get(m.outcome) || m.outcome) + " — " + m.preview) +
+        (stub ? " (" + (stub === "to" ? m.to : m.from) + " is on another page of agents)" : ""));
+      if (stub) g.setAttribute("data-stub", stub === "to" ? m.to : m.from);
       g.addEventListener("click", function (ev) {
         ev.stopPropagation();
         if (n > 1) showBundle(list, g);
@@ -762,7 +899,9 @@ var Swimlane = (function () {
       pager.textContent = "";
       var lanes = data.lanes;
       if (lanes.limit === null || (lanes.offset === 0 && lanes.total <= lanes.items.length)) return;
-      var first = lanes.total ? lanes.offset + 1 : 0, last = lanes.offset + lanes.items.length;
+      // The lead and the focused agent are on every page besides its own agents.
+      var first = lanes.total ? lanes.offset + 1 : 0;
+      var last = Math.min(lanes.total, lanes.offset + lanes.limit);
       var prev = html("button", "‹", null, pager);
       prev.type = "button";
       prev.title = "Previous agents";
@@ -826,16 +965,16 @@ var Swimlane = (function () {
       else if (k === "a") pan(-0.25);
       else if (k === "d") pan(0.25);
       else if (k === "0") setWindow(0, null);
-      else if (k === "escape") { select(null); if (state.focus) setFocus(null); }
+      else if (k === "escape") { select(null); if (state.focus) setFocus(null); else showLegend(); }
     });
 
     // -- selection and the side panel
     function select(selector) {
       state.selected = selector;
       if (!svg) return;
-      svg.querySelectorAll(".sel").forEach(function (n) { n.classList.remove("sel"); });
+      container.querySelectorAll(".sel").forEach(function (n) { n.classList.remove("sel"); });
       svg.classList.toggle("has-sel", !!selector);
-      if (selector) svg.querySelectorAll(selector).forEach(function (n) { n.classList.add("sel"); });
+      if (selector) container.querySelectorAll(selector).forEach(function (n) { n.classList.add("sel"); });
     }
 
     function reselect() {  // after a redraw: the selection again, if it is still drawn
@@ -890,8 +1029,13 @@ var Swimlane = (function () {
       select('[data-question="' + q.id + '"]');
       heading("question " + q.id + " · " + q.asker + " → " + q.target);
       var wait = field("wait", q.wait !== null ? "waited " + fmtD(q.wait) + " (" + q.status + ")" :
-        "waiting since " + fmtT(q.asked) + " (" + q.status + ")");
+        "blocked for " + blockedFor(q.asked) + " (" + q.status + ")");
       wait.classList.add("wait-field");
+      if (q.closed === null) {
+        var value = wait.querySelector(".value");
+        value.dataset.since = q.asked;
+        value.dataset.prefix = "blocked for ";
+      }
       field("asked", fmtT(q.asked) + (q.kind === "output" ? " (waits for a report)" : ""));
       field("answered", q.closed === null ? "not yet" : fmtT(q.closed));
       var ask = null, answer = null;
@@ -937,6 +1081,230 @@ var Swimlane = (function () {
       source.turn(turn).then(function (full) {
         lines.textContent = "";
         (full.lines || []).forEach(function (l) { html("div", l, "line", lines); });
+      });
+    }
+
+    function showCall(c, i) {
+      select('[data-call="' + i + '"]');
+      heading((c.kind === "model" ? "model call · " : "tool call · ") + c.name);
+      field("agent", c.agent + (c.turn === null ? "" : ", turn " + c.turn));
+      field("time", (c.start === null ? "?" : fmtT(c.start)) + " – " + fmtT(c.end));
+      field("took", c.ms === null ? "not recorded" : fmtD(c.ms / 1000));
+      if (c.kind === "model") {
+        field("tokens", fmtTokens(c.prompt_tokens) + " prompt" + (c.cached_tokens ? " (" +
+          fmtTokens(c.cached_tokens) + " cached)" : "") + " + " + fmtTokens(c.completion_tokens) +
+          " completion" + (c.estimated ? ", estimated" : ""));
+        field("cost", c.unpriced ? "price unknown (the model is not in AGENT_ROUTER_MODELS)" : fmtCost(c));
+        if (c.saturated) field("saturated", c.saturated.join(", "));
+      } else {
+        field("server", c.server || "(built-in or host function)");
+        field("outcome", c.outcome || "?");
+      }
+    }
+
+    // -- now: who is blocked, on whom, for how long (counting on, on the live page)
+    function blockedFor(since) { return fmtD(Math.max(0, nowT() - since)); }
+
+    function drawNow(data) {
+      nowBox.textContent = "";
+      var n = data.now;
+      if (!n) { nowBox.hidden = true; return; }
+      nowBox.hidden = false;
+      var head = html("div", null, "now-head", nowBox);
+      html("b", "Now", null, head);
+      head.appendChild(document.createTextNode(source.live ? " (live): " :
+        " (when this page was written, " + fmtT(n.at) + "): "));
+      var counts = ["running", "waiting", "scheduled"].filter(function (s) { return data.states[s]; })
+        .map(function (s) { return data.states[s] + " " + stateWord(s); });
+      head.appendChild(document.createTextNode(counts.length ? counts.join(", ") : "nobody is working"));
+      if (!n.total) {
+        html("span", " · nobody is blocked", "now-none", head);
+        return;
+      }
+      var list = html("ul", null, "now-list", nowBox);
+      var questions = new Map();
+      data.questions.forEach(function (q) { questions.set(q.id, q); });
+      n.blocked.forEach(function (w) {
+        var li = html("li", null, "now-item", list);
+        li.dataset.asker = w.asker;
+        li.dataset.target = w.target;
+        li.dataset.question = w.question_id;
+        html("b", w.asker, "who", li);
+        li.appendChild(document.createTextNode(" blocked on "));
+        html("b", w.target, "whom", li);
+        li.appendChild(document.createTextNode(" for "));
+        var timer = html("span", blockedFor(w.since), "since", li);
+        timer.dataset.since = w.since;
+        li.appendChild(document.createTextNode(" · " + (w.kind === "output" ? "waits for its report" :
+          "asked at " + fmtT(w.since) + ", question " + w.question_id) +
+          (w.suspended ? " · suspended, no worker held" : "") +
+          (w.deadline !== null ? " · expires at " + fmtT(w.deadline) : "")));
+        li.title = "Show this wait";
+        li.addEventListener("click", function () {
+          var q = questions.get(w.question_id);
+          if (q) { showQuestion(q); lanesBox.scrollIntoView({ block: "nearest" }); }
+          else setFocus(w.asker);
+        });
+      });
+      if (n.total > n.blocked.length) {
+        html("li", (n.total - n.blocked.length).toLocaleString() + " more blocked", "now-more", list);
+      }
+    }
+
+    // The timers of the blocked, every second on the live page.
+    var ticker = source.live ? setInterval(function () {
+      if (!container.isConnected) { clearInterval(ticker); return; }
+      container.querySelectorAll("[data-since]").forEach(function (node) {
+        node.textContent = (node.dataset.prefix || "") + blockedFor(Number(node.dataset.since));
+      });
+    }, 1000) : null;
+
+    // -- tables that sort: click a heading (again: the other way)
+    function sortable(box, id, caption, columns, rows, sort, onRow) {
+      box.textContent = "";
+      var table = html("table", null, "grid sortable", box);
+      table.id = id;
+      html("caption", caption, null, table);
+      var headRow = html("tr", null, null, html("thead", null, null, table));
+      columns.forEach(function (col) {
+        var th = html("th", null, null, headRow);
+        var b = html("button", col.label, "sort", th);
+        b.type = "button";
+        b.dataset.key = col.key;
+        if (col.title) b.title = col.title;
+        th.setAttribute("aria-sort", sort.key === col.key ? (sort.dir > 0 ? "ascending" : "descending") : "none");
+        b.addEventListener("click", function () {
+          sort.dir = sort.key === col.key ? -sort.dir : 1;
+          sort.key = col.key;
+          draw();
+        });
+      });
+      var col = columns.filter(function (c) { return c.key === sort.key; })[0];
+      if (col) {
+        rows = rows.slice().sort(function (p, q) {
+          var x = col.value(p), y = col.value(q);
+          if (x === y) return 0;
+          if (x === null || x === undefined) return 1;  // blanks last, either way
+          if (y === null || y === undefined) return -1;
+          return (x < y ? -1 : 1) * sort.dir;
+        });
+      }
+      var body = html("tbody", null, null, table);
+      rows.slice(0, MAX_ROWS).forEach(function (r) {
+        var tr = html("tr", null, null, body);
+        columns.forEach(function (c) {
+          var td = html("td", null, c.cls || null, tr);
+          if (c.cell) c.cell(td, r); else td.textContent = c.text ? c.text(r) : String(c.value(r));
+        });
+        if (onRow) onRow(tr, r);
+      });
+      if (rows.length > MAX_ROWS) html("p", (rows.length - MAX_ROWS) + " more rows: narrow the window or the filter.", "more", box);
+      return table;
+    }
+
+    function windowText(data) {
+      var w = windowNow(), whole = state.from <= 0 && state.to === null;
+      var text = whole ? "the whole history (0 – " + fmtT(w[1]) + ")" : "the window " + fmtT(w[0]) + " – " + fmtT(w[1]);
+      if (state.agent) text += ", agents matching \u201c" + state.agent + "\u201d";
+      if (state.focus) text += ", focused on " + state.focus + " (its own messages only)";
+      if (data.lanes.limit !== null && data.lanes.total > data.lanes.items.length) {
+        text += ", this page of agents";
+      }
+      return text;
+    }
+
+    var STATUS_ORDER = new Map([["open", 0], ["answered", 1], ["expired", 2], ["cancelled", 3]]);
+
+    function drawAsks(data) {
+      var current = nowT();
+      var waited = function (q) { return q.wait !== null ? q.wait : q.status === "open" ? current - q.asked : null; };
+      var rows = data.questions.filter(function (q) { return !(q.kind === "ask" && state.hidden.has("ask")); });
+      sortable(asksBox, "asks", plural(rows.length, "ask") + " and waits of the agents shown, in " + windowText(data), [
+        { key: "id", label: "question", value: function (q) { return q.id; } },
+        { key: "asker", label: "asker", value: function (q) { return q.asker; } },
+        { key: "target", label: "target", value: function (q) { return q.target; } },
+        { key: "kind", label: "kind", value: function (q) { return q.kind; },
+          text: function (q) { return q.kind === "output" ? "waits for a report" : "ask"; } },
+        { key: "asked", label: "asked at", value: function (q) { return q.asked; },
+          text: function (q) { return fmtT(q.asked); } },
+        { key: "waited", label: "waited", value: waited, cell: function (td, q) {
+          var w = waited(q);
+          td.textContent = w === null ? "-" : fmtD(w);
+          if (q.status === "open") { td.dataset.since = q.asked; td.classList.add("open"); }
+        } },
+        { key: "status", label: "status", value: function (q) { return STATUS_ORDER.has(q.status) ? STATUS_ORDER.get(q.status) : 9; },
+          text: function (q) { return q.status; } }
+      ], rows, state.askSort, function (tr, q) {
+        tr.dataset.question = q.id;
+        tr.dataset.status = q.status;
+        tr.title = "Show this ask and its answer in the lanes";
+        tr.addEventListener("click", function () {
+          showQuestion(q);
+          lanesBox.scrollIntoView({ block: "nearest" });
+        });
+      });
+    }
+
+    function drawAgents(data) {
+      var count = function (list, key) {
+        var m = new Map();
+        list.forEach(function (x) { var k = key(x); if (k !== null) m.set(k, (m.get(k) || 0) + 1); });
+        return m;
+      };
+      var turns = count(data.turns, function (t) { return t.agent; });
+      var sent = count(data.messages, function (m) { return m.from; });
+      var received = count(data.messages, function (m) { return m.to; });
+      var calls = data.calls || [];
+      var models = count(calls, function (c) { return c.kind === "model" ? c.agent : null; });
+      var tools = count(calls, function (c) { return c.kind === "tool" ? c.agent : null; });
+      var tokens = new Map();
+      calls.forEach(function (c) {
+        if (c.kind === "model") tokens.set(c.agent, (tokens.get(c.agent) || 0) + (c.prompt_tokens || 0) + (c.completion_tokens || 0));
+      });
+      var byQuestion = new Map();
+      data.questions.forEach(function (q) { byQuestion.set(q.id, q); });
+      (data.now ? data.now.blocked : []).forEach(function (b) {
+        if (!byQuestion.has(b.question_id)) byQuestion.set(b.question_id, { asker: b.asker, target: b.target });
+      });
+      var other = function (ids, end) {  // the other agent of each ask: "Team Leader (question 30)"
+        return ids.map(function (id) {
+          var q = byQuestion.get(id);
+          return (q ? q[end] : "?") + " (question " + id + ")";
+        }).join(", ");
+      };
+      var inWindow = "in " + windowText(data);
+      var n = function (map) { return function (a) { return map.get(a.name) || 0; }; };
+      sortable(agentsBox, "agents", "Agents in the lanes above; turns, calls, tokens, sent and received count " + inWindow, [
+        { key: "name", label: "agent", value: function (a) { return a.name; }, cell: function (td, a) {
+          var link = html("a", a.name, null, td);
+          link.href = options.agentHref ? options.agentHref(a.name) : "#";
+          link.title = options.onAgent ? "Read its transcript" : "Focus on it";
+          link.addEventListener("click", function (ev) {
+            if (options.onAgent) options.onAgent(a.name);
+            else { ev.preventDefault(); setFocus(a.name); lanesBox.scrollIntoView({ block: "nearest" }); }
+          });
+        } },
+        { key: "role", label: "role", value: function (a) { return a.role; } },
+        { key: "state", label: "state", value: function (a) { return stateWord(a.state); },
+          text: function (a) { return stateWord(a.state) + (a.suspended ? " (suspended)" : ""); } },
+        { key: "on", label: "blocked on", title: "the agent it asked, or waits for a report from",
+          value: function (a) { return a.open_questions.length ? other(a.open_questions, "target") : null; },
+          text: function (a) { return other(a.open_questions, "target") || "-"; } },
+        { key: "by", label: "to answer", title: "the agents waiting on its answer",
+          value: function (a) { return a.questions_to_answer.length ? other(a.questions_to_answer, "asker") : null; },
+          text: function (a) { return other(a.questions_to_answer, "asker") || "-"; } },
+        { key: "mailbox", label: "mailbox", value: function (a) { return a.mailbox; } },
+        { key: "turns", label: "turns", title: inWindow, value: n(turns) },
+        { key: "model", label: "model calls", title: inWindow, value: n(models) },
+        { key: "tools", label: "tool calls", title: inWindow, value: n(tools) },
+        { key: "tokens", label: "tokens", title: inWindow, value: n(tokens),
+          text: function (a) { return fmtTokens(tokens.get(a.name) || 0); } },
+        { key: "sent", label: "sent", title: inWindow, value: n(sent) },
+        { key: "received", label: "received", title: inWindow, value: n(received) },
+        { key: "epoch", label: "epoch", value: function (a) { return a.epoch; } }
+      ], data.lanes.items, state.agentSort, function (tr, a) {
+        tr.dataset.agent = a.name;
+        tr.dataset.state = a.state;
       });
     }
 
@@ -992,38 +1360,47 @@ var Swimlane = (function () {
 
   function drawLegend(box) {
     box.textContent = "";
-    html("b", "messages by kind", null, box);
-    KINDS.forEach(function (k) {
-      var item = html("span", null, "legend-item", box);
-      var swatch = html("i", null, "line", item);
-      swatch.style.background = KIND_COLOURS.get(k);
-      item.appendChild(document.createTextNode(kindName(k)));
+    function group(title) {
+      html("h4", title, null, box);
+      return html("div", null, "legend-group", box);
+    }
+    function item(parent, swatch, text) {
+      var row = html("span", null, "legend-item", parent);
+      row.appendChild(swatch);
+      row.appendChild(document.createTextNode(text));
+      return row;
+    }
+    function swatch(cls, colour, border) {
+      var node = html("i", null, cls);
+      if (colour) node.style.background = colour;
+      if (border) node.style.border = "1px solid " + border;
+      return node;
+    }
+    var kinds = group("messages: colour is the kind");
+    KINDS.forEach(function (k) { item(kinds, swatch("line", KIND_COLOURS.get(k)), kindName(k)); });
+    var tips = group("arrow tip: the routing outcome");
+    [["▶", "delivered: a new turn, read by the running turn, joined a scheduled turn"],
+      ["▷", "queued, wakes nobody"], ["▶|", "became the result its asker waited for"],
+      ["✕", "refused"], ["╲", "stub: the other agent is on another page"]].forEach(function (o) {
+      item(tips, html("span", o[0], "glyph"), o[1]);
     });
-    html("b", "tip: outcome", null, box);
-    [["▶", "delivered (new turn, read inline, joined a turn)"], ["▷", "queued, no wake-up"],
-      ["▶|", "answered a wait"], ["✕", "refused"]].forEach(function (o) {
-      var item = html("span", null, "legend-item", box);
-      html("span", o[0], "glyph", item);
-      item.appendChild(document.createTextNode(o[1]));
+    var turns = group("turn bars: what started them");
+    TRIGGERS.forEach(function (c, k) { item(turns, swatch(null, c[0], c[1]), k.replace("_", "-")); });
+    var calls = group("inside a turn");
+    [["model", "model call (model · tokens)"], ["tool", "tool call"],
+      ["tool-error", "tool call that failed"]].forEach(function (c) {
+      item(calls, swatch("call-swatch", CALL_COLOURS.get(c[0])), c[1]);
     });
-    html("b", "turns", null, box);
-    TRIGGERS.forEach(function (c, k) {
-      var item = html("span", null, "legend-item", box);
-      var swatch = html("i", null, null, item);
-      swatch.style.background = c[0];
-      swatch.style.border = "1px solid " + c[1];
-      item.appendChild(document.createTextNode(k.replace("_", "-")));
-    });
-    var wait = html("span", null, "legend-item", box);
-    html("i", null, "wait-swatch", wait);
-    wait.appendChild(document.createTextNode("an asker's wait"));
-    var br = html("span", null, "legend-item", box);
-    html("span", "//", "glyph", br);
-    br.appendChild(document.createTextNode("idle time, compressed"));
+    var waits = group("on the asker's lane");
+    item(waits, swatch("wait-swatch"), "a wait, answered (its length)");
+    item(waits, swatch("wait-swatch open"), "blocked: no answer yet, drawn up to now");
+    item(waits, html("span", "//", "glyph"), "nothing runs anywhere: time compressed");
+    var states = group("the dot before a name: its state");
+    STATES.forEach(function (colour, s) { item(states, swatch("state-swatch", colour), stateWord(s)); });
   }
 
   return {
     mount: mount, local: local, KINDS: KINDS, KIND_COLOURS: KIND_COLOURS, PAGE_LANES: PAGE_LANES,
-    breaksIn: breaksIn, scale: scale, fit: fit
+    breaksIn: breaksIn, scale: scale, fit: fit, stateWord: stateWord
   };
 })();
