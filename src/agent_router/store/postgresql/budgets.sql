@@ -186,7 +186,7 @@ CREATE OR REPLACE FUNCTION ar_record_usage(
     p_team bigint, p_agent bigint, p_turn bigint, p_model text, p_prompt bigint,
     p_completion bigint, p_cached bigint, p_cost_nano bigint, p_estimated boolean,
     p_priced boolean, p_ratio float8, p_defaults jsonb, p_context jsonb, p_window jsonb,
-    p_ms bigint)
+    p_ms bigint, p_agent_name text DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
@@ -232,7 +232,7 @@ BEGIN
         || CASE WHEN v_saturated = '[]'::jsonb THEN '{}'::jsonb
                 ELSE jsonb_build_object('saturated', v_saturated) END
         || CASE WHEN p_ms IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('ms', p_ms) END,
-        p_turn => p_turn);
+        p_turn => p_turn, p_agent_name => p_agent_name);
     o := o || jsonb_build_object('budget', jsonb_build_object('ok', true));
     RETURN ar__budget_warn(o, b, p_ratio, p_agent, p_turn, v_now);
 END $$;

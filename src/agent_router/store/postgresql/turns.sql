@@ -235,7 +235,8 @@ BEGIN
     IF p_prompt IS NOT NULL THEN
         o := ar__merge(o, ar_record_usage(
             a.team_id, a.id, p_turn, p_model, p_prompt, p_completion, p_cached, p_cost_nano,
-            p_estimated, p_priced, p_ratio, p_defaults, p_context, p_window, p_ms));
+            p_estimated, p_priced, p_ratio, p_defaults, p_context, p_window, p_ms,
+            a.display_name));
     END IF;
     v_now := ar__now();
     IF a.stop_requested THEN
