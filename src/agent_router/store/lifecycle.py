@@ -23,7 +23,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agent_router import errors
 from agent_router.domain import (
     TURN_STATES,
     AgentState,
@@ -31,7 +30,7 @@ from agent_router.domain import (
     MessageStatus,
     QuestionStatus,
 )
-from agent_router.store import queries
+from agent_router.store import queries, refusals
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -231,12 +230,7 @@ def delete_teams(
             return Deletion(dry_run=dry_run, kept=tuple(kept))
     for team_id, found in per_team.items():
         if found and not include_undelivered:
-            listed = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in found.items())
-            raise errors.OwedRowsError(
-                f"team {team_id} still owes {listed}; delete it with include_undelivered "
-                "(--include-undelivered) to drop them, which the ledger records",
-                owed=found,
-            )
+            raise refusals.error("owed_rows", team_id=team_id, owed=found)
         for kind, count in found.items():
             owed_rows[kind] = owed_rows.get(kind, 0) + count
     if not dry_run:
@@ -245,9 +239,9 @@ def delete_teams(
                 _record_drop(tx, team_id, found, by=by)
     teams = sa.select(TeamRow.id).where(TeamRow.id.in_(locked)).scalar_subquery()
     questions = session.scalars(
-        sa.select(QuestionRow.id).where(
-            QuestionRow.team_id.in_(teams), QuestionRow.status == QuestionStatus.OPEN
-        )
+        sa.select(QuestionRow.id)
+        .where(QuestionRow.team_id.in_(teams), QuestionRow.status == QuestionStatus.OPEN)
+        .order_by(QuestionRow.id)
     ).all()
     rows: dict[str, int] = {}
     for table, where in _team_rows(teams, outbox_pruned_before):
@@ -267,7 +261,7 @@ def delete_team(
 ) -> Deletion:
     deletion = delete_teams(tx, [team_id], dry_run=dry_run, include_undelivered=include_undelivered)
     if not deletion.teams:
-        raise errors.UnknownTeamError(f"unknown team {team_id}")
+        raise refusals.error("unknown_team", team_id=team_id)
     return deletion
 
 

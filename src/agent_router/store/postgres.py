@@ -18,14 +18,14 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent_router import errors, formats
+from agent_router import errors, formats, limits
 from agent_router.domain import (
     Agent,
     AgentState,
@@ -43,10 +43,12 @@ from agent_router.domain import (
     MessageType,
     OutboxEntry,
     OutboxKind,
+    Quarantine,
     Question,
     QuestionKind,
     QuestionStatus,
     RouteOutcome,
+    SweepStep,
     Team,
     TokenUsage,
     TurnRecord,
@@ -61,6 +63,9 @@ from agent_router.store import (
     faults,
     functions,
     jobs,
+    lifecycle,
+    quarantine,
+    recovery,
     refusals,
     routing,
     turns,
@@ -649,6 +654,185 @@ class PostgresStore(Store):
             max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
         )
         return _job(found["job"])
+
+    # ------------------------------------------------------------------ sweeper and lifecycle
+    # The sweeper's repairs (postgresql/recovery.sql) and the storage lifecycle
+    # (postgresql/lifecycle.sql): each a call of its function, one round trip.
+
+    @faults.retrying
+    def seed_mailbox(
+        self, agent_id: int, count: int, *, content: str, sender: str = "system"
+    ) -> None:
+        self._call("seed_mailbox", agent=agent_id, count=count, content=content, sender=sender)
+
+    @faults.retrying
+    def take_over_expired(self, agent_id: int) -> int | None:
+        result = self._call(
+            "take_over_expired", agent=agent_id, interrupted=turns.INTERRUPTED_RESULT
+        )
+        epoch = result["epoch"]
+        return None if epoch is None else int(epoch)
+
+    @faults.retrying
+    def reenqueue(self, agent: recovery.Scheduled, *, windows: int) -> bool:
+        result = self._call(
+            "reenqueue",
+            agent=agent.agent_id,
+            epoch=agent.epoch,
+            last_published=agent.last_published,
+            windows=windows,
+        )
+        return bool(result["reenqueued"])
+
+    @faults.retrying
+    def record_sweep_failure(
+        self, agent_id: int, step: SweepStep, error: str, *, period_seconds: float
+    ) -> Quarantine | None:
+        result = self._call(
+            "record_sweep_failure",
+            agent=agent_id,
+            step=step.value,
+            error=limits.storable(error)[: quarantine.ERROR_CHARS],
+            period_seconds=period_seconds,
+            quarantine_after=quarantine.QUARANTINE_AFTER,
+            max_periods=quarantine.MAX_BACKOFF_PERIODS,
+        )
+        row = result["quarantine"]
+        return None if row is None else _quarantine(row)
+
+    @faults.retrying
+    def lift_quarantine(self, agent_id: int, *, reason: str) -> bool:
+        result = self._call(
+            "lift_quarantine",
+            agent=agent_id,
+            reason=reason,
+            quarantine_after=quarantine.QUARANTINE_AFTER,
+        )
+        return bool(result["lifted"])
+
+    @faults.retrying
+    def lift_settled_quarantines(self, *, keep: set[int]) -> list[int]:
+        result = self._call(
+            "lift_settled_quarantines",
+            keep=sorted(keep),
+            reason=quarantine.SETTLED_REASON,
+            quarantine_after=quarantine.QUARANTINE_AFTER,
+        )
+        return [int(agent_id) for agent_id in result["lifted"]]
+
+    @faults.retrying
+    def claim_unpublished(
+        self, *, older_than_seconds: float = 0.0, limit: int = 500
+    ) -> list[OutboxEntry]:
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        result = self._call("claim_unpublished", cutoff=cutoff, limit=limit)
+        return [_entry(row) for row in result["entries"]]
+
+    @faults.retrying
+    def delete_team(
+        self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
+    ) -> lifecycle.Deletion:
+        result = self._call(
+            "delete_team",
+            team=team_id,
+            dry_run=dry_run,
+            include_undelivered=include_undelivered,
+            listed=lifecycle.OWED_LISTED,
+        )
+        return _deletion(result["deletion"], dry_run=dry_run)
+
+    @faults.retrying
+    def prune_ledger(
+        self, *, older_than_seconds: float, dry_run: bool = False, batches: int | None = None
+    ) -> int:
+        """A call of the function per batch, each its own transaction (a dry run: one call)."""
+        params: dict[str, Any] = {
+            "before": utcnow() - timedelta(seconds=older_than_seconds),
+            "routine": sorted(action.value for action in lifecycle.ROUTINE_LEDGER),
+            "limit": lifecycle.LEDGER_PRUNE_BATCH,
+            "dry_run": dry_run,
+        }
+        if dry_run:
+            return int(self._call("prune_ledger", **params)["deleted"])
+        deleted = 0
+        done = 0
+        while batches is None or done < batches:
+            count = int(self._call("prune_ledger", **params)["deleted"])
+            deleted += count
+            done += 1
+            if count < lifecycle.LEDGER_PRUNE_BATCH:
+                break
+        return deleted
+
+    @faults.retrying
+    def prune(
+        self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
+    ) -> lifecycle.Deletion:
+        """One call for the published outbox rows, then one per batch of teams, each its own
+        transaction."""
+        before = utcnow() - timedelta(seconds=older_than_seconds)
+        # First, so that a dry run counts each row once.
+        published = int(self._call("prune_outbox", before=before, dry_run=dry_run)["deleted"])
+        teams: list[int] = []
+        kept: list[int] = []
+        rows: dict[str, int] = {}
+        owed: dict[str, int] = {}
+        questions: list[int] = []
+        while True:
+            result = self._call(
+                "prune_teams",
+                before=before,
+                after=max(teams + kept, default=0),
+                limit=lifecycle.PRUNE_BATCH,
+                dry_run=dry_run,
+                include_undelivered=include_undelivered,
+                listed=lifecycle.OWED_LISTED,
+            )
+            deletion = _deletion(result["deletion"], dry_run=dry_run)
+            teams += deletion.teams
+            kept += deletion.kept
+            questions += deletion.questions
+            for name, count in deletion.rows.items():
+                rows[name] = rows.get(name, 0) + count
+            for kind, count in deletion.owed.items():
+                owed[kind] = owed.get(kind, 0) + count
+            if result["chosen"] < lifecycle.PRUNE_BATCH:
+                break
+        rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
+        return lifecycle.Deletion(
+            teams=tuple(teams),
+            rows=rows,
+            questions=tuple(questions),
+            dry_run=dry_run,
+            owed=owed,
+            kept=tuple(kept),
+        )
+
+
+def _deletion(found: Mapping[str, Any], *, dry_run: bool) -> lifecycle.Deletion:
+    """What ar__delete_teams deleted (or counted): its rows and what was owed as
+    [[name, count], ...] in the order they were counted."""
+    return lifecycle.Deletion(
+        teams=tuple(found["teams"]),
+        rows={name: int(count) for name, count in found["rows"]},
+        questions=tuple(found["questions"]),
+        dry_run=dry_run,
+        owed={kind: int(count) for kind, count in found["owed"]},
+        kept=tuple(found["kept"]),
+    )
+
+
+def _quarantine(row: Mapping[str, Any]) -> Quarantine:
+    return Quarantine(
+        agent_id=row["agent_id"],
+        team_id=row["team_id"],
+        step=SweepStep(row["step"]),
+        failures=row["failures"],
+        error=row["error"],
+        first_failed_at=datetime.fromisoformat(row["first_failed_at"]),
+        last_failed_at=datetime.fromisoformat(row["last_failed_at"]),
+        until=datetime.fromisoformat(row["until"]),
+    )
 
 
 def _run(conn: sa.Connection, statement: str, params: dict[str, Any]) -> Any:

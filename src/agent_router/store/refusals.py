@@ -53,6 +53,14 @@ def _cycle(f: Mapping[str, Any]) -> str:
     return f"this {f['verb']} would deadlock: " + " -> ".join(f["cycle"])
 
 
+def _owed_rows(f: Mapping[str, Any]) -> str:
+    listed = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(f["owed"].items()))
+    return (
+        f"team {f['team_id']} still owes {listed}; delete it with include_undelivered "
+        "(--include-undelivered) to drop them, which the ledger records"
+    )
+
+
 _ASK = errors.AskRefusedError
 
 #: Every code a transition refuses with.
@@ -68,6 +76,7 @@ CODES: dict[str, Refusal] = {
     "lead_kept": Refusal(errors.InvalidMessageError, "the Team Leader cannot be {done}"),
     "already_terminated": Refusal(errors.AgentTerminatedError, "{name!r} is already terminated"),
     "terminated": Refusal(errors.AgentTerminatedError, "agent {name!r} is terminated"),
+    "owed_rows": Refusal(errors.OwedRowsError, _owed_rows, ("owed",)),
     # sends
     "unknown_sender": Refusal(
         errors.UnknownAgentError,
