@@ -16,7 +16,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -111,10 +111,10 @@ _IDS_IN_TEXT = re.compile(r'\b(message_id|question_id)="(\d+)"')
 
 
 def _team_rows(
-    engine: sa.Engine, team_id: int, ledger_after: int
+    engine: sa.Engine, team_id: int, created: datetime | None
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every row of the team, table by table, in id order. Its ledger events are those after
-    ``ledger_after``: SQLite may give a deleted team's id to a new team, and the deleted
+    """Every row of the team, table by table, in id order. Its ledger events are those since
+    it was ``created``: SQLite may give a deleted team's id to a new team, and the deleted
     team's ``owed_dropped`` event outlives it."""
     meta = Base.metadata
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -129,8 +129,8 @@ def _team_rows(
                 where = table.c.agent_id.in_(agents or [0])
             else:
                 where = table.c.team_id == team_id
-                if name == "ar_ledger":
-                    where = sa.and_(where, table.c.id > ledger_after)
+                if name == "ar_ledger" and created is not None:
+                    where = sa.and_(where, table.c.created_at >= created)
             order = (
                 table.c.team_id
                 if name == "ar_budgets"
@@ -146,8 +146,8 @@ def _team_rows(
 class Snapshot:
     """A team's rows, with each id replaced by its row's rank in its table."""
 
-    def __init__(self, engine: sa.Engine, team_id: int, ledger_after: int = 0) -> None:
-        raw = _team_rows(engine, team_id, ledger_after)
+    def __init__(self, engine: sa.Engine, team_id: int, created: datetime | None = None) -> None:
+        raw = _team_rows(engine, team_id, created)
         self.ranks = {
             name: {row["id"]: k for k, row in enumerate(rows) if "id" in row}
             for name, rows in raw.items()
@@ -240,11 +240,6 @@ def _outcome(result: Any, ids: Snapshot | None = None) -> Any:
     return result
 
 
-def _last_event(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM ar_ledger")).scalar_one())
-
-
 def _deletion(deletion: Any) -> Any:
     """A deletion's result, its ids counted (each database numbers its own). Its ledger rows
     are left out: SQLite may give a deleted team's id to a new team, whose deletion then takes
@@ -265,8 +260,9 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
 
         @initialize()
         def team(self) -> None:
-            self.ledger_after = [_last_event(r.store.engine) for r in routers]
-            self.teams = [r.create_team(lead_system_prompt="You lead.").id for r in routers]
+            made = [r.create_team(lead_system_prompt="You lead.") for r in routers]
+            self.teams = [team.id for team in made]
+            self.created = [team.created_at for team in made]
             for r, team_id in zip(routers, self.teams, strict=True):
                 r.create_agent(team_id, role="Engineer", system_prompt="You build.")
                 r.create_agent(team_id, role="Designer")
@@ -292,7 +288,7 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             return results
 
         def snapshot(self, side: int) -> Snapshot:
-            return Snapshot(routers[side].store.engine, self.teams[side], self.ledger_after[side])
+            return Snapshot(routers[side].store.engine, self.teams[side], self.created[side])
 
         def turn(self, side: int, name: str) -> Turn:
             turn = self.turns[side].get(name)
