@@ -107,6 +107,8 @@ TABLES = [
 #: Ids quoted in an envelope's attributes (a message in a transcript): each database numbers
 #: its own rows, and a sequence on PostgreSQL is not given back when a statement that drew from
 #: it is refused, so the same envelope may quote different numbers.
+#: A background job's report is deduplicated by its job's id.
+_JOB_KEY = re.compile(r"job:\d+")
 _IDS_IN_TEXT = re.compile(r'\b(message_id|question_id)="(\d+)"')
 
 
@@ -168,6 +170,8 @@ class Snapshot:
                 out[column] = self._id(table, value)
             elif column in REFERS:
                 out[column] = self._id(REFERS[column], value)
+            elif column == "dedup_key" and isinstance(value, str) and _JOB_KEY.fullmatch(value):
+                out[column] = ("job", self._id("ar_background_jobs", int(value[4:])))
             else:
                 out[column] = self._value(value)
         return out
