@@ -17,6 +17,7 @@ turn) and writes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -49,6 +50,9 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Tx
+
+#: A new transaction of the store, as a context manager (``Store._tx``): a prune runs several.
+Transact = Callable[[], AbstractContextManager[Tx]]
 
 #: Teams deleted by one prune transaction; a prune runs batches until none is left.
 PRUNE_BATCH = 200
@@ -420,3 +424,75 @@ def aggregate_refusal(tx: Tx, fields: dict[str, Any]) -> bool:
         **{k: fields[k] for k in ("refused", "fields") if fields.get(k) is not None},
     }
     return True
+
+
+def prune_ledger_batches(
+    transact: Transact, *, before: datetime, dry_run: bool, batches: int | None
+) -> int:
+    """Delete routine ledger events older than ``before`` (:func:`prune_ledger`), a batch per
+    transaction of ``transact``, at most ``batches`` of them (``None``: until none is left);
+    how many (``dry_run``: count them in one transaction, delete none)."""
+    if dry_run:
+        with transact() as tx:
+            return prune_ledger(tx, before=before, limit=0, dry_run=True)
+    deleted = 0
+    done = 0
+    while batches is None or done < batches:
+        with transact() as tx:
+            count = prune_ledger(tx, before=before, limit=LEDGER_PRUNE_BATCH, dry_run=False)
+        deleted += count
+        done += 1
+        if count < LEDGER_PRUNE_BATCH:
+            break
+    return deleted
+
+
+def prune(
+    transact: Transact, *, before: datetime, dry_run: bool, include_undelivered: bool
+) -> Deletion:
+    """Delete the published outbox rows older than ``before``, then the finished teams idle
+    since then (:func:`finished_teams`, :func:`delete_teams`), :data:`PRUNE_BATCH` teams per
+    transaction of ``transact``; what was deleted, summed over the batches."""
+    with transact() as tx:  # first, so that a dry run counts each row once
+        published = prune_outbox(tx, before=before, dry_run=dry_run)
+    teams: list[int] = []
+    kept: list[int] = []
+    rows: dict[str, int] = {}
+    owed: dict[str, int] = {}
+    questions: list[int] = []
+    while True:
+        with transact() as tx:
+            batch, held = finished_teams(
+                tx,
+                before=before,
+                limit=PRUNE_BATCH,
+                after=max(teams + kept, default=0),
+                include_undelivered=include_undelivered,
+            )
+            deletion = delete_teams(
+                tx,
+                batch,
+                dry_run=dry_run,
+                outbox_pruned_before=before,
+                include_undelivered=include_undelivered,
+                by="prune",
+                idle_since=before,
+            )
+        teams += deletion.teams
+        kept += held + list(deletion.kept)
+        questions += deletion.questions
+        for name, count in deletion.rows.items():
+            rows[name] = rows.get(name, 0) + count
+        for kind, count in deletion.owed.items():
+            owed[kind] = owed.get(kind, 0) + count
+        if len(batch) + len(held) < PRUNE_BATCH:
+            break
+    rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
+    return Deletion(
+        teams=tuple(teams),
+        rows=rows,
+        questions=tuple(questions),
+        dry_run=dry_run,
+        owed=owed,
+        kept=tuple(kept),
+    )

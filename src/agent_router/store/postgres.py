@@ -1,11 +1,13 @@
 """The store on PostgreSQL: every transition one call of its function (``postgresql/*.sql``).
 
-:class:`PostgresStore` is the :class:`~agent_router.store.store.Store` whose transitions are
-the database's functions: a call is one statement, its own transaction (autocommit), so each
-transition is one round trip in every branch, and the function decides every branch. What a
-function decided comes back as one JSON object: the transition's result, the ledger events it
-wrote (logged here, as the SQLite implementation logs its own), the outbox rows to publish
-after the commit, or a refusal (the error to raise; its event is written by the function).
+:class:`PostgresStore` is the sibling of :class:`~agent_router.store.sqlite.SqliteStore` whose
+transitions are the database's functions (their contract: :class:`~agent_router.store.store.Store`):
+a call is one statement, its own transaction (autocommit), so each transition is one round trip in
+every branch, and the function decides every branch. What a function decided comes back as one
+JSON object: the transition's result, the ledger events it wrote (logged here, as the SQLite
+implementation logs its own), the outbox rows to publish after the commit, or a refusal (the
+error to raise; its event is written by the function). A few transitions still run as SQL
+statements sent from Python, the section at the end of the class.
 
 A connection lost while a call ran leaves it unknown whether it committed
 (:class:`~agent_router.errors.CommitUnknownError`); one lost before it was sent is retried
@@ -18,7 +20,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import psycopg
@@ -43,10 +45,12 @@ from agent_router.domain import (
     MessageType,
     OutboxEntry,
     OutboxKind,
+    Quarantine,
     Question,
     QuestionKind,
     QuestionStatus,
     RouteOutcome,
+    SweepStep,
     Team,
     TokenUsage,
     TurnRecord,
@@ -61,6 +65,9 @@ from agent_router.store import (
     faults,
     functions,
     jobs,
+    lifecycle,
+    quarantine,
+    recovery,
     refusals,
     routing,
     turns,
@@ -649,6 +656,90 @@ class PostgresStore(Store):
             max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
         )
         return _job(found["job"])
+
+    # ------------------------------------------------------------------ statements from Python
+    # These transitions run as SQL statements sent from Python (the SQLAlchemy modules that
+    # SqliteStore runs, in a transaction of Store._tx), not as functions of the database.
+
+    @faults.retrying
+    def seed_mailbox(
+        self, agent_id: int, count: int, *, content: str, sender: str = "system"
+    ) -> None:
+        with self._tx() as tx:
+            agents.seed_mailbox(tx, agent_id, count, content=content, sender=sender)
+
+    @faults.retrying
+    def take_over_expired(self, agent_id: int) -> int | None:
+        with self._sessions() as session:
+            turn_id = recovery.expired_turn(session, agent_id)
+        if turn_id is None:
+            return None
+        try:
+            return self.take_over(
+                agent_id, reason="lease expired", expected_turn_id=turn_id, lease_check=True
+            )
+        except errors.TurnError:
+            return None
+
+    @faults.retrying
+    def reenqueue(self, agent: recovery.Scheduled, *, windows: int) -> bool:
+        with self._tx() as tx:
+            return recovery.reenqueue(tx, agent, windows=windows)
+
+    @faults.retrying
+    def record_sweep_failure(
+        self, agent_id: int, step: SweepStep, error: str, *, period_seconds: float
+    ) -> Quarantine | None:
+        with self._tx() as tx:
+            return quarantine.record_failure(
+                tx, agent_id, step, error, period_seconds=period_seconds
+            )
+
+    @faults.retrying
+    def lift_quarantine(self, agent_id: int, *, reason: str) -> bool:
+        with self._tx() as tx:
+            return quarantine.lift(tx, agent_id, reason=reason)
+
+    @faults.retrying
+    def lift_settled_quarantines(self, *, keep: set[int]) -> list[int]:
+        with self._tx() as tx:
+            return quarantine.settled(tx, keep=keep)
+
+    @faults.retrying
+    def claim_unpublished(
+        self, *, older_than_seconds: float = 0.0, limit: int = 500
+    ) -> list[OutboxEntry]:
+        with self._tx() as tx:
+            return recovery.claim_unpublished(
+                tx, older_than_seconds=older_than_seconds, limit=limit
+            )
+
+    @faults.retrying
+    def delete_team(
+        self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
+    ) -> lifecycle.Deletion:
+        with self._tx() as tx:  # a dry run only reads (and locks) what it counts
+            return lifecycle.delete_team(
+                tx, team_id, dry_run=dry_run, include_undelivered=include_undelivered
+            )
+
+    @faults.retrying
+    def prune_ledger(
+        self, *, older_than_seconds: float, dry_run: bool = False, batches: int | None = None
+    ) -> int:
+        before = utcnow() - timedelta(seconds=older_than_seconds)
+        return lifecycle.prune_ledger_batches(
+            self._tx, before=before, dry_run=dry_run, batches=batches
+        )
+
+    @faults.retrying
+    def prune(
+        self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
+    ) -> lifecycle.Deletion:
+        before = utcnow() - timedelta(seconds=older_than_seconds)
+        return lifecycle.prune(
+            self._tx, before=before, dry_run=dry_run, include_undelivered=include_undelivered
+        )
 
 
 def _run(conn: sa.Connection, statement: str, params: dict[str, Any]) -> Any:

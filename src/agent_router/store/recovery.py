@@ -81,6 +81,24 @@ def take_over(
     return agent.epoch
 
 
+def expired_turn(session: Session, agent_id: int) -> int | None:
+    """The agent's running turn at its current epoch if its lease has expired (read without a
+    lock: :func:`take_over` checks again under it, ``lease_check``), else ``None``."""
+    agent = session.get(AgentRow, agent_id)
+    if agent is None:
+        return None
+    turn = session.scalars(
+        sa.select(TurnRow).where(
+            TurnRow.agent_id == agent_id,
+            TurnRow.epoch == agent.epoch,
+            TurnRow.status == TurnStatus.RUNNING,
+        )
+    ).one_or_none()
+    if turn is None or turn.lease_expires_at is None or turn.lease_expires_at >= utcnow():
+        return None
+    return turn.id
+
+
 #: A scheduled agent is re-enqueued after 1, 2, 4, ... (at most this many) delivery windows
 #: without a claim: each copy of a task still queued would only be refused by the fence.
 MAX_BACKOFF_WINDOWS = 32
