@@ -61,19 +61,14 @@ from agent_router.domain import (
 )
 from agent_router.store import (
     agents,
-    budgets,
     faults,
     functions,
-    jobs,
     lifecycle,
     quarantine,
     recovery,
     refusals,
-    routing,
-    turns,
-    users,
+    rules,
     values,
-    waits,
 )
 from agent_router.store.engine import closed_by_server
 from agent_router.store.models import BudgetRow, utcnow
@@ -181,14 +176,14 @@ class PostgresStore(Store):
         model: str | None = None,
         user_task: str | None = None,
     ) -> Team:
-        limits = budgets.default_limits(self.settings) | dict(budget or {})
+        limits = rules.default_limits(self.settings) | dict(budget or {})
         result = self._call(
             "create_team",
             name=lead.display_name or lead.role,
             role=lead.role,
             system_prompt=lead.system_prompt,
             runner=lead.runner,
-            limits=json.dumps(budgets.stored_limits(limits)),
+            limits=json.dumps(rules.stored_limits(limits)),
             model=model,
             user_task=user_task,
         )
@@ -205,9 +200,9 @@ class PostgresStore(Store):
     def create_agent(
         self, team_id: int, new: NewAgent, *, task: SendRequest | None = None
     ) -> tuple[Agent, Delivery | None]:
-        role = agents.check_role(new.role)
+        role = rules.check_role(new.role)
         if new.display_name is not None:
-            routing.check_display_name(new.display_name)
+            rules.check_display_name(new.display_name)
         sent = None if task is None else {**_sent(task), **_sender(task)}
         result = self._call(
             "create_agent",
@@ -237,7 +232,7 @@ class PostgresStore(Store):
     @faults.retrying
     def interrupt(self, req: SendRequest) -> Delivery:
         result = self._call(
-            "interrupt", **_sent(req), **_sender(req), reason=routing.INTERRUPT_REASON
+            "interrupt", **_sent(req), **_sender(req), reason=rules.INTERRUPT_REASON
         )
         return _delivery(result)
 
@@ -296,7 +291,7 @@ class PostgresStore(Store):
 
     @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
-        payload = turns.validate_assistant(message)
+        payload = rules.validate_assistant(message)
         self._call("append", **_of(turn), payload=json.dumps(payload), call=None, meta=None)
 
     @faults.retrying
@@ -333,7 +328,7 @@ class PostgresStore(Store):
             after=None if since is None else since.position,
             limit=self.settings.drain_batch_size,
             lease_seconds=self.settings.lease_seconds,
-            stopped=turns.STOPPED_RESULT,
+            stopped=rules.STOPPED_RESULT,
             **self._budget_params(),
         )
         if result.get("stopped"):
@@ -354,7 +349,7 @@ class PostgresStore(Store):
     def after_call(
         self, turn: TurnRecord, message: dict[str, Any], *, usage: CallUsage | None
     ) -> AfterCall:
-        payload = turns.validate_assistant(message)
+        payload = rules.validate_assistant(message)
         counts: dict[str, Any] = dict.fromkeys(
             ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_nano")
         ) | {"estimated": None, "priced": None, "context": None, "window": None, "ms": None}
@@ -364,9 +359,9 @@ class PostgresStore(Store):
                 "prompt_tokens": usage.usage.prompt_tokens,
                 "completion_tokens": usage.usage.completion_tokens,
                 "cached_tokens": usage.usage.cached_tokens,
-                "cost_nano": budgets.call_cost_nano(usage.usage.cost_usd),
+                "cost_nano": rules.call_cost_nano(usage.usage.cost_usd),
                 "estimated": usage.estimated,
-                "priced": budgets.priced(self.settings, usage.model),
+                "priced": rules.priced(self.settings, usage.model),
                 "context": None if usage.context is None else json.dumps(dict(usage.context)),
                 "window": None if usage.window is None else json.dumps(dict(usage.window)),
                 "ms": None if usage.seconds is None else round(usage.seconds * 1000),
@@ -376,7 +371,7 @@ class PostgresStore(Store):
             **_of(turn),
             payload=json.dumps(payload),
             lease_seconds=self.settings.lease_seconds,
-            stopped=turns.STOPPED_RESULT,
+            stopped=rules.STOPPED_RESULT,
             **counts,
             **self._budget_params(),
         )
@@ -405,8 +400,8 @@ class PostgresStore(Store):
             **_of(turn),
             failed=failed,
             error=error,
-            interrupted=turns.INTERRUPTED_RESULT,
-            stopped=turns.STOPPED_RESULT,
+            interrupted=rules.INTERRUPTED_RESULT,
+            stopped=rules.STOPPED_RESULT,
             results=_results(results),
             answers=json.dumps([{"content": c, "dedup_key": k} for c, k in answers])
             if answers
@@ -438,7 +433,7 @@ class PostgresStore(Store):
 
     @faults.retrying
     def finish_stop(self, turn: TurnRecord, *, reason: str | None = None) -> None:
-        self._call("finish_stop", **_of(turn), reason=reason, stopped=turns.STOPPED_RESULT)
+        self._call("finish_stop", **_of(turn), reason=reason, stopped=rules.STOPPED_RESULT)
 
     # ------------------------------------------------------------------ waits
 
@@ -519,11 +514,11 @@ class PostgresStore(Store):
 
     @faults.retrying
     def remind_user(self) -> int:
-        return int(self._call("remind_user", prefix=users.REMINDER_PREFIX)["reminded"])
+        return int(self._call("remind_user", prefix=rules.REMINDER_PREFIX)["reminded"])
 
     @faults.retrying
     def _expire_question(self, question_id: int) -> bool:
-        result = self._call("expire_question", question=question_id, result=waits.EXPIRED_RESULT)
+        result = self._call("expire_question", question=question_id, result=rules.EXPIRED_RESULT)
         return bool(result["expired"])
 
     # ------------------------------------------------------------------ recovery
@@ -543,7 +538,7 @@ class PostgresStore(Store):
             reason=reason,
             expected_turn=expected_turn_id,
             lease_check=lease_check,
-            interrupted=turns.INTERRUPTED_RESULT,
+            interrupted=rules.INTERRUPTED_RESULT,
         )
         return int(result["epoch"])
 
@@ -561,7 +556,7 @@ class PostgresStore(Store):
         budget row gets (as stored)."""
         return {
             "ratio": self.settings.budget_warning_ratio,
-            "defaults": json.dumps(budgets.stored_limits(budgets.default_limits(self.settings))),
+            "defaults": json.dumps(rules.stored_limits(rules.default_limits(self.settings))),
         }
 
     @faults.retrying
@@ -596,9 +591,9 @@ class PostgresStore(Store):
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             cached_tokens=usage.cached_tokens,
-            cost_nano=budgets.call_cost_nano(usage.cost_usd),
+            cost_nano=rules.call_cost_nano(usage.cost_usd),
             estimated=estimated,
-            priced=budgets.priced(self.settings, model),
+            priced=rules.priced(self.settings, model),
             context=None if context is None else json.dumps(dict(context)),
             window=None if window is None else json.dumps(dict(window)),
             ms=ms,
@@ -622,7 +617,7 @@ class PostgresStore(Store):
         result = self._call(
             "set_limits",
             team=team_id,
-            limits=json.dumps(budgets.stored_limits(limits)),
+            limits=json.dumps(rules.stored_limits(limits)),
             given=json.dumps({name.value: value for name, value in limits.items()}),
             by=by,
             defaults=self._budget_params()["defaults"],
@@ -653,7 +648,7 @@ class PostgresStore(Store):
             result=result,
             result_body=formats.stored_body(result),
             batch_seconds=batch_seconds,
-            max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
+            max_windows=rules.JOB_BATCH_MAX_WINDOWS,
         )
         return _job(found["job"])
 
@@ -878,7 +873,7 @@ def _budget(result: Mapping[str, Any]) -> Budget:
     exhausted = row["exhausted"]
     row["exhausted"] = BudgetName(exhausted) if exhausted else None
     created, active = result["sub_agents"]
-    return budgets.budget_of(BudgetRow(**row), (created, active), utcnow())
+    return rules.budget_of(BudgetRow(**row), (created, active), utcnow())
 
 
 def _time(value: str | None) -> datetime | None:
@@ -904,7 +899,7 @@ def _sender(req: SendRequest) -> dict[str, Any]:
     return {
         "team": req.team_id,
         "sender": req.sender,
-        "external": routing.is_external(req.sender),
+        "external": rules.is_external(req.sender),
     }
 
 

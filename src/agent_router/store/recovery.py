@@ -18,7 +18,7 @@ from agent_router.domain import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.store import queries, refusals, routing, turns, values
+from agent_router.store import queries, refusals, routing, rules, turns, values
 from agent_router.store.decisions import move
 from agent_router.store.models import (
     AgentRow,
@@ -68,7 +68,7 @@ def take_over(
         agent.epoch += 1
         question.asker_epoch = agent.epoch
     else:
-        turns.close_dangling(tx, agent, old.id if old else None, turns.INTERRUPTED_RESULT, None)
+        turns.close_dangling(tx, agent, old.id if old else None, rules.INTERRUPTED_RESULT, None)
         routing.schedule(tx, agent, TurnTrigger.RECOVERY)
     tx.agent_ledger(
         LedgerAction.TAKE_OVER,

@@ -50,6 +50,7 @@ from agent_router.store import (
     quarantine,
     recovery,
     routing,
+    rules,
     turns,
     users,
     waits,
@@ -102,9 +103,9 @@ class SqliteStore(Store):
     def create_agent(
         self, team_id: int, new: NewAgent, *, task: SendRequest | None = None
     ) -> tuple[Agent, Delivery | None]:
-        new = replace(new, role=agents.check_role(new.role))
+        new = replace(new, role=rules.check_role(new.role))
         if new.display_name is not None:
-            routing.check_display_name(new.display_name)
+            rules.check_display_name(new.display_name)
         try:
             with self._tx() as tx:
                 return agents.create_agent(tx, team_id, new, task)
@@ -171,7 +172,7 @@ class SqliteStore(Store):
 
     @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
-        payload = turns.validate_assistant(message)
+        payload = rules.validate_assistant(message)
         with self._tx() as tx:
             turns.append_assistant(tx, turn, payload)
 
@@ -200,7 +201,7 @@ class SqliteStore(Store):
     def after_call(
         self, turn: TurnRecord, message: dict[str, Any], *, usage: CallUsage | None
     ) -> AfterCall:
-        payload = turns.validate_assistant(message)
+        payload = rules.validate_assistant(message)
         with self._tx() as tx:
             return turns.after_call(tx, turn, payload, usage=usage)
 
