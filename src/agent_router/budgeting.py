@@ -114,7 +114,9 @@ def admit_turn(router: Budgeted, turn: Turn, check: BudgetCheck) -> bool:
 
 def charge_model_call(router: Budgeted, turn: Turn) -> None:
     """Count a model call; raises :class:`BudgetExhaustedError` when a budget is spent."""
-    model_call_charged(router, turn, router.store.charge(turn.team_id, turn.agent_id, turn.id))
+    model_call_charged(
+        router, turn, router.store.charge_model_call(turn.team_id, turn.agent_id, turn.id)
+    )
 
 
 def model_call_charged(router: Budgeted, turn: Turn, check: BudgetCheck) -> None:

@@ -526,7 +526,7 @@ class Router:
             and not check.MIN_INT32 <= check.integer(epoch, "epoch") <= check.MAX_INT32
         ):
             return None  # no turn ever had that epoch
-        claim = self.store.claim_turn(agent_id, epoch, builtin=builtin)
+        claim = self.store.claim(agent_id, epoch, builtin=builtin)
         if claim is None:
             return None
         turn = Turn(self, claim)
@@ -637,7 +637,7 @@ class Router:
                     for number, (part, key) in enumerate(parts, 1)
                 ]
         try:
-            result = self.store.end_turn(
+            result = self.store.end(
                 turn.record,
                 failed=failed,
                 error=error,

@@ -16,8 +16,8 @@ from agent_router import limits
 from agent_router import validation as check
 from agent_router.domain import BudgetName
 from agent_router.errors import InvalidArgumentError, InvalidTranscriptEntryError
-from agent_router.store.rules import LIMIT_COLUMNS
 from agent_router.store.models import Base
+from agent_router.store.rules import LIMIT_COLUMNS
 
 
 def test_limits_are_read_back_from_column_types() -> None:

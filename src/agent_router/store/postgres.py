@@ -259,7 +259,7 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ turns
 
     @faults.retrying
-    def claim_turn(
+    def claim(
         self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
     ) -> Claim | None:
         result = self._call(
@@ -385,7 +385,7 @@ class PostgresStore(Store):
         )
 
     @faults.retrying
-    def end_turn(
+    def end(
         self,
         turn: TurnRecord,
         *,
@@ -560,7 +560,7 @@ class PostgresStore(Store):
         }
 
     @faults.retrying
-    def charge(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+    def charge_model_call(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
         result = self._call(
             "charge_model_call", team=team_id, agent=agent_id, turn=turn_id, **self._budget_params()
         )

@@ -159,11 +159,11 @@ class SqliteStore(Store):
     # ------------------------------------------------------------------ turns
 
     @faults.retrying
-    def claim_turn(
+    def claim(
         self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
     ) -> Claim | None:
         with self._tx() as tx:
-            return turns.claim_turn(tx, agent_id, epoch, builtin=builtin)
+            return turns.claim(tx, agent_id, epoch, builtin=builtin)
 
     @faults.retrying
     def drain(self, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:
@@ -206,7 +206,7 @@ class SqliteStore(Store):
             return turns.after_call(tx, turn, payload, usage=usage)
 
     @faults.retrying
-    def end_turn(
+    def end(
         self,
         turn: TurnRecord,
         *,
@@ -222,7 +222,7 @@ class SqliteStore(Store):
             for content, key in answers:
                 users.tell_user(tx, turn, UserMessageKind.ANSWER, content, dedup_key=key)
             deliveries = routing.send_many(tx, reports)
-            end = turns.end_turn(tx, turn, failed=failed, error=error, results=results)
+            end = turns.end(tx, turn, failed=failed, error=error, results=results)
             return replace(end, deliveries=tuple(deliveries))
 
     @faults.retrying
@@ -374,7 +374,7 @@ class SqliteStore(Store):
     # ------------------------------------------------------------------ budgets and usage
 
     @faults.retrying
-    def charge(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+    def charge_model_call(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
         with self._tx() as tx:
             return budgets.charge_model_call(tx, team_id, agent_id, turn_id)
 

@@ -237,7 +237,7 @@ class Store(abc.ABC):
     # ------------------------------------------------------------------ turns
 
     @abc.abstractmethod
-    def claim_turn(
+    def claim(
         self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
     ) -> Claim | None:
         """Claim the agent's scheduled turn at ``epoch`` (``None``: the current one), the turn
@@ -287,7 +287,7 @@ class Store(abc.ABC):
         questions open to the agent."""
 
     @abc.abstractmethod
-    def end_turn(
+    def end(
         self,
         turn: TurnRecord,
         *,
@@ -424,7 +424,7 @@ class Store(abc.ABC):
     # ------------------------------------------------------------------ budgets and usage
 
     @abc.abstractmethod
-    def charge(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+    def charge_model_call(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
         """Count a model call against the team's budgets; refused (nothing counted) when one is
         spent. (A turn is counted by its claim.)"""
 

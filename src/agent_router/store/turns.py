@@ -40,7 +40,7 @@ from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import AfterCall, BeforeCall, CallUsage, Claim, Result, Since
 
 
-def claim_turn(
+def claim(
     tx: Tx, agent_id: int, epoch: int | None = None, *, builtin: bool = False
 ) -> Claim | None:
     """Claim the scheduled turn of ``epoch`` (default: the current one) and count it against
@@ -393,7 +393,7 @@ def close_dangling(
     return closed
 
 
-def end_turn(
+def end(
     tx: Tx,
     turn: TurnRecord,
     *,
