@@ -56,6 +56,7 @@ from agent_router.store.rules import (
     stored_limit,
 )
 from agent_router.store.tx import Tx
+from agent_router.store.values import CallUsage
 
 #: The token counts of a model call: a column each of its ``ar_model_calls`` row and of the
 #: team's budget row (the team's sums), and a field each of :class:`TokenUsage`.
@@ -191,18 +192,15 @@ def record_usage(
     team_id: int,
     agent_id: int,
     turn_id: int | None,
+    call: CallUsage,
     *,
-    model: str | None,
-    usage: TokenUsage,
-    estimated: bool,
     agent: str | None = None,
-    context: Mapping[str, Any] | None = None,
-    window: Mapping[str, Any] | None = None,
-    ms: int | None = None,
 ) -> BudgetCheck:
     """One model call's usage: a row per call, the team's totals, one ledger event (whose log
-    line names ``agent``; with ``context``, what the request left out, when that changed);
-    ``window``, where the agent's request window then stood, is kept on the agent."""
+    line names ``agent``; with the call's ``context``, what the request left out, when that
+    changed, and its ``ms``); the call's ``window``, where the agent's request window then
+    stood, is kept on the agent."""
+    usage, model, window, estimated = call.usage, call.model, call.window, call.estimated
     ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
     tokens = {name: getattr(usage, name) for name in _TOKEN_COUNTS}
     cost_nano = call_cost_nano(usage.cost_usd)
@@ -239,9 +237,9 @@ def record_usage(
         estimated=estimated,
         **({} if priced(tx.settings, model) else {"unpriced": True}),
         **ids,
-        **({} if context is None else {"context": dict(context)}),
+        **({} if call.context is None else {"context": dict(call.context)}),
         **({"saturated": saturated} if saturated else {}),
-        **({} if ms is None else {"ms": ms}),
+        **({} if call.seconds is None else {"ms": round(call.seconds * 1000)}),
     )
     return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
 

@@ -52,7 +52,6 @@ from agent_router.domain import (
     RouteOutcome,
     SweepStep,
     Team,
-    TokenUsage,
     TurnRecord,
     TurnStatus,
     TurnTrigger,
@@ -88,6 +87,20 @@ from agent_router.store.values import (
 
 #: The SQLSTATE of a call to a function the database does not have.
 _UNDEFINED_FUNCTION = "42883"
+
+#: The parameters of a model call's usage, in the statements that record it.
+_USAGE_PARAMS = (
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_nano",
+    "estimated",
+    "priced",
+    "context",
+    "window",
+    "ms",
+)
 
 
 class PostgresStore(Store):
@@ -350,29 +363,13 @@ class PostgresStore(Store):
         self, turn: TurnRecord, message: dict[str, Any], *, usage: CallUsage | None
     ) -> AfterCall:
         payload = rules.validate_assistant(message)
-        counts: dict[str, Any] = dict.fromkeys(
-            ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_nano")
-        ) | {"estimated": None, "priced": None, "context": None, "window": None, "ms": None}
-        if usage is not None:
-            counts = {
-                "model": usage.model,
-                "prompt_tokens": usage.usage.prompt_tokens,
-                "completion_tokens": usage.usage.completion_tokens,
-                "cached_tokens": usage.usage.cached_tokens,
-                "cost_nano": rules.call_cost_nano(usage.usage.cost_usd),
-                "estimated": usage.estimated,
-                "priced": rules.priced(self.settings, usage.model),
-                "context": None if usage.context is None else json.dumps(dict(usage.context)),
-                "window": None if usage.window is None else json.dumps(dict(usage.window)),
-                "ms": None if usage.seconds is None else round(usage.seconds * 1000),
-            }
         result = self._call(
             "after_call",
             **_of(turn),
             payload=json.dumps(payload),
             lease_seconds=self.settings.lease_seconds,
             stopped=rules.STOPPED_RESULT,
-            **counts,
+            **self._usage(usage),
             **self._budget_params(),
         )
         return AfterCall(
@@ -572,14 +569,9 @@ class PostgresStore(Store):
         team_id: int,
         agent_id: int,
         turn_id: int | None,
+        usage: CallUsage,
         *,
-        model: str | None,
-        usage: TokenUsage,
-        estimated: bool,
         agent: str | None = None,
-        context: Mapping[str, Any] | None = None,
-        window: Mapping[str, Any] | None = None,
-        ms: int | None = None,
     ) -> BudgetCheck:
         result = self._call(
             "record_usage",
@@ -587,19 +579,28 @@ class PostgresStore(Store):
             team=team_id,
             agent=agent_id,
             turn=turn_id,
-            model=model,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            cost_nano=rules.call_cost_nano(usage.cost_usd),
-            estimated=estimated,
-            priced=rules.priced(self.settings, model),
-            context=None if context is None else json.dumps(dict(context)),
-            window=None if window is None else json.dumps(dict(window)),
-            ms=ms,
+            **self._usage(usage),
             **self._budget_params(),
         )
         return _check(result["budget"])
+
+    def _usage(self, usage: CallUsage | None) -> dict[str, Any]:
+        """A model call's usage as the functions that record it take it (all ``None``: no
+        usage to record)."""
+        if usage is None:
+            return dict.fromkeys(_USAGE_PARAMS)
+        return {
+            "model": usage.model,
+            "prompt_tokens": usage.usage.prompt_tokens,
+            "completion_tokens": usage.usage.completion_tokens,
+            "cached_tokens": usage.usage.cached_tokens,
+            "cost_nano": rules.call_cost_nano(usage.usage.cost_usd),
+            "estimated": usage.estimated,
+            "priced": rules.priced(self.settings, usage.model),
+            "context": None if usage.context is None else json.dumps(dict(usage.context)),
+            "window": None if usage.window is None else json.dumps(dict(usage.window)),
+            "ms": None if usage.seconds is None else round(usage.seconds * 1000),
+        }
 
     @faults.retrying
     def charge_sub_agent(self, team_id: int, role: str) -> None:

@@ -36,7 +36,6 @@ from agent_router.domain import (
     RouteOutcome,
     SweepStep,
     Team,
-    TokenUsage,
     TurnRecord,
     UserMessage,
     UserMessageKind,
@@ -384,29 +383,12 @@ class SqliteStore(Store):
         team_id: int,
         agent_id: int,
         turn_id: int | None,
+        usage: CallUsage,
         *,
-        model: str | None,
-        usage: TokenUsage,
-        estimated: bool,
         agent: str | None = None,
-        context: Mapping[str, Any] | None = None,
-        window: Mapping[str, Any] | None = None,
-        ms: int | None = None,
     ) -> BudgetCheck:
         with self._tx() as tx:
-            return budgets.record_usage(
-                tx,
-                team_id,
-                agent_id,
-                turn_id,
-                model=model,
-                usage=usage,
-                estimated=estimated,
-                agent=agent,
-                context=context,
-                window=window,
-                ms=ms,
-            )
+            return budgets.record_usage(tx, team_id, agent_id, turn_id, usage, agent=agent)
 
     @faults.retrying
     def charge_sub_agent(self, team_id: int, role: str) -> None:

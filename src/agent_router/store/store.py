@@ -46,7 +46,6 @@ from agent_router.domain import (
     Question,
     SweepStep,
     Team,
-    TokenUsage,
     TurnRecord,
     UserMessage,
     UserMessageKind,
@@ -434,20 +433,15 @@ class Store(abc.ABC):
         team_id: int,
         agent_id: int,
         turn_id: int | None,
+        usage: CallUsage,
         *,
-        model: str | None,
-        usage: TokenUsage,
-        estimated: bool,
         agent: str | None = None,
-        context: Mapping[str, Any] | None = None,
-        window: Mapping[str, Any] | None = None,
-        ms: int | None = None,
     ) -> BudgetCheck:
-        """One model call's usage: a row per call, the team's totals, one ``model_call`` event.
-        ``agent``: the display name the ``model_call`` log line shows; ``context``: what the
-        request left out, on the call where that changed (the event's ``context``);
-        ``window``: where the agent's request window then stood (its ``context_window``);
-        ``ms``: how long the call took (the event's ``ms``; it ended at the event's time)."""
+        """One model call's ``usage``: a row per call, the team's totals, one ``model_call``
+        event (its ``context``: what the request left out, on the call where that changed;
+        its ``ms``: how long the call took, ending at the event's time), and where the agent's
+        request window then stood kept on the agent (its ``context_window``). ``agent``: the
+        display name the event's log line shows."""
 
     @abc.abstractmethod
     def charge_sub_agent(self, team_id: int, role: str) -> None:

@@ -513,17 +513,7 @@ def after_call(
     check = None
     if usage is not None:
         check = budgets.record_usage(
-            tx,
-            agent.team_id,
-            agent.id,
-            turn.id,
-            model=usage.model,
-            usage=usage.usage,
-            estimated=usage.estimated,
-            agent=agent.display_name,
-            context=usage.context,
-            window=usage.window,
-            ms=None if usage.seconds is None else round(usage.seconds * 1000),
+            tx, agent.team_id, agent.id, turn.id, usage, agent=agent.display_name
         )
     if stopping:
         stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
