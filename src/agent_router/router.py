@@ -59,7 +59,7 @@ from agent_router.store import (
     open_store,
 )
 from agent_router.store import utcnow as _utcnow
-from agent_router.store.lifecycle import Deletion
+from agent_router.store.values import Deletion
 from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker, RedisWaker, Waker

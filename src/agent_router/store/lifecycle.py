@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -47,9 +46,9 @@ from agent_router.store.models import (
     TranscriptEntryRow,
     TurnRow,
     UserMessageRow,
-    utcnow,
 )
 from agent_router.store.tx import Tx
+from agent_router.store.values import Deletion
 
 #: A new transaction of the store, as a context manager (``Store._tx``): a prune runs several.
 Transact = Callable[[], AbstractContextManager[Tx]]
@@ -58,22 +57,6 @@ Transact = Callable[[], AbstractContextManager[Tx]]
 PRUNE_BATCH = 200
 
 _BUSY_STATES = frozenset({AgentState.SCHEDULED, *TURN_STATES})
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deletion:
-    """What a delete or a prune removed (with ``dry_run``: would remove)."""
-
-    teams: tuple[int, ...] = ()
-    rows: dict[str, int] = field(default_factory=dict)  # table name -> rows
-    questions: tuple[int, ...] = ()  # their wake keys go too
-    dry_run: bool = False
-    owed: dict[str, int] = field(default_factory=dict)  # owed rows dropped, by kind (OWED)
-    kept: tuple[int, ...] = ()  # teams a prune left: they owe something, or a send reached them
-
-    @property
-    def total(self) -> int:
-        return sum(self.rows.values())
 
 
 def _team_rows(
@@ -387,43 +370,6 @@ def prune_ledger(tx: Tx, *, before: datetime, limit: int, dry_run: bool) -> int:
         .where(LedgerRow.id.in_(batch.scalar_subquery()))
         .execution_options(synchronize_session=False),
     )
-
-
-#: Refusals of one kind (team, reason, sender, receiver) within this many seconds share one
-#: ledger row, counted in its ``repeats``: a sender retrying a refused send does not grow the
-#: ledger by a row per attempt.
-REFUSAL_WINDOW_SECONDS = 60.0
-
-
-def aggregate_refusal(tx: Tx, fields: dict[str, Any]) -> bool:
-    """Count a refusal on the latest row of its kind within the window (locked); ``False``
-    when there is none, and the refusal needs a row of its own."""
-    team_id = fields.get("team_id")
-    if team_id is None:
-        return False
-    now = utcnow()
-    latest = tx.session.scalars(
-        sa.select(LedgerRow)
-        .where(
-            LedgerRow.team_id == team_id,
-            LedgerRow.action == LedgerAction.SEND_REJECTED,
-            LedgerRow.created_at >= now - timedelta(seconds=REFUSAL_WINDOW_SECONDS),
-        )
-        .order_by(LedgerRow.id.desc())
-        .limit(1)
-        .with_for_update()
-    ).one_or_none()
-    key = ("reason", "sender", "to")
-    if latest is None or any(latest.detail.get(k) != fields.get(k) for k in key):
-        return False
-    latest.detail = {
-        **latest.detail,
-        "repeats": int(latest.detail.get("repeats", 1)) + 1,
-        "last_at": now.isoformat(),
-        # The latest refusal's code and fields: its sentence is the one shown.
-        **{k: fields[k] for k in ("refused", "fields") if fields.get(k) is not None},
-    }
-    return True
 
 
 def prune_ledger_batches(

@@ -79,8 +79,10 @@ from agent_router.store.values import (
     BeforeCall,
     CallUsage,
     Claim,
+    Deletion,
     NewAgent,
     Result,
+    Scheduled,
     SendRequest,
     Since,
 )
@@ -678,7 +680,7 @@ class PostgresStore(Store):
             return None
 
     @faults.retrying
-    def reenqueue(self, agent: recovery.Scheduled, *, windows: int) -> bool:
+    def reenqueue(self, agent: Scheduled, *, windows: int) -> bool:
         with self._tx() as tx:
             return recovery.reenqueue(tx, agent, windows=windows)
 
@@ -713,7 +715,7 @@ class PostgresStore(Store):
     @faults.retrying
     def delete_team(
         self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
-    ) -> lifecycle.Deletion:
+    ) -> Deletion:
         with self._tx() as tx:  # a dry run only reads (and locks) what it counts
             return lifecycle.delete_team(
                 tx, team_id, dry_run=dry_run, include_undelivered=include_undelivered
@@ -731,7 +733,7 @@ class PostgresStore(Store):
     @faults.retrying
     def prune(
         self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
-    ) -> lifecycle.Deletion:
+    ) -> Deletion:
         before = utcnow() - timedelta(seconds=older_than_seconds)
         return lifecycle.prune(
             self._tx, before=before, dry_run=dry_run, include_undelivered=include_undelivered

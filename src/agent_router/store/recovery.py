@@ -4,7 +4,6 @@ agent at a time, each in a transaction of its own), claim unpublished outbox row
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -27,6 +26,7 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Tx
+from agent_router.store.values import Scheduled
 
 
 def take_over(
@@ -106,20 +106,6 @@ MAX_BACKOFF_WINDOWS = 32
 #: behind a backlog (turns started since its publish, all of agents scheduled before it)
 #: before it is re-enqueued anyway.
 BACKLOG_WINDOWS = 8
-
-
-@dataclass(frozen=True, kw_only=True)
-class Scheduled:
-    """An agent ``scheduled`` for longer than a delivery window, and its turn task's publishes
-    in the current epoch."""
-
-    agent_id: int
-    team_id: int
-    epoch: int
-    runner: str | None  # the host's task (``name@queue``), or None: the built-in loop's
-    sent: int  # enqueue rows of the epoch
-    unpublished: int  # of them, not yet published (the outbox re-publisher's)
-    last_published: datetime | None
 
 
 def scheduled(session: Session, *, older_than_seconds: float) -> list[Scheduled]:

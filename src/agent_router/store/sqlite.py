@@ -1,11 +1,12 @@
-"""The store on SQLite: every transition Python over SQLAlchemy, in one transaction
-(:meth:`~agent_router.store.store.Store._tx`, under ``BEGIN IMMEDIATE``) of the modules that
-hold its branches (``routing``, ``turns``, ``waits``, ``users``, ``agents``, ``budgets``,
-``jobs``, ``recovery``, ``quarantine``, ``lifecycle``).
+"""The store on SQLite: each transition runs, over SQLAlchemy, the Python module that holds its
+branches (``routing``, ``turns``, ``waits``, ``users``, ``agents``, ``budgets``, ``jobs``,
+``recovery``, ``quarantine``, ``lifecycle``), in one transaction
+(:meth:`~agent_router.store.store.Store._tx`) that takes the database's write lock up front
+(``BEGIN IMMEDIATE``).
 
-:class:`SqliteStore` is a sibling of :class:`~agent_router.store.postgres.PostgresStore`: each
-defines every transition :class:`~agent_router.store.store.Store` declares, whose docstrings are
-the contract.
+:class:`SqliteStore` is the sibling of :class:`~agent_router.store.postgres.PostgresStore`: each
+defines every transition :class:`~agent_router.store.store.Store` declares, whose docstrings
+are the contract.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ from agent_router.store.values import (
     BeforeCall,
     CallUsage,
     Claim,
+    Deletion,
     NewAgent,
     Result,
+    Scheduled,
     SendRequest,
     Since,
 )
@@ -221,8 +224,8 @@ class SqliteStore(Store):
             for content, key in answers:
                 users.tell_user(tx, turn, UserMessageKind.ANSWER, content, dedup_key=key)
             deliveries = routing.send_many(tx, reports)
-            end = turns.end(tx, turn, failed=failed, error=error, results=results)
-            return replace(end, deliveries=tuple(deliveries))
+            ended = turns.end(tx, turn, failed=failed, error=error, results=results)
+            return replace(ended, deliveries=tuple(deliveries))
 
     @faults.retrying
     def renew_lease(self, turn: TurnRecord) -> bool:
@@ -332,7 +335,7 @@ class SqliteStore(Store):
             return None
 
     @faults.retrying
-    def reenqueue(self, agent: recovery.Scheduled, *, windows: int) -> bool:
+    def reenqueue(self, agent: Scheduled, *, windows: int) -> bool:
         with self._tx() as tx:
             return recovery.reenqueue(tx, agent, windows=windows)
 
@@ -426,7 +429,7 @@ class SqliteStore(Store):
     @faults.retrying
     def delete_team(
         self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
-    ) -> lifecycle.Deletion:
+    ) -> Deletion:
         with self._tx() as tx:  # a dry run only reads (and locks) what it counts
             return lifecycle.delete_team(
                 tx, team_id, dry_run=dry_run, include_undelivered=include_undelivered
@@ -444,7 +447,7 @@ class SqliteStore(Store):
     @faults.retrying
     def prune(
         self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
-    ) -> lifecycle.Deletion:
+    ) -> Deletion:
         before = utcnow() - timedelta(seconds=older_than_seconds)
         return lifecycle.prune(
             self._tx, before=before, dry_run=dry_run, include_undelivered=include_undelivered

@@ -51,20 +51,28 @@ from agent_router.domain import (
     UserMessageKind,
 )
 from agent_router.settings import Settings
-from agent_router.store import faults, functions, lifecycle, recovery
+from agent_router.store import faults, functions
 from agent_router.store.engine import make_engine
 from agent_router.store.models import Base, utcnow
 from agent_router.store.reads import Reads
 from agent_router.store.transcripts import TranscriptCache
-from agent_router.store.tx import Refused, Tx, drop_ledger_buffer, write_ledger_buffer
+from agent_router.store.tx import (
+    Refused,
+    Tx,
+    aggregate_refusal,
+    drop_ledger_buffer,
+    write_ledger_buffer,
+)
 from agent_router.store.values import (
     AfterCall,
     Ask,
     BeforeCall,
     CallUsage,
     Claim,
+    Deletion,
     NewAgent,
     Result,
+    Scheduled,
     SendRequest,
     Since,
 )
@@ -169,7 +177,7 @@ class Store(abc.ABC):
     def _write_ledger(self, action: LedgerAction, **fields: Any) -> None:
         with self._sessions() as session, session.begin():
             tx = Tx(session, self.settings)
-            if action is LedgerAction.SEND_REJECTED and lifecycle.aggregate_refusal(tx, fields):
+            if action is LedgerAction.SEND_REJECTED and aggregate_refusal(tx, fields):
                 return
             tx.ledger(action, **fields)
 
@@ -391,7 +399,7 @@ class Store(abc.ABC):
         may have renewed it since it was listed); the new epoch, or ``None``."""
 
     @abc.abstractmethod
-    def reenqueue(self, agent: recovery.Scheduled, *, windows: int) -> bool:
+    def reenqueue(self, agent: Scheduled, *, windows: int) -> bool:
         """Enqueue again the turn task of an agent found lost (:func:`recovery.reenqueue`)."""
 
     @abc.abstractmethod
@@ -476,7 +484,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_team(
         self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
-    ) -> lifecycle.Deletion:
+    ) -> Deletion:
         """Delete a team and every row it owns (``dry_run``: count them, delete nothing); one
         that still owes rows is refused unless ``include_undelivered`` (then ledgered)."""
 
@@ -492,7 +500,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def prune(
         self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
-    ) -> lifecycle.Deletion:
+    ) -> Deletion:
         """Retention: delete finished teams (nothing in flight, no activity within
         ``older_than_seconds``: no message, turn, model call or ledger event) that owe nothing
         (with ``include_undelivered``: those that do too, their drop ledgered) and published
