@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_router.store import PostgresStore, SqliteStore, Store
+from agent_router.store import PostgresStore, SqliteStore, Store, faults
 from agent_router.store import postgres as postgres_module
 from agent_router.store import sqlite as sqlite_module
 
@@ -86,3 +86,18 @@ def test_a_subclass_of_a_sibling_inherits_its_transitions() -> None:
         pass
 
     assert Instrumented.drain is not Store.drain
+
+
+@pytest.mark.parametrize("store", (Store, *SIBLINGS), ids=lambda cls: cls.__name__)
+def test_every_public_method_of_each_store_raises_only_the_librarys_errors(
+    store: type[Store],
+) -> None:
+    guarded = faults.guarded(lambda: None).__code__  # the wrapper faults.boundary installs
+    public = {
+        name: member
+        for name, member in vars(store).items()
+        if not name.startswith("_") and inspect.isfunction(member)
+    }
+    assert public
+    unguarded = sorted(name for name, member in public.items() if member.__code__ is not guarded)
+    assert unguarded == []
