@@ -1,11 +1,13 @@
 """The store on PostgreSQL: every transition one call of its function (``postgresql/*.sql``).
 
-:class:`PostgresStore` is the :class:`~agent_router.store.store.Store` whose transitions are
-the database's functions: a call is one statement, its own transaction (autocommit), so each
-transition is one round trip in every branch, and the function decides every branch. What a
-function decided comes back as one JSON object: the transition's result, the ledger events it
-wrote (logged here, as the SQLite implementation logs its own), the outbox rows to publish
-after the commit, or a refusal (the error to raise; its event is written by the function).
+:class:`PostgresStore` is the sibling of :class:`~agent_router.store.sqlite.SqliteStore` whose
+transitions are the database's functions (their contract: :class:`~agent_router.store.store.Store`):
+a call is one statement, its own transaction (autocommit), so each transition is one round trip in
+every branch, and the function decides every branch. What a function decided comes back as one
+JSON object: the transition's result, the ledger events it wrote (logged here, as the SQLite
+implementation logs its own), the outbox rows to publish after the commit, or a refusal (the
+error to raise; its event is written by the function). A retention that runs in batches
+(``prune``, ``prune_ledger``) is one call per batch.
 
 A connection lost while a call ran leaves it unknown whether it committed
 (:class:`~agent_router.errors.CommitUnknownError`); one lost before it was sent is retried
@@ -50,7 +52,6 @@ from agent_router.domain import (
     RouteOutcome,
     SweepStep,
     Team,
-    TokenUsage,
     TurnRecord,
     TurnStatus,
     TurnTrigger,
@@ -58,20 +59,13 @@ from agent_router.domain import (
     UserMessageKind,
 )
 from agent_router.store import (
-    agents,
-    budgets,
     faults,
     functions,
-    jobs,
     lifecycle,
     quarantine,
-    recovery,
     refusals,
-    routing,
-    turns,
-    users,
+    rules,
     values,
-    waits,
 )
 from agent_router.store.engine import closed_by_server
 from agent_router.store.models import BudgetRow, utcnow
@@ -83,14 +77,30 @@ from agent_router.store.values import (
     BeforeCall,
     CallUsage,
     Claim,
+    Deletion,
     NewAgent,
     Result,
+    Scheduled,
     SendRequest,
     Since,
 )
 
 #: The SQLSTATE of a call to a function the database does not have.
 _UNDEFINED_FUNCTION = "42883"
+
+#: The parameters of a model call's usage, in the statements that record it.
+_USAGE_PARAMS = (
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_nano",
+    "estimated",
+    "priced",
+    "context",
+    "window",
+    "ms",
+)
 
 
 class PostgresStore(Store):
@@ -179,14 +189,14 @@ class PostgresStore(Store):
         model: str | None = None,
         user_task: str | None = None,
     ) -> Team:
-        limits = budgets.default_limits(self.settings) | dict(budget or {})
+        limits = rules.default_limits(self.settings) | dict(budget or {})
         result = self._call(
             "create_team",
             name=lead.display_name or lead.role,
             role=lead.role,
             system_prompt=lead.system_prompt,
             runner=lead.runner,
-            limits=json.dumps(budgets.stored_limits(limits)),
+            limits=json.dumps(rules.stored_limits(limits)),
             model=model,
             user_task=user_task,
         )
@@ -203,9 +213,9 @@ class PostgresStore(Store):
     def create_agent(
         self, team_id: int, new: NewAgent, *, task: SendRequest | None = None
     ) -> tuple[Agent, Delivery | None]:
-        role = agents.check_role(new.role)
+        role = rules.check_role(new.role)
         if new.display_name is not None:
-            routing.check_display_name(new.display_name)
+            rules.check_display_name(new.display_name)
         sent = None if task is None else {**_sent(task), **_sender(task)}
         result = self._call(
             "create_agent",
@@ -235,7 +245,7 @@ class PostgresStore(Store):
     @faults.retrying
     def interrupt(self, req: SendRequest) -> Delivery:
         result = self._call(
-            "interrupt", **_sent(req), **_sender(req), reason=routing.INTERRUPT_REASON
+            "interrupt", **_sent(req), **_sender(req), reason=rules.INTERRUPT_REASON
         )
         return _delivery(result)
 
@@ -262,7 +272,7 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ turns
 
     @faults.retrying
-    def claim_turn(
+    def claim(
         self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
     ) -> Claim | None:
         result = self._call(
@@ -294,7 +304,7 @@ class PostgresStore(Store):
 
     @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
-        payload = turns.validate_assistant(message)
+        payload = rules.validate_assistant(message)
         self._call("append", **_of(turn), payload=json.dumps(payload), call=None, meta=None)
 
     @faults.retrying
@@ -331,7 +341,7 @@ class PostgresStore(Store):
             after=None if since is None else since.position,
             limit=self.settings.drain_batch_size,
             lease_seconds=self.settings.lease_seconds,
-            stopped=turns.STOPPED_RESULT,
+            stopped=rules.STOPPED_RESULT,
             **self._budget_params(),
         )
         if result.get("stopped"):
@@ -352,30 +362,14 @@ class PostgresStore(Store):
     def after_call(
         self, turn: TurnRecord, message: dict[str, Any], *, usage: CallUsage | None
     ) -> AfterCall:
-        payload = turns.validate_assistant(message)
-        counts: dict[str, Any] = dict.fromkeys(
-            ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_nano")
-        ) | {"estimated": None, "priced": None, "context": None, "window": None, "ms": None}
-        if usage is not None:
-            counts = {
-                "model": usage.model,
-                "prompt_tokens": usage.usage.prompt_tokens,
-                "completion_tokens": usage.usage.completion_tokens,
-                "cached_tokens": usage.usage.cached_tokens,
-                "cost_nano": budgets.call_cost_nano(usage.usage.cost_usd),
-                "estimated": usage.estimated,
-                "priced": budgets.priced(self.settings, usage.model),
-                "context": None if usage.context is None else json.dumps(dict(usage.context)),
-                "window": None if usage.window is None else json.dumps(dict(usage.window)),
-                "ms": None if usage.seconds is None else round(usage.seconds * 1000),
-            }
+        payload = rules.validate_assistant(message)
         result = self._call(
             "after_call",
             **_of(turn),
             payload=json.dumps(payload),
             lease_seconds=self.settings.lease_seconds,
-            stopped=turns.STOPPED_RESULT,
-            **counts,
+            stopped=rules.STOPPED_RESULT,
+            **self._usage(usage),
             **self._budget_params(),
         )
         return AfterCall(
@@ -388,7 +382,7 @@ class PostgresStore(Store):
         )
 
     @faults.retrying
-    def end_turn(
+    def end(
         self,
         turn: TurnRecord,
         *,
@@ -403,8 +397,8 @@ class PostgresStore(Store):
             **_of(turn),
             failed=failed,
             error=error,
-            interrupted=turns.INTERRUPTED_RESULT,
-            stopped=turns.STOPPED_RESULT,
+            interrupted=rules.INTERRUPTED_RESULT,
+            stopped=rules.STOPPED_RESULT,
             results=_results(results),
             answers=json.dumps([{"content": c, "dedup_key": k} for c, k in answers])
             if answers
@@ -436,7 +430,7 @@ class PostgresStore(Store):
 
     @faults.retrying
     def finish_stop(self, turn: TurnRecord, *, reason: str | None = None) -> None:
-        self._call("finish_stop", **_of(turn), reason=reason, stopped=turns.STOPPED_RESULT)
+        self._call("finish_stop", **_of(turn), reason=reason, stopped=rules.STOPPED_RESULT)
 
     # ------------------------------------------------------------------ waits
 
@@ -517,11 +511,11 @@ class PostgresStore(Store):
 
     @faults.retrying
     def remind_user(self) -> int:
-        return int(self._call("remind_user", prefix=users.REMINDER_PREFIX)["reminded"])
+        return int(self._call("remind_user", prefix=rules.REMINDER_PREFIX)["reminded"])
 
     @faults.retrying
     def _expire_question(self, question_id: int) -> bool:
-        result = self._call("expire_question", question=question_id, result=waits.EXPIRED_RESULT)
+        result = self._call("expire_question", question=question_id, result=rules.EXPIRED_RESULT)
         return bool(result["expired"])
 
     # ------------------------------------------------------------------ recovery
@@ -541,7 +535,7 @@ class PostgresStore(Store):
             reason=reason,
             expected_turn=expected_turn_id,
             lease_check=lease_check,
-            interrupted=turns.INTERRUPTED_RESULT,
+            interrupted=rules.INTERRUPTED_RESULT,
         )
         return int(result["epoch"])
 
@@ -559,11 +553,11 @@ class PostgresStore(Store):
         budget row gets (as stored)."""
         return {
             "ratio": self.settings.budget_warning_ratio,
-            "defaults": json.dumps(budgets.stored_limits(budgets.default_limits(self.settings))),
+            "defaults": json.dumps(rules.stored_limits(rules.default_limits(self.settings))),
         }
 
     @faults.retrying
-    def charge(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+    def charge_model_call(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
         result = self._call(
             "charge_model_call", team=team_id, agent=agent_id, turn=turn_id, **self._budget_params()
         )
@@ -575,14 +569,9 @@ class PostgresStore(Store):
         team_id: int,
         agent_id: int,
         turn_id: int | None,
+        usage: CallUsage,
         *,
-        model: str | None,
-        usage: TokenUsage,
-        estimated: bool,
         agent: str | None = None,
-        context: Mapping[str, Any] | None = None,
-        window: Mapping[str, Any] | None = None,
-        ms: int | None = None,
     ) -> BudgetCheck:
         result = self._call(
             "record_usage",
@@ -590,19 +579,28 @@ class PostgresStore(Store):
             team=team_id,
             agent=agent_id,
             turn=turn_id,
-            model=model,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            cost_nano=budgets.call_cost_nano(usage.cost_usd),
-            estimated=estimated,
-            priced=budgets.priced(self.settings, model),
-            context=None if context is None else json.dumps(dict(context)),
-            window=None if window is None else json.dumps(dict(window)),
-            ms=ms,
+            **self._usage(usage),
             **self._budget_params(),
         )
         return _check(result["budget"])
+
+    def _usage(self, usage: CallUsage | None) -> dict[str, Any]:
+        """A model call's usage as the functions that record it take it (all ``None``: no
+        usage to record)."""
+        if usage is None:
+            return dict.fromkeys(_USAGE_PARAMS)
+        return {
+            "model": usage.model,
+            "prompt_tokens": usage.usage.prompt_tokens,
+            "completion_tokens": usage.usage.completion_tokens,
+            "cached_tokens": usage.usage.cached_tokens,
+            "cost_nano": rules.call_cost_nano(usage.usage.cost_usd),
+            "estimated": usage.estimated,
+            "priced": rules.priced(self.settings, usage.model),
+            "context": None if usage.context is None else json.dumps(dict(usage.context)),
+            "window": None if usage.window is None else json.dumps(dict(usage.window)),
+            "ms": None if usage.seconds is None else round(usage.seconds * 1000),
+        }
 
     @faults.retrying
     def charge_sub_agent(self, team_id: int, role: str) -> None:
@@ -620,7 +618,7 @@ class PostgresStore(Store):
         result = self._call(
             "set_limits",
             team=team_id,
-            limits=json.dumps(budgets.stored_limits(limits)),
+            limits=json.dumps(rules.stored_limits(limits)),
             given=json.dumps({name.value: value for name, value in limits.items()}),
             by=by,
             defaults=self._budget_params()["defaults"],
@@ -651,7 +649,7 @@ class PostgresStore(Store):
             result=result,
             result_body=formats.stored_body(result),
             batch_seconds=batch_seconds,
-            max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
+            max_windows=rules.JOB_BATCH_MAX_WINDOWS,
         )
         return _job(found["job"])
 
@@ -668,13 +666,13 @@ class PostgresStore(Store):
     @faults.retrying
     def take_over_expired(self, agent_id: int) -> int | None:
         result = self._call(
-            "take_over_expired", agent=agent_id, interrupted=turns.INTERRUPTED_RESULT
+            "take_over_expired", agent=agent_id, interrupted=rules.INTERRUPTED_RESULT
         )
         epoch = result["epoch"]
         return None if epoch is None else int(epoch)
 
     @faults.retrying
-    def reenqueue(self, agent: recovery.Scheduled, *, windows: int) -> bool:
+    def reenqueue(self, agent: Scheduled, *, windows: int) -> bool:
         result = self._call(
             "reenqueue",
             agent=agent.agent_id,
@@ -731,7 +729,7 @@ class PostgresStore(Store):
     @faults.retrying
     def delete_team(
         self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
-    ) -> lifecycle.Deletion:
+    ) -> Deletion:
         result = self._call(
             "delete_team",
             team=team_id,
@@ -767,7 +765,7 @@ class PostgresStore(Store):
     @faults.retrying
     def prune(
         self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
-    ) -> lifecycle.Deletion:
+    ) -> Deletion:
         """One call for the published outbox rows, then one per batch of teams, each its own
         transaction."""
         before = utcnow() - timedelta(seconds=older_than_seconds)
@@ -799,7 +797,7 @@ class PostgresStore(Store):
             if result["chosen"] < lifecycle.PRUNE_BATCH:
                 break
         rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
-        return lifecycle.Deletion(
+        return Deletion(
             teams=tuple(teams),
             rows=rows,
             questions=tuple(questions),
@@ -809,10 +807,10 @@ class PostgresStore(Store):
         )
 
 
-def _deletion(found: Mapping[str, Any], *, dry_run: bool) -> lifecycle.Deletion:
+def _deletion(found: Mapping[str, Any], *, dry_run: bool) -> Deletion:
     """What ar__delete_teams deleted (or counted): its rows and what was owed as
     [[name, count], ...] in the order they were counted."""
-    return lifecycle.Deletion(
+    return Deletion(
         teams=tuple(found["teams"]),
         rows={name: int(count) for name, count in found["rows"]},
         questions=tuple(found["questions"]),
@@ -971,7 +969,7 @@ def _budget(result: Mapping[str, Any]) -> Budget:
     exhausted = row["exhausted"]
     row["exhausted"] = BudgetName(exhausted) if exhausted else None
     created, active = result["sub_agents"]
-    return budgets.budget_of(BudgetRow(**row), (created, active), utcnow())
+    return rules.budget_of(BudgetRow(**row), (created, active), utcnow())
 
 
 def _time(value: str | None) -> datetime | None:
@@ -997,7 +995,7 @@ def _sender(req: SendRequest) -> dict[str, Any]:
     return {
         "team": req.team_id,
         "sender": req.sender,
-        "external": routing.is_external(req.sender),
+        "external": rules.is_external(req.sender),
     }
 
 
