@@ -752,15 +752,9 @@ class PostgresStore(Store):
         }
         if dry_run:
             return int(self._call("prune_ledger", **params)["deleted"])
-        deleted = 0
-        done = 0
-        while batches is None or done < batches:
-            count = int(self._call("prune_ledger", **params)["deleted"])
-            deleted += count
-            done += 1
-            if count < lifecycle.LEDGER_PRUNE_BATCH:
-                break
-        return deleted
+        return lifecycle.ledger_batches(
+            lambda: int(self._call("prune_ledger", **params)["deleted"]), batches
+        )
 
     @faults.retrying
     def prune(
@@ -771,40 +765,20 @@ class PostgresStore(Store):
         before = utcnow() - timedelta(seconds=older_than_seconds)
         # First, so that a dry run counts each row once.
         published = int(self._call("prune_outbox", before=before, dry_run=dry_run)["deleted"])
-        teams: list[int] = []
-        kept: list[int] = []
-        rows: dict[str, int] = {}
-        owed: dict[str, int] = {}
-        questions: list[int] = []
-        while True:
+
+        def batch(after: int) -> tuple[Deletion, int]:
             result = self._call(
                 "prune_teams",
                 before=before,
-                after=max(teams + kept, default=0),
+                after=after,
                 limit=lifecycle.PRUNE_BATCH,
                 dry_run=dry_run,
                 include_undelivered=include_undelivered,
                 listed=lifecycle.OWED_LISTED,
             )
-            deletion = _deletion(result["deletion"], dry_run=dry_run)
-            teams += deletion.teams
-            kept += deletion.kept
-            questions += deletion.questions
-            for name, count in deletion.rows.items():
-                rows[name] = rows.get(name, 0) + count
-            for kind, count in deletion.owed.items():
-                owed[kind] = owed.get(kind, 0) + count
-            if result["chosen"] < lifecycle.PRUNE_BATCH:
-                break
-        rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
-        return Deletion(
-            teams=tuple(teams),
-            rows=rows,
-            questions=tuple(questions),
-            dry_run=dry_run,
-            owed=owed,
-            kept=tuple(kept),
-        )
+            return _deletion(result["deletion"], dry_run=dry_run), int(result["chosen"])
+
+        return lifecycle.team_batches(published, batch, dry_run=dry_run)
 
 
 def _deletion(found: Mapping[str, Any], *, dry_run: bool) -> Deletion:
