@@ -21,7 +21,7 @@ from agent_router.domain import (
     Team,
     TurnStatus,
 )
-from agent_router.store import queries, refusals, routing, turns, values, waits
+from agent_router.store import queries, refusals, routing, turns, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -196,7 +196,7 @@ def terminate(tx: Tx, agent_id: int, *, reason: str) -> None:
         assert asker is not None
         close_question(question, QuestionStatus.CANCELLED)
         if question.waiting:
-            waits.release(
+            routing.release(
                 tx,
                 asker,
                 question,
@@ -252,7 +252,7 @@ def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
         if question.waiting:
             asker = session.get(AgentRow, question.asker_agent_id)
             assert asker is not None
-            waits.release(
+            routing.release(
                 tx,
                 asker,
                 question,
@@ -266,7 +266,7 @@ def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
         agent.stop_requested = True
         if own is not None:  # blocked in a worker: end the wait, the turn then stops
             close_question(own, QuestionStatus.CANCELLED)
-            waits.release(tx, agent, own, f"cancelled: stopped ({reason})")
+            routing.release(tx, agent, own, f"cancelled: stopped ({reason})")
         action = LedgerAction.STOP_REQUESTED
     else:
         _stop_now(tx, agent, own, reason)

@@ -380,6 +380,26 @@ def resolve_waiter(
     )
 
 
+def release(
+    tx: Tx,
+    asker: AgentRow,
+    question: QuestionRow,
+    result: str,
+) -> None:
+    """End a wait without an answer: a synthetic tool result, then wake or continue."""
+    question.waiting = False  # before the next statement: one UPDATE of the question
+    end_wait(
+        tx,
+        asker,
+        question,
+        result,
+        LedgerAction.QUESTION_CANCELLED,
+        turn_id=queries.waiter_turn_id(tx.session, asker, question),
+        meta={"synthetic": result.split(":", 1)[0], "question_id": question.id},
+        result=result,
+    )
+
+
 def end_wait(
     tx: Tx,
     waiter: AgentRow,
@@ -416,19 +436,30 @@ INTERRUPT_REASON = "interrupted by the user"
 def interrupt(tx: Tx, req: SendRequest) -> Delivery:
     """The user's message to the lead, routed as :func:`route` routes it; a lead running a
     turn is then asked to stop at its next boundary, and that stop starts one follow-up turn
-    for the message (:func:`~agent_router.store.turns.stop_turn`)."""
+    for the message (:func:`~agent_router.store.turns.stop_turn`). A lead blocked in a worker
+    on a wait of its own (an ask of a sub-agent, a wait for its output) has the wait ended
+    too, its call given a ``cancelled`` result, so that its turn reaches that boundary now
+    rather than when the answer comes."""
     delivery = route(tx, req)
     lead = queries.agent_by_name(tx.session, req.team_id, req.to)
     assert lead is not None
-    if delivery.duplicate or lead.state is not AgentState.RUNNING or lead.stop_requested:
+    if delivery.duplicate or lead.stop_requested:
+        return delivery
+    state_before, own = lead.state, None
+    if lead.state is AgentState.WAITING and not lead.suspended:
+        own = queries.waiting_question(tx.session, lead.id)
+    if lead.state is not AgentState.RUNNING and own is None:
         return delivery
     lead.stop_requested = True
+    if own is not None:
+        close_question(own, QuestionStatus.CANCELLED)
+        release(tx, lead, own, f"cancelled: {INTERRUPT_REASON}")
     tx.agent_ledger(
         LedgerAction.STOP_REQUESTED,
         lead,
         epoch=lead.epoch,
         reason=INTERRUPT_REASON,
-        state_before=lead.state.value,
+        state_before=state_before.value,
         cancelled_questions=0,
         restart=True,
     )
