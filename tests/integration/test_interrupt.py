@@ -244,7 +244,7 @@ def test_an_interrupt_ends_the_lead_s_blocked_wait_and_starts_one_turn_with_the_
     assert len(enqueued) == enqueued_before + 1
     assert enqueued[-1].payload["trigger"] == TurnTrigger.FOLLOW_UP.value
     # The wait's call has its result and its question is cancelled.
-    assert _wait_result(router, team.id) == "cancelled: interrupted by the user"
+    assert _wait_result(router, team.id) == "cancelled: stopped (interrupted by the user)"
     assert router.store.reads.question_statuses(team.id) == [QuestionStatus.CANCELLED]
     actions = [e.action for e in router.ledger(team.id) if e.agent_id == lead.id]
     assert actions.count(LedgerAction.STOP_REQUESTED) == 1
@@ -322,10 +322,50 @@ def test_an_interrupt_reaches_a_lead_blocked_on_a_sub_agent_in_a_worker(
         requests = models.lead.requests
         assert len(requests) == 2
         assert NEW_MESSAGE in _user_text(requests[1])
-        assert _wait_result(router, team.id) == "cancelled: interrupted by the user"
+        assert _wait_result(router, team.id) == "cancelled: stopped (interrupted by the user)"
         (answer,) = router.user_messages(team.id)
         assert answer.content == "The flight is booked."
     finally:
         models.go.set()
     wait_quiescent(router, team.id, timeout=TIMEOUT)
     assert check_team(router, team.id, quiescent=True).ok
+
+
+def test_an_interrupt_of_a_lead_suspended_on_a_wait_starts_one_turn_with_the_message(
+    router: Router, publisher: RecordingPublisher
+) -> None:
+    # Nobody runs the engineer's turn: the lead's wait suspends at once, holding no worker.
+    router.settings = router.settings.model_copy(
+        update={"ask_block_seconds": 0.05, "ask_grace_seconds": 0.05}
+    )
+    team = router.create_team()
+    router.create_agent(team.id, role="Engineer")
+    router.send(team.id, to="Engineer_1", content="Draft the report.", sender=LEAD,
+                type=MessageType.TASK)  # fmt: skip
+    router.send(team.id, to=LEAD, content="Write the quarterly report.")
+    model = WaitingLead()
+    assert _run(router, team.id, model) is TurnOutcome.SUSPENDED
+    lead = router.agent(team.id, LEAD)
+    assert (lead.state, lead.suspended) == (AgentState.WAITING, True)
+    enqueued_before = len([e for e in publisher.entries if e.kind is OutboxKind.ENQUEUE_TURN])
+
+    router.interrupt(team.id, NEW_MESSAGE)
+    lead = router.agent(team.id, LEAD)
+    assert (lead.state, lead.pending_trigger) == (AgentState.SCHEDULED, TurnTrigger.FOLLOW_UP)
+    enqueued = [e for e in publisher.entries if e.kind is OutboxKind.ENQUEUE_TURN]
+    assert len(enqueued) == enqueued_before + 1
+    assert enqueued[-1].payload["trigger"] == TurnTrigger.FOLLOW_UP.value
+    assert _wait_result(router, team.id) == "cancelled: stopped (interrupted by the user)"
+    assert router.store.reads.question_statuses(team.id) == [QuestionStatus.CANCELLED]
+    actions = [e.action for e in router.ledger(team.id) if e.agent_id == lead.id]
+    assert actions.count(LedgerAction.STOPPED) == 1
+    assert actions.count(LedgerAction.FOLLOW_UP) == 1
+    # A second interrupt finds the follow-up queued: no second turn.
+    router.interrupt(team.id, "And a hotel.")
+    assert len([e for e in publisher.entries if e.kind is OutboxKind.ENQUEUE_TURN]) == len(enqueued)
+
+    assert _run(router, team.id, model) is TurnOutcome.ENDED
+    assert NEW_MESSAGE in _user_text(model.requests[1])
+    assert "And a hotel." in _user_text(model.requests[1])
+    (answer,) = router.user_messages(team.id)
+    assert answer.content == "The flight is booked."

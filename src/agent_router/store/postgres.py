@@ -230,7 +230,7 @@ class PostgresStore(Store):
     @faults.retrying
     def interrupt(self, req: SendRequest) -> Delivery:
         result = self._call(
-            "interrupt", **_sent(req), **_sender(req), reason=routing.INTERRUPT_REASON
+            "interrupt", **_sent(req), **_sender(req), reason=agents.INTERRUPT_REASON
         )
         return _delivery(result)
 

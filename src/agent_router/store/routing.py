@@ -429,43 +429,6 @@ def end_wait(
     continue_waiter(tx, waiter, question)
 
 
-#: The reason of the stop a user's interrupt requests (its ``stop_requested`` event).
-INTERRUPT_REASON = "interrupted by the user"
-
-
-def interrupt(tx: Tx, req: SendRequest) -> Delivery:
-    """The user's message to the lead, routed as :func:`route` routes it; a lead running a
-    turn is then asked to stop at its next boundary, and that stop starts one follow-up turn
-    for the message (:func:`~agent_router.store.turns.stop_turn`). A lead blocked in a worker
-    on a wait of its own (an ask of a sub-agent, a wait for its output) has the wait ended
-    too, its call given a ``cancelled`` result, so that its turn reaches that boundary now
-    rather than when the answer comes."""
-    delivery = route(tx, req)
-    lead = queries.agent_by_name(tx.session, req.team_id, req.to)
-    assert lead is not None
-    if delivery.duplicate or lead.stop_requested:
-        return delivery
-    state_before, own = lead.state, None
-    if lead.state is AgentState.WAITING and not lead.suspended:
-        own = queries.waiting_question(tx.session, lead.id)
-    if lead.state is not AgentState.RUNNING and own is None:
-        return delivery
-    lead.stop_requested = True
-    if own is not None:
-        close_question(own, QuestionStatus.CANCELLED)
-        release(tx, lead, own, f"cancelled: {INTERRUPT_REASON}")
-    tx.agent_ledger(
-        LedgerAction.STOP_REQUESTED,
-        lead,
-        epoch=lead.epoch,
-        reason=INTERRUPT_REASON,
-        state_before=state_before.value,
-        cancelled_questions=0,
-        restart=True,
-    )
-    return delivery
-
-
 def schedule(tx: Tx, agent: AgentRow, trigger: TurnTrigger) -> None:
     """Fence a new epoch and enqueue exactly one turn task for it (through the outbox)."""
     agent.epoch += 1

@@ -247,7 +247,7 @@ class Store:
         """The user's message to the lead; a running turn of the lead stops at its next
         boundary and one new turn starts for the message."""
         with self._tx() as tx:
-            return routing.interrupt(tx, req)
+            return agents.interrupt(tx, req)
 
     @faults.retrying
     def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
