@@ -97,10 +97,6 @@ def downgrade() -> None:
     with op.batch_alter_table("ar_quarantine", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_ar_quarantine_team_id"))
         batch_op.drop_index("ix_ar_quarantine_until")
+    op.drop_table("ar_quarantine")
     if op.get_bind().dialect.name == "postgresql":
-        # The store functions of later releases that take its row type or ar_sweep_step go
-        # with them (no release before this revision calls them).
-        op.execute(sa.text("DROP TABLE ar_quarantine CASCADE"))
-        op.execute(sa.text("DROP TYPE IF EXISTS ar_sweep_step CASCADE"))
-    else:
-        op.drop_table("ar_quarantine")
+        op.execute(sa.text("DROP TYPE IF EXISTS ar_sweep_step"))
