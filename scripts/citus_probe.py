@@ -28,7 +28,9 @@ schema only.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,6 +209,23 @@ def _is_reference(conn: sa.Connection, table: str) -> bool:
     )
 
 
+def functions_kept_local(conn: sa.Connection) -> tuple[int, list[str]]:
+    """How many of the store's functions there are, and those Citus did not create on the
+    workers (it propagates a function created on the coordinator unless the function depends
+    on a table that is not distributed: a table's row type as an argument or result)."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT p.proname, EXISTS (SELECT 1 FROM pg_dist_object d"
+            "   WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid)"
+            " FROM pg_proc p WHERE p.pronamespace = CAST(:schema AS regnamespace)"
+            " ORDER BY p.proname"
+        ),
+        {"schema": SCHEMA},
+    ).all()
+    local = [re.sub(r"_v[0-9a-f]+$", "", name) for name, distributed in rows if not distributed]
+    return len(rows), local
+
+
 def attempt(conn: sa.Connection, call: str) -> str | None:
     """Run ``call``; Citus's refusal (message and detail) if it refuses, else None."""
     try:
@@ -228,6 +247,15 @@ def fresh_schema(admin: sa.Engine, url: sa.URL) -> None:
 
 def run_pass(admin: sa.Engine, url: sa.URL, *, drop_blockers: bool) -> list[Outcome]:
     fresh_schema(admin, url)
+    if not drop_blockers:
+        with admin.connect() as conn:
+            total, local = functions_kept_local(conn)
+        print(
+            f"functions: {total} installed on the coordinator, {total - len(local)} of them"
+            f" created on the workers too; kept on the coordinator ({len(local)}):"
+        )
+        print(textwrap.indent(textwrap.fill(", ".join(local), width=96), "  "))
+        print()
     outcomes: list[Outcome] = []
     cascaded: dict[str, list[str]] = {}  # table: its foreign keys dropped with a parent's key
     with admin.connect() as conn:
@@ -309,8 +337,7 @@ def exercise(url: sa.URL) -> list[tuple[str, str | None]]:
         try:
             result = action()
         except Exception as error:
-            cause = error.__cause__ or error
-            steps.append((name, f"{type(error).__name__}: {str(cause).strip()}"))
+            steps.append((name, _database_error(error)))
             return None
         steps.append((name, None))
         return result
@@ -343,6 +370,20 @@ def exercise(url: sa.URL) -> list[tuple[str, str | None]]:
     finally:
         router.close()
     return steps
+
+
+def _database_error(error: BaseException) -> str:
+    """The server's message for ``error`` (and the statement of a function it came from), or
+    the error itself where no server answered."""
+    seen: BaseException | None = error
+    while seen is not None:
+        orig = getattr(seen, "orig", None) or seen
+        diag = getattr(orig, "diag", None)
+        if diag is not None and diag.message_primary:
+            where = (diag.context or "").splitlines()
+            return str(diag.message_primary) + (f" (CONTEXT: {where[0]})" if where else "")
+        seen = seen.__cause__
+    return f"{type(error).__name__}: {error}"
 
 
 def report(title: str, outcomes: list[Outcome]) -> None:
