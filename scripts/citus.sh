@@ -69,13 +69,12 @@ build() {
   fi
   echo "$CITUS_SHA256  $CITUS_TARBALL" | sha256sum --check --quiet - \
     || { echo "citus: $CITUS_TARBALL does not match its sha256" >&2; exit 1; }
-  local src
-  src=$(mktemp -d)
-  trap 'rm -rf "$src"' RETURN
-  tar xzf "$CITUS_TARBALL" -C "$src"
-  echo "citus: building Citus $CITUS_VERSION in $src" >&2
+  BUILD_DIR=$(mktemp -d)
+  trap 'rm -rf "$BUILD_DIR"' EXIT
+  tar xzf "$CITUS_TARBALL" -C "$BUILD_DIR"
+  echo "citus: building Citus $CITUS_VERSION in $BUILD_DIR" >&2
   (
-    cd "$src/citus-$CITUS_VERSION"
+    cd "$BUILD_DIR/citus-$CITUS_VERSION"
     ./configure --quiet PG_CONFIG="$PG_CONFIG" >/dev/null
     make -s -j"$(nproc)" >/dev/null
     as_root make -s install >/dev/null

@@ -8,7 +8,9 @@ table, ``ar_transcript_entries``) made a reference table. The schema is the one
 and created again on each run, dropped at the end), on the coordinator of a Citus cluster
 (``scripts/citus.sh start``; its ``url`` is the default here).
 
-Two passes, each on a fresh schema, tables taken parents first (by their foreign keys):
+First, which of the store's functions Citus created on the workers as ``db upgrade`` installed
+them on the coordinator. Then two passes, each on a fresh schema, tables taken parents first
+(by their foreign keys):
 
 * **as is**: ``create_distributed_table`` (``create_reference_table``) on the schema as it is;
   a table whose parent was refused is refused for that too.
@@ -19,8 +21,12 @@ Two passes, each on a fresh schema, tables taken parents first (by their foreign
   probe knows to drop is left. Parents distributed this way let their children be asked on
   their own account.
 
+Last, the README's walk through the store (a team, an agent, a send, a turn, the transcript,
+the ledger) on the schema the second pass left, every table distributed: each step that fails,
+with the server's message.
+
 Nothing here changes the router's schema or migrations: the drops happen in the probe's
-schema only.
+schema only. Exit status 0 when every table is distributed as it is, 1 otherwise.
 
     python scripts/citus_probe.py [URL]    # URL: the coordinator's (scripts/citus.sh url)
 """
@@ -284,7 +290,7 @@ def run_pass(admin: sa.Engine, url: sa.URL, *, drop_blockers: bool) -> list[Outc
                     outcome.left = left
                     break
                 dropped = f"{blocker.kind} {blocker.definition}"
-                dependents = _dependents(conn, table, blocker)
+                dependents = _dependents(conn, blocker)
                 if dependents:
                     dropped += f" (and, depending on it, {', '.join(dependents)})"
                 for dependent in dependents:
@@ -295,7 +301,7 @@ def run_pass(admin: sa.Engine, url: sa.URL, *, drop_blockers: bool) -> list[Outc
     return outcomes
 
 
-def _dependents(conn: sa.Connection, table: str, blocker: Blocker) -> list[str]:
+def _dependents(conn: sa.Connection, blocker: Blocker) -> list[str]:
     """The foreign keys of other tables that reference ``blocker``'s index (dropped with it)."""
     if blocker.kind.startswith("foreign key"):
         return []
