@@ -34,10 +34,18 @@ def _router(url: str, redis_url: str) -> Router:
     )
 
 
-@pytest.fixture
-def two(tmp_path: Path, redis_url: str) -> Iterator[tuple[Router, Router]]:
-    """Two databases (deployments) on one Redis database, each with its team 1."""
-    a = _router(f"sqlite:///{tmp_path / 'a.db'}", redis_url)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def two(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+) -> Iterator[tuple[Router, Router]]:
+    """Two databases (deployments) on one Redis database, each with its team 1: two SQLite
+    files, or a PostgreSQL database of the test's own beside a SQLite file."""
+    first = (
+        f"sqlite:///{tmp_path / 'a.db'}"
+        if request.param == "sqlite"
+        else str(request.getfixturevalue("fresh_pg_url"))
+    )
+    a = _router(first, redis_url)
     b = _router(f"sqlite:///{tmp_path / 'b.db'}", redis_url)
     try:
         for router in (a, b):
