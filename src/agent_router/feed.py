@@ -11,18 +11,24 @@ publishing nothing and logging one warning for the whole outage; the first call 
 Redis again ends it. A reader that cannot listen re-reads the database on a timer instead.
 
 The same channel carries the pieces of a reply being written (deltas): published, never stored,
-they reach only the readers listening at that moment."""
+they reach only the readers listening at that moment.
+
+A channel is named by the database's installation id and the team's id
+(:func:`~agent_router.constants.feed_channel`): Redis pub/sub ignores the database number, so
+deployments sharing a Redis server would otherwise hear each other's teams, reply text
+included."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent_router import errors
 from agent_router.constants import feed_channel
 from agent_router.logfields import get_logger
 
@@ -212,12 +218,18 @@ class Outage:
 
 
 class RedisSignals:
-    """``PUBLISH`` on ``agent_router:feed:<team>`` to notify; a reader ``SUBSCRIBE``s before
-    it reads (the subscription is confirmed before the read), then waits for a message.
-    Calls share one :class:`Outage`: a publish or subscribe failing skips the next ones for
-    its backoff period, and a call is never retried (a signal is best effort)."""
+    """``PUBLISH`` on ``agent_router:feed:<installation>:<team>`` to notify; a reader
+    ``SUBSCRIBE``s before it reads (the subscription is confirmed before the read), then waits
+    for a message. Calls share one :class:`Outage`: a publish or subscribe failing skips the
+    next ones for its backoff period, and a call is never retried (a signal is best effort).
 
-    def __init__(self, url: str, *, outage: Outage | None = None) -> None:
+    ``installation`` gives the database's installation id (the store's ``installation_id``,
+    read once and kept), called at the first publish or listen: a reader and a publisher of one
+    database compute the same channel, those of another database another."""
+
+    def __init__(
+        self, url: str, *, installation: Callable[[], str], outage: Outage | None = None
+    ) -> None:
         import redis  # here, not at the top: a process without a feed reader never loads it
         from redis.backoff import NoBackoff
         from redis.retry import Retry
@@ -226,7 +238,13 @@ class RedisSignals:
             url, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0)
         )
         self._error: type[Exception] = redis.RedisError
+        self._installation = installation
         self.outage = outage or Outage()
+
+    def channel(self, team_id: int) -> str:
+        """The team's channel (raises the store's error if the installation id cannot be
+        read)."""
+        return feed_channel(self._installation(), team_id)
 
     def notify(self, team_id: int) -> None:
         self._publish(team_id, _COMMITTED)
@@ -240,7 +258,15 @@ class RedisSignals:
         if not self.outage.may_try():
             return
         try:
-            self._client.publish(feed_channel(team_id), data)
+            channel = self.channel(team_id)
+        except errors.AgentRouterError as exc:  # the database, not Redis: no outage
+            logger.warning(
+                "feed signal not sent: no installation id",
+                extra={"action": "feed_signal_skipped", "team_id": team_id, "error": repr(exc)},
+            )
+            return
+        try:
+            self._client.publish(channel, data)
         except self._error as exc:
             self.outage.failed(exc)
         else:
@@ -251,9 +277,14 @@ class RedisSignals:
         pubsub = self._client.pubsub(ignore_subscribe_messages=False)
         live = False
         try:
-            if self.outage.may_try():
+            channel = self.channel(team_id)
+        except errors.AgentRouterError:
+            # The database, not Redis: this reader re-reads it on the timer (and finds out).
+            channel = None
+        try:
+            if channel is not None and self.outage.may_try():
                 try:
-                    pubsub.subscribe(feed_channel(team_id))
+                    pubsub.subscribe(channel)
                     # The confirmation: from here on no signal of the team is missed.
                     pubsub.get_message(timeout=2.0)
                 except self._error as exc:

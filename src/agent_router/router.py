@@ -107,14 +107,18 @@ class Router:
         self.store.set_publisher(self._publish_committed)
         self.waker: Waker = waker or (
             RedisWaker(
-                self.settings.redis_url, max_block_seconds=self.settings.wake_recheck_seconds
+                self.settings.redis_url,
+                max_block_seconds=self.settings.wake_recheck_seconds,
+                installation=self.store.installation_id,
             )
             if self.settings.redis_url
             else InProcessWaker()
         )
         #: What wakes the readers of a team's feed (:meth:`events`).
         self.signals: TeamSignals = (
-            RedisSignals(self.settings.redis_url) if self.settings.redis_url else InProcessSignals()
+            RedisSignals(self.settings.redis_url, installation=self.store.installation_id)
+            if self.settings.redis_url
+            else InProcessSignals()
         )
         # Always a chain: a hook that raises is logged, never fails the transition it watches.
         self.hooks: RouterHooks = (

@@ -66,7 +66,9 @@ def test_sends_while_redis_is_down_reach_for_it_once_per_backoff_period(
 ) -> None:
     router = Router(Settings(database_url=database_url), publisher=RecordingPublisher())
     # A period longer than the test: every send after the first falls inside it.
-    router.signals = signals = RedisSignals(dead_redis.url, outage=Outage(first=3600.0))
+    router.signals = signals = RedisSignals(
+        dead_redis.url, installation=router.store.installation_id, outage=Outage(first=3600.0)
+    )
     try:
         team = router.create_team()
         with caplog.at_level(logging.WARNING, logger="agent_router.feed"):
@@ -89,7 +91,7 @@ def test_sends_while_redis_is_down_reach_for_it_once_per_backoff_period(
 
 def test_each_try_after_a_period_is_one_connect_attempt(dead_redis: DeadRedis) -> None:
     outage = Outage(first=0.01, longest=0.01)
-    signals = RedisSignals(dead_redis.url, outage=outage)
+    signals = RedisSignals(dead_redis.url, installation=lambda: "test", outage=outage)
     try:
         tries = 0
         while outage.failures < 4:
@@ -128,7 +130,11 @@ def test_signals_come_back_by_themselves_when_redis_returns(
     # The re-read timer is longer than the test: a reader that returns was woken by a signal.
     settings = Settings(database_url=database_url, wake_recheck_seconds=3600.0)
     router = Router(settings, publisher=RecordingPublisher())
-    router.signals = signals = RedisSignals(own_redis.url, outage=Outage(first=0.05, longest=0.2))
+    router.signals = signals = RedisSignals(
+        own_redis.url,
+        installation=router.store.installation_id,
+        outage=Outage(first=0.05, longest=0.2),
+    )
     try:
         team = router.create_team()
         own_redis.stop()

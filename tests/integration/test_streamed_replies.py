@@ -71,22 +71,12 @@ def _read_until_answer(router: Router, team_id: int, after: int, got: list[FeedI
         after = items[-1].cursor if items else after
 
 
-def _ours(got: list[FeedItem], hooks: Deltas) -> list[FeedItem]:
-    """What the reader got, but the pieces of replies written for another database's team of
-    the same id: the feed's channel is named by the team's id alone, and Redis's pub/sub spans
-    every database of the server, so other tests' teams (other processes, other databases)
-    are heard too."""
-    streams = {d.stream for _t, _a, d in hooks.seen}
-    return [item for item in got if item.kind != "delta" or item.stream in streams]
-
-
-def _listening(redis_url: str, team_id: int) -> None:
+def _listening(router: Router, redis_url: str, team_id: int) -> None:
+    channel = feed_channel(router.store.installation_id(), team_id)
     client = redis.Redis.from_url(redis_url)
     try:
         for _ in range(2000):
-            if dict(client.pubsub_numsub(feed_channel(team_id))).get(
-                feed_channel(team_id).encode(), 0
-            ):
+            if dict(client.pubsub_numsub(channel)).get(channel.encode(), 0):
                 return
             time.sleep(0.005)
         raise AssertionError("the reader never subscribed")
@@ -113,7 +103,7 @@ def _session(
     got: list[FeedItem] = []
     reader = threading.Thread(target=_read_until_answer, args=(router, team.id, cursor, got))
     reader.start()
-    _listening(redis_url, team.id)
+    _listening(router, redis_url, team.id)
     assert _run_lead(router, team.id) is TurnOutcome.ENDED
     reader.join(timeout=120.0)
     assert not reader.is_alive()
@@ -123,8 +113,7 @@ def _session(
 def test_a_waiting_reader_gets_the_answer_s_pieces_in_order_before_the_answer(
     server: ChatServer, tmp_path: Path, redis_url: str
 ) -> None:
-    router, team_id, heard, hooks = _session(server, tmp_path, redis_url, stream=True)
-    got = _ours(heard, hooks)
+    router, team_id, got, hooks = _session(server, tmp_path, redis_url, stream=True)
     try:
         answer = router.user_messages(team_id)[-1]
         assert answer.content.startswith(MARK)
@@ -164,8 +153,7 @@ def test_the_streamed_transcript_and_usage_are_those_of_the_whole_replies(
     server: ChatServer, tmp_path: Path, redis_url: str
 ) -> None:
     streamed, streamed_team, _got, _hooks = _session(server, tmp_path, redis_url, stream=True)
-    whole, whole_team, heard, hooks = _session(server, tmp_path, redis_url, stream=False)
-    got = _ours(heard, hooks)
+    whole, whole_team, got, hooks = _session(server, tmp_path, redis_url, stream=False)
     try:
         assert [r.body.get("stream") for r in server.requests] == [True, True, None, None]
         # The first reply was tool calls, streamed in pieces.
@@ -277,7 +265,7 @@ def test_a_host_owned_lead_streams_its_answer_through_its_turn(
         got: list[FeedItem] = []
         reader = threading.Thread(target=_read_until_answer, args=(router, team.id, cursor, got))
         reader.start()
-        _listening(redis_url, team.id)
+        _listening(router, redis_url, team.id)
         lead = router.agent(team.id, LEAD)
         with (
             openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0) as client,
@@ -289,7 +277,6 @@ def test_a_host_owned_lead_streams_its_answer_through_its_turn(
         assert turn.outcome == TurnOutcome.ENDED
         reader.join(timeout=120.0)
         assert not reader.is_alive()
-        got = _ours(got, hooks)
         answer = router.user_messages(team.id)[-1]
         assert answer.content == text and text.startswith(MARK)
         assert "".join(d.text for _t, _a, d in hooks.seen) == text

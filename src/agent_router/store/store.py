@@ -53,7 +53,7 @@ from agent_router.domain import (
 from agent_router.settings import Settings
 from agent_router.store import faults, functions
 from agent_router.store.engine import make_engine
-from agent_router.store.models import Base, utcnow
+from agent_router.store.models import Base, InstallationRow, new_installation_id, utcnow
 from agent_router.store.reads import Reads
 from agent_router.store.transcripts import TranscriptCache
 from agent_router.store.tx import (
@@ -114,6 +114,7 @@ class Store(abc.ABC):
             settings.transcript_cache_bytes,
         )
         self._after_commit: AfterCommit | None = None
+        self._installation: str | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -124,8 +125,15 @@ class Store(abc.ABC):
         self._after_commit = after_commit
 
     def create_schema(self) -> None:
-        """The tables (and on PostgreSQL the store's functions), created directly."""
+        """The tables (and on PostgreSQL the store's functions), created directly, and the
+        installation id, as migration 0015 writes it (kept if the database has one)."""
         Base.metadata.create_all(self.engine)
+        with self.engine.begin() as conn:
+            if conn.execute(sa.select(InstallationRow.id)).first() is None:
+                conn.execute(
+                    sa.insert(InstallationRow),
+                    {"id": new_installation_id(), "created_at": utcnow()},
+                )
         if not self.settings.is_sqlite:
             with self.engine.begin() as conn:
                 # Room in each page of ar_agents for the new versions of its rows: every send
@@ -134,6 +142,16 @@ class Store(abc.ABC):
                 # here, as migration 0010 sets it, for the table options SQLAlchemy 2.0 lacks).
                 conn.execute(sa.text("ALTER TABLE ar_agents SET (fillfactor = 50)"))
                 functions.install(conn)
+
+    def installation_id(self) -> str:
+        """The database's installation id (:class:`~agent_router.store.models.InstallationRow`),
+        read once by this store (one statement) and kept: it never changes. It names the
+        database's Redis channels and wake keys (:mod:`agent_router.constants`). Two threads
+        reading it at once both read the same id."""
+        found = self._installation
+        if found is None:
+            found = self._installation = self.reads.installation()
+        return found
 
     def dispose(self, *, close: bool = True) -> None:
         """Drop the connection pool; ``close=False`` in a forked child leaves the parent's
