@@ -13,5 +13,5 @@ needed goes in a later release's migration, once no worker of that release can r
 releases: the first adds the new shape and writes both, the second stops using the old.
 On SQLite, which alters little in place, a change to a table copies it (Alembic's batch mode)
 under the database's write lock, in time proportional to its rows: writers of every release
-wait for the lock (``sqlite_busy_timeout_seconds``) and go on with the copy.
+wait for it, up to ``sqlite_busy_timeout_seconds``.
 """
