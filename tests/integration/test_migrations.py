@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -350,7 +351,7 @@ def _table_schema(inspector: sa.Inspector, table: str) -> tuple[object, ...]:
     )
 
 
-def _sqlite_state(url: str) -> tuple[dict[str, object], dict[str, list[tuple[object, ...]]]]:
+def _sqlite_state(url: str) -> tuple[dict[str, object], dict[str, list[tuple[Any, ...]]]]:
     """The schema of each of the router's tables and its rows."""
     engine = sa.create_engine(url)
     try:
