@@ -171,7 +171,7 @@ class SqliteStore(Store):
     @faults.retrying
     def interrupt(self, req: SendRequest) -> Delivery:
         with self._tx() as tx:
-            return routing.interrupt(tx, req)
+            return agents.interrupt(tx, req)
 
     @faults.retrying
     def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:
