@@ -456,3 +456,30 @@ def test_0014_changes_nothing_on_postgresql(fresh_pg_url: str) -> None:
     with engine.connect() as conn:
         assert conn.execute(query).all() == before
     engine.dispose()
+
+
+def test_0014_is_refused_on_a_sqlite_connection_that_enforces_foreign_keys(tmp_path: Path) -> None:
+    """SQLite drops a table others refer to only with foreign keys off, which a transaction
+    cannot turn off: a host's connection with them on gets one error, and nothing changes."""
+    from sqlalchemy import event
+
+    from agent_router.store.migrate import current, upgrade_connection
+
+    url = f"sqlite:///{tmp_path / 'fk.db'}"
+    upgrade(url, "0013")
+    router = Router(Settings(database_url=url))
+    _busy_team(router)
+    router.close()
+    before = _sqlite_state(url)
+    engine = sa.create_engine(url)
+
+    @event.listens_for(engine, "connect")
+    def _enforce(dbapi_conn: object, _record: object) -> None:
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")  # type: ignore[attr-defined]
+
+    with engine.connect() as conn, pytest.raises(StoreError, match="foreign keys off"):
+        upgrade_connection(conn)
+    engine.dispose()
+    assert (current(url), _sqlite_state(url)) == ("0013", before)
+    upgrade(url)
+    assert current(url) == "0014"
