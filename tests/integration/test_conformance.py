@@ -16,7 +16,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -112,12 +112,8 @@ _JOB_KEY = re.compile(r"job:\d+")
 _IDS_IN_TEXT = re.compile(r'\b(message_id|question_id)="(\d+)"')
 
 
-def _team_rows(
-    engine: sa.Engine, team_id: int, created: datetime | None
-) -> dict[str, list[dict[str, Any]]]:
-    """Every row of the team, table by table, in id order. Its ledger events are those since
-    it was ``created``: SQLite may give a deleted team's id to a new team, and the deleted
-    team's ``owed_dropped`` event outlives it."""
+def _team_rows(engine: sa.Engine, team_id: int) -> dict[str, list[dict[str, Any]]]:
+    """Every row of the team, table by table, in id order."""
     meta = Base.metadata
     rows: dict[str, list[dict[str, Any]]] = {}
     with engine.connect() as conn:
@@ -131,8 +127,6 @@ def _team_rows(
                 where = table.c.agent_id.in_(agents or [0])
             else:
                 where = table.c.team_id == team_id
-                if name == "ar_ledger" and created is not None:
-                    where = sa.and_(where, table.c.created_at >= created)
             order = (
                 table.c.team_id
                 if name == "ar_budgets"
@@ -148,8 +142,8 @@ def _team_rows(
 class Snapshot:
     """A team's rows, with each id replaced by its row's rank in its table."""
 
-    def __init__(self, engine: sa.Engine, team_id: int, created: datetime | None = None) -> None:
-        raw = _team_rows(engine, team_id, created)
+    def __init__(self, engine: sa.Engine, team_id: int) -> None:
+        raw = _team_rows(engine, team_id)
         self.ranks = {
             name: {row["id"]: k for k, row in enumerate(rows) if "id" in row}
             for name, rows in raw.items()
@@ -245,12 +239,10 @@ def _outcome(result: Any, ids: Snapshot | None = None) -> Any:
 
 
 def _deletion(deletion: Any) -> Any:
-    """A deletion's result, its ids counted (each database numbers its own). Its ledger rows
-    are left out: SQLite may give a deleted team's id to a new team, whose deletion then takes
-    the deleted team's ``owed_dropped`` event with it."""
+    """A deletion's result, its ids counted (each database numbers its own)."""
     return (
         len(deletion.teams),
-        {name: count for name, count in deletion.rows.items() if name != "ar_ledger"},
+        deletion.rows,
         len(deletion.questions),
         deletion.owed,
         len(deletion.kept),
@@ -264,9 +256,7 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
 
         @initialize()
         def team(self) -> None:
-            made = [r.create_team(lead_system_prompt="You lead.") for r in routers]
-            self.teams = [team.id for team in made]
-            self.created = [team.created_at for team in made]
+            self.teams = [r.create_team(lead_system_prompt="You lead.").id for r in routers]
             for r, team_id in zip(routers, self.teams, strict=True):
                 r.create_agent(team_id, role="Engineer", system_prompt="You build.")
                 r.create_agent(team_id, role="Designer")
@@ -292,7 +282,7 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
             return results
 
         def snapshot(self, side: int) -> Snapshot:
-            return Snapshot(routers[side].store.engine, self.teams[side], self.created[side])
+            return Snapshot(routers[side].store.engine, self.teams[side])
 
         def turn(self, side: int, name: str) -> Turn:
             turn = self.turns[side].get(name)

@@ -50,7 +50,7 @@ from agent_router.store.models import (
 from agent_router.store.tx import Tx
 from agent_router.store.values import Deletion
 
-#: A new transaction of the store, as a context manager (``Store._tx``): a prune runs several.
+#: A new transaction of the store, as a context manager (``SqliteStore._tx``): a prune runs several.
 Transact = Callable[[], AbstractContextManager[Tx]]
 
 #: Teams deleted by one prune transaction; a prune runs batches until none is left.

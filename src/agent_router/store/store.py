@@ -19,17 +19,14 @@ class is made (:meth:`Store.__init_subclass__`), at import, not when it is first
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
-from agent_router import errors
 from agent_router.domain import (
     Agent,
     AgentState,
@@ -57,7 +54,6 @@ from agent_router.store.models import Base, InstallationRow, new_installation_id
 from agent_router.store.reads import Reads
 from agent_router.store.transcripts import TranscriptCache
 from agent_router.store.tx import (
-    Refused,
     Tx,
     aggregate_refusal,
     drop_ledger_buffer,
@@ -157,34 +153,6 @@ class Store(abc.ABC):
         """Drop the connection pool; ``close=False`` in a forked child leaves the parent's
         connections alone."""
         self.engine.dispose(close=close)
-
-    @contextmanager
-    def _tx(self) -> Iterator[Tx]:
-        """A transaction of SQLAlchemy sessions (:class:`Tx`) for the Python transitions: the
-        modules ``routing``, ``turns``, ... run in it. A :class:`Refused` transition is rolled
-        back and its ledger event written in a transaction of its own; once it committed, the
-        outbox rows it wrote go to the after-commit path."""
-        tx = Tx(self._sessions(), self.settings)
-        committing = False
-        try:
-            with tx.session.begin():
-                yield tx
-                # Everything but the COMMIT itself is sent first: a connection lost from here
-                # on leaves the outcome unknown, one lost before it left nothing written.
-                write_ledger_buffer(tx.session)
-                tx.session.flush()
-                committing = True
-        except Refused as refused:
-            tx.session.close()
-            self._write_ledger(refused.action, **refused.ledger)
-            raise refused.error from None
-        except errors.AgentRouterError:
-            raise
-        except SQLAlchemyError as exc:
-            raise faults.store_error(exc, committing=committing) from exc
-        finally:
-            tx.session.close()
-        self._published(tx.entries)
 
     def _published(self, entries: list[OutboxEntry]) -> None:
         """Hand the outbox rows a committed transaction wrote to the after-commit path."""
