@@ -59,7 +59,7 @@ from agent_router.store import (
     open_store,
 )
 from agent_router.store import utcnow as _utcnow
-from agent_router.store.lifecycle import Deletion
+from agent_router.store.values import Deletion
 from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker, RedisWaker, Waker
@@ -107,14 +107,18 @@ class Router:
         self.store.set_publisher(self._publish_committed)
         self.waker: Waker = waker or (
             RedisWaker(
-                self.settings.redis_url, max_block_seconds=self.settings.wake_recheck_seconds
+                self.settings.redis_url,
+                max_block_seconds=self.settings.wake_recheck_seconds,
+                installation=self.store.installation_id,
             )
             if self.settings.redis_url
             else InProcessWaker()
         )
         #: What wakes the readers of a team's feed (:meth:`events`).
         self.signals: TeamSignals = (
-            RedisSignals(self.settings.redis_url) if self.settings.redis_url else InProcessSignals()
+            RedisSignals(self.settings.redis_url, installation=self.store.installation_id)
+            if self.settings.redis_url
+            else InProcessSignals()
         )
         # Always a chain: a hook that raises is logged, never fails the transition it watches.
         self.hooks: RouterHooks = (
@@ -293,24 +297,32 @@ class Router:
         to its lead (the user's among them), its messages to the user, the lead's turns and
         resolved waits, in commit order. Returns at once when there are some; otherwise waits
         up to ``wait`` seconds for the team's signal (Redis pub/sub, or in-process), sending the
-        database nothing while it waits, then reads once more. What an SSE endpoint serves,
-        with ``Last-Event-ID`` as ``after``."""
+        database nothing while it waits, then reads once more. While the signals are down
+        (Redis unreachable) it re-reads every ``wake_recheck_seconds`` instead. What an SSE
+        endpoint serves, with ``Last-Event-ID`` as ``after``."""
         team_id = _team_id(team_id)
         after, limit = _cursor(after), _limit(limit)
         wait = check.seconds(wait, "wait", maximum=3600.0) if wait else 0.0
         if wait <= 0:
             return self.store.reads.feed(team_id, after_id=after, limit=limit)
+        deadline = time.monotonic() + wait
         with self.signals.listen(team_id) as listener:
             found = self.store.reads.feed(team_id, after_id=after, limit=limit)
-            if found:
-                return found
-            wake = listener.wait(wait)
-            if wake is None:
-                return found
-            if wake.deltas:  # what came after them is read at the next call, from `after`
-                now = _utcnow()
-                return [_delta_item(after, delta, now) for delta in wake.deltas]
-        return self.store.reads.feed(team_id, after_id=after, limit=limit)
+            while not found and (left := deadline - time.monotonic()) > 0:
+                if not listener.live:
+                    time.sleep(min(left, self.settings.wake_recheck_seconds))
+                    found = self.store.reads.feed(team_id, after_id=after, limit=limit)
+                    continue
+                wake = listener.wait(left)
+                if wake is None:
+                    if listener.live:  # waited out: nothing was committed
+                        return found
+                    continue  # the signals broke while it waited: re-read on the timer
+                if wake.deltas:  # what came after them is read at the next call, from `after`
+                    now = _utcnow()
+                    return [_delta_item(after, delta, now) for delta in wake.deltas]
+                return self.store.reads.feed(team_id, after_id=after, limit=limit)
+        return found
 
     def delta_sink(self, team_id: int, agent: str) -> Callable[[Delta], None]:
         """Where a streamed model call of ``agent`` hands the pieces of its reply: to the
@@ -526,7 +538,7 @@ class Router:
             and not check.MIN_INT32 <= check.integer(epoch, "epoch") <= check.MAX_INT32
         ):
             return None  # no turn ever had that epoch
-        claim = self.store.claim_turn(agent_id, epoch, builtin=builtin)
+        claim = self.store.claim(agent_id, epoch, builtin=builtin)
         if claim is None:
             return None
         turn = Turn(self, claim)
@@ -553,28 +565,10 @@ class Router:
         """What ``turn`` does after a model call, in one transition (see
         :meth:`Turn.after_call`): ``usage`` (the arguments of :meth:`record_usage`) recorded
         as :meth:`record_usage` records it, and the reply appended."""
-        counted = None
-        if usage is not None:
-            model, priced = self.priced_usage(**usage)
-            counted = CallUsage(
-                model=model,
-                usage=priced,
-                estimated=bool(usage.get("estimated")),
-                context=_storable(usage.get("context")),
-                window=_storable(usage.get("window")),
-                seconds=_seconds(usage.get("seconds")),
-            )
+        counted = None if usage is None else self._counted(**usage)
         after = self.store.after_call(turn.record, message, usage=counted)
         if counted is not None and after.budget is not None:
-            budgeting.usage_recorded(
-                self,
-                turn,
-                counted.model,
-                counted.usage,
-                after.budget,
-                estimated=counted.estimated,
-                seconds=counted.seconds,
-            )
+            budgeting.usage_recorded(self, turn, counted, after.budget)
         return after
 
     def priced_usage(
@@ -598,6 +592,27 @@ class Router:
             check.integer(count, what, minimum=0, maximum=check.MAX_TOKENS_PER_CALL)
         model = check.model_name(model)
         return model, budgeting.priced(self.settings, model, **counts)
+
+    def _counted(
+        self,
+        *,
+        estimated: bool = False,
+        context: Mapping[str, Any] | None = None,
+        window: Mapping[str, Any] | None = None,
+        seconds: float | None = None,
+        **counts: Any,
+    ) -> CallUsage:
+        """A model call's usage (the arguments of :meth:`record_usage`) as the store records
+        it: checked and priced (:meth:`priced_usage`)."""
+        model, usage = self.priced_usage(**counts)
+        return CallUsage(
+            model=model,
+            usage=usage,
+            estimated=bool(estimated),
+            context=_storable(context),
+            window=_storable(window),
+            seconds=_seconds(seconds),
+        )
 
     def end_turn(
         self,
@@ -637,7 +652,7 @@ class Router:
                     for number, (part, key) in enumerate(parts, 1)
                 ]
         try:
-            result = self.store.end_turn(
+            result = self.store.end(
                 turn.record,
                 failed=failed,
                 error=error,
@@ -679,22 +694,21 @@ class Router:
         what the request left out of the transcript, on the call where that changed;
         ``window``: where the request window then stood, kept on the agent; ``seconds``: how
         long the call took."""
-        model, usage = self.priced_usage(
+        counted = self._counted(
             model=model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
-        )
-        return budgeting.record_usage(
-            self,
-            turn,
-            model,
-            usage,
             estimated=estimated,
-            context=_storable(context),
-            window=_storable(window),
-            seconds=_seconds(seconds),
+            context=context,
+            window=window,
+            seconds=seconds,
         )
+        check = self.store.record_usage(
+            turn.team_id, turn.agent_id, turn.id, counted, agent=turn.display_name
+        )
+        budgeting.usage_recorded(self, turn, counted, check)
+        return counted.usage
 
     def charge_sub_agent(self, team_id: int, role: str) -> None:
         """Count a sub-agent about to be created against the team's sub-agent budgets

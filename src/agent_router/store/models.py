@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -404,3 +405,20 @@ class QuarantineRow(Base):
     first_failed_at: Mapped[datetime]
     last_failed_at: Mapped[datetime]
     until: Mapped[datetime]
+
+
+class InstallationRow(Base):
+    """The database's installation id, one row written when the schema is made (by migration
+    0015 or :meth:`~agent_router.store.store.Store.create_schema`) and never changed: it names
+    the database's Redis channels and wake keys (:mod:`agent_router.constants`), so that
+    deployments sharing a Redis server never hear each other's signals."""
+
+    __tablename__ = "ar_installation"
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+def new_installation_id() -> str:
+    """A random installation id (128 bits, as 32 hexadecimal digits)."""
+    return uuid.uuid4().hex
