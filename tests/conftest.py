@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,22 +41,71 @@ with_pgbouncer = pytest.mark.parametrize("database_url", (*BACKENDS, "pgbouncer"
 PGBOUNCER_POOL = 2
 
 
+class _Drops:
+    """This test process's dropped databases, dropped by a thread of its own: DROP DATABASE waits
+    for a checkpoint (seconds on a busy disk), which the test done with the database need not
+    wait for. The session's end waits for every drop and fails on any that failed."""
+
+    def __init__(self) -> None:
+        self._names: queue.Queue[str | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.failures: list[str] = []
+
+    def drop(self, name: str) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="drop-databases", daemon=True)
+            self._thread.start()
+        self._names.put(name)
+
+    def _run(self) -> None:
+        admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        try:
+            while (name := self._names.get()) is not None:
+                try:
+                    with admin.connect() as conn:
+                        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                except sa.exc.SQLAlchemyError as exc:
+                    self.failures.append(f"{name}: {exc}")
+        finally:
+            admin.dispose()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._names.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+_DROPS = _Drops()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _database_drops() -> Iterator[None]:
+    """Waits, at the session's end (after the session's own databases), for every drop."""
+    yield
+    _DROPS.wait()
+    if _DROPS.failures:
+        pytest.fail("databases not dropped:\n" + "\n".join(_DROPS.failures))
+
+
 @contextlib.contextmanager
-def _new_database(prefix: str) -> Iterator[str]:
-    """A new, empty PostgreSQL database, dropped afterwards (whoever still holds connections)."""
+def _new_database(prefix: str, *, template: str | None = None) -> Iterator[str]:
+    """A new PostgreSQL database, empty or a copy of ``template`` (a database nobody is
+    connected to), dropped afterwards (whoever still holds connections) by :data:`_DROPS`."""
     name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    copy = f' TEMPLATE "{template}"' if template else ""
     try:
         with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"{copy}'))
     except sa.exc.OperationalError as exc:
         pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL} (run ./dev test): {exc}")
+    finally:
+        admin.dispose()
     try:
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
     finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        _DROPS.drop(name)
 
 
 @pytest.fixture(scope="session")
@@ -78,16 +129,26 @@ def pg_schema_url(pg_url: str) -> str:
     return pg_url
 
 
+@pytest.fixture(scope="session")
+def pg_schema_template() -> Iterator[str]:
+    """The name of a database with the schema that nothing connects to once it is made: what
+    :func:`own_pg_schema_url` copies (a copy takes a fraction of creating the tables and the
+    store's functions)."""
+    with _new_database("ar_template") as url:
+        router = Router(Settings(database_url=url))
+        router.create_schema()
+        router.close()
+        yield url.rsplit("/", 1)[1]
+
+
 @pytest.fixture
-def own_pg_schema_url(fresh_pg_url: str) -> str:
+def own_pg_schema_url(pg_schema_template: str) -> Iterator[str]:
     """A database of the test's own, with the schema: for a test that sweeps or publishes the
     outbox. Both take over, re-enqueue or republish whatever is stale in their whole database;
     in the session database that is what every earlier test left behind, which would then be
     counted by, or run on (and hold the threads of), this test's worker."""
-    router = Router(Settings(database_url=fresh_pg_url))
-    router.create_schema()
-    router.close()
-    return fresh_pg_url
+    with _new_database("ar_fresh", template=pg_schema_template) as url:
+        yield url
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ def own_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A database of the test's own: its passes see only this test's teams."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'bulkheads.db'}"
-    return str(request.getfixturevalue("fresh_pg_url"))
+    return str(request.getfixturevalue("own_pg_schema_url"))
 
 
 @pytest.fixture
