@@ -70,6 +70,7 @@ class ScriptedServer:
         self.delay = delay
         self.requests = 0
         self.request_bytes = 0
+        self.largest_request = 0  # bytes
         self._lock = threading.Lock()
         self._models: dict[str, ScriptedModel] = {}
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -101,6 +102,7 @@ class ScriptedServer:
         with self._lock:
             self.requests += 1
             self.request_bytes += len(raw)
+            self.largest_request = max(self.largest_request, len(raw))
             model = self._models.get(name)
             if model is None:
                 script = None if lead else DEFAULT_SCRIPT
@@ -298,6 +300,8 @@ class SoakResult:
     failures: list[str] = field(default_factory=list)
     settled: bool = False
     tracemalloc: list[str] = field(default_factory=list)
+    #: The minute by whose row a request first reached the context target (None: none did).
+    target_reached_minute: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -506,7 +510,23 @@ class _Soak:
             stop.wait(max(0.0, due - time.monotonic()))
 
     def _slopes(self) -> None:
-        warm = [r for r in self.result.rows if r["minute"] > self.options.warmup]
+        reached = next((r["minute"] for r in self.result.rows if r["at_target"]), None)
+        self.result.target_reached_minute = reached
+        target = self.settings.context_target_tokens
+        if reached is None:
+            self.out(
+                f"context target reached: no ({target} tokens; the largest request was "
+                f"{self.server.largest_request / 1024:.1f} KiB)"
+            )
+        else:
+            agents = int(self.result.rows[-1]["at_target"])
+            self.out(
+                f"context target reached: yes ({target} tokens, by minute {reached:.1f}; "
+                f"{agents} agents' requests reached it)"
+            )
+        # Past the warm-up and the target: the rows of requests that no longer grow.
+        start = max(self.options.warmup, reached or 0.0)
+        warm = [r for r in self.result.rows if r["minute"] > start]
         rows = warm if len(warm) >= 3 else self.result.rows
         xs = [r["minute"] for r in rows]
         since = f", from minute {rows[0]['minute']:.1f}" if rows and rows[0]["minute"] > 1 else ""
@@ -703,6 +723,14 @@ class _Probe:
                     sa.text("SELECT count(*) FROM ar_messages WHERE status = 'delivered'")
                 ).scalar_one()
             )
+            # A model call whose request window moved (it left entries out to stay near the
+            # context target) ledgers what it left out: its agent's requests reached the target.
+            at_target = conn.execute(
+                sa.text(
+                    "SELECT count(DISTINCT agent_id) FROM ar_ledger "
+                    "WHERE action = 'model_call' AND detail ? 'context'"
+                )
+            ).scalar_one()
         spent = cpu - self.last_cpu
         moved = delivered - self.last_delivered
         row = {
@@ -720,6 +748,7 @@ class _Probe:
             "bytes_per_send": size / sends if sends else 0.0,
             "rows_per_send": stored / sends if sends else 0.0,
             "backlog": int(scheduled) + int(self.redis.llen(self.soak.queue)),
+            "at_target": int(at_target),  # agents whose requests reached the context target
         }
         self.last_turns, self.last_cpu, self.last_requests = turns, cpu, requests
         self.last_sends, self.last_delivered = sends, delivered
