@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from agent_router import errors
@@ -105,7 +106,12 @@ class TurnHost(Protocol):
     ) -> EndOfTurn: ...
 
     def before_call(
-        self, turn: Turn, *, results: Sequence[Result] = (), since: Since | None = None
+        self,
+        turn: Turn,
+        *,
+        results: Sequence[Result] = (),
+        since: Since | None = None,
+        made: BeforeCall | None = None,
     ) -> BeforeCall: ...
 
     def after_call(
@@ -151,6 +157,8 @@ class Turn:
         self._carried: list[Result] = []
         # Transcript entries the last before_call read: (the position they follow, entries).
         self._prefetched: tuple[int | None, list[tuple[int, dict[str, Any]]]] | None = None
+        # The transition before the first model call, when the claim made it, and what it read.
+        self._first = None if claim.before is None else (claim.before, claim.read)
         #: When (time.monotonic) a transition of this turn last renewed its lease.
         self.renewed_at = time.monotonic()
         self._history: list[dict[str, Any]] = []
@@ -254,11 +262,20 @@ class Turn:
         :class:`~agent_router.errors.BudgetExhaustedError`) and a batch of pending messages
         drained into the transcript (``more``: :meth:`drain` the rest). Reads the team's
         agents and, with ``since``, the transcript entries it says, which the next
-        :meth:`transcript_rows` of the same entries returns."""
-        before = self._with_carried(
-            lambda results: self._router.before_call(self, results=results, since=since)
-        )
-        self.renewed_at = time.monotonic()
+        :meth:`transcript_rows` of the same entries returns. The turn's first call, when its
+        claim made this transition already (it carried nothing then), returns what the claim
+        did and read."""
+        first, self._first = self._first, None
+        if first is not None and not self._carried:
+            before, read = first
+            before = self._router.before_call(self, made=before)
+            if read != since:
+                before = replace(before, rows=None)  # others than those wanted
+        else:
+            before = self._with_carried(
+                lambda results: self._router.before_call(self, results=results, since=since)
+            )
+            self.renewed_at = time.monotonic()
         if before.rows is not None and since is not None:
             self._prefetched = (since.position, before.rows)
         return before

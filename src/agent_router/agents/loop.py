@@ -83,7 +83,7 @@ from agent_router.domain import (
 from agent_router.formats import keyed_parts
 from agent_router.logfields import get_logger
 from agent_router.router import Router
-from agent_router.store import BeforeCall, Since
+from agent_router.store import BeforeCall, FirstCall, Since
 from agent_router.turn import Turn
 
 logger = get_logger(__name__)
@@ -170,6 +170,16 @@ class Heartbeat:
                 logger.info("turn fenced", extra={"action": "heartbeat_fenced", **_ids(self.turn)})
                 self.fenced.set()
                 return
+
+
+def claim(router: Router, agent_id: int, epoch: int | None = None) -> Turn | None:
+    """The built-in loop's claim of the agent's scheduled turn (as :meth:`Router.claim` with
+    ``builtin``), which makes the transition before the turn's first model call too, reading
+    the entries the request window this process kept for the agent has not taken in: the
+    first call then needs no round trip of its own."""
+    kept = router.kept(agent_id).views.get(WINDOW_VIEW)
+    since = _kept_since(kept) if isinstance(kept, ContextWindow) else None
+    return router.claim(agent_id, epoch, builtin=True, first=FirstCall(since))
 
 
 def run_turn(
@@ -294,8 +304,13 @@ def _rows_wanted(turn: Turn) -> Since | None:
     from its checkpoint, which reads other entries)."""
     kept = turn.kept().views.get(WINDOW_VIEW)
     if isinstance(kept, ContextWindow):
-        return Since(kept.length - 2 if kept.length else None)
+        return _kept_since(kept)
     return Since(None) if turn.window_checkpoint() is None else None
+
+
+def _kept_since(kept: ContextWindow) -> Since:
+    """The entries a kept window reads next: from the last it took in (:func:`_window`)."""
+    return Since(kept.length - 2 if kept.length else None)
 
 
 def _steps(
@@ -329,6 +344,8 @@ def _steps(
             _tell_last_step(router, turn, max_steps)
         # One transition: the results carried, a stop honoured, the call charged, mail drained.
         roster = _before(router, turn, since=_rows_wanted(turn)).roster
+        if last and not step:
+            _drain_all(router, turn)  # the notice, if the claim drained the mailbox before it
         section = protocol_section(agent, roster, schemas, tools.roles)
         request = _request(turn, section, target=target, tool_tokens=tool_tokens)
         reply, usage = _reply(turn, model, request, schemas)

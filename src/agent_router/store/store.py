@@ -73,6 +73,7 @@ from agent_router.store.values import (
     BeforeCall,
     CallUsage,
     Claim,
+    FirstCall,
     NewAgent,
     Result,
     SendRequest,
@@ -271,12 +272,18 @@ class Store:
 
     @faults.retrying
     def claim_turn(
-        self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+        self,
+        agent_id: int,
+        epoch: int | None = None,
+        *,
+        builtin: bool = False,
+        first: FirstCall | None = None,
     ) -> Claim | None:
         """Claim a turn (:func:`turns.claim_turn`); ``builtin``: for the built-in loop, which
-        claims no turn of an agent a host's task runs (``HostOwnedTurnError``)."""
+        claims no turn of an agent a host's task runs (``HostOwnedTurnError``); ``first``: the
+        transition before its first model call made too (:class:`FirstCall`)."""
         with self._tx() as tx:
-            return turns.claim_turn(tx, agent_id, epoch, builtin=builtin)
+            return turns.claim_turn(tx, agent_id, epoch, builtin=builtin, first=first)
 
     @faults.retrying
     def drain(self, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:
