@@ -252,6 +252,7 @@ class SoakOptions:
     asks: float = 0.0  # percent of the tasks that ask the lead first
     period: float = 60.0  # seconds per row
     warmup: float = 0.0  # minutes whose rows the slopes leave out (the transcripts filling up)
+    unbudgeted: bool = False  # teams without budgets (few teams reach the context target)
     settle_seconds: float = 300.0  # how long the end waits for every team to rest
     tracemalloc_frames: int = 0
     keep_database: bool = False
@@ -436,7 +437,8 @@ class _Soak:
         teams = [self._team(router) for _ in range(options.teams)]
         self.out(
             f"soak: {options.workers} workers x {options.concurrency} slots, {options.teams} "
-            f"teams of 4, {options.rate:g} sends/s, {options.asks:g}% asks, "
+            f"teams of 4{' without budgets' if options.unbudgeted else ''}, "
+            f"{options.rate:g} sends/s, {options.asks:g}% asks, "
             f"{options.minutes:g} min, a row every {options.period:g} s"
         )
         self.out("  ".join(heading for _, heading, _ in COLUMNS))
@@ -485,7 +487,9 @@ class _Soak:
         raise RuntimeError(f"the soak workers did not answer a ping within {timeout:.0f} s")
 
     def _team(self, router: Router) -> tuple[int, list[str]]:
-        team = router.create_team()
+        from agent_router.budgeting import NO_LIMITS
+
+        team = router.create_team(budget=NO_LIMITS if self.options.unbudgeted else None)
         names = [router.create_agent(team.id, role=r).display_name for r in SUB_AGENT_ROLES]
         return team.id, names
 
