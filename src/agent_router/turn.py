@@ -162,6 +162,7 @@ class Turn:
         #: When (time.monotonic) a transition of this turn last renewed its lease.
         self.renewed_at = time.monotonic()
         self._history: list[dict[str, Any]] = []
+        self._kept: CachedTranscript | None = None
         self._generation = 0  # of the process's copy _history was taken from
 
     @property
@@ -322,14 +323,19 @@ class Turn:
     def cached_transcript(self) -> CachedTranscript:
         """This process's copy of the agent's transcript, brought up to date: the entries
         appended since it was last read are read (and only those)."""
-        cached = self._router.store.transcripts.get(self.agent_id)
+        cached = self.kept()
         cached.refresh(self._router.store.reads.transcript_after)
         return cached
 
     def kept(self) -> CachedTranscript:
         """This process's copy of the agent's transcript as it is, read or not: its ``views``
-        keep what the built-in loop derives from the transcript (its request window)."""
-        return self._router.store.transcripts.get(self.agent_id)
+        keep what the built-in loop derives from the transcript (its request window). Taken
+        from the process's cache once per turn (which weighs what it holds of every agent on
+        each take) and held by the turn: only this turn writes the agent's transcript while it
+        runs."""
+        if self._kept is None:
+            self._kept = self._router.store.transcripts.get(self.agent_id)
+        return self._kept
 
     def transcript_rows(
         self, after: int | None = None, *, also: Sequence[int] = ()

@@ -32,8 +32,8 @@ A failed lead turn is retried once: a ``notice`` tells the lead what failed and 
 retry; a second failure in a row stops there. A failed sub-agent turn tells the lead.
 
 Boundaries (before every model call, after it, and before every tool call) check two things: a
-heartbeat thread that renews the lease every ``heartbeat_seconds`` (when no transition of the
-turn did) found the turn fenced (stop, write nothing), or the lead asked this agent to stop (the
+heartbeat (the process's one thread, beating for each of its turns) that renews the lease every
+``heartbeat_seconds`` (when no transition of the turn did) found the turn fenced (stop, write nothing), or the lead asked this agent to stop (the
 rest of the batch is ``cancelled``, the agent becomes ``idle``): the transitions around a model
 call honour a stop themselves, and it is read before each tool call of a batch but the first.
 """
@@ -127,24 +127,25 @@ class _Stopped(Exception):  # noqa: N818 - control flow inside the loop
 
 
 class Heartbeat:
-    """Renews the turn's lease every ``interval`` seconds from a daemon thread, for the whole
-    turn (model calls and blocked waits included), unless a transition of the turn renewed it
-    within the last ``interval`` (:attr:`Turn.renewed_at`: the transitions before and after a
-    model call renew it), so that it writes only while a model call or a tool runs long. A
-    renewal refused means the turn was fenced: :attr:`fenced` is set and the loop stops at its
-    next boundary."""
+    """Renews the turn's lease every ``interval`` seconds, for the whole turn (model calls and
+    blocked waits included), unless a transition of the turn renewed it within the last
+    ``interval`` (:attr:`Turn.renewed_at`: the transitions before and after a model call renew
+    it), so that it writes only while a model call or a tool runs long. A renewal refused means
+    the turn was fenced: :attr:`fenced` is set and the loop stops at its next boundary. One
+    daemon thread of the process beats for every turn running in it (:class:`_Beats`), so that
+    starting a turn starts no thread; a beat under way when the turn ends is waited for, and
+    none comes after."""
 
     def __init__(self, turn: Turn, interval: float) -> None:
         self.turn = turn
         self.interval = interval
         self.fenced = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"heartbeat-{turn.agent_id}-{turn.epoch}", daemon=True
-        )
+        self._lock = threading.Lock()  # held by a beat while it renews
+        self._stopped = False
+        self._tried = time.monotonic()  # the last beat's attempt (or the start)
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _BEATS.add(self)
         return self
 
     def __exit__(
@@ -153,23 +154,73 @@ class Heartbeat:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        self._thread.join()
+        _BEATS.remove(self)
+        with self._lock:
+            self._stopped = True
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            if time.monotonic() - self.turn.renewed_at < self.interval:
-                continue  # a transition of the turn renewed the lease since the last beat
+    def due(self) -> float:
+        """When (``time.monotonic``) the next beat is due: an interval after the lease was
+        last renewed or a beat last tried."""
+        return max(self.turn.renewed_at, self._tried) + self.interval
+
+    def beat(self) -> None:
+        """Renew the lease if a beat is due and the turn still runs."""
+        with self._lock:
+            if self._stopped or self.fenced.is_set() or time.monotonic() < self.due():
+                return
+            self._tried = time.monotonic()
             try:
                 renewed = self.turn.heartbeat()
             except errors.AgentRouterError:
                 # A database hiccup: the lease is long enough for the next beat to renew it.
                 logger.warning("heartbeat failed", extra={"action": "heartbeat", **_ids(self.turn)})
-                continue
-            if not renewed and not self._stop.is_set():
+                return
+            if not renewed:
                 logger.info("turn fenced", extra={"action": "heartbeat_fenced", **_ids(self.turn)})
                 self.fenced.set()
-                return
+
+
+class _Beats:
+    """The process's heartbeat thread: it wakes when a turn's beat is due and beats, one turn
+    after another (a renewal is one short statement; the lease outlasts several intervals)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._beating: set[Heartbeat] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._beating.add(heartbeat)
+            # Started once per process (again in a child forked from it, where it is gone).
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._beating.discard(heartbeat)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [h for h in self._beating if h.due() <= now]
+                if not due:
+                    soonest = min((h.due() for h in self._beating), default=None)
+                    self._changed.wait(None if soonest is None else soonest - now)
+                    continue
+            for heartbeat in due:
+                try:
+                    heartbeat.beat()
+                except Exception:  # the other turns' beats go on
+                    logger.exception(
+                        "heartbeat failed", extra={"action": "heartbeat", **_ids(heartbeat.turn)}
+                    )
+
+
+_BEATS = _Beats()
 
 
 def claim(router: Router, agent_id: int, epoch: int | None = None) -> Turn | None:
