@@ -33,9 +33,10 @@ retry; a second failure in a row stops there. A failed sub-agent turn tells the 
 
 Boundaries (before every model call, after it, and before every tool call) check two things: a
 heartbeat (the process's one thread, beating for each of its turns) that renews the lease every
-``heartbeat_seconds`` (when no transition of the turn did) found the turn fenced (stop, write nothing), or the lead asked this agent to stop (the
-rest of the batch is ``cancelled``, the agent becomes ``idle``): the transitions around a model
-call honour a stop themselves, and it is read before each tool call of a batch but the first.
+``heartbeat_seconds`` (when no transition of the turn did) found the turn fenced (stop, write
+nothing), or the lead asked this agent to stop (the rest of the batch is ``cancelled``, the
+agent becomes ``idle``): the transitions around a model call honour a stop themselves, and it
+is read before each tool call of a batch but the first.
 """
 
 from __future__ import annotations
