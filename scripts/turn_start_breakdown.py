@@ -67,13 +67,13 @@ def worker() -> None:
             reports.rpush(f"breakdown:{turn.record.agent_id}", json.dumps(marks))
 
     rt = runtime.configure(settings, hooks=HookChain([Report(), runtime.default_hooks(settings)]))
-    claim = rt.router.store.claim_turn
+    claim = rt.router.store.claim
 
     def marked_claim(*args: Any, **kwargs: Any) -> Any:
         mark("claim")
         return claim(*args, **kwargs)
 
-    rt.router.store.claim_turn = marked_claim  # type: ignore[method-assign]
+    rt.router.store.claim = marked_claim  # type: ignore[method-assign]
     _mark_transactions(rt.router.store.engine, mark, "w_")
     bench._NoopTask(rt.app, settings.queue)  # the floor's task, as the bench registers it
     rt.app.worker_main(

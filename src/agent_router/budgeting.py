@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agent_router import errors, validation
 from agent_router.domain import (
@@ -42,6 +42,7 @@ from agent_router.turn import Turn
 if TYPE_CHECKING:
     from agent_router.settings import Settings
     from agent_router.store import Store
+    from agent_router.store.values import CallUsage
 
 
 class Budgeted(Protocol):
@@ -114,7 +115,9 @@ def admit_turn(router: Budgeted, turn: Turn, check: BudgetCheck) -> bool:
 
 def charge_model_call(router: Budgeted, turn: Turn) -> None:
     """Count a model call; raises :class:`BudgetExhaustedError` when a budget is spent."""
-    model_call_charged(router, turn, router.store.charge(turn.team_id, turn.agent_id, turn.id))
+    model_call_charged(
+        router, turn, router.store.charge_model_call(turn.team_id, turn.agent_id, turn.id)
+    )
 
 
 def model_call_charged(router: Budgeted, turn: Turn, check: BudgetCheck) -> None:
@@ -159,50 +162,11 @@ def priced(
     )
 
 
-def record_usage(
-    router: Budgeted,
-    turn: Turn,
-    model: str | None,
-    usage: TokenUsage,
-    *,
-    estimated: bool,
-    context: Mapping[str, Any] | None = None,
-    window: Mapping[str, Any] | None = None,
-    seconds: float | None = None,
-) -> TokenUsage:
-    """Record one model call's ``usage`` (:func:`priced`) for the turn: counted against the
-    team's budgets, then reported to the hooks. ``context``: what the request left out, on
-    the call where that changed (the ``model_call`` event carries it); ``window``: where the
-    request window then stood, kept on the agent."""
-    check = router.store.record_usage(
-        turn.team_id,
-        turn.agent_id,
-        turn.id,
-        model=model,
-        usage=usage,
-        estimated=estimated,
-        agent=turn.display_name,
-        context=context,
-        window=window,
-        ms=None if seconds is None else round(seconds * 1000),
-    )
-    usage_recorded(router, turn, model, usage, check, estimated=estimated, seconds=seconds)
-    return usage
-
-
-def usage_recorded(
-    router: Budgeted,
-    turn: Turn,
-    model: str | None,
-    usage: TokenUsage,
-    check: BudgetCheck,
-    *,
-    estimated: bool = False,
-    seconds: float | None = None,
-) -> None:
-    """After a model call's usage is recorded (its budget ``check``): the hooks hear of it (with
-    ``seconds``, how long it took, as a span too), and the team is warned or stopped as the
-    check says."""
+def usage_recorded(router: Budgeted, turn: Turn, call: CallUsage, check: BudgetCheck) -> None:
+    """After a model ``call``'s usage is recorded (its budget ``check``): the hooks hear of it
+    (with how long it took, as a span too), and the team is warned or stopped as the check
+    says."""
+    model, usage, seconds = call.model, call.usage, call.seconds
     router.hooks.after_model_call(turn, model, usage)
     if seconds is not None:
         router.hooks.after_call(
@@ -215,7 +179,7 @@ def usage_recorded(
                 completion_tokens=usage.completion_tokens,
                 cached_tokens=usage.cached_tokens,
                 cost_usd=usage.cost_usd,
-                estimated=estimated,
+                estimated=call.estimated,
             ),
         )
     _after(router, turn.team_id, check)

@@ -60,8 +60,8 @@ from agent_router.store import (
     open_store,
 )
 from agent_router.store import utcnow as _utcnow
-from agent_router.store.lifecycle import Deletion
 from agent_router.store.transcripts import CachedTranscript
+from agent_router.store.values import Deletion
 from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
 from agent_router.waker import InProcessWaker, RedisWaker, Waker
@@ -535,7 +535,7 @@ class Router:
             and not check.MIN_INT32 <= check.integer(epoch, "epoch") <= check.MAX_INT32
         ):
             return None  # no turn ever had that epoch
-        claim = self.store.claim_turn(agent_id, epoch, builtin=builtin, first=first)
+        claim = self.store.claim(agent_id, epoch, builtin=builtin, first=first)
         if claim is None:
             return None
         turn = Turn(self, claim)
@@ -575,28 +575,10 @@ class Router:
         """What ``turn`` does after a model call, in one transition (see
         :meth:`Turn.after_call`): ``usage`` (the arguments of :meth:`record_usage`) recorded
         as :meth:`record_usage` records it, and the reply appended."""
-        counted = None
-        if usage is not None:
-            model, priced = self.priced_usage(**usage)
-            counted = CallUsage(
-                model=model,
-                usage=priced,
-                estimated=bool(usage.get("estimated")),
-                context=_storable(usage.get("context")),
-                window=_storable(usage.get("window")),
-                seconds=_seconds(usage.get("seconds")),
-            )
+        counted = None if usage is None else self._counted(**usage)
         after = self.store.after_call(turn.record, message, usage=counted)
         if counted is not None and after.budget is not None:
-            budgeting.usage_recorded(
-                self,
-                turn,
-                counted.model,
-                counted.usage,
-                after.budget,
-                estimated=counted.estimated,
-                seconds=counted.seconds,
-            )
+            budgeting.usage_recorded(self, turn, counted, after.budget)
         return after
 
     def priced_usage(
@@ -620,6 +602,27 @@ class Router:
             check.integer(count, what, minimum=0, maximum=check.MAX_TOKENS_PER_CALL)
         model = check.model_name(model)
         return model, budgeting.priced(self.settings, model, **counts)
+
+    def _counted(
+        self,
+        *,
+        estimated: bool = False,
+        context: Mapping[str, Any] | None = None,
+        window: Mapping[str, Any] | None = None,
+        seconds: float | None = None,
+        **counts: Any,
+    ) -> CallUsage:
+        """A model call's usage (the arguments of :meth:`record_usage`) as the store records
+        it: checked and priced (:meth:`priced_usage`)."""
+        model, usage = self.priced_usage(**counts)
+        return CallUsage(
+            model=model,
+            usage=usage,
+            estimated=bool(estimated),
+            context=_storable(context),
+            window=_storable(window),
+            seconds=_seconds(seconds),
+        )
 
     def end_turn(
         self,
@@ -659,7 +662,7 @@ class Router:
                     for number, (part, key) in enumerate(parts, 1)
                 ]
         try:
-            result = self.store.end_turn(
+            result = self.store.end(
                 turn.record,
                 failed=failed,
                 error=error,
@@ -701,22 +704,21 @@ class Router:
         what the request left out of the transcript, on the call where that changed;
         ``window``: where the request window then stood, kept on the agent; ``seconds``: how
         long the call took."""
-        model, usage = self.priced_usage(
+        counted = self._counted(
             model=model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
-        )
-        return budgeting.record_usage(
-            self,
-            turn,
-            model,
-            usage,
             estimated=estimated,
-            context=_storable(context),
-            window=_storable(window),
-            seconds=_seconds(seconds),
+            context=context,
+            window=window,
+            seconds=seconds,
         )
+        check = self.store.record_usage(
+            turn.team_id, turn.agent_id, turn.id, counted, agent=turn.display_name
+        )
+        budgeting.usage_recorded(self, turn, counted, check)
+        return counted.usage
 
     def charge_sub_agent(self, team_id: int, role: str) -> None:
         """Count a sub-agent about to be created against the team's sub-agent budgets

@@ -30,11 +30,11 @@ from agent_router.outbox import QueueDepth
 from agent_router.store.models import utcnow
 from agent_router.store.recovery import (
     BACKLOG_WINDOWS,
-    Scheduled,
     backoff_windows,
     behind_a_backlog,
     still_queued,
 )
+from agent_router.store.values import Scheduled
 
 if TYPE_CHECKING:
     from agent_router.domain import BackgroundJob, OutboxEntry

@@ -27,7 +27,7 @@ from agent_router.domain import Agent, LedgerAction
 from agent_router.formats import parse_fence
 from agent_router.limits import REPLACEMENT
 from agent_router.outbox import RecordingPublisher
-from agent_router.store.budgets import MAX_STORED, NANO
+from agent_router.store.rules import MAX_STORED, NANO
 from agent_router.validation import MAX_TOKENS_PER_CALL
 from tests.support.chat_server import (
     ChatServer,

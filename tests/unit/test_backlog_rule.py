@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from agent_router.store.recovery import Scheduled, backoff_windows, still_queued
+from agent_router.store.recovery import backoff_windows, still_queued
+from agent_router.store.values import Scheduled
 
 T0 = datetime(2026, 12, 1, 12, 0, 0)
 

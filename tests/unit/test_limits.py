@@ -16,8 +16,8 @@ from agent_router import limits
 from agent_router import validation as check
 from agent_router.domain import BudgetName
 from agent_router.errors import InvalidArgumentError, InvalidTranscriptEntryError
-from agent_router.store.budgets import LIMIT_COLUMNS
 from agent_router.store.models import Base
+from agent_router.store.rules import LIMIT_COLUMNS
 
 
 def test_limits_are_read_back_from_column_types() -> None:
@@ -207,7 +207,7 @@ def test_what_the_store_writes_on_its_own_account_is_always_storable() -> None:
 
 
 def test_a_call_cost_past_the_column_saturates_at_its_range() -> None:
-    from agent_router.store.budgets import MAX_STORED, NANO, call_cost_nano
+    from agent_router.store.rules import MAX_STORED, NANO, call_cost_nano
 
     assert MAX_STORED == 2**63 - 1
     assert call_cost_nano(1.5) == 1_500_000_000

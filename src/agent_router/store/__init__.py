@@ -5,6 +5,7 @@ from agent_router.store.engine import make_engine
 from agent_router.store.models import utcnow
 from agent_router.store.postgres import PostgresStore
 from agent_router.store.reads import Reads
+from agent_router.store.sqlite import SqliteStore
 from agent_router.store.store import Store
 from agent_router.store.values import (
     AfterCall,
@@ -21,7 +22,7 @@ from agent_router.store.values import (
 
 def open_store(settings: Settings) -> Store:
     """The store for ``settings.database_url``: the PostgreSQL functions' or SQLite's."""
-    return Store(settings) if settings.is_sqlite else PostgresStore(settings)
+    return SqliteStore(settings) if settings.is_sqlite else PostgresStore(settings)
 
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Result",
     "SendRequest",
     "Since",
+    "SqliteStore",
     "Store",
     "make_engine",
     "open_store",

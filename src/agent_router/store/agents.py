@@ -7,8 +7,6 @@ from dataclasses import replace
 
 import sqlalchemy as sa
 
-from agent_router import errors
-from agent_router import validation as check
 from agent_router.domain import (
     Agent,
     AgentState,
@@ -55,26 +53,12 @@ def create_team(
     )
 
 
-def check_role(role: str) -> str:
-    """The role name, stripped; refused if empty, too long, or shaped like a markup or an
-    external sender."""
-    role = role.strip()
-    if (
-        not role
-        or len(role) > check.MAX_ROLE_CHARS
-        or any(c in role for c in '"\n\r<>')
-        or role.startswith(routing.EXTERNAL_PREFIX)
-    ):
-        raise errors.InvalidMessageError(f"invalid role name {role!r}")
-    return role
-
-
 def create_agent(
     tx: Tx, team_id: int, new: NewAgent, task: SendRequest | None = None
 ) -> tuple[Agent, Delivery | None]:
     """Add a sub-agent and, when ``task`` is given, route that message to it (its ``to`` is
     replaced by the new display name) in the same transaction: both exist, or neither.
-    ``new.role`` is checked by :func:`check_role` first."""
+    ``new.role`` is checked by :func:`rules.check_role` first."""
     queries.team(tx.session, team_id, lock=True)
     agent = add_agent(tx, team_id, new)
     delivery: Delivery | None = None

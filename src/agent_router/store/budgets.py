@@ -24,7 +24,6 @@ not finite) is recorded as the most the column holds, a team's total stops there
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,7 +32,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from agent_router import errors, limits
 from agent_router.domain import (
     TEAM_STOPPING_BUDGETS,
     AgentState,
@@ -43,85 +41,26 @@ from agent_router.domain import (
     LedgerAction,
     TokenUsage,
 )
-from agent_router.settings import Settings
 from agent_router.store import refusals
 from agent_router.store.models import AgentRow, BudgetRow, ModelCallRow, TeamRow, utcnow
+from agent_router.store.rules import (
+    LIMIT_COLUMNS,
+    MAX_STORED,
+    NANO,
+    budget_limit,
+    budget_of,
+    budget_used,
+    call_cost_nano,
+    default_limits,
+    priced,
+    stored_limit,
+)
 from agent_router.store.tx import Tx
-
-#: Costs are stored in nano-dollars (1e-9 USD): integer sums, no rounding drift.
-NANO = limits.NANO
-
-#: The column of each limit on ``ar_budgets`` (the boundary checks a limit against its column).
-LIMIT_COLUMNS: Mapping[BudgetName, str] = {
-    BudgetName.MODEL_CALLS: "max_model_calls",
-    BudgetName.TURNS: "max_turns",
-    BudgetName.TOKENS: "max_tokens",
-    BudgetName.COST: "max_cost_nano",
-    BudgetName.WALL_SECONDS: "max_wall_seconds",
-    BudgetName.SUB_AGENTS_CREATED: "max_sub_agents_created",
-    BudgetName.SUB_AGENTS_ACTIVE: "max_sub_agents_active",
-}
-
-#: The most a cost (nano-dollars) or a team's total holds: the 64-bit columns' range.
-MAX_STORED = limits.integer_range(sa.BigInteger())[1]
+from agent_router.store.values import CallUsage
 
 #: The token counts of a model call: a column each of its ``ar_model_calls`` row and of the
 #: team's budget row (the team's sums), and a field each of :class:`TokenUsage`.
 _TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens")
-
-
-def default_limits(settings: Settings) -> dict[BudgetName, float | None]:
-    """A new team's limits, from the ``budget_*`` settings."""
-    return {
-        BudgetName.MODEL_CALLS: settings.budget_model_calls,
-        BudgetName.TURNS: settings.budget_turns,
-        BudgetName.TOKENS: settings.budget_tokens,
-        BudgetName.COST: settings.budget_cost_usd,
-        BudgetName.WALL_SECONDS: settings.budget_wall_seconds,
-        BudgetName.SUB_AGENTS_CREATED: settings.budget_sub_agents_created,
-        BudgetName.SUB_AGENTS_ACTIVE: settings.budget_sub_agents_active,
-    }
-
-
-def stored_limits(limits: Mapping[BudgetName, float | None]) -> dict[str, float | int | None]:
-    """``limits`` as the budget row's columns store them (cost in nano-dollars), by column."""
-    return {LIMIT_COLUMNS[name]: _stored(name, value) for name, value in limits.items()}
-
-
-def _stored(name: BudgetName, value: float | None) -> float | int | None:
-    if value is None:
-        return None
-    if value < 0:
-        raise errors.InvalidMessageError(f"budget {name.value} must not be negative")
-    if name is BudgetName.COST:
-        return round(value * NANO)
-    if name is BudgetName.WALL_SECONDS:
-        return float(value)
-    if value != int(value):
-        raise errors.InvalidMessageError(f"budget {name.value} must be a whole number")
-    return int(value)
-
-
-def _limit(row: BudgetRow, name: BudgetName) -> float | None:
-    value: float | None = getattr(row, LIMIT_COLUMNS[name])
-    if value is None:
-        return None
-    return value / NANO if name is BudgetName.COST else value
-
-
-def _used(row: BudgetRow, name: BudgetName, now: datetime, sub_agents: tuple[int, int]) -> float:
-    if name is BudgetName.MODEL_CALLS:
-        return row.model_calls
-    if name is BudgetName.TURNS:
-        return row.turns
-    if name is BudgetName.TOKENS:
-        return row.prompt_tokens + row.completion_tokens
-    if name is BudgetName.COST:
-        return row.cost_nano / NANO
-    if name is BudgetName.WALL_SECONDS:
-        return max(0.0, (now - row.started_at).total_seconds())
-    created, active = sub_agents
-    return created if name is BudgetName.SUB_AGENTS_CREATED else active
 
 
 def _row(tx: Tx, team_id: int) -> BudgetRow:
@@ -146,7 +85,7 @@ def _new_row(
 ) -> dict[str, Any]:
     values: dict[str, Any] = {"team_id": team_id, "started_at": started_at}
     for name, column in LIMIT_COLUMNS.items():
-        values[column] = _stored(name, limits.get(name))
+        values[column] = stored_limit(name, limits.get(name))
     wall = values["max_wall_seconds"]
     values["deadline_at"] = None if wall is None else started_at + timedelta(seconds=wall)
     for column in ("model_calls", "turns", "prompt_tokens", "completion_tokens"):
@@ -169,10 +108,10 @@ def _spent(row: BudgetRow, now: datetime, *, turns: bool = True) -> BudgetName |
     """The first team-stopping budget with nothing left. The turn budget is checked only when a
     turn starts (a turn that started may make its model calls)."""
     for name in sorted(TEAM_STOPPING_BUDGETS):
-        limit = _limit(row, name)
+        limit = budget_limit(row, name)
         if limit is None or (name is BudgetName.TURNS and not turns):
             continue
-        if _used(row, name, now, (0, 0)) >= limit:
+        if budget_used(row, name, now, (0, 0)) >= limit:
             return name
     return None
 
@@ -183,8 +122,8 @@ def _warn(tx: Tx, row: BudgetRow, now: datetime, **ids: Any) -> BudgetName | Non
         return None
     ratio = tx.settings.budget_warning_ratio
     for name in sorted(TEAM_STOPPING_BUDGETS):
-        limit = _limit(row, name)
-        used = _used(row, name, now, (0, 0))
+        limit = budget_limit(row, name)
+        used = budget_used(row, name, now, (0, 0))
         if limit is not None and used >= ratio * limit:
             row.warned = True
             tx.ledger(
@@ -207,8 +146,8 @@ def _refused(tx: Tx, row: BudgetRow, now: datetime, spent: BudgetName, **ids: An
             LedgerAction.BUDGET_EXHAUSTED,
             team_id=row.team_id,
             budget=spent.value,
-            used=_used(row, spent, now, (0, 0)),
-            limit=_limit(row, spent),
+            used=budget_used(row, spent, now, (0, 0)),
+            limit=budget_limit(row, spent),
             **ids,
         )
     return BudgetCheck(ok=False, exhausted=row.exhausted, newly_exhausted=newly)
@@ -248,29 +187,20 @@ def charge_model_call(tx: Tx, team_id: int, agent_id: int, turn_id: int | None) 
     return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
 
 
-def priced(settings: Settings, model: str | None) -> bool:
-    """Whether the ``models`` price table lists ``model``: a model call of one it does not list
-    costs $0 by the table, and its ``model_call`` event says ``unpriced``."""
-    return model is not None and model in settings.models
-
-
 def record_usage(
     tx: Tx,
     team_id: int,
     agent_id: int,
     turn_id: int | None,
+    call: CallUsage,
     *,
-    model: str | None,
-    usage: TokenUsage,
-    estimated: bool,
     agent: str | None = None,
-    context: Mapping[str, Any] | None = None,
-    window: Mapping[str, Any] | None = None,
-    ms: int | None = None,
 ) -> BudgetCheck:
     """One model call's usage: a row per call, the team's totals, one ledger event (whose log
-    line names ``agent``; with ``context``, what the request left out, when that changed);
-    ``window``, where the agent's request window then stood, is kept on the agent."""
+    line names ``agent``; with the call's ``context``, what the request left out, when that
+    changed, and its ``ms``); the call's ``window``, where the agent's request window then
+    stood, is kept on the agent."""
+    usage, model, window, estimated = call.usage, call.model, call.window, call.estimated
     ids: dict[str, Any] = {"agent_id": agent_id, "turn_id": turn_id}
     tokens = {name: getattr(usage, name) for name in _TOKEN_COUNTS}
     cost_nano = call_cost_nano(usage.cost_usd)
@@ -307,21 +237,11 @@ def record_usage(
         estimated=estimated,
         **({} if priced(tx.settings, model) else {"unpriced": True}),
         **ids,
-        **({} if context is None else {"context": dict(context)}),
+        **({} if call.context is None else {"context": dict(call.context)}),
         **({"saturated": saturated} if saturated else {}),
-        **({} if ms is None else {"ms": ms}),
+        **({} if call.seconds is None else {"ms": round(call.seconds * 1000)}),
     )
     return BudgetCheck(ok=True, warn=_warn(tx, row, now, **ids))
-
-
-def call_cost_nano(cost_usd: float) -> int:
-    """A model call's cost in nano-dollars as its column holds it: one past the column's range,
-    or not a finite number (a price times 2**40 tokens, an infinite price), is the most the
-    column holds (:data:`MAX_STORED`); a negative one is 0."""
-    nano = cost_usd * NANO
-    if math.isnan(nano) or nano >= MAX_STORED:
-        return MAX_STORED
-    return max(0, round(nano))
 
 
 def charge_sub_agent(tx: Tx, team_id: int, role: str) -> None:
@@ -331,7 +251,7 @@ def charge_sub_agent(tx: Tx, team_id: int, role: str) -> None:
     row, now = _row(tx, team_id), utcnow()
     counts = _sub_agents(tx, team_id)
     for name in (BudgetName.SUB_AGENTS_CREATED, BudgetName.SUB_AGENTS_ACTIVE):
-        limit, used = _limit(row, name), _used(row, name, now, counts)
+        limit, used = budget_limit(row, name), budget_used(row, name, now, counts)
         if limit is None or used < limit:
             continue
         raise tx.refuse(
@@ -353,7 +273,7 @@ def set_limits(
     (``exhausted`` cleared)."""
     row, now = _row(tx, team_id), utcnow()
     for name, value in limits.items():
-        setattr(row, LIMIT_COLUMNS[name], _stored(name, value))
+        setattr(row, LIMIT_COLUMNS[name], stored_limit(name, value))
     wall = row.max_wall_seconds
     row.deadline_at = None if wall is None else row.started_at + timedelta(seconds=wall)
     row.warned = False
@@ -378,25 +298,6 @@ def budget(tx: Tx, team_id: int) -> Budget:
 
 def _budget(tx: Tx, row: BudgetRow, now: datetime) -> Budget:
     return budget_of(row, _sub_agents(tx, row.team_id), now)
-
-
-def budget_of(row: BudgetRow, counts: tuple[int, int], now: datetime) -> Budget:
-    """A team's limits and use, from its budget row and its sub-agents (created, active)."""
-    return Budget(
-        team_id=row.team_id,
-        limits={name: _limit(row, name) for name in BudgetName},
-        used={name: _used(row, name, now, counts) for name in BudgetName},
-        usage=TokenUsage(
-            model_calls=row.model_calls,
-            prompt_tokens=row.prompt_tokens,
-            completion_tokens=row.completion_tokens,
-            cached_tokens=row.cached_tokens,
-            cost_usd=row.cost_nano / NANO,
-        ),
-        warned=row.warned,
-        exhausted=row.exhausted,
-        started_at=row.started_at,
-    )
 
 
 # ---------------------------------------------------------------------------- reads

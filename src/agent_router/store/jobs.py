@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
+from agent_router import validation
 from agent_router.domain import (
     AgentState,
     BackgroundJob,
@@ -24,12 +25,9 @@ from agent_router.store.models import (
     OutboxRow,
     utcnow,
 )
+from agent_router.store.rules import JOB_BATCH_MAX_WINDOWS
 from agent_router.store.tx import Tx
 from agent_router.store.values import SendRequest
-
-#: A burst of background-job completions delays its agent's turn by at most this many batch
-#: windows (``Settings.background_batch_seconds``) after the first completion.
-JOB_BATCH_MAX_WINDOWS = 10
 
 
 def start_job(tx: Tx, team_id: int, agent: str, *, name: str, task_id: str) -> BackgroundJob:
@@ -94,7 +92,7 @@ def finish_job(
                 team_id=job.team_id,
                 to=agent.display_name,
                 content=f"Background job {job.name} ({job.task_id}) {verb}: {result}",
-                sender=f"{routing.EXTERNAL_PREFIX}{job.name}",
+                sender=f"{validation.EXTERNAL_PREFIX}{job.name}",
                 type=MessageType.NOTICE,
                 dedup_key=f"job:{job.id}",
             ),

@@ -17,8 +17,8 @@ turn) and writes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -46,30 +46,17 @@ from agent_router.store.models import (
     TranscriptEntryRow,
     TurnRow,
     UserMessageRow,
-    utcnow,
 )
 from agent_router.store.tx import Tx
+from agent_router.store.values import Deletion
+
+#: A new transaction of the store, as a context manager (``Store._tx``): a prune runs several.
+Transact = Callable[[], AbstractContextManager[Tx]]
 
 #: Teams deleted by one prune transaction; a prune runs batches until none is left.
 PRUNE_BATCH = 200
 
 _BUSY_STATES = frozenset({AgentState.SCHEDULED, *TURN_STATES})
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deletion:
-    """What a delete or a prune removed (with ``dry_run``: would remove)."""
-
-    teams: tuple[int, ...] = ()
-    rows: dict[str, int] = field(default_factory=dict)  # table name -> rows
-    questions: tuple[int, ...] = ()  # their wake keys go too
-    dry_run: bool = False
-    owed: dict[str, int] = field(default_factory=dict)  # owed rows dropped, by kind (OWED)
-    kept: tuple[int, ...] = ()  # teams a prune left: they owe something, or a send reached them
-
-    @property
-    def total(self) -> int:
-        return sum(self.rows.values())
 
 
 def _team_rows(
@@ -385,38 +372,73 @@ def prune_ledger(tx: Tx, *, before: datetime, limit: int, dry_run: bool) -> int:
     )
 
 
-#: Refusals of one kind (team, reason, sender, receiver) within this many seconds share one
-#: ledger row, counted in its ``repeats``: a sender retrying a refused send does not grow the
-#: ledger by a row per attempt.
-REFUSAL_WINDOW_SECONDS = 60.0
+def prune_ledger_batches(
+    transact: Transact, *, before: datetime, dry_run: bool, batches: int | None
+) -> int:
+    """Delete routine ledger events older than ``before`` (:func:`prune_ledger`), a batch per
+    transaction of ``transact``, at most ``batches`` of them (``None``: until none is left);
+    how many (``dry_run``: count them in one transaction, delete none)."""
+    if dry_run:
+        with transact() as tx:
+            return prune_ledger(tx, before=before, limit=0, dry_run=True)
+    deleted = 0
+    done = 0
+    while batches is None or done < batches:
+        with transact() as tx:
+            count = prune_ledger(tx, before=before, limit=LEDGER_PRUNE_BATCH, dry_run=False)
+        deleted += count
+        done += 1
+        if count < LEDGER_PRUNE_BATCH:
+            break
+    return deleted
 
 
-def aggregate_refusal(tx: Tx, fields: dict[str, Any]) -> bool:
-    """Count a refusal on the latest row of its kind within the window (locked); ``False``
-    when there is none, and the refusal needs a row of its own."""
-    team_id = fields.get("team_id")
-    if team_id is None:
-        return False
-    now = utcnow()
-    latest = tx.session.scalars(
-        sa.select(LedgerRow)
-        .where(
-            LedgerRow.team_id == team_id,
-            LedgerRow.action == LedgerAction.SEND_REJECTED,
-            LedgerRow.created_at >= now - timedelta(seconds=REFUSAL_WINDOW_SECONDS),
-        )
-        .order_by(LedgerRow.id.desc())
-        .limit(1)
-        .with_for_update()
-    ).one_or_none()
-    key = ("reason", "sender", "to")
-    if latest is None or any(latest.detail.get(k) != fields.get(k) for k in key):
-        return False
-    latest.detail = {
-        **latest.detail,
-        "repeats": int(latest.detail.get("repeats", 1)) + 1,
-        "last_at": now.isoformat(),
-        # The latest refusal's code and fields: its sentence is the one shown.
-        **{k: fields[k] for k in ("refused", "fields") if fields.get(k) is not None},
-    }
-    return True
+def prune(
+    transact: Transact, *, before: datetime, dry_run: bool, include_undelivered: bool
+) -> Deletion:
+    """Delete the published outbox rows older than ``before``, then the finished teams idle
+    since then (:func:`finished_teams`, :func:`delete_teams`), :data:`PRUNE_BATCH` teams per
+    transaction of ``transact``; what was deleted, summed over the batches."""
+    with transact() as tx:  # first, so that a dry run counts each row once
+        published = prune_outbox(tx, before=before, dry_run=dry_run)
+    teams: list[int] = []
+    kept: list[int] = []
+    rows: dict[str, int] = {}
+    owed: dict[str, int] = {}
+    questions: list[int] = []
+    while True:
+        with transact() as tx:
+            batch, held = finished_teams(
+                tx,
+                before=before,
+                limit=PRUNE_BATCH,
+                after=max(teams + kept, default=0),
+                include_undelivered=include_undelivered,
+            )
+            deletion = delete_teams(
+                tx,
+                batch,
+                dry_run=dry_run,
+                outbox_pruned_before=before,
+                include_undelivered=include_undelivered,
+                by="prune",
+                idle_since=before,
+            )
+        teams += deletion.teams
+        kept += held + list(deletion.kept)
+        questions += deletion.questions
+        for name, count in deletion.rows.items():
+            rows[name] = rows.get(name, 0) + count
+        for kind, count in deletion.owed.items():
+            owed[kind] = owed.get(kind, 0) + count
+        if len(batch) + len(held) < PRUNE_BATCH:
+            break
+    rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
+    return Deletion(
+        teams=tuple(teams),
+        rows=rows,
+        questions=tuple(questions),
+        dry_run=dry_run,
+        owed=owed,
+        kept=tuple(kept),
+    )

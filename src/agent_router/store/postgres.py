@@ -1,11 +1,13 @@
 """The store on PostgreSQL: every transition one call of its function (``postgresql/*.sql``).
 
-:class:`PostgresStore` is the :class:`~agent_router.store.store.Store` whose transitions are
-the database's functions: a call is one statement, its own transaction (autocommit), so each
-transition is one round trip in every branch, and the function decides every branch. What a
-function decided comes back as one JSON object: the transition's result, the ledger events it
-wrote (logged here, as the SQLite implementation logs its own), the outbox rows to publish
-after the commit, or a refusal (the error to raise; its event is written by the function).
+:class:`PostgresStore` is the sibling of :class:`~agent_router.store.sqlite.SqliteStore` whose
+transitions are the database's functions (their contract: :class:`~agent_router.store.store.Store`):
+a call is one statement, its own transaction (autocommit), so each transition is one round trip in
+every branch, and the function decides every branch. What a function decided comes back as one
+JSON object: the transition's result, the ledger events it wrote (logged here, as the SQLite
+implementation logs its own), the outbox rows to publish after the commit, or a refusal (the
+error to raise; its event is written by the function). A few transitions still run as SQL
+statements sent from Python, the section at the end of the class.
 
 A connection lost while a call ran leaves it unknown whether it committed
 (:class:`~agent_router.errors.CommitUnknownError`); one lost before it was sent is retried
@@ -18,7 +20,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import psycopg
@@ -43,12 +45,13 @@ from agent_router.domain import (
     MessageType,
     OutboxEntry,
     OutboxKind,
+    Quarantine,
     Question,
     QuestionKind,
     QuestionStatus,
     RouteOutcome,
+    SweepStep,
     Team,
-    TokenUsage,
     TurnRecord,
     TurnStatus,
     TurnTrigger,
@@ -57,16 +60,14 @@ from agent_router.domain import (
 )
 from agent_router.store import (
     agents,
-    budgets,
     faults,
     functions,
-    jobs,
+    lifecycle,
+    quarantine,
+    recovery,
     refusals,
-    routing,
-    turns,
-    users,
+    rules,
     values,
-    waits,
 )
 from agent_router.store.engine import closed_by_server
 from agent_router.store.models import BudgetRow, utcnow
@@ -78,15 +79,31 @@ from agent_router.store.values import (
     BeforeCall,
     CallUsage,
     Claim,
+    Deletion,
     FirstCall,
     NewAgent,
     Result,
+    Scheduled,
     SendRequest,
     Since,
 )
 
 #: The SQLSTATE of a call to a function the database does not have.
 _UNDEFINED_FUNCTION = "42883"
+
+#: The parameters of a model call's usage, in the statements that record it.
+_USAGE_PARAMS = (
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_nano",
+    "estimated",
+    "priced",
+    "context",
+    "window",
+    "ms",
+)
 
 
 class PostgresStore(Store):
@@ -175,14 +192,14 @@ class PostgresStore(Store):
         model: str | None = None,
         user_task: str | None = None,
     ) -> Team:
-        limits = budgets.default_limits(self.settings) | dict(budget or {})
+        limits = rules.default_limits(self.settings) | dict(budget or {})
         result = self._call(
             "create_team",
             name=lead.display_name or lead.role,
             role=lead.role,
             system_prompt=lead.system_prompt,
             runner=lead.runner,
-            limits=json.dumps(budgets.stored_limits(limits)),
+            limits=json.dumps(rules.stored_limits(limits)),
             model=model,
             user_task=user_task,
         )
@@ -199,9 +216,9 @@ class PostgresStore(Store):
     def create_agent(
         self, team_id: int, new: NewAgent, *, task: SendRequest | None = None
     ) -> tuple[Agent, Delivery | None]:
-        role = agents.check_role(new.role)
+        role = rules.check_role(new.role)
         if new.display_name is not None:
-            routing.check_display_name(new.display_name)
+            rules.check_display_name(new.display_name)
         sent = None if task is None else {**_sent(task), **_sender(task)}
         result = self._call(
             "create_agent",
@@ -231,7 +248,7 @@ class PostgresStore(Store):
     @faults.retrying
     def interrupt(self, req: SendRequest) -> Delivery:
         result = self._call(
-            "interrupt", **_sent(req), **_sender(req), reason=routing.INTERRUPT_REASON
+            "interrupt", **_sent(req), **_sender(req), reason=rules.INTERRUPT_REASON
         )
         return _delivery(result)
 
@@ -258,7 +275,7 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ turns
 
     @faults.retrying
-    def claim_turn(
+    def claim(
         self,
         agent_id: int,
         epoch: int | None = None,
@@ -277,7 +294,7 @@ class PostgresStore(Store):
             kept=kept is not None,
             after=None if kept is None else kept.position,
             limit=self.settings.drain_batch_size,
-            stopped=turns.STOPPED_RESULT,
+            stopped=rules.STOPPED_RESULT,
             **self._budget_params(),
         )
         claim = result["claim"]
@@ -305,7 +322,7 @@ class PostgresStore(Store):
 
     @faults.retrying
     def append_assistant(self, turn: TurnRecord, message: dict[str, Any]) -> None:
-        payload = turns.validate_assistant(message)
+        payload = rules.validate_assistant(message)
         self._call("append", **_of(turn), payload=json.dumps(payload), call=None, meta=None)
 
     @faults.retrying
@@ -342,7 +359,7 @@ class PostgresStore(Store):
             after=None if since is None else since.position,
             limit=self.settings.drain_batch_size,
             lease_seconds=self.settings.lease_seconds,
-            stopped=turns.STOPPED_RESULT,
+            stopped=rules.STOPPED_RESULT,
             **self._budget_params(),
         )
         return _before_call(result)
@@ -351,30 +368,14 @@ class PostgresStore(Store):
     def after_call(
         self, turn: TurnRecord, message: dict[str, Any], *, usage: CallUsage | None
     ) -> AfterCall:
-        payload = turns.validate_assistant(message)
-        counts: dict[str, Any] = dict.fromkeys(
-            ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_nano")
-        ) | {"estimated": None, "priced": None, "context": None, "window": None, "ms": None}
-        if usage is not None:
-            counts = {
-                "model": usage.model,
-                "prompt_tokens": usage.usage.prompt_tokens,
-                "completion_tokens": usage.usage.completion_tokens,
-                "cached_tokens": usage.usage.cached_tokens,
-                "cost_nano": budgets.call_cost_nano(usage.usage.cost_usd),
-                "estimated": usage.estimated,
-                "priced": budgets.priced(self.settings, usage.model),
-                "context": None if usage.context is None else json.dumps(dict(usage.context)),
-                "window": None if usage.window is None else json.dumps(dict(usage.window)),
-                "ms": None if usage.seconds is None else round(usage.seconds * 1000),
-            }
+        payload = rules.validate_assistant(message)
         result = self._call(
             "after_call",
             **_of(turn),
             payload=json.dumps(payload),
             lease_seconds=self.settings.lease_seconds,
-            stopped=turns.STOPPED_RESULT,
-            **counts,
+            stopped=rules.STOPPED_RESULT,
+            **self._usage(usage),
             **self._budget_params(),
         )
         return AfterCall(
@@ -387,7 +388,7 @@ class PostgresStore(Store):
         )
 
     @faults.retrying
-    def end_turn(
+    def end(
         self,
         turn: TurnRecord,
         *,
@@ -402,8 +403,8 @@ class PostgresStore(Store):
             **_of(turn),
             failed=failed,
             error=error,
-            interrupted=turns.INTERRUPTED_RESULT,
-            stopped=turns.STOPPED_RESULT,
+            interrupted=rules.INTERRUPTED_RESULT,
+            stopped=rules.STOPPED_RESULT,
             results=_results(results),
             answers=json.dumps([{"content": c, "dedup_key": k} for c, k in answers])
             if answers
@@ -435,7 +436,7 @@ class PostgresStore(Store):
 
     @faults.retrying
     def finish_stop(self, turn: TurnRecord, *, reason: str | None = None) -> None:
-        self._call("finish_stop", **_of(turn), reason=reason, stopped=turns.STOPPED_RESULT)
+        self._call("finish_stop", **_of(turn), reason=reason, stopped=rules.STOPPED_RESULT)
 
     # ------------------------------------------------------------------ waits
 
@@ -516,11 +517,11 @@ class PostgresStore(Store):
 
     @faults.retrying
     def remind_user(self) -> int:
-        return int(self._call("remind_user", prefix=users.REMINDER_PREFIX)["reminded"])
+        return int(self._call("remind_user", prefix=rules.REMINDER_PREFIX)["reminded"])
 
     @faults.retrying
     def _expire_question(self, question_id: int) -> bool:
-        result = self._call("expire_question", question=question_id, result=waits.EXPIRED_RESULT)
+        result = self._call("expire_question", question=question_id, result=rules.EXPIRED_RESULT)
         return bool(result["expired"])
 
     # ------------------------------------------------------------------ recovery
@@ -540,7 +541,7 @@ class PostgresStore(Store):
             reason=reason,
             expected_turn=expected_turn_id,
             lease_check=lease_check,
-            interrupted=turns.INTERRUPTED_RESULT,
+            interrupted=rules.INTERRUPTED_RESULT,
         )
         return int(result["epoch"])
 
@@ -558,11 +559,11 @@ class PostgresStore(Store):
         budget row gets (as stored)."""
         return {
             "ratio": self.settings.budget_warning_ratio,
-            "defaults": json.dumps(budgets.stored_limits(budgets.default_limits(self.settings))),
+            "defaults": json.dumps(rules.stored_limits(rules.default_limits(self.settings))),
         }
 
     @faults.retrying
-    def charge(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
+    def charge_model_call(self, team_id: int, agent_id: int, turn_id: int) -> BudgetCheck:
         result = self._call(
             "charge_model_call", team=team_id, agent=agent_id, turn=turn_id, **self._budget_params()
         )
@@ -574,14 +575,9 @@ class PostgresStore(Store):
         team_id: int,
         agent_id: int,
         turn_id: int | None,
+        usage: CallUsage,
         *,
-        model: str | None,
-        usage: TokenUsage,
-        estimated: bool,
         agent: str | None = None,
-        context: Mapping[str, Any] | None = None,
-        window: Mapping[str, Any] | None = None,
-        ms: int | None = None,
     ) -> BudgetCheck:
         result = self._call(
             "record_usage",
@@ -589,19 +585,28 @@ class PostgresStore(Store):
             team=team_id,
             agent=agent_id,
             turn=turn_id,
-            model=model,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            cost_nano=budgets.call_cost_nano(usage.cost_usd),
-            estimated=estimated,
-            priced=budgets.priced(self.settings, model),
-            context=None if context is None else json.dumps(dict(context)),
-            window=None if window is None else json.dumps(dict(window)),
-            ms=ms,
+            **self._usage(usage),
             **self._budget_params(),
         )
         return _check(result["budget"])
+
+    def _usage(self, usage: CallUsage | None) -> dict[str, Any]:
+        """A model call's usage as the functions that record it take it (all ``None``: no
+        usage to record)."""
+        if usage is None:
+            return dict.fromkeys(_USAGE_PARAMS)
+        return {
+            "model": usage.model,
+            "prompt_tokens": usage.usage.prompt_tokens,
+            "completion_tokens": usage.usage.completion_tokens,
+            "cached_tokens": usage.usage.cached_tokens,
+            "cost_nano": rules.call_cost_nano(usage.usage.cost_usd),
+            "estimated": usage.estimated,
+            "priced": rules.priced(self.settings, usage.model),
+            "context": None if usage.context is None else json.dumps(dict(usage.context)),
+            "window": None if usage.window is None else json.dumps(dict(usage.window)),
+            "ms": None if usage.seconds is None else round(usage.seconds * 1000),
+        }
 
     @faults.retrying
     def charge_sub_agent(self, team_id: int, role: str) -> None:
@@ -619,7 +624,7 @@ class PostgresStore(Store):
         result = self._call(
             "set_limits",
             team=team_id,
-            limits=json.dumps(budgets.stored_limits(limits)),
+            limits=json.dumps(rules.stored_limits(limits)),
             given=json.dumps({name.value: value for name, value in limits.items()}),
             by=by,
             defaults=self._budget_params()["defaults"],
@@ -650,9 +655,93 @@ class PostgresStore(Store):
             result=result,
             result_body=formats.stored_body(result),
             batch_seconds=batch_seconds,
-            max_windows=jobs.JOB_BATCH_MAX_WINDOWS,
+            max_windows=rules.JOB_BATCH_MAX_WINDOWS,
         )
         return _job(found["job"])
+
+    # ------------------------------------------------------------------ statements from Python
+    # These transitions run as SQL statements sent from Python (the SQLAlchemy modules that
+    # SqliteStore runs, in a transaction of Store._tx), not as functions of the database.
+
+    @faults.retrying
+    def seed_mailbox(
+        self, agent_id: int, count: int, *, content: str, sender: str = "system"
+    ) -> None:
+        with self._tx() as tx:
+            agents.seed_mailbox(tx, agent_id, count, content=content, sender=sender)
+
+    @faults.retrying
+    def take_over_expired(self, agent_id: int) -> int | None:
+        with self._sessions() as session:
+            turn_id = recovery.expired_turn(session, agent_id)
+        if turn_id is None:
+            return None
+        try:
+            return self.take_over(
+                agent_id, reason="lease expired", expected_turn_id=turn_id, lease_check=True
+            )
+        except errors.TurnError:
+            return None
+
+    @faults.retrying
+    def reenqueue(self, agent: Scheduled, *, windows: int) -> bool:
+        with self._tx() as tx:
+            return recovery.reenqueue(tx, agent, windows=windows)
+
+    @faults.retrying
+    def record_sweep_failure(
+        self, agent_id: int, step: SweepStep, error: str, *, period_seconds: float
+    ) -> Quarantine | None:
+        with self._tx() as tx:
+            return quarantine.record_failure(
+                tx, agent_id, step, error, period_seconds=period_seconds
+            )
+
+    @faults.retrying
+    def lift_quarantine(self, agent_id: int, *, reason: str) -> bool:
+        with self._tx() as tx:
+            return quarantine.lift(tx, agent_id, reason=reason)
+
+    @faults.retrying
+    def lift_settled_quarantines(self, *, keep: set[int]) -> list[int]:
+        with self._tx() as tx:
+            return quarantine.settled(tx, keep=keep)
+
+    @faults.retrying
+    def claim_unpublished(
+        self, *, older_than_seconds: float = 0.0, limit: int = 500
+    ) -> list[OutboxEntry]:
+        with self._tx() as tx:
+            return recovery.claim_unpublished(
+                tx, older_than_seconds=older_than_seconds, limit=limit
+            )
+
+    @faults.retrying
+    def delete_team(
+        self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
+    ) -> Deletion:
+        with self._tx() as tx:  # a dry run only reads (and locks) what it counts
+            return lifecycle.delete_team(
+                tx, team_id, dry_run=dry_run, include_undelivered=include_undelivered
+            )
+
+    @faults.retrying
+    def prune_ledger(
+        self, *, older_than_seconds: float, dry_run: bool = False, batches: int | None = None
+    ) -> int:
+        before = utcnow() - timedelta(seconds=older_than_seconds)
+        return lifecycle.prune_ledger_batches(
+            self._tx, before=before, dry_run=dry_run, batches=batches
+        )
+
+    @faults.retrying
+    def prune(
+        self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
+    ) -> Deletion:
+        before = utcnow() - timedelta(seconds=older_than_seconds)
+        return lifecycle.prune(
+            self._tx, before=before, dry_run=dry_run, include_undelivered=include_undelivered
+        )
 
 
 def _run(conn: sa.Connection, statement: str, params: dict[str, Any]) -> Any:
@@ -791,7 +880,7 @@ def _budget(result: Mapping[str, Any]) -> Budget:
     exhausted = row["exhausted"]
     row["exhausted"] = BudgetName(exhausted) if exhausted else None
     created, active = result["sub_agents"]
-    return budgets.budget_of(BudgetRow(**row), (created, active), utcnow())
+    return rules.budget_of(BudgetRow(**row), (created, active), utcnow())
 
 
 def _time(value: str | None) -> datetime | None:
@@ -817,7 +906,7 @@ def _sender(req: SendRequest) -> dict[str, Any]:
     return {
         "team": req.team_id,
         "sender": req.sender,
-        "external": routing.is_external(req.sender),
+        "external": rules.is_external(req.sender),
     }
 
 

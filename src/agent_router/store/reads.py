@@ -392,7 +392,7 @@ class Reads:
             )
 
     @faults.wrapped_read
-    def scheduled(self, *, older_than_seconds: float) -> list[recovery.Scheduled]:
+    def scheduled(self, *, older_than_seconds: float) -> list[values.Scheduled]:
         """Agents scheduled longer ago than that, with their turn tasks' publishes."""
         return self._read(recovery.scheduled, older_than_seconds=older_than_seconds)
 

@@ -4,7 +4,6 @@ agent at a time, each in a transaction of its own), claim unpublished outbox row
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -18,7 +17,7 @@ from agent_router.domain import (
     TurnStatus,
     TurnTrigger,
 )
-from agent_router.store import queries, refusals, routing, turns, values
+from agent_router.store import queries, refusals, routing, rules, turns, values
 from agent_router.store.decisions import move
 from agent_router.store.models import (
     AgentRow,
@@ -27,6 +26,7 @@ from agent_router.store.models import (
     utcnow,
 )
 from agent_router.store.tx import Tx
+from agent_router.store.values import Scheduled
 
 
 def take_over(
@@ -68,7 +68,7 @@ def take_over(
         agent.epoch += 1
         question.asker_epoch = agent.epoch
     else:
-        turns.close_dangling(tx, agent, old.id if old else None, turns.INTERRUPTED_RESULT, None)
+        turns.close_dangling(tx, agent, old.id if old else None, rules.INTERRUPTED_RESULT, None)
         routing.schedule(tx, agent, TurnTrigger.RECOVERY)
     tx.agent_ledger(
         LedgerAction.TAKE_OVER,
@@ -81,6 +81,24 @@ def take_over(
     return agent.epoch
 
 
+def expired_turn(session: Session, agent_id: int) -> int | None:
+    """The agent's running turn at its current epoch if its lease has expired (read without a
+    lock: :func:`take_over` checks again under it, ``lease_check``), else ``None``."""
+    agent = session.get(AgentRow, agent_id)
+    if agent is None:
+        return None
+    turn = session.scalars(
+        sa.select(TurnRow).where(
+            TurnRow.agent_id == agent_id,
+            TurnRow.epoch == agent.epoch,
+            TurnRow.status == TurnStatus.RUNNING,
+        )
+    ).one_or_none()
+    if turn is None or turn.lease_expires_at is None or turn.lease_expires_at >= utcnow():
+        return None
+    return turn.id
+
+
 #: A scheduled agent is re-enqueued after 1, 2, 4, ... (at most this many) delivery windows
 #: without a claim: each copy of a task still queued would only be refused by the fence.
 MAX_BACKOFF_WINDOWS = 32
@@ -88,20 +106,6 @@ MAX_BACKOFF_WINDOWS = 32
 #: behind a backlog (turns started since its publish, all of agents scheduled before it)
 #: before it is re-enqueued anyway.
 BACKLOG_WINDOWS = 8
-
-
-@dataclass(frozen=True, kw_only=True)
-class Scheduled:
-    """An agent ``scheduled`` for longer than a delivery window, and its turn task's publishes
-    in the current epoch."""
-
-    agent_id: int
-    team_id: int
-    epoch: int
-    runner: str | None  # the host's task (``name@queue``), or None: the built-in loop's
-    sent: int  # enqueue rows of the epoch
-    unpublished: int  # of them, not yet published (the outbox re-publisher's)
-    last_published: datetime | None
 
 
 def scheduled(session: Session, *, older_than_seconds: float) -> list[Scheduled]:

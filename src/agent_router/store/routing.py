@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import aliased
 
-from agent_router import errors, formats, validation
+from agent_router import errors, formats
 from agent_router.constants import wake_token
 from agent_router.domain import (
     AgentState,
@@ -31,16 +31,13 @@ from agent_router.store.models import (
     QuestionRow,
     utcnow,
 )
+from agent_router.store.rules import INTERRUPT_REASON, is_external
 from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import SendRequest
 
 #: The sender name of the person in the chat.
 USER = "user"
 
-#: Senders that are not agents of the team. ``job:<name>`` is a background job.
-EXTERNAL_SENDERS = frozenset({USER, "system"})
-
-EXTERNAL_PREFIX = "job:"
 
 # The first statement of every send, built once (it runs on the hot path): lock the target and
 # take its next sequence number, returning it with the sender's id and state.
@@ -409,10 +406,6 @@ def end_wait(
     continue_waiter(tx, waiter, question)
 
 
-#: The reason of the stop a user's interrupt requests (its ``stop_requested`` event).
-INTERRUPT_REASON = "interrupted by the user"
-
-
 def interrupt(tx: Tx, req: SendRequest) -> Delivery:
     """The user's message to the lead, routed as :func:`route` routes it; a lead running a
     turn is then asked to stop at its next boundary, and that stop starts one follow-up turn
@@ -463,15 +456,3 @@ def sender_of(tx: Tx, req: SendRequest) -> tuple[int | None, AgentState | None]:
         return None, None
     row = queries.agent_by_name(tx.session, req.team_id, req.sender)
     return (row.id, row.state) if row is not None else (None, None)
-
-
-def is_external(sender: str) -> bool:
-    return sender in EXTERNAL_SENDERS or (
-        sender.startswith(EXTERNAL_PREFIX) and len(sender) > len(EXTERNAL_PREFIX)
-    )
-
-
-def check_display_name(name: str) -> None:
-    """The rule the router applies to a sub-agent's display name (one rule:
-    :func:`agent_router.validation.display_name`), again at the store's door."""
-    validation.display_name(name)

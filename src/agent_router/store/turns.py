@@ -35,6 +35,7 @@ from agent_router.store.models import (
     TurnRow,
     utcnow,
 )
+from agent_router.store.rules import INTERRUPTED_RESULT, STOPPED_RESULT
 from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import (
     AfterCall,
@@ -46,19 +47,8 @@ from agent_router.store.values import (
     Since,
 )
 
-#: The synthetic result of a tool call whose turn died or ended first. It says that the call may
-#: have taken effect (a sub-agent created, a message sent) so that the model looks before it
-#: repeats a call that is not idempotent.
-INTERRUPTED_RESULT = (
-    "interrupted: the turn running this tool call ended before it returned; it may or may not "
-    "have taken effect, so check (list_sub_agents, list_agents, get_sub_agent_status) before "
-    "repeating it"
-)
 
-STOPPED_RESULT = "cancelled: the agent was stopped before this tool call ran"
-
-
-def claim_turn(
+def claim(
     tx: Tx,
     agent_id: int,
     epoch: int | None = None,
@@ -352,7 +342,8 @@ def _refuse_open_tool_calls(
 
 
 def append_assistant(tx: Tx, turn: TurnRecord, payload: dict[str, Any]) -> None:
-    """Append an assistant message (checked by :func:`validate_assistant`) to the transcript."""
+    """Append an assistant message (checked by :func:`rules.validate_assistant`) to the
+    transcript."""
     agent, _row = fenced(tx, turn, "append_assistant")
     _refuse_open_tool_calls(tx, agent, turn, "append_assistant", "calls_open_at_append")
     queries.append(tx.session, agent, payload, turn_id=turn.id)
@@ -423,7 +414,7 @@ def close_dangling(
     return closed
 
 
-def end_turn(
+def end(
     tx: Tx,
     turn: TurnRecord,
     *,
@@ -533,7 +524,7 @@ def after_call(
 ) -> AfterCall:
     """Everything a turn does after a model call, in one transaction: the call's ``usage``
     recorded (:func:`budgets.record_usage`), then, if a stop was requested meanwhile, the stop
-    honoured and the reply (``payload``, checked by :func:`validate_assistant`) left out; else
+    honoured and the reply (``payload``, checked by :func:`rules.validate_assistant`) left out; else
     the reply appended and the turn's lease renewed. A reply that calls no tool reads the
     questions open to the agent (the loop's reminders look at them before the turn ends)."""
     agent, row = fenced(tx, turn, "append_assistant")
@@ -543,17 +534,7 @@ def after_call(
     check = None
     if usage is not None:
         check = budgets.record_usage(
-            tx,
-            agent.team_id,
-            agent.id,
-            turn.id,
-            model=usage.model,
-            usage=usage.usage,
-            estimated=usage.estimated,
-            agent=agent.display_name,
-            context=usage.context,
-            window=usage.window,
-            ms=None if usage.seconds is None else round(usage.seconds * 1000),
+            tx, agent.team_id, agent.id, turn.id, usage, agent=agent.display_name
         )
     if stopping:
         stop_turn(tx, agent, row, reason=requested_stop_reason(tx, agent))
@@ -675,33 +656,3 @@ def cancel_own_questions(tx: Tx, agent: AgentRow, now: Any) -> None:
         )
     ):
         close_question(own, QuestionStatus.CANCELLED, stop_waiting=True)
-
-
-def validate_assistant(message: dict[str, Any]) -> dict[str, Any]:
-    if not isinstance(message, dict) or message.get("role") != "assistant":
-        raise errors.InvalidTranscriptEntryError("an assistant message needs role 'assistant'")
-    content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        raise errors.InvalidTranscriptEntryError("assistant content must be a string or None")
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise errors.InvalidTranscriptEntryError("tool_calls must be a list")
-    seen: set[str] = set()
-    for call in calls:
-        if (
-            not isinstance(call, dict)
-            or not isinstance(call.get("id"), str)
-            or not call["id"]
-            or not isinstance(call.get("function"), dict)
-            or not isinstance(call["function"].get("name"), str)
-        ):
-            raise errors.InvalidTranscriptEntryError(f"malformed tool call {call!r}")
-        if call["id"] in seen:
-            raise errors.InvalidTranscriptEntryError(f"duplicate tool call id {call['id']!r}")
-        seen.add(call["id"])
-    if content is None and not calls:
-        raise errors.InvalidTranscriptEntryError("an assistant message needs content or tool calls")
-    payload: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        payload["tool_calls"] = calls
-    return payload

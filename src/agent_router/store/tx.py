@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -211,3 +212,40 @@ def drop_ledger_buffer(session: Session, transaction: SessionTransaction) -> Non
     # every flush runs in a subtransaction of its own.
     if transaction.parent is None:
         session.info.pop(_LEDGER_BUFFER, None)
+
+
+#: Refusals of one kind (team, reason, sender, receiver) within this many seconds share one
+#: ledger row, counted in its ``repeats``: a sender retrying a refused send does not grow the
+#: ledger by a row per attempt.
+REFUSAL_WINDOW_SECONDS = 60.0
+
+
+def aggregate_refusal(tx: Tx, fields: dict[str, Any]) -> bool:
+    """Count a refusal on the latest row of its kind within the window (locked); ``False``
+    when there is none, and the refusal needs a row of its own."""
+    team_id = fields.get("team_id")
+    if team_id is None:
+        return False
+    now = utcnow()
+    latest = tx.session.scalars(
+        sa.select(LedgerRow)
+        .where(
+            LedgerRow.team_id == team_id,
+            LedgerRow.action == LedgerAction.SEND_REJECTED,
+            LedgerRow.created_at >= now - timedelta(seconds=REFUSAL_WINDOW_SECONDS),
+        )
+        .order_by(LedgerRow.id.desc())
+        .limit(1)
+        .with_for_update()
+    ).one_or_none()
+    key = ("reason", "sender", "to")
+    if latest is None or any(latest.detail.get(k) != fields.get(k) for k in key):
+        return False
+    latest.detail = {
+        **latest.detail,
+        "repeats": int(latest.detail.get("repeats", 1)) + 1,
+        "last_at": now.isoformat(),
+        # The latest refusal's code and fields: its sentence is the one shown.
+        **{k: fields[k] for k in ("refused", "fields") if fields.get(k) is not None},
+    }
+    return True

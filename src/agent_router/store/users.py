@@ -35,6 +35,7 @@ from agent_router.store.models import (
     UserMessageRow,
     utcnow,
 )
+from agent_router.store.rules import REMINDER_PREFIX
 from agent_router.store.tx import Tx
 
 #: The sender name a message to the user's question shows in the asker's transcript.
@@ -126,10 +127,6 @@ def ask_user(
         tx, asker, lead, UserMessageKind.QUESTION, question, turn_id=turn.id, question_id=asked.id
     )
     return values.question(asked), user_message(row, asker.display_name)
-
-
-#: The dedup key of a question's reminder is this and the question's id: one per question.
-REMINDER_PREFIX = "remind:"
 
 
 def remind_user(tx: Tx) -> int:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -233,3 +234,33 @@ def question(row: QuestionRow | sa.RowMapping) -> Question:
 
 def job(row: BackgroundJobRow) -> BackgroundJob:
     return BackgroundJob(**_read(row, JOB_FIELDS))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scheduled:
+    """An agent ``scheduled`` for longer than a delivery window, and its turn task's publishes
+    in the current epoch."""
+
+    agent_id: int
+    team_id: int
+    epoch: int
+    runner: str | None  # the host's task (``name@queue``), or None: the built-in loop's
+    sent: int  # enqueue rows of the epoch
+    unpublished: int  # of them, not yet published (the outbox re-publisher's)
+    last_published: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deletion:
+    """What a delete or a prune removed (with ``dry_run``: would remove)."""
+
+    teams: tuple[int, ...] = ()
+    rows: dict[str, int] = field(default_factory=dict)  # table name -> rows
+    questions: tuple[int, ...] = ()  # their wake keys go too
+    dry_run: bool = False
+    owed: dict[str, int] = field(default_factory=dict)  # owed rows dropped, by kind (OWED)
+    kept: tuple[int, ...] = ()  # teams a prune left: they owe something, or a send reached them
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows.values())

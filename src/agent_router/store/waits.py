@@ -28,11 +28,9 @@ from agent_router.store.models import (
     QuestionRow,
     utcnow,
 )
+from agent_router.store.rules import EXPIRED_RESULT
 from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import Ask
-
-#: The tool result of a question that expired unanswered.
-EXPIRED_RESULT = "expired: no answer arrived before the question's deadline"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from agent_router.ops.cli.common import (
     own_option,
     switch_option,
 )
-from agent_router.store.lifecycle import Deletion
+from agent_router.store.values import Deletion
 
 
 @app.command()
