@@ -40,7 +40,8 @@ def test_a_short_soak_prints_rows_slopes_and_clean_checks(pg_url: str) -> None:
     # Whether a request reached the context target (15 s of two teams: none does).
     (target,) = [line for line in lines if line.startswith("context target reached: ")]
     assert re.fullmatch(
-        r"context target reached: no \(32000 tokens; the largest request was \d+\.\d KiB\)",
+        r"context target reached: no \(32000 tokens: 0 of \d+ agents' requests; "
+        r"the largest request was \d+\.\d KiB\)",
         target,
     ), target
     slopes = lines.index("slopes per minute (± standard error):")

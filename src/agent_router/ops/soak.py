@@ -301,7 +301,8 @@ class SoakResult:
     failures: list[str] = field(default_factory=list)
     settled: bool = False
     tracemalloc: list[str] = field(default_factory=list)
-    #: The minute by whose row a request first reached the context target (None: none did).
+    #: The minute by whose row every agent that called the model had a request reach the
+    #: context target (None: not every one did).
     target_reached_minute: float | None = None
 
     @property
@@ -514,19 +515,29 @@ class _Soak:
             stop.wait(max(0.0, due - time.monotonic()))
 
     def _slopes(self) -> None:
-        reached = next((r["minute"] for r in self.result.rows if r["at_target"]), None)
+        # Reached: every agent that called the model had a request reach it.
+        reached = next(
+            (
+                r["minute"]
+                for r in self.result.rows
+                if r["at_target"] and r["at_target"] >= r["calling"]
+            ),
+            None,
+        )
         self.result.target_reached_minute = reached
         target = self.settings.context_target_tokens
+        last = self.result.rows[-1] if self.result.rows else {"at_target": 0, "calling": 0}
+        agents = f"{int(last['at_target'])} of {int(last['calling'])} agents' requests"
         if reached is None:
             self.out(
-                f"context target reached: no ({target} tokens; the largest request was "
-                f"{self.server.largest_request / 1024:.1f} KiB)"
+                f"context target reached: no ({target} tokens: {agents}; the largest request "
+                f"was {self.server.largest_request / 1024:.1f} KiB)"
             )
         else:
-            agents = int(self.result.rows[-1]["at_target"])
+            first = next(r["minute"] for r in self.result.rows if r["at_target"])
             self.out(
-                f"context target reached: yes ({target} tokens, by minute {reached:.1f}; "
-                f"{agents} agents' requests reached it)"
+                f"context target reached: yes ({target} tokens: {agents}, the first by minute "
+                f"{first:.1f}, every one by minute {reached:.1f})"
             )
         # Past the warm-up and the target: the rows of requests that no longer grow.
         start = max(self.options.warmup, reached or 0.0)
@@ -729,12 +740,12 @@ class _Probe:
             )
             # A model call whose request window moved (it left entries out to stay near the
             # context target) ledgers what it left out: its agent's requests reached the target.
-            at_target = conn.execute(
+            at_target, calling = conn.execute(
                 sa.text(
-                    "SELECT count(DISTINCT agent_id) FROM ar_ledger "
-                    "WHERE action = 'model_call' AND detail ? 'context'"
+                    "SELECT count(DISTINCT agent_id) FILTER (WHERE detail ? 'context'), "
+                    "count(DISTINCT agent_id) FROM ar_ledger WHERE action = 'model_call'"
                 )
-            ).scalar_one()
+            ).one()
         spent = cpu - self.last_cpu
         moved = delivered - self.last_delivered
         row = {
@@ -753,6 +764,7 @@ class _Probe:
             "rows_per_send": stored / sends if sends else 0.0,
             "backlog": int(scheduled) + int(self.redis.llen(self.soak.queue)),
             "at_target": int(at_target),  # agents whose requests reached the context target
+            "calling": int(calling),  # agents that called the model
         }
         self.last_turns, self.last_cpu, self.last_requests = turns, cpu, requests
         self.last_sends, self.last_delivered = sends, delivered
