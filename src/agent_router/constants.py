@@ -18,14 +18,22 @@ RUN_AGENT_TURN = f"{TASK_PREFIX}run_agent_turn"
 REDIS_PREFIX = "agent_router:"
 
 
-def wake_key(question_id: int) -> str:
-    """The list a blocked asker ``BLPOP``s on until its question is answered."""
-    return f"{REDIS_PREFIX}wake:{question_id}"
+def wake_key(question_id: int, installation: str | None = None) -> str:
+    """The list a blocked asker ``BLPOP``s on until its question is answered: named by the
+    database's installation id (the store's ``installation_id``), so that databases sharing a
+    Redis database never share a list; without one (a waker built on its own) by the question
+    id alone, where the wake token tells another database's signal apart."""
+    if installation is None:
+        return f"{REDIS_PREFIX}wake:{question_id}"
+    return f"{REDIS_PREFIX}wake:{installation}:{question_id}"
 
 
-def feed_channel(team_id: int) -> str:
-    """The Redis pub/sub channel that wakes the readers of a team's feed."""
-    return f"{REDIS_PREFIX}feed:{team_id}"
+def feed_channel(installation: str, team_id: int) -> str:
+    """The Redis pub/sub channel that wakes the readers of a team's feed and carries the
+    pieces of its replies being written. Named by the database's installation id (the store's
+    ``installation_id``) as well as the team's: pub/sub channels are shared by every database
+    of a Redis server, and team ids start at 1 in every deployment."""
+    return f"{REDIS_PREFIX}feed:{installation}:{team_id}"
 
 
 def wake_token(deadline: datetime) -> str:

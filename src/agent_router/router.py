@@ -109,14 +109,18 @@ class Router:
         self.store.set_publisher(self._publish_committed)
         self.waker: Waker = waker or (
             RedisWaker(
-                self.settings.redis_url, max_block_seconds=self.settings.wake_recheck_seconds
+                self.settings.redis_url,
+                max_block_seconds=self.settings.wake_recheck_seconds,
+                installation=self.store.installation_id,
             )
             if self.settings.redis_url
             else InProcessWaker()
         )
         #: What wakes the readers of a team's feed (:meth:`events`).
         self.signals: TeamSignals = (
-            RedisSignals(self.settings.redis_url) if self.settings.redis_url else InProcessSignals()
+            RedisSignals(self.settings.redis_url, installation=self.store.installation_id)
+            if self.settings.redis_url
+            else InProcessSignals()
         )
         # Always a chain: a hook that raises is logged, never fails the transition it watches.
         self.hooks: RouterHooks = (
@@ -295,24 +299,32 @@ class Router:
         to its lead (the user's among them), its messages to the user, the lead's turns and
         resolved waits, in commit order. Returns at once when there are some; otherwise waits
         up to ``wait`` seconds for the team's signal (Redis pub/sub, or in-process), sending the
-        database nothing while it waits, then reads once more. What an SSE endpoint serves,
-        with ``Last-Event-ID`` as ``after``."""
+        database nothing while it waits, then reads once more. While the signals are down
+        (Redis unreachable) it re-reads every ``wake_recheck_seconds`` instead. What an SSE
+        endpoint serves, with ``Last-Event-ID`` as ``after``."""
         team_id = _team_id(team_id)
         after, limit = _cursor(after), _limit(limit)
         wait = check.seconds(wait, "wait", maximum=3600.0) if wait else 0.0
         if wait <= 0:
             return self.store.reads.feed(team_id, after_id=after, limit=limit)
+        deadline = time.monotonic() + wait
         with self.signals.listen(team_id) as listener:
             found = self.store.reads.feed(team_id, after_id=after, limit=limit)
-            if found:
-                return found
-            wake = listener.wait(wait)
-            if wake is None:
-                return found
-            if wake.deltas:  # what came after them is read at the next call, from `after`
-                now = _utcnow()
-                return [_delta_item(after, delta, now) for delta in wake.deltas]
-        return self.store.reads.feed(team_id, after_id=after, limit=limit)
+            while not found and (left := deadline - time.monotonic()) > 0:
+                if not listener.live:
+                    time.sleep(min(left, self.settings.wake_recheck_seconds))
+                    found = self.store.reads.feed(team_id, after_id=after, limit=limit)
+                    continue
+                wake = listener.wait(left)
+                if wake is None:
+                    if listener.live:  # waited out: nothing was committed
+                        return found
+                    continue  # the signals broke while it waited: re-read on the timer
+                if wake.deltas:  # what came after them is read at the next call, from `after`
+                    now = _utcnow()
+                    return [_delta_item(after, delta, now) for delta in wake.deltas]
+                return self.store.reads.feed(team_id, after_id=after, limit=limit)
+        return found
 
     def delta_sink(self, team_id: int, agent: str) -> Callable[[Delta], None]:
         """Where a streamed model call of ``agent`` hands the pieces of its reply: to the

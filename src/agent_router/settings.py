@@ -191,7 +191,8 @@ class Settings(BaseSettings):
         5.0,
         gt=0,
         description="A blocked ask re-reads the database at least this often, so a lost wake "
-        "signal costs at most this long.",
+        "signal costs at most this long; a feed reader (Router.events) re-reads this often "
+        "while the feed signals are down.",
     )
 
     # The OpenAI-compatible model adapter.

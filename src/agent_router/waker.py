@@ -2,7 +2,9 @@
 the embedded mode. A signal is sent only after the transaction that ended the wait committed,
 and carries its question's token (:func:`~agent_router.constants.wake_token`): a waiter that
 pops its own token is done without reading the database; one that pops another (left by another
-database sharing Redis) re-reads it. A lost signal costs a periodic re-read, never an answer."""
+database sharing Redis) re-reads it. A lost signal costs a periodic re-read, never an answer.
+A Router's Redis waker names its lists by the database's installation id as well, so another
+database's signals do not even reach it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import contextlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from agent_router.constants import wake_key
@@ -80,8 +83,11 @@ class InProcessWaker:
 
 
 class RedisWaker:
-    """``RPUSH`` + ``EXPIRE`` to notify, ``BLPOP`` to wait, on ``agent_router:wake:<id>``. The list
-    outlives a notify sent before the waiter blocks; the expiry cleans up after nobody waits.
+    """``RPUSH`` + ``EXPIRE`` to notify, ``BLPOP`` to wait, on
+    ``agent_router:wake:<installation>:<id>`` (:func:`~agent_router.constants.wake_key`;
+    ``installation`` gives the database's installation id, called at the first use and kept;
+    a waker without one uses ``agent_router:wake:<id>``). The list outlives a notify sent
+    before the waiter blocks; the expiry cleans up after nobody waits.
 
     Redis being down never fails an ask: a notify that cannot be sent is dropped (the waiter
     re-reads the database every ``wake_recheck_seconds``), and a wait that cannot reach Redis
@@ -93,7 +99,12 @@ class RedisWaker:
     process share one connection pool per URL."""
 
     def __init__(
-        self, url: str, *, ttl_seconds: int = 24 * 3600, max_block_seconds: float = 5.0
+        self,
+        url: str,
+        *,
+        ttl_seconds: int = 24 * 3600,
+        max_block_seconds: float = 5.0,
+        installation: Callable[[], str] | None = None,
     ) -> None:
         import redis  # here, not at the top: a process that never waits on Redis never loads it
 
@@ -104,14 +115,20 @@ class RedisWaker:
         self._client: redis.Redis = redis.Redis(connection_pool=_shared_pool(*self._pool_key))
         self._redis_error: type[Exception] = redis.RedisError
         self._ttl = ttl_seconds
+        self._installation = installation
         # Questions whose last wait popped a signal: the pop emptied their list (Redis deletes
         # an empty list), so forgetting them needs no round trip.
         self._popped: set[int] = set()
         self._popped_lock = threading.Lock()
         self._closed = False
 
+    def key(self, question_id: int) -> str:
+        """The question's list (raises the store's error if the installation id cannot be
+        read)."""
+        return wake_key(question_id, self._installation() if self._installation else None)
+
     def notify(self, question_id: int, token: str) -> None:
-        key = wake_key(question_id)
+        key = self.key(question_id)
         try:
             with self._client.pipeline(transaction=True) as pipe:
                 pipe.rpush(key, token)
@@ -128,7 +145,7 @@ class RedisWaker:
         try:
             # BLPOP takes whole or fractional seconds; 0 would mean forever.
             block = min(max(timeout, 0.01), self._max_block)
-            found = self._client.blpop([wake_key(question_id)], timeout=block)
+            found = self._client.blpop([self.key(question_id)], timeout=block)
         except self._redis_error as exc:
             logger.warning(
                 "wake signals unavailable; re-reading the database instead",
@@ -154,7 +171,7 @@ class RedisWaker:
                 self._popped.discard(question_id)
                 return
         with contextlib.suppress(self._redis_error):  # the key expires on its own
-            self._client.delete(wake_key(question_id))
+            self._client.delete(self.key(question_id))
 
     def close(self) -> None:
         """Let go of the process's pool for this URL; the last waker to close disconnects it."""

@@ -1,7 +1,8 @@
 """The example host, examples/django_chat, run as its users run it: Django's server takes the chat
 messages, the host's Celery workers (real processes on Redis) run the lead's turns in the
 host's own task and the sub-agents' turns on the built-in loop, all on one PostgreSQL database
-migrated by Django and by ``agent-router db upgrade``.
+migrated by Django and by ``agent-router db upgrade``; the room's live page in a real headless
+Chromium, fed by the example's event stream (``Router.events`` in a Django streaming view).
 
 The example's lead model marks its replies ``(chat)``: a lead reply without the mark would have
 come from the built-in loop, which must never run a turn the host owns."""
@@ -26,10 +27,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from selenium.webdriver.common.by import By
 
 from agent_router import AgentState, LedgerAction, Router, Settings, TurnTrigger
+from agent_router.agents.llm import directive
 from agent_router.ops.checks import check_team
 from tests.conftest import _new_database
+from tests.support.browser import chromium, page_errors, screenshot
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_chat"
 BIN = Path(sys.executable).parent
@@ -127,7 +131,8 @@ def host(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     with _new_database("ar_chat") as url:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_ROUTER_")}
         env.update(
-            PYTHONPATH=str(EXAMPLE),
+            # The example, and the library from this checkout (not whichever is installed).
+            PYTHONPATH=os.pathsep.join((str(EXAMPLE), str(EXAMPLE.parents[1] / "src"))),
             DJANGO_SETTINGS_MODULE="chat_site.settings",
             CHAT_QUEUE=chat_queue,
             AGENT_ROUTER_DATABASE_URL=url,
@@ -139,6 +144,8 @@ def host(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
             AGENT_ROUTER_SWEEP_SECONDS="0.5",
             AGENT_ROUTER_WORK_SECONDS="0.05",
             AGENT_ROUTER_SCRIPTED_WRITE_SECONDS="0.1",
+            # The live page's event streams end every two seconds: the browser reconnects.
+            CHAT_STREAM_SECONDS="2",
         )
         for args in (
             [str(BIN / "python"), "manage.py", "migrate", "--noinput"],
@@ -281,3 +288,50 @@ def test_a_lead_turn_killed_with_its_worker_is_recovered_by_the_hosts_task(
     finally:
         _stop(slow)
         router.close()
+
+
+def test_the_live_page_streams_the_room_once_across_reconnections(host: ChatHost) -> None:
+    # The host's lead streams its replies through its turn (turn.complete with
+    # stream_to_user), a word at a time.
+    streaming = host.worker(
+        host.env["CHAT_QUEUE"],
+        "chat-streaming",
+        AGENT_ROUTER_STREAM_TO_USER="true",
+        CHAT_LEAD_CHUNK_SECONDS="0.3",
+    )
+    room = host.post("/rooms/")
+    try:
+        with chromium() as driver:
+            driver.get(f"{host.web}/rooms/{room['room']}/live")
+            body = driver.find_element(By.TAG_NAME, "body")
+
+            def connections() -> int:
+                return int(body.get_attribute("data-connections") or 0)
+
+            def shown() -> list[tuple[str, str]]:
+                lines = driver.find_elements(By.CSS_SELECTOR, "#chat li")
+                return [(li.get_attribute("class") or "", li.text) for li in lines]
+
+            _wait(lambda: connections() >= 1, "the stream to open")
+            text = "Plan the release.\n" + directive("tell_user", text="Looking into it.")
+            driver.execute_script("document.getElementById('text').value = arguments[0];", text)
+            driver.find_element(By.ID, "send").click()
+            _wait(lambda: any(kind == "answer" for kind, _ in shown()), "the lead's answer")
+            first = shown()
+            assert [kind for kind, _ in first] == ["user", "progress", "answer"]
+            assert first[0][1] == text and first[1][1] == "Looking into it."
+            assert first[2][1] == host.lead_replies(room["room"])[-1]
+            assert first[2][1].startswith("(chat) ")
+            # The answer was shown as it was written, then in its place once stored.
+            seen = (body.get_attribute("data-seen") or "").split()
+            assert "streaming" in seen
+            assert seen.index("progress") < seen.index("streaming") < seen.index("answer")
+            # Every stream ends: the browser reconnects with its cursor, again and again.
+            now = connections()
+            _wait(lambda: connections() >= now + 3, "three reconnections")
+            assert shown() == first
+            assert (body.get_attribute("data-seen") or "").split() == seen
+            assert page_errors(driver) == []
+            screenshot(driver, "django_chat_live")
+    finally:
+        _stop(streaming)

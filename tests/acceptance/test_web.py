@@ -21,9 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+import sqlalchemy as sa
 from selenium.webdriver.common.by import By
 
 from agent_router import MessageType, Router, Settings
+from agent_router.constants import feed_channel
+from agent_router.ops.web.server import access, make_server
 from agent_router.outbox import RecordingPublisher
 from tests.support.browser import chromium, page_errors, screenshot
 from tests.support.teams import fill_huge_team
@@ -697,3 +701,131 @@ def test_a_team_of_70000_agents_comes_in_pages(huge_database: str) -> None:
             assert len({t.agent_id for t in whole.turns}) > 100
     finally:
         router.close()
+
+
+# ---------------------------------------------------------------- following a quiet team
+
+
+@contextlib.contextmanager
+def serving_in_process(router: Router, **options: Any) -> Iterator[str]:
+    """The web server over ``router`` in a thread of the test; its address."""
+    rules = access("127.0.0.1", 0, token=None)
+    server = make_server(router, "127.0.0.1", 0, rules=rules, **options)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.effective_port}"
+    finally:
+        server.close()
+        thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def statements_sent(router: Router) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    sa.event.listen(router.store.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(router.store.engine, "before_cursor_execute", record)
+
+
+def test_a_quiet_team_is_followed_by_a_long_poll_its_feed_wakes(
+    team_database: tuple[str, int], redis_url: str
+) -> None:
+    url, team = team_database
+    settings = Settings(database_url=url, redis_url=redis_url)
+    router = Router(settings, publisher=RecordingPublisher())
+    writer = Router(settings, publisher=RecordingPublisher())
+    try:
+        # A wait far longer than the test may take: a poll that returns was woken.
+        with serving_in_process(router, longest_wait=3600.0) as address:
+            base = f"http://{address}"
+            latest = api(base, f"/api/teams/{team}")["last_event_id"]
+            assert latest > 0
+            # The first wait reads the database's installation id (the feed channel's name),
+            # once for the process: read it first, so that both polls below cost the same.
+            router.store.installation_id()
+            # Quiet: a poll waits out its time and reads nothing while it waits.
+            with statements_sent(router) as short:
+                found = api(base, f"/api/teams/{team}?after={latest}&wait=0.1")
+            with statements_sent(router) as long:
+                assert api(base, f"/api/teams/{team}?after={latest}&wait=1") == found
+            assert found == {"team_id": team, "last_event_id": latest, "waited": True}
+            assert short and len(long) == len(short)
+            # A page behind the latest event is answered at once, without waiting.
+            assert api(base, f"/api/teams/{team}?after={latest - 1}&wait=3600") == {
+                "team_id": team,
+                "last_event_id": latest,
+                "waited": False,
+            }
+            got: list[dict[str, Any]] = []
+            poll = threading.Thread(
+                target=lambda: got.append(api(base, f"/api/teams/{team}?after={latest}&wait=3600"))
+            )
+            poll.start()
+            channel = feed_channel(router.store.installation_id(), team)
+            listening = redis.Redis.from_url(redis_url)
+            wait_for(
+                lambda: dict(listening.pubsub_numsub(channel)).get(channel.encode(), 0),
+                "the long poll to listen",
+            )
+            listening.close()
+            writer.send(team, to="Team Leader", content="Status, please.")
+            poll.join(timeout=120)
+            assert not poll.is_alive()
+            assert got[0]["waited"] is True and got[0]["last_event_id"] > latest
+    finally:
+        router.close()
+        writer.close()
+
+
+def test_without_redis_the_page_polls(team_database: tuple[str, int]) -> None:
+    """In-process signals never hear of another process's commit: no long poll waits."""
+    url, team = team_database
+    router = Router(Settings(database_url=url), publisher=RecordingPublisher())
+    try:
+        with serving_in_process(router, longest_wait=3600.0) as address:
+            base = f"http://{address}"
+            latest = api(base, f"/api/teams/{team}")["last_event_id"]
+            answer = api(base, f"/api/teams/{team}?after={latest}&wait=3600")
+            assert answer == {"team_id": team, "last_event_id": latest, "waited": False}
+    finally:
+        router.close()
+
+
+def test_the_page_follows_a_quiet_team_by_long_polls(
+    team_database: tuple[str, int], redis_url: str
+) -> None:
+    """Quiet for a minute, the page asks the server to wait on the team's feed: it is listening
+    (a Redis subscriber on the team's channel) when the user's message comes, and draws it."""
+    url, team = team_database
+    settings = Settings(database_url=url, redis_url=redis_url)
+    router = Router(settings, publisher=RecordingPublisher())
+    writer = Router(settings, publisher=RecordingPublisher())
+    channel = feed_channel(router.store.installation_id(), team)
+    listening = redis.Redis.from_url(redis_url)
+    try:
+        with serving_in_process(router) as address, chromium() as driver:
+            driver.get(f"http://{address}/#/team/{team}")
+            before = wait_for(lambda: snapshot(driver), "the team's swimlane")
+            wait_for(
+                lambda: dict(listening.pubsub_numsub(channel)).get(channel.encode(), 0),
+                "the page's long poll",
+                timeout=TIMEOUT,
+            )
+            writer.send(team, to="Team Leader", content="Status, please.")
+            after = wait_for(
+                lambda: (p := snapshot(driver)) and p["messages"] > before["messages"] and p,
+                "the user's message on the page",
+            )
+            assert "user" in after["lanes"]
+            assert page_errors(driver) == []
+    finally:
+        listening.close()
+        router.close()
+        writer.close()

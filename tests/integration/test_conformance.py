@@ -1,7 +1,8 @@
 """One conformance suite for the store's two implementations: random sequences of operations
 (sends in every receiver state, answers, claims, drains, appends, asks, waits for output, ends,
 suspends, stops, terminations, take-overs, expiries, budgets, background jobs, new agents,
-messages to the user and questions to the user) are
+messages to the user and questions to the user, the sweeper's repairs and bulkheads, deletions
+and retention) are
 applied in lockstep to a router on SQLite and one on PostgreSQL, and after every step the two
 databases hold the same thing: every row of the team, column by column, with ids compared by
 their order (each database numbers its own rows) and clock readings left out; every operation
@@ -14,6 +15,8 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,10 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from agent_router import AgentRouterError, MessageSubtype, Router, Settings, Turn
-from agent_router.domain import BudgetName, UserMessageKind
+from agent_router.domain import BudgetName, SweepStep, UserMessageKind
 from agent_router.outbox import RecordingPublisher
 from agent_router.store import Since
-from agent_router.store.models import Base
+from agent_router.store.models import Base, utcnow
 from agent_router.validation import MAX_TOKENS_PER_CALL
 
 from .helpers import assistant, tool_call
@@ -57,6 +60,9 @@ CLOCK = {
     "attempted_at",
     "finished_at",
     "deadline_at",
+    "first_failed_at",
+    "last_failed_at",
+    "until",
 }
 #: Which table an id column refers to.
 REFERS = {
@@ -80,6 +86,9 @@ REFERS = {
 }
 #: Detail fields of a clock reading (or of a figure read off the clock).
 CLOCK_DETAIL = {"last_at", "batch_started", "token", "created_at"}
+#: Detail fields listing rows a deletion dropped (``owed_dropped``), in id order: the rows are
+#: gone, so their ids are compared by their place in the list.
+DROPPED_DETAIL = {"messages", "questions"}
 TABLES = [
     "ar_teams",
     "ar_agents",
@@ -93,10 +102,13 @@ TABLES = [
     "ar_budgets",
     "ar_model_calls",
     "ar_user_messages",
+    "ar_quarantine",
 ]
 #: Ids quoted in an envelope's attributes (a message in a transcript): each database numbers
 #: its own rows, and a sequence on PostgreSQL is not given back when a statement that drew from
 #: it is refused, so the same envelope may quote different numbers.
+#: A background job's report is deduplicated by its job's id.
+_JOB_KEY = re.compile(r"job:\d+")
 _IDS_IN_TEXT = re.compile(r'\b(message_id|question_id)="(\d+)"')
 
 
@@ -115,7 +127,13 @@ def _team_rows(engine: sa.Engine, team_id: int) -> dict[str, list[dict[str, Any]
                 where = table.c.agent_id.in_(agents or [0])
             else:
                 where = table.c.team_id == team_id
-            order = table.c.team_id if name == "ar_budgets" else table.c.id
+            order = (
+                table.c.team_id
+                if name == "ar_budgets"
+                else table.c.agent_id
+                if name == "ar_quarantine"
+                else table.c.id
+            )
             rows[name] = [dict(r) for r in conn.execute(
                 sa.select(table).where(where).order_by(order)).mappings()]  # fmt: skip
     return rows
@@ -146,6 +164,8 @@ class Snapshot:
                 out[column] = self._id(table, value)
             elif column in REFERS:
                 out[column] = self._id(REFERS[column], value)
+            elif column == "dedup_key" and isinstance(value, str) and _JOB_KEY.fullmatch(value):
+                out[column] = ("job", self._id("ar_background_jobs", int(value[4:])))
             else:
                 out[column] = self._value(value)
         return out
@@ -159,6 +179,8 @@ class Snapshot:
                 k: (
                     None
                     if k in CLOCK_DETAIL
+                    else _placed(v)
+                    if k in DROPPED_DETAIL and isinstance(v, list)
                     else [self._id(REFERS[k], i) for i in v]
                     if k in REFERS and isinstance(v, list)
                     else self._id(REFERS[k], v)
@@ -174,6 +196,11 @@ class Snapshot:
         if isinstance(value, float):
             return round(value, 6)
         return value
+
+
+def _placed(dropped: list[Any]) -> list[Any]:
+    """Rows a deletion dropped (ids, or objects with an id), each id replaced by its place."""
+    return [{**row, "id": k} if isinstance(row, dict) else k for k, row in enumerate(dropped)]
 
 
 def _difference(table: str, sqlite: list[dict[str, Any]], pg: list[dict[str, Any]]) -> str:
@@ -201,7 +228,7 @@ def _outcome(result: Any, ids: Snapshot | None = None) -> Any:
         fields = {
             k: v
             for k, v in vars(result).items()
-            if not k.endswith(("id", "_at")) and k not in {"deadline", "started_at"}
+            if not k.endswith(("id", "_at")) and k not in {"deadline", "started_at", "until"}
         }
         if isinstance(fields.get("used"), dict):  # the wall time used is a clock reading
             fields["used"] = {k: v for k, v in fields["used"].items() if k != "wall_seconds"}
@@ -209,6 +236,18 @@ def _outcome(result: Any, ids: Snapshot | None = None) -> Any:
     if isinstance(result, Turn):
         return "Turn", result.trigger, result.epoch
     return result
+
+
+def _deletion(deletion: Any) -> Any:
+    """A deletion's result, its ids counted (each database numbers its own)."""
+    return (
+        len(deletion.teams),
+        deletion.rows,
+        len(deletion.questions),
+        deletion.owed,
+        len(deletion.kept),
+        deletion.dry_run,
+    )
 
 
 def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
@@ -236,13 +275,14 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
                 except AgentRouterError as exc:
                     results.append(exc)
             sqlite, pg = (
-                _outcome(
-                    x, Snapshot(r.store.engine, t) if isinstance(x, AgentRouterError) else None
-                )
-                for x, r, t in zip(results, routers, self.teams, strict=True)
+                _outcome(x, self.snapshot(side) if isinstance(x, AgentRouterError) else None)
+                for side, x in enumerate(results)
             )
             assert sqlite == pg, f"sqlite: {sqlite}\npostgresql: {pg}"
             return results
+
+        def snapshot(self, side: int) -> Snapshot:
+            return Snapshot(routers[side].store.engine, self.teams[side])
 
         def turn(self, side: int, name: str) -> Turn:
             turn = self.turns[side].get(name)
@@ -536,13 +576,127 @@ def make_machine(routers: tuple[Router, Router]) -> type[RuleBasedStateMachine]:
 
             self.each(op)
 
+        # ------------------------------------------------------------ the sweeper
+
+        @rule(name=st.sampled_from(NAMES), expired=st.booleans())
+        def take_over_expired(self, name: str, expired: bool) -> None:
+            """The sweeper's take-over of a turn whose lease ran out (``expired``: its lease
+            set in the past on both first), or found renewed."""
+
+            def op(_s: int, r: Router, t: int) -> Any:
+                agent = r.agent(t, name).id
+                if expired:
+                    with r.store.engine.begin() as conn:
+                        conn.execute(
+                            sa.text(
+                                "UPDATE ar_turns SET lease_expires_at = :past "
+                                "WHERE agent_id = :a AND status = 'running'"
+                            ),
+                            {"past": utcnow() - timedelta(days=1), "a": agent},
+                        )
+                return r.store.take_over_expired(agent)
+
+            self.each(op)
+
+        @rule(moved=st.booleans())
+        def reenqueue(self, moved: bool) -> None:
+            """Every scheduled agent's turn task enqueued again (``moved``: read as if its
+            task was published since, so nothing is done)."""
+
+            def op(_s: int, r: Router, t: int) -> Any:
+                listed = [
+                    s for s in r.store.reads.scheduled(older_than_seconds=0) if s.team_id == t
+                ]
+                if moved:
+                    listed = [replace(found, last_published=None) for found in listed]
+                return [r.store.reenqueue(found, windows=2) for found in listed]
+
+            self.each(op)
+
+        @rule()
+        def claim_unpublished(self) -> None:
+            """The outbox rows to publish again (the team's: the pass takes every team's)."""
+
+            def op(_s: int, r: Router, t: int) -> Any:
+                agents = {agent.id for agent in r.agents(t)}
+                taken = r.store.claim_unpublished(older_than_seconds=0)
+                return [entry for entry in taken if entry.agent_id in agents]
+
+            self.each(op)
+
+        @rule(
+            name=st.sampled_from(NAMES),
+            step=st.sampled_from([SweepStep.TAKE_OVER, SweepStep.POLL_JOB]),
+            times=st.integers(min_value=1, max_value=3),
+        )
+        def sweep_failure(self, name: str, step: SweepStep, times: int) -> None:
+            """A repair failed ``times`` times for the agent (the third quarantines it); no
+            backoff, so that a settled agent's quarantine can be lifted at once."""
+
+            def op(_s: int, r: Router, t: int) -> Any:
+                agent = r.agent(t, name).id
+                return [
+                    r.store.record_sweep_failure(agent, step, "boom", period_seconds=0)
+                    for _ in range(times)
+                ]
+
+            self.each(op)
+
+        @rule(name=st.sampled_from([*NAMES, None]))
+        def lift_quarantine(self, name: str | None) -> None:
+            """One agent's quarantine lifted (a repair succeeded), or every settled one."""
+
+            def op(_s: int, r: Router, t: int) -> Any:
+                if name is None:  # every team's; the team's are compared
+                    agents = {agent.id for agent in r.agents(t)}
+                    lifted = r.store.lift_settled_quarantines(keep=set())
+                    return len(agents.intersection(lifted))
+                return r.store.lift_quarantine(r.agent(t, name).id, reason="repaired")
+
+            self.each(op)
+
+        @rule(name=st.sampled_from(NAMES), count=st.integers(min_value=0, max_value=3))
+        def seed_mailbox(self, name: str, count: int) -> None:
+            self.each(
+                lambda _s, r, t: r.store.seed_mailbox(r.agent(t, name).id, count, content="note")
+            )
+
+        # ------------------------------------------------------------ the lifecycle
+
+        @rule(dry_run=st.booleans(), include=st.booleans())
+        def delete_team(self, dry_run: bool, include: bool) -> None:
+            """The team deleted (rarely for real: what follows is then refused on both)."""
+            dry_run = dry_run or not include
+
+            def op(_s: int, r: Router, t: int) -> Any:
+                return _deletion(
+                    r.store.delete_team(t, dry_run=dry_run, include_undelivered=include)
+                )
+
+            self.each(op)
+
+        @rule(dry_run=st.booleans(), include=st.booleans())
+        def prune(self, dry_run: bool, include: bool) -> None:
+            """Retention with a window of none: the team is finished once nothing is in
+            flight (everything it holds is older than the prune)."""
+
+            def op(_s: int, r: Router, t: int) -> Any:
+                pruned = r.store.prune(
+                    older_than_seconds=0, dry_run=dry_run, include_undelivered=include
+                )
+                return t in pruned.teams, t in pruned.kept  # the other teams' rows are counted too
+
+            self.each(op)
+
+        @rule(dry_run=st.booleans())
+        def prune_ledger(self, dry_run: bool) -> None:
+            self.each(lambda _s, r, _t: r.store.prune_ledger(older_than_seconds=0, dry_run=dry_run))
+
         @invariant()
         def same_rows(self) -> None:
             if not hasattr(self, "teams"):
                 return
-            sqlite, pg = (
-                Snapshot(r.store.engine, t).tables for r, t in zip(routers, self.teams, strict=True)
-            )
+            sqlite, pg = (self.snapshot(side).tables for side in (0, 1))
             for table in TABLES:
                 assert sqlite[table] == pg[table], _difference(table, sqlite[table], pg[table])
 

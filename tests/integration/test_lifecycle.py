@@ -431,44 +431,72 @@ def test_prune_keeps_a_team_a_send_reached_between_its_choice_and_its_lock(
     it locks it. The prune keeps the team (in ``kept``) and the message, and fails nothing.
     (On SQLite a prune's transaction holds the write lock from its start, so no send can
     commit in between; the send then comes after the prune.)"""
+    team_id = _resting_team(router)
+    _age_team(router, team_id, 2)
+    if router.store.engine.dialect.name == "postgresql":
+        pruned, sent = _prune_held_at_the_team_lock(router, team_id)
+        assert pruned.teams == () and pruned.kept == (team_id,)
+        assert sent in {m.id for m in router.messages(team_id)}
+        return
+
     import threading
 
     from agent_router.store import lifecycle
 
-    team_id = _resting_team(router)
-    _age_team(router, team_id, 2)
     choose = lifecycle.finished_teams
-    sent: list[int] = []
+    threads: list[threading.Thread] = []
 
     def chosen_then_sent(*args: Any, **kwargs: Any) -> tuple[list[int], list[int]]:
         result = choose(*args, **kwargs)
-        if team_id in result[0] and not sent:
+        if team_id in result[0] and not threads:
 
             def send() -> None:
-                try:
-                    d = router.send(team_id, to="Engineer_1", content="just in time", wake=False)
-                except UnknownTeamError:
-                    return  # the prune deleted the team first
-                sent.append(d.message_id)
+                with pytest.raises(UnknownTeamError):  # the prune deleted the team first
+                    router.send(team_id, to="Engineer_1", content="just in time", wake=False)
 
-            thread = threading.Thread(target=send)
-            thread.start()
-            if router.store.engine.dialect.name == "postgresql":
-                thread.join()  # committed before the prune locks the team
-            else:
-                sent.append(-1)  # waits for the prune's write lock
-                threads.append(thread)
+            threads.append(threading.Thread(target=send))
+            threads[0].start()  # waits for the prune's write lock
         return result
 
-    threads: list[threading.Thread] = []
     monkeypatch.setattr(lifecycle, "finished_teams", chosen_then_sent)
     pruned = router.prune(older_than_seconds=86400)
     for thread in threads:
         thread.join()
-    if router.store.engine.dialect.name == "postgresql":
-        assert pruned.teams == () and pruned.kept == (team_id,)
-        assert sent[0] in {m.id for m in router.messages(team_id)}
-    else:
-        assert pruned.teams == (team_id,)  # pruned first; the send then found no team
-        with pytest.raises(UnknownTeamError):
-            router.team(team_id)
+    assert threads and pruned.teams == (team_id,)  # pruned first; the send then found no team
+    with pytest.raises(UnknownTeamError):
+        router.team(team_id)
+
+
+def _prune_held_at_the_team_lock(router: Router, team_id: int) -> tuple[Any, int]:
+    """On PostgreSQL a prune's batch chooses its teams and locks them in one call: another
+    connection holds the team's row (a lock a send's foreign keys do not wait for), so the
+    prune chooses the team and waits at its lock; a send commits meanwhile, then the row is
+    let go. The prune's result and the message sent."""
+    import threading
+    import time
+
+    result: list[Any] = []
+    with router.store.engine.connect() as holder:
+        holder.execute(
+            sa.text("SELECT 1 FROM ar_teams WHERE id = :t FOR NO KEY UPDATE"), {"t": team_id}
+        )
+        prune = threading.Thread(
+            target=lambda: result.append(router.prune(older_than_seconds=86400))
+        )
+        prune.start()
+        with router.store.engine.connect() as watch:
+            for _ in range(500):  # until the prune waits for the team's row
+                waiting = watch.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    )
+                ).scalar_one()
+                if waiting:
+                    break
+                time.sleep(0.01)
+            assert waiting, "the prune never waited for the team's row"
+        sent = router.send(team_id, to="Engineer_1", content="just in time", wake=False)
+        holder.rollback()
+    prune.join()
+    return result[0], sent.message_id

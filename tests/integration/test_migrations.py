@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -316,3 +317,169 @@ def test_ar_agents_leaves_room_for_hot_updates_after_upgrade_and_create_schema(
         router.create_schema()
         router.close()
         assert _agents_options(url) == [f"fillfactor={AGENTS_FILLFACTOR}"]
+
+
+#: The tables whose ids the database gives: revision 0014 gives them AUTOINCREMENT on SQLite.
+ID_TABLES = _revision("0014_sqlite_ids_never_reused").TABLES
+
+
+def _table_schema(inspector: sa.Inspector, table: str) -> tuple[object, ...]:
+    """A table's columns, primary key, indexes, unique, foreign key and CHECK constraints, each
+    as a sorted list (a copy may list them in another order)."""
+    columns = inspector.get_columns(table)
+    foreign_keys = inspector.get_foreign_keys(table)
+    return (
+        sorted((c["name"], str(c["type"]), c["nullable"], c["default"]) for c in columns),
+        inspector.get_pk_constraint(table)["constrained_columns"],
+        sorted(
+            (i["name"], tuple(i["column_names"]), i["unique"]) for i in inspector.get_indexes(table)
+        ),
+        sorted(
+            (u["name"], tuple(u["column_names"])) for u in inspector.get_unique_constraints(table)
+        ),
+        sorted(
+            (
+                k["name"],
+                k["referred_table"],
+                *k["constrained_columns"],
+                "->",
+                *k["referred_columns"],
+            )
+            for k in foreign_keys
+        ),
+        sorted((c["name"], c["sqltext"]) for c in inspector.get_check_constraints(table)),
+    )
+
+
+def _sqlite_state(url: str) -> tuple[dict[str, object], dict[str, list[tuple[Any, ...]]]]:
+    """The schema of each of the router's tables and its rows."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            inspector = sa.inspect(conn)
+            tables = sorted(t for t in inspector.get_table_names() if t.startswith("ar_"))
+            schema: dict[str, object] = {t: _table_schema(inspector, t) for t in tables}
+            rows = {
+                t: [tuple(r) for r in conn.execute(sa.text(f"SELECT * FROM {t} ORDER BY 1"))]
+                for t in tables
+            }
+    finally:
+        engine.dispose()
+    return schema, rows
+
+
+def _sequence(url: str) -> dict[str, int]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(sa.text("SELECT name, seq FROM sqlite_sequence"))
+            return {name: seq for name, seq in found}
+    finally:
+        engine.dispose()
+
+
+def _busy_team(router: Router) -> int:
+    team = router.create_team(lead_system_prompt="You lead.")
+    router.create_agent(team.id, role="Engineer")
+    router.send(team.id, to="Team Leader", content="plan it")
+    turn = router.claim_turn(team.id, "Team Leader")
+    assert turn is not None
+    turn.drain()
+    router.tell_user(turn, "on it")
+    router.send(team.id, to="Engineer_1", content="build it", sender="Team Leader")
+    return team.id
+
+
+def test_0014_copies_sqlite_tables_into_ones_that_never_give_an_id_twice(tmp_path: Path) -> None:
+    """A SQLite database at 0013 with teams in it (its newest deleted before the upgrade: the
+    ids that team had are known nowhere, the limit of the upgrade): after 0014 every table keeps
+    its rows, columns, indexes and constraints, has AUTOINCREMENT like a new database's, and
+    remembers its largest id; the newest team deleted after it, the next team's ids are all
+    above that team's. 0014 goes back, to the same tables without it."""
+    url = f"sqlite:///{tmp_path / 'ids.db'}"
+    upgrade(url, "0013")
+    router = Router(Settings(database_url=url))
+    first = _busy_team(router)
+    second = _busy_team(router)
+    router.delete_team(_busy_team(router), include_undelivered=True)
+    router.close()
+    schema, rows = _sqlite_state(url)
+
+    upgrade(url)
+    assert _sqlite_state(url) == (schema, rows)
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    Router(Settings(database_url=fresh)).create_schema()
+    assert _sqlite_state(fresh)[0] == schema
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        ddl = {n: sql for n, sql in conn.execute(sa.text("SELECT name, sql FROM sqlite_master"))}
+        assert conn.execute(sa.text("PRAGMA foreign_key_check")).all() == []
+    engine.dispose()
+    assert {t for t in ID_TABLES if "AUTOINCREMENT" in ddl[t]} == set(ID_TABLES)
+    largest = {table: max((r[0] for r in rows[table]), default=0) for table in ID_TABLES}
+    assert _sequence(url) == largest
+
+    router = Router(Settings(database_url=url))
+    router.delete_team(second, include_undelivered=True)
+    before = _sqlite_state(url)[1]
+    third = _busy_team(router)
+    router.close()
+    after = _sqlite_state(url)[1]
+    assert third > second > first
+    for table in ("ar_teams", "ar_agents", "ar_messages", "ar_user_messages", "ar_turns",
+                  "ar_transcript_entries", "ar_outbox", "ar_ledger"):  # fmt: skip
+        new = {r[0] for r in after[table]} - {r[0] for r in before[table]}
+        assert new and min(new) > largest[table], table
+
+    downgrade(url, "0013")
+    assert _sqlite_state(url)[0] == schema
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        ddl = {n: sql for n, sql in conn.execute(sa.text("SELECT name, sql FROM sqlite_master"))}
+    engine.dispose()
+    assert not any("AUTOINCREMENT" in ddl[t] for t in ID_TABLES)
+    upgrade(url)
+    assert _diff(url) == []
+
+
+def test_0014_changes_nothing_on_postgresql(fresh_pg_url: str) -> None:
+    """PostgreSQL's sequences never give an id twice: 0014 leaves its tables as they were."""
+    upgrade(fresh_pg_url, "0013")
+    engine = sa.create_engine(fresh_pg_url)
+    query = sa.text(
+        "SELECT table_name, column_name, column_default FROM information_schema.columns "
+        "WHERE table_name LIKE 'ar\\_%' ORDER BY 1, 2"
+    )
+    with engine.connect() as conn:
+        before = conn.execute(query).all()
+    upgrade(fresh_pg_url)
+    with engine.connect() as conn:
+        assert conn.execute(query).all() == before
+    engine.dispose()
+
+
+def test_0014_is_refused_on_a_sqlite_connection_that_enforces_foreign_keys(tmp_path: Path) -> None:
+    """SQLite drops a table others refer to only with foreign keys off, which a transaction
+    cannot turn off: a host's connection with them on gets one error, and nothing changes."""
+    from sqlalchemy import event
+
+    from agent_router.store.migrate import current, upgrade_connection
+
+    url = f"sqlite:///{tmp_path / 'fk.db'}"
+    upgrade(url, "0013")
+    router = Router(Settings(database_url=url))
+    _busy_team(router)
+    router.close()
+    before = _sqlite_state(url)
+    engine = sa.create_engine(url)
+
+    @event.listens_for(engine, "connect")
+    def _enforce(dbapi_conn: object, _record: object) -> None:
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")  # type: ignore[attr-defined]
+
+    with engine.connect() as conn, pytest.raises(StoreError, match="foreign keys off"):
+        upgrade_connection(conn)
+    engine.dispose()
+    assert (current(url), _sqlite_state(url)) == ("0013", before)
+    upgrade(url)
+    assert current(url) == "0014"

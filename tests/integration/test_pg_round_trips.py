@@ -37,6 +37,7 @@ from agent_router.domain import (
     MessageSubtype,
     OutboxKind,
     QuestionStatus,
+    SweepStep,
     UserMessageKind,
     WaitOutcome,
 )
@@ -1315,6 +1316,205 @@ def _(r: Router) -> Case:
 def _(r: Router) -> Case:
     team = _team(r, "Engineer")
     return Case(lambda: r.take_over(team, ENGINEER, reason="presumed dead"), raised(e.TurnError))
+
+
+# ---------------------------------------------------------------------- the sweeper
+
+
+def _expired(r: Router, team: int, name: str = ENGINEER) -> int:
+    """``name`` running with its turn's lease run out (as if its worker died); its id."""
+    turn = start_running(r, team, name)
+    with r.store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE ar_turns SET lease_expires_at = lease_expires_at - interval '1 day' "
+                "WHERE id = :t"
+            ),
+            {"t": turn.record.id},
+        )
+    return turn.record.agent_id
+
+
+@branch("take_over_expired: a lease run out, a recovery turn", "take_over_expired", published=1)
+def _(r: Router) -> Case:
+    agent = _expired(r, _team(r, "Engineer"))
+    return Case(lambda: r.store.take_over_expired(agent), lambda epoch: epoch == 2)
+
+
+@branch("take_over_expired: the lease renewed, nothing done", "take_over_expired")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    start_running(r, team, ENGINEER)
+    agent = r.agent(team, ENGINEER).id
+    return Case(
+        lambda: r.store.take_over_expired(agent),
+        lambda epoch: epoch is None and r.agent(team, ENGINEER).epoch == 1,
+    )
+
+
+@branch("take_over_expired: nothing runs any more", "take_over_expired")
+def _(r: Router) -> Case:
+    agent = r.agent(_team(r, "Engineer"), ENGINEER).id
+    return Case(lambda: r.store.take_over_expired(agent), lambda epoch: epoch is None)
+
+
+def _scheduled(r: Router, team: int) -> Any:
+    """``Engineer_1`` scheduled (its task published), as the sweeper lists it."""
+    r.send(team, to=ENGINEER, content="build it", sender="user")
+    agent = r.agent(team, ENGINEER).id
+    (found,) = [s for s in r.store.reads.scheduled(older_than_seconds=0) if s.agent_id == agent]
+    return found
+
+
+@branch("reenqueue: a lost turn task enqueued again", "reenqueue", published=1)
+def _(r: Router) -> Case:
+    found = _scheduled(r, _team(r, "Engineer"))
+    return Case(lambda: r.store.reenqueue(found, windows=1), lambda done: done is True)
+
+
+@branch("reenqueue: the task was published since it was read, nothing done", "reenqueue")
+def _(r: Router) -> Case:
+    from dataclasses import replace
+
+    found = replace(_scheduled(r, _team(r, "Engineer")), last_published=None)
+    return Case(lambda: r.store.reenqueue(found, windows=1), lambda done: done is False)
+
+
+@branch("record_sweep_failure: one more failure, the agent left alone", "record_sweep_failure")
+def _(r: Router) -> Case:
+    agent = r.agent(_team(r, "Engineer"), ENGINEER).id
+    return Case(
+        lambda: r.store.record_sweep_failure(agent, SweepStep.TAKE_OVER, "boom", period_seconds=10),
+        lambda found: found is not None and found.failures == 1,
+    )
+
+
+@branch("record_sweep_failure: the agent is gone", "record_sweep_failure")
+def _(r: Router) -> Case:
+    return Case(
+        lambda: r.store.record_sweep_failure(2**40, SweepStep.TAKE_OVER, "boom", period_seconds=10),
+        lambda found: found is None,
+    )
+
+
+@branch("lift_quarantine: a quarantine lifted", "lift_quarantine")
+def _(r: Router) -> Case:
+    agent = r.agent(_team(r, "Engineer"), ENGINEER).id
+    for _ in range(3):
+        r.store.record_sweep_failure(agent, SweepStep.TAKE_OVER, "boom", period_seconds=10)
+    return Case(lambda: r.store.lift_quarantine(agent, reason="repaired"), lambda lifted: lifted)
+
+
+@branch("lift_quarantine: nothing to lift", "lift_quarantine")
+def _(r: Router) -> Case:
+    agent = r.agent(_team(r, "Engineer"), ENGINEER).id
+    return Case(
+        lambda: r.store.lift_quarantine(agent, reason="repaired"), lambda lifted: not lifted
+    )
+
+
+@branch(
+    "lift_settled_quarantines: resting agents past their backoff",
+    "lift_settled_quarantines",
+    own_database=True,
+)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer", "Designer")
+    agents = [r.agent(team, name).id for name in (ENGINEER, DESIGNER)]
+    for agent in agents:
+        r.store.record_sweep_failure(agent, SweepStep.TAKE_OVER, "boom", period_seconds=0)
+    return Case(
+        lambda: r.store.lift_settled_quarantines(keep={agents[1]}),
+        lambda lifted: lifted == agents[:1],
+    )
+
+
+@branch("claim_unpublished: a lost outbox row taken", "claim_unpublished", own_database=True)
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.send(team, to=ENGINEER, content="build it", sender="user")
+    with r.store.engine.begin() as conn:
+        conn.execute(sa.update(OutboxRow).values(published_at=None))
+    return Case(
+        lambda: r.store.claim_unpublished(older_than_seconds=0),
+        lambda entries: [entry.kind for entry in entries] == [OutboxKind.ENQUEUE_TURN],
+    )
+
+
+@branch("seed_mailbox: notices queued in bulk", "seed_mailbox")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    agent = r.agent(team, ENGINEER).id
+    return Case(
+        lambda: r.store.seed_mailbox(agent, 3, content="note"),
+        lambda _: len(r.messages(team)) == 3,
+    )
+
+
+@branch("seed_mailbox: refused, no such agent", "seed_mailbox")
+def _(r: Router) -> Case:
+    return Case(lambda: r.store.seed_mailbox(2**40, 3, content="note"), raised(e.UnknownAgentError))
+
+
+# ---------------------------------------------------------------------- the lifecycle
+
+
+@branch("delete_team: a team and every row it owns", "delete_team")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    return Case(lambda: r.store.delete_team(team), lambda deleted: deleted.teams == (team,))
+
+
+@branch("delete_team: refused, the team still owes mail", "delete_team")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.send(team, to=ENGINEER, content="build it", sender="user")
+    return Case(lambda: r.store.delete_team(team), raised(e.OwedRowsError))
+
+
+@branch("delete_team: what the team owes dropped and ledgered", "delete_team")
+def _(r: Router) -> Case:
+    team = _team(r, "Engineer")
+    r.send(team, to=ENGINEER, content="build it", sender="user")
+    return Case(
+        lambda: r.store.delete_team(team, include_undelivered=True),
+        lambda deleted: deleted.owed["undelivered_messages"] == 1,
+    )
+
+
+@branch("delete_team: refused, an unknown team", "delete_team")
+def _(r: Router) -> Case:
+    return Case(lambda: r.store.delete_team(2**40), raised(e.UnknownTeamError))
+
+
+@branch("prune: the outbox, then one batch of teams", "prune_outbox", "prune_teams",
+        own_database=True)  # fmt: skip
+def _(r: Router) -> Case:
+    """A finished team, idle for two days: the published outbox rows in one call, the teams
+    in one call per batch (here one)."""
+    team = _team(r, "Engineer")
+    with r.store.engine.begin() as conn:
+        for table in ("ar_teams", "ar_agents", "ar_ledger"):
+            conn.execute(sa.text(f"UPDATE {table} SET created_at = created_at - interval '2 days'"))
+    return Case(
+        lambda: r.store.prune(older_than_seconds=86400), lambda pruned: pruned.teams == (team,)
+    )
+
+
+@branch("prune_ledger: one batch, routine events deleted", "prune_ledger", own_database=True)
+def _(r: Router) -> Case:
+    r.send(_team(r, "Engineer"), to=ENGINEER, content="build it", sender="user")  # routed
+    with r.store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ar_ledger SET created_at = created_at - interval '2 days'"))
+    return Case(lambda: r.store.prune_ledger(older_than_seconds=86400), lambda deleted: deleted > 0)
+
+
+@branch("prune_ledger: a dry run counts", "prune_ledger")
+def _(r: Router) -> Case:
+    return Case(
+        lambda: r.store.prune_ledger(older_than_seconds=86400 * 365 * 100, dry_run=True),
+        lambda counted: counted == 0,
+    )
 
 
 # ---------------------------------------------------------------------- the user

@@ -10,11 +10,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 import redis
 
 from agent_router import Delta, FeedItem, Router, Settings
-from agent_router.agents import builder
+from agent_router.agents import builder, hosted
 from agent_router.agents.llm import directive
 from agent_router.agents.loop import TurnOutcome, run_turn
 from agent_router.agents.openai_model import OpenAIModel
@@ -70,13 +71,12 @@ def _read_until_answer(router: Router, team_id: int, after: int, got: list[FeedI
         after = items[-1].cursor if items else after
 
 
-def _listening(redis_url: str, team_id: int) -> None:
+def _listening(router: Router, redis_url: str, team_id: int) -> None:
+    channel = feed_channel(router.store.installation_id(), team_id)
     client = redis.Redis.from_url(redis_url)
     try:
         for _ in range(2000):
-            if dict(client.pubsub_numsub(feed_channel(team_id))).get(
-                feed_channel(team_id).encode(), 0
-            ):
+            if dict(client.pubsub_numsub(channel)).get(channel.encode(), 0):
                 return
             time.sleep(0.005)
         raise AssertionError("the reader never subscribed")
@@ -103,7 +103,7 @@ def _session(
     got: list[FeedItem] = []
     reader = threading.Thread(target=_read_until_answer, args=(router, team.id, cursor, got))
     reader.start()
-    _listening(redis_url, team.id)
+    _listening(router, redis_url, team.id)
     assert _run_lead(router, team.id) is TurnOutcome.ENDED
     reader.join(timeout=120.0)
     assert not reader.is_alive()
@@ -243,3 +243,48 @@ def test_a_stream_that_is_not_chat_completion_chunks_is_malformed() -> None:
         streamed_body([[1, 2]], print)
     with pytest.raises(MalformedModelResponseError, match="no streamed chunk had a choice"):
         streamed_body([{"choices": []}, {"usage": None}], print)
+
+
+def test_a_host_owned_lead_streams_its_answer_through_its_turn(
+    server: ChatServer, tmp_path: Path, redis_url: str
+) -> None:
+    """The host's loop calls ``turn.complete(client, ...)`` (the real openai SDK over HTTP):
+    with ``stream_to_user`` the call is streamed, its pieces reach the waiting reader and the
+    hooks, and the answer is stored whole, as the built-in loop's."""
+    hooks = Deltas()
+    router = Router(
+        _settings(server, tmp_path, redis_url, stream=True),
+        publisher=RecordingPublisher(),
+        hooks=hooks,
+    )
+    try:
+        router.create_schema()
+        team = router.create_team(lead_runner="host.lead_turn")
+        router.send(team.id, to=LEAD, content="Plan the release.")
+        cursor = router.events(team.id)[-1].cursor
+        got: list[FeedItem] = []
+        reader = threading.Thread(target=_read_until_answer, args=(router, team.id, cursor, got))
+        reader.start()
+        _listening(router, redis_url, team.id)
+        lead = router.agent(team.id, LEAD)
+        with (
+            openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0) as client,
+            hosted.claim(lead.id, lead.epoch, router=router, tools=default_registry()) as turn,
+        ):
+            assert turn is not None
+            while (text := turn.step(turn.complete(client, model="test-model"))) is None:
+                pass
+        assert turn.outcome == TurnOutcome.ENDED
+        reader.join(timeout=120.0)
+        assert not reader.is_alive()
+        answer = router.user_messages(team.id)[-1]
+        assert answer.content == text and text.startswith(MARK)
+        assert "".join(d.text for _t, _a, d in hooks.seen) == text
+        assert [d.seq for _t, _a, d in hooks.seen] == list(range(len(hooks.seen)))
+        pieces = [item for item in got if item.kind == "delta"]
+        assert pieces and all(p.sender == LEAD for p in pieces)
+        kinds = [item.kind for item in got if item.kind != "event"]
+        assert kinds == ["delta"] * len(pieces) + ["answer"]
+        assert all(r.body["stream"] is True for r in server.requests)
+    finally:
+        router.close()

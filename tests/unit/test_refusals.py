@@ -42,6 +42,7 @@ FIELDS = {
     "limit": 2,
     "used": 2,
     "task_id": "task\n1",
+    "owed": {"current_transcripts": 1, "undelivered_messages": 2},
 }
 
 
@@ -82,3 +83,19 @@ def test_the_errors_that_take_fields_get_them() -> None:
     assert str(spent) == "the team's budget of 3 sub-agents created is spent (3): no new sub-agent"
     host = refusals.error("host_owned", runner="host.task")
     assert isinstance(host, errors.HostOwnedTurnError) and host.runner == "host.task"
+
+
+def test_a_team_that_owes_rows_lists_them_in_one_order_on_both_databases() -> None:
+    """PostgreSQL returns the kinds as a JSON object (its keys in an order of its own): the
+    message lists them in the lifecycle's order whatever order they came in."""
+    from agent_router.store import lifecycle
+
+    assert refusals.OWED_KINDS == lifecycle.OWED
+    owed = refusals.error(
+        "owed_rows", team_id=3, owed={"open_questions": 1, "undelivered_messages": 2}
+    )
+    assert isinstance(owed, errors.OwedRowsError) and owed.owed == {
+        "open_questions": 1,
+        "undelivered_messages": 2,
+    }
+    assert str(owed).startswith("team 3 still owes 2 undelivered messages, 1 open questions;")

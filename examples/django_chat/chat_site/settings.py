@@ -34,3 +34,5 @@ CHAT_QUEUE = os.environ.get("CHAT_QUEUE", "chat")
 CHAT_AGENT_MODEL = os.environ.get("CHAT_AGENT_MODEL", "scripted")
 #: The lead's model, as the chat's model client names it.
 CHAT_MODEL = os.environ.get("CHAT_MODEL", "gpt-4o")
+#: How long one event stream of a room's live page lasts before the browser reconnects.
+CHAT_STREAM_SECONDS = float(os.environ.get("CHAT_STREAM_SECONDS", "30"))

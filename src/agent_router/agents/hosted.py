@@ -18,8 +18,11 @@ as its arguments. The task claims it and runs its own loop::
 Every model call of the host's loop is counted as the built-in loop counts its own: charged to
 the team's budgets before it is made and its usage (tokens, model, cost) recorded after it.
 :meth:`HostedTurn.complete` does both around an OpenAI SDK client's
-``chat.completions.create``; :meth:`HostedTurn.model_call` is the same for any other client (a
-block that charges on entry and in which the host records the reply's usage). :meth:`step`
+``chat.completions.create`` (streamed for a lead with ``stream_to_user``, or with
+``stream=True``: the reply's pieces reach the team's feed readers as they come);
+:meth:`HostedTurn.model_call` is the same for any other client (a block that charges on entry
+and in which the host records the reply's usage, and hands each piece of a streamed reply to
+``call.delta(text)``). :meth:`step`
 refuses a reply whose model call was not counted, and a model call left without its usage ends
 the turn as failed (:class:`UncountedModelCallError`): a loop cannot skip the count by
 forgetting it. A spent budget raises :class:`~agent_router.errors.BudgetExhaustedError` from the
@@ -38,7 +41,9 @@ tool (an ask, ``wait_sub_agent_output``) returns without ending: the answer sche
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +51,7 @@ from typing import Any
 from agent_router import errors
 from agent_router.agents import builder, loop
 from agent_router.agents.context import count_tokens
-from agent_router.agents.openai_model import assistant_message, request_messages
+from agent_router.agents.openai_model import assistant_message, request_messages, streamed_body
 from agent_router.agents.protocol import quoted_replies
 from agent_router.agents.tools import (
     ToolContext,
@@ -55,7 +60,7 @@ from agent_router.agents.tools import (
     team_registry,
 )
 from agent_router.agents.usage import Usage, usage_from_body
-from agent_router.domain import Agent, MessageSubtype, TokenUsage
+from agent_router.domain import Agent, Delta, MessageSubtype, TokenUsage
 from agent_router.router import Router
 from agent_router.store import Since
 from agent_router.turn import Turn
@@ -80,10 +85,22 @@ class ModelCall:
         self.model = model
         self.messages = messages
         self.tools = hosted.tools
+        self._stream = uuid.uuid4().hex
+        self._pieces = itertools.count()
         # The call's span on the timeline: from here (what it sends is ready) to its usage.
         self._began = time.monotonic()
         #: What the call used, once recorded.
         self.recorded: TokenUsage | None = None
+
+    def delta(self, text: str) -> None:
+        """A piece of the reply's text as the model writes it (a streamed call), for the
+        team's feed readers waiting now (:meth:`Router.events` items of kind ``delta``, one
+        ``stream`` per call, ``seq`` from 0) and the hooks' ``after_delta``; nothing is
+        stored: the reply reaches the feed whole when :meth:`HostedTurn.step` ends the turn
+        with it."""
+        if text:
+            sink = self._hosted.router.delta_sink(self._hosted.team_id, self._hosted.display_name)
+            sink(Delta(stream=self._stream, seq=next(self._pieces), text=text))
 
     def reply(self, response: Any) -> dict[str, Any]:
         """Record the usage of a Chat Completions ``response`` (an OpenAI SDK
@@ -122,6 +139,12 @@ class ModelCall:
         self._hosted._usage = usage_of
         self._hosted._counted = True
         return self.recorded
+
+
+def _chunk_body(chunk: Any) -> Any:
+    """A streamed chunk as its JSON body (an OpenAI SDK ``ChatCompletionChunk``, or already
+    a mapping)."""
+    return chunk.to_dict(warnings=False) if hasattr(chunk, "to_dict") else chunk
 
 
 def _usage(usage: Any) -> Usage | None:
@@ -231,17 +254,36 @@ class HostedTurn:
                 "record it with call.reply(response) or call.usage(response.usage)"
             )
 
-    def complete(self, client: Any, *, model: str, **request: Any) -> dict[str, Any]:
+    def complete(
+        self, client: Any, *, model: str, stream: bool | None = None, **request: Any
+    ) -> dict[str, Any]:
         """One model call through an OpenAI SDK ``client`` (``openai.OpenAI()`` or any
         OpenAI-compatible server's), counted (:meth:`model_call`): sends the drained transcript
         and the agent's tools with ``model`` and the other ``request`` arguments
         (``temperature``, ...) to ``client.chat.completions.create``, records the response's
-        usage and returns its assistant message, for :meth:`step`."""
+        usage and returns its assistant message, for :meth:`step`.
+
+        ``stream`` (by default: ``stream_to_user`` for a lead, as the built-in loop does)
+        streams the call (``stream=True``, the usage asked for in the last chunk): each piece
+        of the reply's text goes to the team's feed readers as it arrives
+        (:meth:`ModelCall.delta`), and the chunks are added up into the reply the same call
+        answers unstreamed."""
+        if stream is None:
+            stream = self.router.settings.stream_to_user and self.agent.is_lead
         with self.model_call(model=model) as call:
             sent: dict[str, Any] = {"messages": request_messages(call.messages), **request}
             if call.tools:  # some servers reject an empty list
                 sent["tools"] = call.tools
-            return call.reply(client.chat.completions.create(model=model, **sent))
+            if not stream:
+                return call.reply(client.chat.completions.create(model=model, **sent))
+            chunks = client.chat.completions.create(
+                model=model, stream=True, stream_options={"include_usage": True}, **sent
+            )
+            try:
+                return call.reply(streamed_body(map(_chunk_body, chunks), call.delta))
+            finally:
+                if callable(close := getattr(chunks, "close", None)):
+                    close()  # the SDK's stream holds its HTTP response until closed
 
     def step(self, reply: dict[str, Any]) -> str | None:
         """Record the model's ``reply`` and run its tool calls with the built-in tools, each

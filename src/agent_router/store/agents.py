@@ -18,8 +18,9 @@ from agent_router.domain import (
     RouteOutcome,
     Team,
     TurnStatus,
+    TurnTrigger,
 )
-from agent_router.store import queries, refusals, routing, turns, values, waits
+from agent_router.store import queries, refusals, routing, turns, values
 from agent_router.store.decisions import close_question, move
 from agent_router.store.models import (
     AgentRow,
@@ -29,6 +30,7 @@ from agent_router.store.models import (
     TurnRow,
     utcnow,
 )
+from agent_router.store.rules import INTERRUPT_REASON
 from agent_router.store.tx import Tx
 from agent_router.store.values import NewAgent, SendRequest
 
@@ -180,7 +182,7 @@ def terminate(tx: Tx, agent_id: int, *, reason: str) -> None:
         assert asker is not None
         close_question(question, QuestionStatus.CANCELLED)
         if question.waiting:
-            waits.release(
+            routing.release(
                 tx,
                 asker,
                 question,
@@ -236,7 +238,7 @@ def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
         if question.waiting:
             asker = session.get(AgentRow, question.asker_agent_id)
             assert asker is not None
-            waits.release(
+            routing.release(
                 tx,
                 asker,
                 question,
@@ -250,7 +252,7 @@ def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
         agent.stop_requested = True
         if own is not None:  # blocked in a worker: end the wait, the turn then stops
             close_question(own, QuestionStatus.CANCELLED)
-            waits.release(tx, agent, own, f"cancelled: stopped ({reason})")
+            routing.release(tx, agent, own, f"cancelled: stopped ({reason})")
         action = LedgerAction.STOP_REQUESTED
     else:
         _stop_now(tx, agent, own, reason)
@@ -264,6 +266,55 @@ def request_stop(tx: Tx, agent_id: int, *, reason: str) -> AgentState:
         cancelled_questions=len(asked_of),
     )
     return agent.state
+
+
+def interrupt(tx: Tx, req: SendRequest) -> Delivery:
+    """The user's message to the lead, routed as :func:`~agent_router.store.routing.route`
+    routes it; a lead running a turn is then asked to stop at its next boundary, and that stop
+    starts one follow-up turn for the message (:func:`~agent_router.store.turns.stop_turn`).
+    A lead waiting on a wait of its own (a wait for a sub-agent's output) has the wait ended
+    too, its call given a ``cancelled`` result: blocked in its worker, its turn reaches that
+    boundary now rather than when the output comes; suspended (no worker holds it), it is
+    stopped here and the follow-up turn scheduled at once."""
+    delivery = routing.route(tx, req)
+    lead = queries.agent_by_name(tx.session, req.team_id, req.to)
+    assert lead is not None
+    if delivery.duplicate or lead.stop_requested:
+        return delivery
+    state_before = lead.state
+    own = queries.waiting_question(tx.session, lead.id)
+    if lead.state is not AgentState.RUNNING and (
+        lead.state is not AgentState.WAITING or own is None
+    ):
+        return delivery
+    stopped = f"cancelled: stopped ({INTERRUPT_REASON})"
+    if lead.suspended:
+        _stop_now(tx, lead, own, INTERRUPT_REASON)
+        tx.agent_ledger(
+            LedgerAction.STOPPED,
+            lead,
+            epoch=lead.epoch,
+            reason=INTERRUPT_REASON,
+            state_before=state_before.value,
+            cancelled_questions=0,
+        )
+        routing.schedule(tx, lead, TurnTrigger.FOLLOW_UP)
+        tx.agent_ledger(LedgerAction.FOLLOW_UP, lead, epoch=lead.epoch)
+        return delivery
+    lead.stop_requested = True
+    if own is not None:  # blocked in a worker: end the wait, the turn then stops
+        close_question(own, QuestionStatus.CANCELLED)
+        routing.release(tx, lead, own, stopped)
+    tx.agent_ledger(
+        LedgerAction.STOP_REQUESTED,
+        lead,
+        epoch=lead.epoch,
+        reason=INTERRUPT_REASON,
+        state_before=state_before.value,
+        cancelled_questions=0,
+        restart=True,
+    )
+    return delivery
 
 
 def _stop_now(tx: Tx, agent: AgentRow, own: QuestionRow | None, reason: str) -> None:

@@ -56,6 +56,7 @@ FILES = (
     "agents.sql",
     "jobs.sql",
     "recovery.sql",
+    "lifecycle.sql",
 )
 
 _NAMED = re.compile(r"^-- name: ([a-z_]+)\n((?:--[^\n]*\n)*)(.*?)(?=^-- name: |\Z)", re.M | re.S)

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from agent_router import errors
 from agent_router.domain import (
     TURN_STATES,
     AgentState,
@@ -31,7 +31,7 @@ from agent_router.domain import (
     MessageStatus,
     QuestionStatus,
 )
-from agent_router.store import queries
+from agent_router.store import queries, refusals
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
@@ -50,7 +50,7 @@ from agent_router.store.models import (
 from agent_router.store.tx import Tx
 from agent_router.store.values import Deletion
 
-#: A new transaction of the store, as a context manager (``Store._tx``): a prune runs several.
+#: A new transaction of the store, as a context manager (``SqliteStore._tx``): a prune runs several.
 Transact = Callable[[], AbstractContextManager[Tx]]
 
 #: Teams deleted by one prune transaction; a prune runs batches until none is left.
@@ -218,12 +218,7 @@ def delete_teams(
             return Deletion(dry_run=dry_run, kept=tuple(kept))
     for team_id, found in per_team.items():
         if found and not include_undelivered:
-            listed = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in found.items())
-            raise errors.OwedRowsError(
-                f"team {team_id} still owes {listed}; delete it with include_undelivered "
-                "(--include-undelivered) to drop them, which the ledger records",
-                owed=found,
-            )
+            raise refusals.error("owed_rows", team_id=team_id, owed=found)
         for kind, count in found.items():
             owed_rows[kind] = owed_rows.get(kind, 0) + count
     if not dry_run:
@@ -232,9 +227,9 @@ def delete_teams(
                 _record_drop(tx, team_id, found, by=by)
     teams = sa.select(TeamRow.id).where(TeamRow.id.in_(locked)).scalar_subquery()
     questions = session.scalars(
-        sa.select(QuestionRow.id).where(
-            QuestionRow.team_id.in_(teams), QuestionRow.status == QuestionStatus.OPEN
-        )
+        sa.select(QuestionRow.id)
+        .where(QuestionRow.team_id.in_(teams), QuestionRow.status == QuestionStatus.OPEN)
+        .order_by(QuestionRow.id)
     ).all()
     rows: dict[str, int] = {}
     for table, where in _team_rows(teams, outbox_pruned_before):
@@ -254,7 +249,7 @@ def delete_team(
 ) -> Deletion:
     deletion = delete_teams(tx, [team_id], dry_run=dry_run, include_undelivered=include_undelivered)
     if not deletion.teams:
-        raise errors.UnknownTeamError(f"unknown team {team_id}")
+        raise refusals.error("unknown_team", team_id=team_id)
     return deletion
 
 
@@ -381,11 +376,22 @@ def prune_ledger_batches(
     if dry_run:
         with transact() as tx:
             return prune_ledger(tx, before=before, limit=0, dry_run=True)
+
+    def batch() -> int:
+        with transact() as tx:
+            return prune_ledger(tx, before=before, limit=LEDGER_PRUNE_BATCH, dry_run=False)
+
+    return ledger_batches(batch, batches)
+
+
+def ledger_batches(batch: Callable[[], int], batches: int | None) -> int:
+    """Run ``batch`` (one transaction deleting up to :data:`LEDGER_PRUNE_BATCH` events; how
+    many it deleted) until one deletes fewer, at most ``batches`` times (``None``: no limit);
+    how many were deleted in all."""
     deleted = 0
     done = 0
     while batches is None or done < batches:
-        with transact() as tx:
-            count = prune_ledger(tx, before=before, limit=LEDGER_PRUNE_BATCH, dry_run=False)
+        count = batch()
         deleted += count
         done += 1
         if count < LEDGER_PRUNE_BATCH:
@@ -401,37 +407,53 @@ def prune(
     transaction of ``transact``; what was deleted, summed over the batches."""
     with transact() as tx:  # first, so that a dry run counts each row once
         published = prune_outbox(tx, before=before, dry_run=dry_run)
-    teams: list[int] = []
-    kept: list[int] = []
-    rows: dict[str, int] = {}
-    owed: dict[str, int] = {}
-    questions: list[int] = []
-    while True:
+
+    def batch(after: int) -> tuple[Deletion, int]:
         with transact() as tx:
-            batch, held = finished_teams(
+            chosen, held = finished_teams(
                 tx,
                 before=before,
                 limit=PRUNE_BATCH,
-                after=max(teams + kept, default=0),
+                after=after,
                 include_undelivered=include_undelivered,
             )
             deletion = delete_teams(
                 tx,
-                batch,
+                chosen,
                 dry_run=dry_run,
                 outbox_pruned_before=before,
                 include_undelivered=include_undelivered,
                 by="prune",
                 idle_since=before,
             )
+        return replace(deletion, kept=(*held, *deletion.kept)), len(chosen) + len(held)
+
+    return team_batches(published, batch, dry_run=dry_run)
+
+
+def team_batches(
+    published: int, batch: Callable[[int], tuple[Deletion, int]], *, dry_run: bool
+) -> Deletion:
+    """A prune's teams, batch after batch: ``batch(after)`` deletes (or counts) one batch of
+    the teams with ids above ``after`` in a transaction of its own, and returns what it did
+    (every team it looked at and kept in its ``kept``) and how many teams it looked at; fewer
+    than :data:`PRUNE_BATCH` ends the prune. What was deleted, summed over the batches, with
+    the ``published`` outbox rows the prune deleted first."""
+    teams: list[int] = []
+    kept: list[int] = []
+    rows: dict[str, int] = {}
+    owed: dict[str, int] = {}
+    questions: list[int] = []
+    while True:
+        deletion, looked_at = batch(max(teams + kept, default=0))
         teams += deletion.teams
-        kept += held + list(deletion.kept)
+        kept += deletion.kept
         questions += deletion.questions
         for name, count in deletion.rows.items():
             rows[name] = rows.get(name, 0) + count
         for kind, count in deletion.owed.items():
             owed[kind] = owed.get(kind, 0) + count
-        if len(batch) + len(held) < PRUNE_BATCH:
+        if looked_at < PRUNE_BATCH:
             break
     rows["ar_outbox"] = rows.get("ar_outbox", 0) + published
     return Deletion(

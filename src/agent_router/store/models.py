@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,6 +70,14 @@ _LIMIT = limits.BUDGET_LIMITS
 BigId = limits.ID
 
 
+#: The table options of every table whose ``id`` the database gives: on SQLite, AUTOINCREMENT,
+#: so an id is never given twice. Without it SQLite gives the largest id present plus one, the
+#: id of a row deleted last; a deleted team's ledger events would name the next team, and a
+#: host that drops a repeated delivery by its id would drop a new message to the user.
+#: PostgreSQL's sequences never give an id twice, and ignore the option.
+SQLITE_IDS: dict[str, Any] = {"sqlite_autoincrement": True}
+
+
 def of_agent(column: str) -> sa.ForeignKeyConstraint:
     """The foreign key of ``column`` and ``team_id`` on the agent's ``(id, team_id)``: the row
     names an agent that exists and that agent's own team, in one check on the agent's row. The
@@ -93,6 +102,7 @@ class Base(DeclarativeBase):
 
 class TeamRow(Base):
     __tablename__ = "ar_teams"
+    __table_args__ = (SQLITE_IDS,)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -116,6 +126,7 @@ class AgentRow(Base):
         sa.Index("ix_ar_agents_id_team", "id", "team_id", unique=True),
         # The sweeper's scan for agents left scheduled.
         sa.Index("ix_ar_agents_state_scheduled", "state", "scheduled_at"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -155,6 +166,7 @@ class MessageRow(Base):
         sa.Index("ix_ar_messages_mailbox", "target_agent_id", "status", "seq"),
         of_agent("source_agent_id"),
         of_agent("target_agent_id"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -190,6 +202,7 @@ class UserMessageRow(Base):
         sa.UniqueConstraint("team_id", "dedup_key", name="uq_ar_user_messages_team_dedup"),
         sa.Index("ix_ar_user_messages_team_id", "team_id", "id"),
         of_agent("agent_id"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -212,6 +225,7 @@ class QuestionRow(Base):
         sa.Index("ix_ar_questions_status_deadline", "status", "deadline"),
         of_agent("asker_agent_id"),
         of_agent("target_agent_id"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -238,6 +252,7 @@ class TurnRow(Base):
         sa.UniqueConstraint("agent_id", "epoch", name="uq_ar_turns_agent_epoch"),
         sa.Index("ix_ar_turns_status_lease", "status", "lease_expires_at"),
         of_agent("agent_id"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -256,6 +271,7 @@ class TranscriptEntryRow(Base):
     __tablename__ = "ar_transcript_entries"
     __table_args__ = (
         sa.UniqueConstraint("agent_id", "position", name="uq_ar_transcript_agent_position"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -278,6 +294,7 @@ class OutboxRow(Base):
         # The sweeper's check of an agent's turn tasks of one epoch.
         sa.Index("ix_ar_outbox_agent_epoch", "agent_id", "epoch"),
         of_agent("agent_id"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -299,6 +316,7 @@ class BackgroundJobRow(Base):
         # The poller's scan: jobs still running, oldest first.
         sa.Index("ix_ar_background_jobs_status", "status", "created_at"),
         of_agent("agent_id"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -324,6 +342,7 @@ class LedgerRow(Base):
         # A team's events in time order: the timeline's windows and its latest event read a
         # range of it, whatever the size of the team's history.
         sa.Index("ix_ar_ledger_team_time", "team_id", "created_at", "id"),
+        SQLITE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -370,7 +389,7 @@ class ModelCallRow(Base):
     """One model call's usage, per turn (and so per agent and team)."""
 
     __tablename__ = "ar_model_calls"
-    __table_args__ = (of_agent("agent_id"),)
+    __table_args__ = (of_agent("agent_id"), SQLITE_IDS)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     team_id: Mapped[int] = mapped_column(BigId, index=True)
@@ -404,3 +423,20 @@ class QuarantineRow(Base):
     first_failed_at: Mapped[datetime]
     last_failed_at: Mapped[datetime]
     until: Mapped[datetime]
+
+
+class InstallationRow(Base):
+    """The database's installation id, one row written when the schema is made (by migration
+    0015 or :meth:`~agent_router.store.store.Store.create_schema`) and never changed: it names
+    the database's Redis channels and wake keys (:mod:`agent_router.constants`), so that
+    deployments sharing a Redis server never hear each other's signals."""
+
+    __tablename__ = "ar_installation"
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+def new_installation_id() -> str:
+    """A random installation id (128 bits, as 32 hexadecimal digits)."""
+    return uuid.uuid4().hex

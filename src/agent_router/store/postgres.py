@@ -6,8 +6,8 @@ a call is one statement, its own transaction (autocommit), so each transition is
 every branch, and the function decides every branch. What a function decided comes back as one
 JSON object: the transition's result, the ledger events it wrote (logged here, as the SQLite
 implementation logs its own), the outbox rows to publish after the commit, or a refusal (the
-error to raise; its event is written by the function). A few transitions still run as SQL
-statements sent from Python, the section at the end of the class.
+error to raise; its event is written by the function). A retention that runs in batches
+(``prune``, ``prune_ledger``) is one call per batch.
 
 A connection lost while a call ran leaves it unknown whether it committed
 (:class:`~agent_router.errors.CommitUnknownError`); one lost before it was sent is retried
@@ -27,7 +27,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent_router import errors, formats
+from agent_router import errors, formats, limits
 from agent_router.domain import (
     Agent,
     AgentState,
@@ -59,12 +59,10 @@ from agent_router.domain import (
     UserMessageKind,
 )
 from agent_router.store import (
-    agents,
     faults,
     functions,
     lifecycle,
     quarantine,
-    recovery,
     refusals,
     rules,
     values,
@@ -659,89 +657,158 @@ class PostgresStore(Store):
         )
         return _job(found["job"])
 
-    # ------------------------------------------------------------------ statements from Python
-    # These transitions run as SQL statements sent from Python (the SQLAlchemy modules that
-    # SqliteStore runs, in a transaction of Store._tx), not as functions of the database.
+    # ------------------------------------------------------------------ sweeper and lifecycle
+    # The sweeper's repairs (postgresql/recovery.sql) and the storage lifecycle
+    # (postgresql/lifecycle.sql): each a call of its function, one round trip.
 
     @faults.retrying
     def seed_mailbox(
         self, agent_id: int, count: int, *, content: str, sender: str = "system"
     ) -> None:
-        with self._tx() as tx:
-            agents.seed_mailbox(tx, agent_id, count, content=content, sender=sender)
+        self._call("seed_mailbox", agent=agent_id, count=count, content=content, sender=sender)
 
     @faults.retrying
     def take_over_expired(self, agent_id: int) -> int | None:
-        with self._sessions() as session:
-            turn_id = recovery.expired_turn(session, agent_id)
-        if turn_id is None:
-            return None
-        try:
-            return self.take_over(
-                agent_id, reason="lease expired", expected_turn_id=turn_id, lease_check=True
-            )
-        except errors.TurnError:
-            return None
+        result = self._call(
+            "take_over_expired", agent=agent_id, interrupted=rules.INTERRUPTED_RESULT
+        )
+        epoch = result["epoch"]
+        return None if epoch is None else int(epoch)
 
     @faults.retrying
     def reenqueue(self, agent: Scheduled, *, windows: int) -> bool:
-        with self._tx() as tx:
-            return recovery.reenqueue(tx, agent, windows=windows)
+        result = self._call(
+            "reenqueue",
+            agent=agent.agent_id,
+            epoch=agent.epoch,
+            last_published=agent.last_published,
+            windows=windows,
+        )
+        return bool(result["reenqueued"])
 
     @faults.retrying
     def record_sweep_failure(
         self, agent_id: int, step: SweepStep, error: str, *, period_seconds: float
     ) -> Quarantine | None:
-        with self._tx() as tx:
-            return quarantine.record_failure(
-                tx, agent_id, step, error, period_seconds=period_seconds
-            )
+        result = self._call(
+            "record_sweep_failure",
+            agent=agent_id,
+            step=step.value,
+            error=limits.storable(error)[: quarantine.ERROR_CHARS],
+            period_seconds=period_seconds,
+            quarantine_after=quarantine.QUARANTINE_AFTER,
+            max_periods=quarantine.MAX_BACKOFF_PERIODS,
+        )
+        row = result["quarantine"]
+        return None if row is None else _quarantine(row)
 
     @faults.retrying
     def lift_quarantine(self, agent_id: int, *, reason: str) -> bool:
-        with self._tx() as tx:
-            return quarantine.lift(tx, agent_id, reason=reason)
+        result = self._call(
+            "lift_quarantine",
+            agent=agent_id,
+            reason=reason,
+            quarantine_after=quarantine.QUARANTINE_AFTER,
+        )
+        return bool(result["lifted"])
 
     @faults.retrying
     def lift_settled_quarantines(self, *, keep: set[int]) -> list[int]:
-        with self._tx() as tx:
-            return quarantine.settled(tx, keep=keep)
+        result = self._call(
+            "lift_settled_quarantines",
+            keep=sorted(keep),
+            reason=quarantine.SETTLED_REASON,
+            quarantine_after=quarantine.QUARANTINE_AFTER,
+        )
+        return [int(agent_id) for agent_id in result["lifted"]]
 
     @faults.retrying
     def claim_unpublished(
         self, *, older_than_seconds: float = 0.0, limit: int = 500
     ) -> list[OutboxEntry]:
-        with self._tx() as tx:
-            return recovery.claim_unpublished(
-                tx, older_than_seconds=older_than_seconds, limit=limit
-            )
+        cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+        result = self._call("claim_unpublished", cutoff=cutoff, limit=limit)
+        return [_entry(row) for row in result["entries"]]
 
     @faults.retrying
     def delete_team(
         self, team_id: int, *, dry_run: bool = False, include_undelivered: bool = False
     ) -> Deletion:
-        with self._tx() as tx:  # a dry run only reads (and locks) what it counts
-            return lifecycle.delete_team(
-                tx, team_id, dry_run=dry_run, include_undelivered=include_undelivered
-            )
+        result = self._call(
+            "delete_team",
+            team=team_id,
+            dry_run=dry_run,
+            include_undelivered=include_undelivered,
+            listed=lifecycle.OWED_LISTED,
+        )
+        return _deletion(result["deletion"], dry_run=dry_run)
 
     @faults.retrying
     def prune_ledger(
         self, *, older_than_seconds: float, dry_run: bool = False, batches: int | None = None
     ) -> int:
-        before = utcnow() - timedelta(seconds=older_than_seconds)
-        return lifecycle.prune_ledger_batches(
-            self._tx, before=before, dry_run=dry_run, batches=batches
+        """A call of the function per batch, each its own transaction (a dry run: one call)."""
+        params: dict[str, Any] = {
+            "before": utcnow() - timedelta(seconds=older_than_seconds),
+            "routine": sorted(action.value for action in lifecycle.ROUTINE_LEDGER),
+            "limit": lifecycle.LEDGER_PRUNE_BATCH,
+            "dry_run": dry_run,
+        }
+        if dry_run:
+            return int(self._call("prune_ledger", **params)["deleted"])
+        return lifecycle.ledger_batches(
+            lambda: int(self._call("prune_ledger", **params)["deleted"]), batches
         )
 
     @faults.retrying
     def prune(
         self, *, older_than_seconds: float, dry_run: bool = False, include_undelivered: bool = False
     ) -> Deletion:
+        """One call for the published outbox rows, then one per batch of teams, each its own
+        transaction."""
         before = utcnow() - timedelta(seconds=older_than_seconds)
-        return lifecycle.prune(
-            self._tx, before=before, dry_run=dry_run, include_undelivered=include_undelivered
-        )
+        # First, so that a dry run counts each row once.
+        published = int(self._call("prune_outbox", before=before, dry_run=dry_run)["deleted"])
+
+        def batch(after: int) -> tuple[Deletion, int]:
+            result = self._call(
+                "prune_teams",
+                before=before,
+                after=after,
+                limit=lifecycle.PRUNE_BATCH,
+                dry_run=dry_run,
+                include_undelivered=include_undelivered,
+                listed=lifecycle.OWED_LISTED,
+            )
+            return _deletion(result["deletion"], dry_run=dry_run), int(result["chosen"])
+
+        return lifecycle.team_batches(published, batch, dry_run=dry_run)
+
+
+def _deletion(found: Mapping[str, Any], *, dry_run: bool) -> Deletion:
+    """What ar__delete_teams deleted (or counted): its rows and what was owed as
+    [[name, count], ...] in the order they were counted."""
+    return Deletion(
+        teams=tuple(found["teams"]),
+        rows={name: int(count) for name, count in found["rows"]},
+        questions=tuple(found["questions"]),
+        dry_run=dry_run,
+        owed={kind: int(count) for kind, count in found["owed"]},
+        kept=tuple(found["kept"]),
+    )
+
+
+def _quarantine(row: Mapping[str, Any]) -> Quarantine:
+    return Quarantine(
+        agent_id=row["agent_id"],
+        team_id=row["team_id"],
+        step=SweepStep(row["step"]),
+        failures=row["failures"],
+        error=row["error"],
+        first_failed_at=datetime.fromisoformat(row["first_failed_at"]),
+        last_failed_at=datetime.fromisoformat(row["last_failed_at"]),
+        until=datetime.fromisoformat(row["until"]),
+    )
 
 
 def _run(conn: sa.Connection, statement: str, params: dict[str, Any]) -> Any:

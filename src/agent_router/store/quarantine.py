@@ -26,6 +26,8 @@ QUARANTINE_AFTER = 3
 MAX_BACKOFF_PERIODS = 64
 #: How much of a failure's error is kept.
 ERROR_CHARS = 1000
+#: Why a settled agent's quarantine is lifted (:func:`settled`).
+SETTLED_REASON = "nothing left to repair"
 
 
 def value(row: QuarantineRow) -> Quarantine:
@@ -119,8 +121,9 @@ def settled(tx: Tx, *, keep: set[int]) -> list[int]:
             QuarantineRow.step != SweepStep.POLL_JOB,
             AgentRow.state.in_(TERMINATED_AND_RESTING),
         )
+        .order_by(QuarantineRow.agent_id)
     ).scalars()
     lifted = [agent_id for agent_id in rows if agent_id not in keep]
     for agent_id in lifted:
-        lift(tx, agent_id, reason="nothing left to repair")
+        lift(tx, agent_id, reason=SETTLED_REASON)
     return lifted

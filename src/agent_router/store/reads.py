@@ -48,6 +48,7 @@ from agent_router.store import (
 from agent_router.store.models import (
     AgentRow,
     BackgroundJobRow,
+    InstallationRow,
     LedgerRow,
     MessageRow,
     ModelCallRow,
@@ -97,6 +98,19 @@ class Reads:
         """What ``read`` returns, run in a session of its own."""
         with self._sessions() as session:
             return read(session, *args, **kwargs)
+
+    @faults.wrapped_read
+    def installation(self) -> str:
+        """The database's installation id (written with its schema; never changed). Refused
+        (:class:`~agent_router.errors.StoreError`) on a database without one: one not yet
+        migrated to this release."""
+        with self._sessions() as session:
+            found = session.scalar(sa.select(InstallationRow.id).limit(1))
+        if found is None:
+            raise errors.StoreError(
+                "the database has no installation id: upgrade it (agent-router db upgrade)"
+            )
+        return found
 
     @faults.wrapped_read
     def usage_by_agent(self, team_id: int) -> dict[int, TokenUsage]:

@@ -53,6 +53,26 @@ def _cycle(f: Mapping[str, Any]) -> str:
     return f"this {f['verb']} would deadlock: " + " -> ".join(f["cycle"])
 
 
+#: The kinds of rows a team may still owe someone, in the order a refusal lists them (the
+#: order of :data:`agent_router.store.lifecycle.OWED`).
+OWED_KINDS = (
+    "undelivered_messages",
+    "open_questions",
+    "spent_budget",
+    "unpublished_outbox",
+    "current_transcripts",
+)
+
+
+def _owed_rows(f: Mapping[str, Any]) -> str:
+    owed = sorted(f["owed"].items(), key=lambda kind_n: OWED_KINDS.index(kind_n[0]))
+    listed = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in owed)
+    return (
+        f"team {f['team_id']} still owes {listed}; delete it with include_undelivered "
+        "(--include-undelivered) to drop them, which the ledger records"
+    )
+
+
 _ASK = errors.AskRefusedError
 
 #: Every code a transition refuses with.
@@ -68,6 +88,7 @@ CODES: dict[str, Refusal] = {
     "lead_kept": Refusal(errors.InvalidMessageError, "the Team Leader cannot be {done}"),
     "already_terminated": Refusal(errors.AgentTerminatedError, "{name!r} is already terminated"),
     "terminated": Refusal(errors.AgentTerminatedError, "agent {name!r} is terminated"),
+    "owed_rows": Refusal(errors.OwedRowsError, _owed_rows, ("owed",)),
     # sends
     "unknown_sender": Refusal(
         errors.UnknownAgentError,

@@ -31,7 +31,7 @@ from agent_router.store.models import (
     QuestionRow,
     utcnow,
 )
-from agent_router.store.rules import INTERRUPT_REASON, is_external
+from agent_router.store.rules import is_external
 from agent_router.store.tx import Refused, Tx
 from agent_router.store.values import SendRequest
 
@@ -377,6 +377,26 @@ def resolve_waiter(
     )
 
 
+def release(
+    tx: Tx,
+    asker: AgentRow,
+    question: QuestionRow,
+    result: str,
+) -> None:
+    """End a wait without an answer: a synthetic tool result, then wake or continue."""
+    question.waiting = False  # before the next statement: one UPDATE of the question
+    end_wait(
+        tx,
+        asker,
+        question,
+        result,
+        LedgerAction.QUESTION_CANCELLED,
+        turn_id=queries.waiter_turn_id(tx.session, asker, question),
+        meta={"synthetic": result.split(":", 1)[0], "question_id": question.id},
+        result=result,
+    )
+
+
 def end_wait(
     tx: Tx,
     waiter: AgentRow,
@@ -404,28 +424,6 @@ def end_wait(
         action, waiter, message_id=message_id, epoch=waiter.epoch, question_id=question.id, **detail
     )
     continue_waiter(tx, waiter, question)
-
-
-def interrupt(tx: Tx, req: SendRequest) -> Delivery:
-    """The user's message to the lead, routed as :func:`route` routes it; a lead running a
-    turn is then asked to stop at its next boundary, and that stop starts one follow-up turn
-    for the message (:func:`~agent_router.store.turns.stop_turn`)."""
-    delivery = route(tx, req)
-    lead = queries.agent_by_name(tx.session, req.team_id, req.to)
-    assert lead is not None
-    if delivery.duplicate or lead.state is not AgentState.RUNNING or lead.stop_requested:
-        return delivery
-    lead.stop_requested = True
-    tx.agent_ledger(
-        LedgerAction.STOP_REQUESTED,
-        lead,
-        epoch=lead.epoch,
-        reason=INTERRUPT_REASON,
-        state_before=lead.state.value,
-        cancelled_questions=0,
-        restart=True,
-    )
-    return delivery
 
 
 def schedule(tx: Tx, agent: AgentRow, trigger: TurnTrigger) -> None:

@@ -1,7 +1,7 @@
 """The store on SQLite: each transition runs, over SQLAlchemy, the Python module that holds its
 branches (``routing``, ``turns``, ``waits``, ``users``, ``agents``, ``budgets``, ``jobs``,
 ``recovery``, ``quarantine``, ``lifecycle``), in one transaction
-(:meth:`~agent_router.store.store.Store._tx`) that takes the database's write lock up front
+(:meth:`SqliteStore._tx`) that takes the database's write lock up front
 (``BEGIN IMMEDIATE``).
 
 :class:`SqliteStore` is the sibling of :class:`~agent_router.store.postgres.PostgresStore`: each
@@ -11,13 +11,14 @@ are the contract.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from agent_router import errors
 from agent_router.domain import (
@@ -57,6 +58,7 @@ from agent_router.store import (
 )
 from agent_router.store.models import OutboxRow, utcnow
 from agent_router.store.store import Store
+from agent_router.store.tx import Refused, Tx, write_ledger_buffer
 from agent_router.store.values import (
     AfterCall,
     Ask,
@@ -85,6 +87,34 @@ _MARK_PUBLISHED = (
 
 class SqliteStore(Store):
     """The store whose transitions run as Python over SQLAlchemy (SQLite)."""
+
+    @contextmanager
+    def _tx(self) -> Iterator[Tx]:
+        """A transaction of SQLAlchemy sessions (:class:`Tx`) for the Python transitions: the
+        modules ``routing``, ``turns``, ... run in it. A :class:`Refused` transition is rolled
+        back and its ledger event written in a transaction of its own; once it committed, the
+        outbox rows it wrote go to the after-commit path."""
+        tx = Tx(self._sessions(), self.settings)
+        committing = False
+        try:
+            with tx.session.begin():
+                yield tx
+                # Everything but the COMMIT itself is sent first: a connection lost from here
+                # on leaves the outcome unknown, one lost before it left nothing written.
+                write_ledger_buffer(tx.session)
+                tx.session.flush()
+                committing = True
+        except Refused as refused:
+            tx.session.close()
+            self._write_ledger(refused.action, **refused.ledger)
+            raise refused.error from None
+        except errors.AgentRouterError:
+            raise
+        except SQLAlchemyError as exc:
+            raise faults.store_error(exc, committing=committing) from exc
+        finally:
+            tx.session.close()
+        self._published(tx.entries)
 
     # ------------------------------------------------------------------ teams and agents
 
@@ -142,7 +172,7 @@ class SqliteStore(Store):
     @faults.retrying
     def interrupt(self, req: SendRequest) -> Delivery:
         with self._tx() as tx:
-            return routing.interrupt(tx, req)
+            return agents.interrupt(tx, req)
 
     @faults.retrying
     def send_many(self, reqs: Sequence[SendRequest]) -> list[Delivery]:

@@ -19,17 +19,14 @@ class is made (:meth:`Store.__init_subclass__`), at import, not when it is first
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
-from agent_router import errors
 from agent_router.domain import (
     Agent,
     AgentState,
@@ -53,11 +50,10 @@ from agent_router.domain import (
 from agent_router.settings import Settings
 from agent_router.store import faults, functions
 from agent_router.store.engine import make_engine
-from agent_router.store.models import Base, utcnow
+from agent_router.store.models import Base, InstallationRow, new_installation_id, utcnow
 from agent_router.store.reads import Reads
 from agent_router.store.transcripts import TranscriptCache
 from agent_router.store.tx import (
-    Refused,
     Tx,
     aggregate_refusal,
     drop_ledger_buffer,
@@ -115,6 +111,7 @@ class Store(abc.ABC):
             settings.transcript_cache_bytes,
         )
         self._after_commit: AfterCommit | None = None
+        self._installation: str | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -125,8 +122,15 @@ class Store(abc.ABC):
         self._after_commit = after_commit
 
     def create_schema(self) -> None:
-        """The tables (and on PostgreSQL the store's functions), created directly."""
+        """The tables (and on PostgreSQL the store's functions), created directly, and the
+        installation id, as migration 0015 writes it (kept if the database has one)."""
         Base.metadata.create_all(self.engine)
+        with self.engine.begin() as conn:
+            if conn.execute(sa.select(InstallationRow.id)).first() is None:
+                conn.execute(
+                    sa.insert(InstallationRow),
+                    {"id": new_installation_id(), "created_at": utcnow()},
+                )
         if not self.settings.is_sqlite:
             with self.engine.begin() as conn:
                 # Room in each page of ar_agents for the new versions of its rows: every send
@@ -136,38 +140,20 @@ class Store(abc.ABC):
                 conn.execute(sa.text("ALTER TABLE ar_agents SET (fillfactor = 50)"))
                 functions.install(conn)
 
+    def installation_id(self) -> str:
+        """The database's installation id (:class:`~agent_router.store.models.InstallationRow`),
+        read once by this store (one statement) and kept: it never changes. It names the
+        database's Redis channels and wake keys (:mod:`agent_router.constants`). Two threads
+        reading it at once both read the same id."""
+        found = self._installation
+        if found is None:
+            found = self._installation = self.reads.installation()
+        return found
+
     def dispose(self, *, close: bool = True) -> None:
         """Drop the connection pool; ``close=False`` in a forked child leaves the parent's
         connections alone."""
         self.engine.dispose(close=close)
-
-    @contextmanager
-    def _tx(self) -> Iterator[Tx]:
-        """A transaction of SQLAlchemy sessions (:class:`Tx`) for the Python transitions: the
-        modules ``routing``, ``turns``, ... run in it. A :class:`Refused` transition is rolled
-        back and its ledger event written in a transaction of its own; once it committed, the
-        outbox rows it wrote go to the after-commit path."""
-        tx = Tx(self._sessions(), self.settings)
-        committing = False
-        try:
-            with tx.session.begin():
-                yield tx
-                # Everything but the COMMIT itself is sent first: a connection lost from here
-                # on leaves the outcome unknown, one lost before it left nothing written.
-                write_ledger_buffer(tx.session)
-                tx.session.flush()
-                committing = True
-        except Refused as refused:
-            tx.session.close()
-            self._write_ledger(refused.action, **refused.ledger)
-            raise refused.error from None
-        except errors.AgentRouterError:
-            raise
-        except SQLAlchemyError as exc:
-            raise faults.store_error(exc, committing=committing) from exc
-        finally:
-            tx.session.close()
-        self._published(tx.entries)
 
     def _published(self, entries: list[OutboxEntry]) -> None:
         """Hand the outbox rows a committed transaction wrote to the after-commit path."""

@@ -184,28 +184,8 @@ def expire_questions(tx: Tx, *, question_id: int | None = None) -> int:
             waiting=question.waiting,
         )
         if question.waiting:
-            release(tx, asker, question, EXPIRED_RESULT)
+            routing.release(tx, asker, question, EXPIRED_RESULT)
     return expired
-
-
-def release(
-    tx: Tx,
-    asker: AgentRow,
-    question: QuestionRow,
-    result: str,
-) -> None:
-    """End a wait without an answer: a synthetic tool result, then wake or continue."""
-    question.waiting = False  # before the next statement: one UPDATE of the question
-    routing.end_wait(
-        tx,
-        asker,
-        question,
-        result,
-        LedgerAction.QUESTION_CANCELLED,
-        turn_id=queries.waiter_turn_id(tx.session, asker, question),
-        meta={"synthetic": result.split(":", 1)[0], "question_id": question.id},
-        result=result,
-    )
 
 
 def wait_output(

@@ -4,7 +4,10 @@ The page (``/``, with its script and style under ``/static/``) reads JSON:
 
 - ``GET /api/teams?offset=&limit=``: a page of the teams, each with its agents by state and its
   latest activity;
-- ``GET /api/teams/N``: the id of the team's latest event (what the page polls);
+- ``GET /api/teams/N?after=&wait=``: the id of the team's latest event (what the page follows);
+  with ``after``, the id the page has, a long poll: it waits on the team's feed signal
+  (:meth:`Router.events`) without reading the database, and answers once the feed moves or
+  ``wait`` is over;
 - ``GET /api/teams/N/view?from=&to=&offset=&limit=&agent=&focus=``: a page of the team's agents
   (its table and its lanes, from one snapshot; the lead and the focused agent on every page)
   and, between two times, their turns, model calls and tool calls, messages and questions, and
@@ -59,6 +62,7 @@ from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
 from agent_router import errors
+from agent_router.feed import RedisSignals
 from agent_router.ops import timeline
 from agent_router.ops.explain import describe
 from agent_router.router import Router
@@ -90,6 +94,8 @@ MAX_ENTRIES = 1000
 MAX_SECONDS = 1e9
 #: Overviews kept, by team and latest event.
 OVERVIEW_CACHE = 32
+#: The longest one long poll of ``/api/teams/N`` waits, in seconds.
+LONGEST_WAIT = 25.0
 
 _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -214,10 +220,16 @@ def _id(text: str, what: str, unknown: type[errors.RefusedError]) -> int:
 class Views:
     """The JSON views, over one router. Each is a read; none writes."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(
+        self, router: Router, *, waiters: int = 1, longest_wait: float = LONGEST_WAIT
+    ) -> None:
         self.router = router
         self._overviews: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
+        # A long poll holds one of the server's threads while it waits: at most this many at
+        # once, the others answered at once (their page asks again after a second).
+        self._waiters = threading.BoundedSemaphore(waiters)
+        self._longest_wait = longest_wait
 
     def teams(self, params: dict[str, str]) -> dict[str, Any]:
         offset = _integer(params, "offset", 0, MAX_ID)
@@ -240,10 +252,36 @@ class Views:
         }
 
     def team(self, params: dict[str, str], team: str) -> dict[str, Any]:
-        """What the page polls: the id of the team's latest event (cheap: one index probe)."""
+        """What the page follows: the id of the team's latest event (cheap: one index probe).
+
+        With ``after`` (the id the page has) and ``wait`` (seconds, at most
+        ``longest_wait``) while that is still the latest, a long poll: it waits on the
+        team's feed signal (:meth:`Router.events` from that id: the messages to the lead and to
+        the user, the lead's turns), sending the database nothing meanwhile, and answers when
+        the feed moved or the wait is over, with the latest id again (which other agents'
+        events move too). ``waited`` says whether it waited: a server without Redis, or with
+        its waiting threads taken, answers at once, and the page asks again a second later."""
         team_id = _id(team, "team", errors.UnknownTeamError)
+        after = _integer(params, "after", -1, MAX_ID) if params.get("after") else None
+        wait = min(_seconds(params, "wait") or 0.0, self._longest_wait)
         self.router.team(team_id)  # an unknown team is a 404
-        return {"team_id": team_id, "last_event_id": self.router.reads.latest_event(team_id)}
+        latest = self.router.reads.latest_event(team_id)
+        answer = {"team_id": team_id, "last_event_id": latest, "waited": False}
+        # Only a signal another process can send (Redis) is worth waiting for: in-process
+        # signals never hear of a commit of the workers', so without Redis the page polls.
+        if after != latest or wait <= 0 or not isinstance(self.router.signals, RedisSignals):
+            return answer
+        if not self._waiters.acquire(blocking=False):
+            return answer
+        try:
+            deadline = time.monotonic() + wait
+            while (left := deadline - time.monotonic()) > 0:
+                items = self.router.events(team_id, after=latest, wait=left)
+                if any(item.kind != "delta" for item in items):  # pieces of a reply: not yet
+                    break
+        finally:
+            self._waiters.release()
+        return answer | {"last_event_id": self.router.reads.latest_event(team_id), "waited": True}
 
     def view(self, params: dict[str, str], team: str) -> dict[str, Any]:
         start = _seconds(params, "from") or 0.0
@@ -336,8 +374,15 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 class WebApp:
     """The WSGI application: access rules first, then the page's files or a JSON view."""
 
-    def __init__(self, router: Router, rules: Access) -> None:
-        self.views = Views(router)
+    def __init__(
+        self,
+        router: Router,
+        rules: Access,
+        *,
+        waiters: int = 1,
+        longest_wait: float = LONGEST_WAIT,
+    ) -> None:
+        self.views = Views(router, waiters=waiters, longest_wait=longest_wait)
         self.rules = rules
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterator[bytes]:
@@ -486,11 +531,12 @@ def make_server(
     threads: int = 8,
     timeout_seconds: float = 30.0,
     connection_limit: int = CONNECTION_LIMIT,
+    longest_wait: float = LONGEST_WAIT,
 ) -> Any:
     """The server, bound and ready: ``run()`` serves until ``close()``. ``effective_port`` is
     the port it listens on (for port 0). ``timeout_seconds`` is each connection's idle timeout
     and each request's deadline: its headers must arrive within it of their first byte, its
-    body within it of the headers."""
+    body within it of the headers. ``longest_wait``: the longest a long poll waits."""
     adj = Adjustments(
         host=host,
         port=port,
@@ -509,7 +555,8 @@ def make_server(
     )
     dispatcher = ThreadedTaskDispatcher()
     dispatcher.set_thread_count(adj.threads)
-    app = WebApp(router, rules)
+    # Long polls take at most half the threads: the page's other reads always find one.
+    app = WebApp(router, rules, waiters=max(1, threads // 2), longest_wait=longest_wait)
     sockets: dict[int, Any] = {}
     servers = [
         _GuardedServer(app, sockets, dispatcher=dispatcher, adj=adj, sockinfo=info)

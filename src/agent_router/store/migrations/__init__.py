@@ -11,4 +11,7 @@ what a column means, or rewrite a table under a long lock. What only the previou
 needed goes in a later release's migration, once no worker of that release can run (after
 ``agent-router db upgrade --finish``). A change that cannot be additive is split over two
 releases: the first adds the new shape and writes both, the second stops using the old.
+On SQLite, which alters little in place, a change to a table copies it (Alembic's batch mode)
+under the database's write lock, in time proportional to its rows: writers of every release
+wait for it, up to ``sqlite_busy_timeout_seconds``.
 """

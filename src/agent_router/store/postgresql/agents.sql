@@ -262,3 +262,28 @@ BEGIN
         p_epoch => a.epoch);
     RETURN o || jsonb_build_object('state', a.state);
 END $$;
+
+-- Queue `p_count` context-only notices for an agent in bulk (benchmarks and load tests: it
+-- bypasses routing decisions, so it never wakes anyone).
+CREATE OR REPLACE FUNCTION ar_seed_mailbox(
+    p_agent bigint, p_count integer, p_content text, p_sender text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    o jsonb := ar__result();
+    a ar_agents;
+    v_now timestamp;
+BEGIN
+    SELECT * INTO a FROM ar_agents WHERE id = p_agent FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN ar__refused(o, 'no_agent_id', jsonb_build_object('agent_id', p_agent));
+    END IF;
+    v_now := ar__now();
+    INSERT INTO ar_messages (team_id, seq, source_name, target_agent_id, type, content, wake,
+                             outcome, status, created_at)
+    SELECT a.team_id, a.next_seq + i, p_sender, a.id, 'notice', p_content, false, 'queued',
+           'pending', v_now
+    FROM generate_series(0, p_count - 1) i;
+    a.next_seq := a.next_seq + greatest(p_count, 0);
+    PERFORM ar__save_agent(a);
+    RETURN o;
+END $$;

@@ -167,3 +167,51 @@ WHERE id = ANY (CAST(:ids AS bigint[])) AND published_at IS NULL
 -- name: remind_user
 -- Send the user once more each question to the user open at half its time.
 SELECT ar_remind_user(:prefix)
+
+-- name: seed_mailbox
+-- Queue many context-only notices for an agent in bulk (benchmarks and load tests).
+SELECT ar_seed_mailbox(:agent, :count, :content, :sender)
+
+-- name: take_over_expired
+-- Take over an agent whose running turn's lease is still expired under the lock.
+SELECT ar_take_over_expired(:agent, :interrupted)
+
+-- name: reenqueue
+-- Enqueue again the turn task of an agent found lost, unless its task moved since it was read.
+SELECT ar_reenqueue(:agent, :epoch, CAST(:last_published AS timestamp), :windows)
+
+-- name: record_sweep_failure
+-- One more failure of a sweeper repair for an agent: ledgered, and the agent left alone a while.
+SELECT ar_record_sweep_failure(:agent, CAST(:step AS ar_sweep_step), :error, :period_seconds,
+                               :quarantine_after, :max_periods)
+
+-- name: lift_quarantine
+-- A repair succeeded for the agent: its failures are behind it.
+SELECT ar_lift_quarantine(:agent, :reason, :quarantine_after)
+
+-- name: lift_settled_quarantines
+-- Lift the agents no repair needs any more, but those a pass tried.
+SELECT ar_lift_settled_quarantines(CAST(:keep AS bigint[]), :reason, :quarantine_after)
+
+-- name: claim_unpublished
+-- Take outbox rows to publish again: unpublished, older than the cutoff, not taken since.
+SELECT ar_claim_unpublished(CAST(:cutoff AS timestamp), :limit)
+
+-- name: delete_team
+-- Delete a team and every row it owns (or count them); one that still owes rows is refused
+-- unless what it owes is to be dropped.
+SELECT ar_delete_team(:team, :dry_run, :include_undelivered, :listed)
+
+-- name: prune_teams
+-- One batch of a prune: finished teams after the given id, deleted (or counted).
+SELECT ar_prune_teams(CAST(:before AS timestamp), :after, :limit, :dry_run,
+                      :include_undelivered, :listed)
+
+-- name: prune_outbox
+-- Delete (or count) published outbox rows older than the cutoff.
+SELECT ar_prune_outbox(CAST(:before AS timestamp), :dry_run)
+
+-- name: prune_ledger
+-- One batch of ledger retention: routine events older than the cutoff, deleted (or counted).
+SELECT ar_prune_ledger(CAST(:before AS timestamp), CAST(:routine AS ar_ledger_action[]), :limit,
+                       :dry_run)

@@ -379,7 +379,10 @@ END $$;
 
 -- The user's message to the lead, routed as ar_send routes it; a lead running a turn is then
 -- asked to stop at its next boundary (its stop_requested event's "restart"), and that stop
--- starts one follow-up turn for the message (ar__stop_turn).
+-- starts one follow-up turn for the message (ar__stop_turn). A lead waiting on a wait of its
+-- own (a wait for a sub-agent's output) has the wait ended too, its call given a cancelled
+-- result: blocked in its worker, its turn reaches that boundary now; suspended (no worker
+-- holds it), it is stopped here and the follow-up turn scheduled at once.
 CREATE OR REPLACE FUNCTION ar_interrupt(
     p_team bigint, p_to text, p_sender text, p_external boolean, p_type ar_message_type,
     p_subtype ar_message_subtype, p_content text, p_body text, p_question bigint,
@@ -389,18 +392,53 @@ DECLARE
     o jsonb := ar_send(p_team, p_to, p_sender, p_external, p_type, p_subtype, p_content,
                        p_body, p_question, p_wake, p_dedup);
     a ar_agents;
+    own ar_questions;
+    r record;
+    v_now timestamp;
+    v_before ar_agent_state;
+    v_stopped text := format('cancelled: stopped (%s)', p_reason);
 BEGIN
     IF o ? 'refused' OR (o -> 'delivery' ->> 'duplicate')::boolean THEN
         RETURN o;
     END IF;
     SELECT * INTO a FROM ar_agents WHERE team_id = p_team AND display_name = p_to FOR UPDATE;
-    IF a.state <> 'running' OR a.stop_requested THEN
+    IF a.stop_requested THEN
         RETURN o;
     END IF;
+    own := ar__waiting_question(a.id);
+    IF a.state <> 'running' AND (a.state <> 'waiting' OR own.id IS NULL) THEN
+        RETURN o;
+    END IF;
+    v_now := ar__now();
+    v_before := a.state;
+    IF a.suspended THEN  -- no worker holds it: stopped now, the follow-up scheduled
+        own := ar__close_question(own, 'cancelled', v_now, NULL, true);
+        r := ar__close_dangling(a, o, NULL, v_stopped, NULL, v_now);
+        a := r.a;
+        o := r.o - 'closed';
+        PERFORM ar__cancel_own_questions(a.id, v_now);
+        a.epoch := a.epoch + 1;  -- a continuation claims nothing
+        a := ar__move(a, 'idle');
+        a.suspended := false;
+        a.pending_trigger := NULL;
+        o := ar__agent_event(o, 'stopped', a, v_now, jsonb_build_object(
+                'reason', p_reason, 'state_before', v_before, 'cancelled_questions', 0),
+            p_epoch => a.epoch);
+        r := ar__schedule(a, o, 'follow_up', v_now);
+        a := r.a;
+        PERFORM ar__save_agent(a);
+        RETURN ar__agent_event(r.o, 'follow_up', a, v_now, p_epoch => a.epoch);
+    END IF;
     a.stop_requested := true;
+    IF own.id IS NOT NULL THEN  -- blocked in a worker: end the wait, the turn then stops
+        own := ar__close_question(own, 'cancelled', v_now);
+        r := ar__release(a, o, own, v_stopped, v_now);
+        a := r.a;
+        o := r.o;
+    END IF;
     PERFORM ar__save_agent(a);
-    RETURN ar__agent_event(o, 'stop_requested', a, ar__now(), jsonb_build_object(
-            'reason', p_reason, 'state_before', a.state, 'cancelled_questions', 0,
+    RETURN ar__agent_event(o, 'stop_requested', a, v_now, jsonb_build_object(
+            'reason', p_reason, 'state_before', v_before, 'cancelled_questions', 0,
             'restart', true),
         p_epoch => a.epoch);
 END $$;

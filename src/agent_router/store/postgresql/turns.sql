@@ -5,6 +5,11 @@
 -- Lock the turn's agent and check the fence: a stale turn (its agent gone, another epoch, the
 -- turn no longer running, the agent neither running nor waiting) writes nothing, and its
 -- refusal is a `stale_write_refused` event naming `p_operation`.
+-- A function of a turn opens with it in four statements: the call, its row and result taken
+-- out of the record it returns (PL/pgSQL takes a record apart only field by field: a row
+-- variable cannot be one of several INTO targets), and the refusal returned (no function
+-- returns from its caller, and an exception carrying the refusal out would cost every call a
+-- subtransaction and roll back the refusal's event with it).
 CREATE OR REPLACE FUNCTION ar__fenced(
     INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_agent bigint, p_epoch integer,
     p_operation text)
@@ -543,6 +548,20 @@ BEGIN
         'synthetic_results', v_closed));
 END $$;
 
+-- A waiting agent's turn gives up its worker: the agent suspended (its row written), the turn
+-- ended `suspended` and ledgered (`turn_ended`).
+CREATE OR REPLACE FUNCTION ar__suspend_turn(
+    INOUT o jsonb, a ar_agents, p_turn bigint, p_epoch integer, p_now timestamp)
+LANGUAGE plpgsql AS $$
+BEGIN
+    a.suspended := true;
+    PERFORM ar__save_agent(a);
+    UPDATE ar_turns SET status = 'suspended', ended_at = p_now WHERE id = p_turn;
+    o := ar__agent_event(o, 'turn_ended', a, p_now,
+                         jsonb_build_object('state', a.state, 'suspended', true),
+                         p_turn => p_turn, p_epoch => p_epoch);
+END $$;
+
 -- A blocked asker gives up its worker, decided under the agent lock: "suspended" true if it is
 -- now suspended (the answer will schedule a continuation), false if the answer already came
 -- (the tool result is in the transcript and this turn continues).
@@ -552,7 +571,6 @@ DECLARE
     o jsonb := ar__result();
     a ar_agents;
     r record;
-    v_now timestamp;
 BEGIN
     r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'suspend');
     a := r.a;
@@ -563,13 +581,7 @@ BEGIN
     IF a.state <> 'waiting' THEN
         RETURN o || '{"suspended": false}';
     END IF;
-    v_now := ar__now();
-    a.suspended := true;
-    PERFORM ar__save_agent(a);
-    UPDATE ar_turns SET status = 'suspended', ended_at = v_now WHERE id = p_turn;
-    o := ar__agent_event(o, 'turn_ended', a, v_now,
-                         jsonb_build_object('state', a.state, 'suspended', true),
-                         p_turn => p_turn, p_epoch => p_epoch);
+    o := ar__suspend_turn(o, a, p_turn, p_epoch, ar__now());
     RETURN o || '{"suspended": true}';
 END $$;
 

@@ -120,29 +120,18 @@ BEGIN
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
-    IF NOT p_call = ANY (ar__open_tool_calls(a.id)) THEN
-        o := ar__refused(o, 'not_open_tool_call', jsonb_build_object('call', p_call));
-        o := jsonb_set(o, '{refused,event}', jsonb_build_object(
-            'action', 'ask_refused', 'team_id', a.team_id, 'agent_id', a.id, 'turn_id', p_turn,
-            'detail', jsonb_build_object('reason', 'bad_tool_call_id')));
+    o := ar__refuse_closed_call(o, a, p_turn, p_call);
+    IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
     v_now := ar__now();
-    INSERT INTO ar_questions (team_id, asker_agent_id, target_agent_id, tool_call_id,
-                              asker_epoch, status, kind, waiting, deadline, created_at)
-    VALUES (a.team_id, a.id, a.id, p_call, a.epoch, 'open', 'user', true,
-            v_now + make_interval(secs => p_timeout), v_now)
-    RETURNING * INTO q;
-    a := ar__move(a, 'waiting');
+    r := ar__open_question(a, o, q, p_turn, a.id, 'user', p_call, 'user', p_timeout, '{}',
+                           v_now);
+    a := r.a;
+    o := r.o;
+    q := r.q;
     a.suspended := true;
-    PERFORM ar__save_agent(a);
-    UPDATE ar_turns SET status = 'suspended', ended_at = v_now WHERE id = p_turn;
-    o := ar__agent_event(o, 'ask', a, v_now,
-                         jsonb_build_object('question_id', q.id, 'target', 'user'),
-                         p_turn => p_turn, p_epoch => a.epoch);
-    o := ar__agent_event(o, 'turn_ended', a, v_now,
-                         jsonb_build_object('state', a.state, 'suspended', true),
-                         p_turn => p_turn, p_epoch => p_epoch);
+    o := ar__suspend_turn(o, a, p_turn, p_epoch, v_now);
     IF l.id = a.id THEN
         l := a;
     END IF;

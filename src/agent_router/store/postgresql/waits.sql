@@ -64,6 +64,20 @@ BEGIN
                         ELSE jsonb_build_object('kind', p_kind) END));
 END $$;
 
+-- Refuse a wait (an ask, a wait for output, a question to the user) whose tool call `p_call` is
+-- not an open call of the waiter's last assistant message: an `ask_refused` event.
+CREATE OR REPLACE FUNCTION ar__refuse_closed_call(
+    INOUT o jsonb, a ar_agents, p_turn bigint, p_call text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT p_call = ANY (ar__open_tool_calls(a.id)) THEN
+        o := ar__refused(o, 'not_open_tool_call', jsonb_build_object('call', p_call));
+        o := jsonb_set(o, '{refused,event}', jsonb_build_object(
+            'action', 'ask_refused', 'team_id', a.team_id, 'agent_id', a.id, 'turn_id', p_turn,
+            'detail', jsonb_build_object('reason', 'bad_tool_call_id')));
+    END IF;
+END $$;
+
 -- The checks before a new waits-for edge (an ask, or a wait for an output), under the team lock
 -- that serializes edge creation, then both agents' locks by id: refused for an unknown,
 -- terminated or same target, a tool call that is not open, or an edge that would close a
@@ -110,11 +124,8 @@ BEGIN
                               'ask_terminated', p_kind);
         RETURN;
     END IF;
-    IF NOT p_call = ANY (ar__open_tool_calls(a.id)) THEN
-        o := ar__refused(o, 'not_open_tool_call', jsonb_build_object('call', p_call));
-        o := jsonb_set(o, '{refused,event}', jsonb_build_object(
-            'action', 'ask_refused', 'team_id', v_team, 'agent_id', a.id, 'turn_id', p_turn,
-            'detail', jsonb_build_object('reason', 'bad_tool_call_id')));
+    o := ar__refuse_closed_call(o, a, p_turn, p_call);
+    IF o ? 'refused' THEN
         RETURN;
     END IF;
     v_cycle := ar__cycle_through(v_team, a.id, t.id);
@@ -125,7 +136,8 @@ BEGIN
 END $$;
 
 -- The new waits-for edge: an open question with its deadline, and the waiter waiting, blocking
--- in its worker; ledgered as an `ask` or a `wait_output` with `p_detail`.
+-- in its worker (a question to the user's asker is suspended by its caller); ledgered as an
+-- `ask` (of an agent or of the user) or a `wait_output` with `p_detail`.
 CREATE OR REPLACE FUNCTION ar__open_question(
     INOUT a ar_agents, INOUT o jsonb, INOUT q ar_questions, p_turn bigint, p_target bigint,
     p_target_name text, p_call text, p_kind ar_question_kind, p_timeout float8,
@@ -139,7 +151,7 @@ BEGIN
     RETURNING * INTO q;
     a := ar__move(a, 'waiting');
     a.suspended := false;
-    o := ar__agent_event(o, CASE p_kind WHEN 'ask' THEN 'ask' ELSE 'wait_output'
+    o := ar__agent_event(o, CASE p_kind WHEN 'output' THEN 'wait_output' ELSE 'ask'
                             END::ar_ledger_action, a, p_now,
         jsonb_build_object('question_id', q.id, 'target', p_target_name) || p_detail,
         p_turn => p_turn, p_epoch => a.epoch);

@@ -1,17 +1,21 @@
 // The live page of `agent-router web`: the teams (a page at a time), a team's swimlane with who
 // is blocked now, its asks and its agents' table, all drawn from one response of the server (the
 // same snapshot, so a row and its lane always agree), and an agent's transcript with the
-// provenance of each entry. The page
-// polls the team's latest event every second and reloads what it shows when it changed.
+// provenance of each entry. The page follows the team's latest event and reloads what it shows
+// when it changed: every second for a minute after it last moved, then by long polls the server
+// answers when the team's feed moves (or after WAIT_S), which read nothing while the team is
+// quiet (a server without Redis answers them at once, and the page asks every second).
 // Everything the server sends is set as text, never as markup.
 "use strict";
 (function () {
-  var POLL_MS = 1000, LANES = Swimlane.PAGE_LANES, MAX_ARROWS = 2500, TEAMS = 50, ENTRIES = 200;
+  var POLL_MS = 1000, WAIT_S = 25, LANES = Swimlane.PAGE_LANES, MAX_ARROWS = 2500, TEAMS = 50, ENTRIES = 200;
   var shown = { team: null, controller: null, lastEvent: -1, polls: 0, teamsOffset: 0,
-    entriesStart: 0, agent: null, movedAt: 0, halted: null, looping: false };
+    entriesStart: 0, agent: null, movedAt: 0, halted: null, looping: false, waited: false,
+    waiting: null };
 
-  function get(url) {
-    return fetch(url, { cache: "no-store", credentials: "same-origin" }).then(function (r) {
+  function get(url, signal) {
+    var init = { cache: "no-store", credentials: "same-origin", signal: signal };
+    return fetch(url, init).then(function (r) {
       return r.json().catch(function () { return {}; }).then(function (body) {
         if (!r.ok) {
           var err = new Error((body && body.error) || url + ": HTTP " + r.status);
@@ -198,7 +202,16 @@
     } else {
       var team = where.team;
       shown.polls += 1;
-      jobs.push(get("/api/teams/" + team).then(function (t) {
+      // Quiet for a minute: a long poll from the latest event the page has.
+      var follow = team === shown.team && shown.lastEvent !== -1 &&
+        Date.now() - shown.movedAt >= 60000;
+      var ask = "/api/teams/" + team + (follow ?
+        "?after=" + shown.lastEvent + "&wait=" + WAIT_S : "");
+      shown.waiting = new AbortController();
+      shown.waited = false;
+      jobs.push(get(ask, shown.waiting.signal).then(function (t) {
+        if (route().team !== team) return null;  // another team was opened meanwhile
+        shown.waited = t.waited;
         // The team is read first: a team the server does not have is said, not drawn.
         if (team !== shown.team) { openTeam(team); return null; }
         // Reload when the ledger moved; and, for a minute after it last moved, every ten
@@ -212,6 +225,7 @@
         }
         return null;
       }, function (err) {
+        if (err && err.name === "AbortError") return null;  // the page moved on
         if (err && err.status === 404) showMissing(team, err.message);
         throw err;
       }));
@@ -249,6 +263,7 @@
   }
 
   function resume() {
+    if (shown.waiting) shown.waiting.abort();  // a long poll for what was shown
     shown.halted = null;
     document.getElementById("team-error").hidden = true;
     if (shown.looping) refresh(); else loop();
@@ -261,7 +276,8 @@
       return;
     }
     shown.looping = true;
-    refresh().then(function () { setTimeout(loop, POLL_MS); });
+    // A long poll that waited asks again at once: it was the wait.
+    refresh().then(function () { setTimeout(loop, shown.waited ? 0 : POLL_MS); });
   }
   window.addEventListener("hashchange", resume);
   loop();

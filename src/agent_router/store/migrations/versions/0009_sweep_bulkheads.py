@@ -81,6 +81,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    from agent_router.store import functions
+
+    # The store's functions of the releases from this one on take ar_quarantine's rows: they go
+    # with the table. A release before this one installs its own with its upgrade
+    # (`agent-router db upgrade`).
+    if op.get_bind().dialect.name == "postgresql":
+        functions.drop(op.get_bind())
     labels = ", ".join(f"'{label}'" for label in NEW_ACTIONS)
     op.execute(sa.text(f"DELETE FROM ar_ledger WHERE CAST(action AS VARCHAR) IN ({labels})"))
     # PostgreSQL cannot drop an enum label, and rebuilding the type would take the store's
