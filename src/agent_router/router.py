@@ -50,6 +50,7 @@ from agent_router.store import (
     Ask,
     BeforeCall,
     CallUsage,
+    FirstCall,
     NewAgent,
     Reads,
     Result,
@@ -59,6 +60,7 @@ from agent_router.store import (
     open_store,
 )
 from agent_router.store import utcnow as _utcnow
+from agent_router.store.transcripts import CachedTranscript
 from agent_router.store.values import Deletion
 from agent_router.sweeper import SweepReport, sweep
 from agent_router.turn import Turn
@@ -526,11 +528,18 @@ class Router:
         return self.claim(agent.id, epoch)
 
     def claim(
-        self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+        self,
+        agent_id: int,
+        epoch: int | None = None,
+        *,
+        builtin: bool = False,
+        first: FirstCall | None = None,
     ) -> Turn | None:
         """Claim by id and epoch, as a turn task does; duplicates and stale epochs get ``None``.
         ``builtin``: the built-in loop's claim, refused with ``HostOwnedTurnError`` (nothing
-        claimed) for an agent whose turns a host's task runs."""
+        claimed) for an agent whose turns a host's task runs. ``first``: the claim makes the
+        transition before the turn's first model call too (:class:`FirstCall`), which the
+        turn's first :meth:`Turn.before_call` then returns."""
         if not 1 <= check.integer(agent_id, "agent id") <= check.MAX_ID:
             return None  # no such agent: nothing to claim
         if (
@@ -538,7 +547,7 @@ class Router:
             and not check.MIN_INT32 <= check.integer(epoch, "epoch") <= check.MAX_INT32
         ):
             return None  # no turn ever had that epoch
-        claim = self.store.claim(agent_id, epoch, builtin=builtin)
+        claim = self.store.claim(agent_id, epoch, builtin=builtin, first=first)
         if claim is None:
             return None
         turn = Turn(self, claim)
@@ -547,14 +556,27 @@ class Router:
         self.hooks.after_claim(turn)
         return turn
 
+    def kept(self, agent_id: int) -> CachedTranscript:
+        """This process's copy of the agent's transcript as it is, read or not (as
+        :meth:`Turn.kept`): what a loop keeps beside it, before it claims a turn."""
+        return self.store.transcripts.get(agent_id)
+
     def before_call(
-        self, turn: Turn, *, results: Sequence[Result] = (), since: Since | None = None
+        self,
+        turn: Turn,
+        *,
+        results: Sequence[Result] = (),
+        since: Since | None = None,
+        made: BeforeCall | None = None,
     ) -> BeforeCall:
         """What ``turn`` does before a model call, in one transition (see
         :meth:`Turn.before_call`): the call charged to the team's budgets, acted on as
         :meth:`charge_model_call` acts (a spent budget raises
-        :class:`~agent_router.errors.BudgetExhaustedError`), unless the turn stopped."""
-        before = self.store.before_call(turn.record, results=results, since=since)
+        :class:`~agent_router.errors.BudgetExhaustedError`), unless the turn stopped.
+        ``made``: the transition the turn's claim made already, only acted on."""
+        if made is None:
+            made = self.store.before_call(turn.record, results=results, since=since)
+        before = made
         if before.budget is not None:
             budgeting.model_call_charged(self, turn, before.budget)
         return before

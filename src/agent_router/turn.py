@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from agent_router import errors
@@ -105,7 +106,12 @@ class TurnHost(Protocol):
     ) -> EndOfTurn: ...
 
     def before_call(
-        self, turn: Turn, *, results: Sequence[Result] = (), since: Since | None = None
+        self,
+        turn: Turn,
+        *,
+        results: Sequence[Result] = (),
+        since: Since | None = None,
+        made: BeforeCall | None = None,
     ) -> BeforeCall: ...
 
     def after_call(
@@ -151,9 +157,12 @@ class Turn:
         self._carried: list[Result] = []
         # Transcript entries the last before_call read: (the position they follow, entries).
         self._prefetched: tuple[int | None, list[tuple[int, dict[str, Any]]]] | None = None
+        # The transition before the first model call, when the claim made it, and what it read.
+        self._first = None if claim.before is None else (claim.before, claim.read)
         #: When (time.monotonic) a transition of this turn last renewed its lease.
         self.renewed_at = time.monotonic()
         self._history: list[dict[str, Any]] = []
+        self._kept: CachedTranscript | None = None
         self._generation = 0  # of the process's copy _history was taken from
 
     @property
@@ -254,11 +263,20 @@ class Turn:
         :class:`~agent_router.errors.BudgetExhaustedError`) and a batch of pending messages
         drained into the transcript (``more``: :meth:`drain` the rest). Reads the team's
         agents and, with ``since``, the transcript entries it says, which the next
-        :meth:`transcript_rows` of the same entries returns."""
-        before = self._with_carried(
-            lambda results: self._router.before_call(self, results=results, since=since)
-        )
-        self.renewed_at = time.monotonic()
+        :meth:`transcript_rows` of the same entries returns. The turn's first call, when its
+        claim made this transition already (it carried nothing then), returns what the claim
+        did and read."""
+        first, self._first = self._first, None
+        if first is not None and not self._carried:
+            before, read = first
+            before = self._router.before_call(self, made=before)
+            if read != since:
+                before = replace(before, rows=None)  # others than those wanted
+        else:
+            before = self._with_carried(
+                lambda results: self._router.before_call(self, results=results, since=since)
+            )
+            self.renewed_at = time.monotonic()
         if before.rows is not None and since is not None:
             self._prefetched = (since.position, before.rows)
         return before
@@ -305,14 +323,19 @@ class Turn:
     def cached_transcript(self) -> CachedTranscript:
         """This process's copy of the agent's transcript, brought up to date: the entries
         appended since it was last read are read (and only those)."""
-        cached = self._router.store.transcripts.get(self.agent_id)
+        cached = self.kept()
         cached.refresh(self._router.store.reads.transcript_after)
         return cached
 
     def kept(self) -> CachedTranscript:
         """This process's copy of the agent's transcript as it is, read or not: its ``views``
-        keep what the built-in loop derives from the transcript (its request window)."""
-        return self._router.store.transcripts.get(self.agent_id)
+        keep what the built-in loop derives from the transcript (its request window). Taken
+        from the process's cache once per turn (which weighs what it holds of every agent on
+        each take) and held by the turn: only this turn writes the agent's transcript while it
+        runs."""
+        if self._kept is None:
+            self._kept = self._router.store.transcripts.get(self.agent_id)
+        return self._kept
 
     def transcript_rows(
         self, after: int | None = None, *, also: Sequence[int] = ()

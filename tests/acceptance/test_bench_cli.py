@@ -106,18 +106,26 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
                 assert isinstance(row["met"], bool), figure
         targets = {f: r for f, r in figures.items() if r["target"] is not None}
         # The statements a turn sends are held to their bounds on PostgreSQL, where a
-        # transition is one statement (a turn: 2k + 2 transitions and the lead's answer).
+        # transition is one statement (a turn: 2k + 1, its claim making the first call's
+        # transition, its end writing the lead's answer).
         statements = {
             "statements per model call (counted)": 2,
-            "statements per turn of 1 model call (counted)": 5,
-            "statements per turn of 4 model calls (counted)": 11,
+            "statements per turn of 1 model call (counted)": 3,
+            "statements per turn of 4 model calls (counted)": 9,
         }
-        bounded = set(statements) if backend == "postgresql+redis" else set()
+        postgres = backend == "postgresql+redis"
+        bounded = set(statements) if postgres else set()
+        # The built-in loop's wall time per model call beside a minimal loop's (PostgreSQL).
+        loops = {"built-in loop, wall per model call"} if postgres else set()
         assert set(targets) == {
             "route p50 (idle)", "route p50 (running)", "route p50 (waiting)", "wake p50",
             "turn start p50", "routed msgs/s (4 senders)",
-            "router CPU per model call (32k-token request, OpenAI SDK)", *bounded,
+            "router CPU per model call (32k-token request, OpenAI SDK)", *bounded, *loops,
         }, backend  # fmt: skip
+        if postgres:
+            minimal = figures["minimal loop, wall per model call"]
+            builtin = figures["built-in loop, wall per model call"]
+            assert minimal["floor"] == minimal["ours"] == builtin["floor"], backend
         for figure, bound in statements.items():
             counted = figures[figure]
             assert counted["unit"] == "stmts" and counted["floor"] is None, (backend, figure)

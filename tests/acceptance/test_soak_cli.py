@@ -1,6 +1,7 @@
 """`agent-router bench --soak` as an operator runs it, for a fraction of a minute: a worker
 process, the scripted model server and two teams. Only the output's shape is checked (a row
-per period with every figure, a slope with its standard error per figure, the checks line):
+per period with every figure, whether a request reached the context target, a slope with its
+standard error per figure, the checks line):
 the figures themselves depend on the machine."""
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def test_a_short_soak_prints_rows_slopes_and_clean_checks(pg_url: str) -> None:
     assert len(rows) == 3  # 15 s, a row every 5
     assert all(row[1] > 0 for row in rows)  # sends in each period
     assert sum(row[2] for row in rows) > 0  # turns ended
+    # Whether a request reached the context target (15 s of two teams: none does).
+    (target,) = [line for line in lines if line.startswith("context target reached: ")]
+    assert re.fullmatch(
+        r"context target reached: no \(32000 tokens: 0 of \d+ agents' requests; "
+        r"the largest request was \d+\.\d KiB\)",
+        target,
+    ), target
     slopes = lines.index("slopes per minute (± standard error):")
     for key, line in zip(SLOPED, lines[slopes + 1 : slopes + 1 + len(SLOPED)], strict=True):
         assert re.fullmatch(rf"\s+{key}\s+{NUMBER}\s+± {NUMBER}", line), line

@@ -13,8 +13,10 @@ from agent_router import (
     ToolCallsPendingError,
     TurnTrigger,
 )
+from agent_router.agents.loop import claim
 from agent_router.errors import InvalidTranscriptEntryError
 from agent_router.ops.checks import check_team, tool_pairing_problems
+from agent_router.store import Since
 
 from .helpers import assistant, start_running, tool_call
 
@@ -149,3 +151,37 @@ def test_failed_turn_closes_dangling_calls_and_still_follows_up(router: Router) 
     transcript = router.transcript(team.id, "Engineer_1")
     assert tool_pairing_problems(transcript, open_allowed=False) == []
     assert router.store.reads.turns(turn.agent_id)[-1].status.value == "failed"
+
+
+def test_the_built_in_loops_claim_makes_its_first_model_calls_transition(router: Router) -> None:
+    """The built-in loop's claim makes the transition before the turn's first model call too,
+    in its own transaction: the pending messages drained, the call charged, the transcript
+    read. The turn's first ``before_call`` returns that and sends nothing; the next one is a
+    transition of its own. A claim of the router's alone only claims."""
+    team = router.create_team()
+    agent = router.create_agent(team.id, role="Engineer")
+    for content in ("one", "two"):
+        router.send(team.id, to="Engineer_1", content=content, sender="Team Leader")
+    turn = claim(router, agent.id)
+    assert turn is not None
+    assert router.agent(team.id, "Engineer_1").mailbox_depth == 0
+    claimed = [e.action for e in router.ledger(team.id) if e.turn_id == turn.id]
+    assert claimed[0] is LedgerAction.TURN_CLAIMED and LedgerAction.DRAIN in claimed
+    with router.reads.statements() as sent:
+        before = turn.before_call(since=Since(None))
+        rows = turn.transcript_rows()
+    assert sent == []
+    assert [m.content for m in before.messages] == ["one", "two"]
+    assert [m.display_name for m in before.roster] == ["Team Leader", "Engineer_1"]
+    assert [entry["role"] for _position, entry in rows] == ["user", "user"]
+    turn.append_assistant(assistant("working"))
+    router.send(team.id, to="Engineer_1", content="three", sender="Team Leader")
+    with router.reads.statements() as sent:
+        again = turn.before_call()
+    assert sent
+    assert [m.content for m in again.messages] == ["three"]
+    turn.end()
+    router.send(team.id, to="Engineer_1", content="four", sender="Team Leader")
+    plain = router.claim(agent.id, builtin=True)
+    assert plain is not None
+    assert router.agent(team.id, "Engineer_1").mailbox_depth == 1

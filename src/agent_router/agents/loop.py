@@ -32,10 +32,11 @@ A failed lead turn is retried once: a ``notice`` tells the lead what failed and 
 retry; a second failure in a row stops there. A failed sub-agent turn tells the lead.
 
 Boundaries (before every model call, after it, and before every tool call) check two things: a
-heartbeat thread that renews the lease every ``heartbeat_seconds`` (when no transition of the
-turn did) found the turn fenced (stop, write nothing), or the lead asked this agent to stop (the
-rest of the batch is ``cancelled``, the agent becomes ``idle``): the transitions around a model
-call honour a stop themselves, and it is read before each tool call of a batch but the first.
+heartbeat (the process's one thread, beating for each of its turns) that renews the lease every
+``heartbeat_seconds`` (when no transition of the turn did) found the turn fenced (stop, write
+nothing), or the lead asked this agent to stop (the rest of the batch is ``cancelled``, the
+agent becomes ``idle``): the transitions around a model call honour a stop themselves, and it
+is read before each tool call of a batch but the first.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from agent_router.domain import (
 from agent_router.formats import keyed_parts
 from agent_router.logfields import get_logger
 from agent_router.router import Router
-from agent_router.store import BeforeCall, Since
+from agent_router.store import BeforeCall, FirstCall, Since
 from agent_router.turn import Turn
 
 logger = get_logger(__name__)
@@ -127,24 +128,25 @@ class _Stopped(Exception):  # noqa: N818 - control flow inside the loop
 
 
 class Heartbeat:
-    """Renews the turn's lease every ``interval`` seconds from a daemon thread, for the whole
-    turn (model calls and blocked waits included), unless a transition of the turn renewed it
-    within the last ``interval`` (:attr:`Turn.renewed_at`: the transitions before and after a
-    model call renew it), so that it writes only while a model call or a tool runs long. A
-    renewal refused means the turn was fenced: :attr:`fenced` is set and the loop stops at its
-    next boundary."""
+    """Renews the turn's lease every ``interval`` seconds, for the whole turn (model calls and
+    blocked waits included), unless a transition of the turn renewed it within the last
+    ``interval`` (:attr:`Turn.renewed_at`: the transitions before and after a model call renew
+    it), so that it writes only while a model call or a tool runs long. A renewal refused means
+    the turn was fenced: :attr:`fenced` is set and the loop stops at its next boundary. One
+    daemon thread of the process beats for every turn running in it (:class:`_Beats`), so that
+    starting a turn starts no thread; a beat under way when the turn ends is waited for, and
+    none comes after."""
 
     def __init__(self, turn: Turn, interval: float) -> None:
         self.turn = turn
         self.interval = interval
         self.fenced = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"heartbeat-{turn.agent_id}-{turn.epoch}", daemon=True
-        )
+        self._lock = threading.Lock()  # held by a beat while it renews
+        self._stopped = False
+        self._tried = time.monotonic()  # the last beat's attempt (or the start)
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _BEATS.add(self)
         return self
 
     def __exit__(
@@ -153,23 +155,83 @@ class Heartbeat:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        self._thread.join()
+        _BEATS.remove(self)
+        with self._lock:
+            self._stopped = True
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            if time.monotonic() - self.turn.renewed_at < self.interval:
-                continue  # a transition of the turn renewed the lease since the last beat
+    def due(self) -> float:
+        """When (``time.monotonic``) the next beat is due: an interval after the lease was
+        last renewed or a beat last tried."""
+        return max(self.turn.renewed_at, self._tried) + self.interval
+
+    def beat(self) -> None:
+        """Renew the lease if a beat is due and the turn still runs."""
+        with self._lock:
+            if self._stopped or self.fenced.is_set() or time.monotonic() < self.due():
+                return
+            self._tried = time.monotonic()
             try:
                 renewed = self.turn.heartbeat()
             except errors.AgentRouterError:
                 # A database hiccup: the lease is long enough for the next beat to renew it.
                 logger.warning("heartbeat failed", extra={"action": "heartbeat", **_ids(self.turn)})
-                continue
-            if not renewed and not self._stop.is_set():
+                return
+            if not renewed:
                 logger.info("turn fenced", extra={"action": "heartbeat_fenced", **_ids(self.turn)})
                 self.fenced.set()
-                return
+
+
+class _Beats:
+    """The process's heartbeat thread: it wakes when a turn's beat is due and beats, one turn
+    after another (a renewal is one short statement; the lease outlasts several intervals)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._beating: set[Heartbeat] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._beating.add(heartbeat)
+            # Started once per process (again in a child forked from it, where it is gone).
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._beating.discard(heartbeat)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [h for h in self._beating if h.due() <= now]
+                if not due:
+                    soonest = min((h.due() for h in self._beating), default=None)
+                    self._changed.wait(None if soonest is None else soonest - now)
+                    continue
+            for heartbeat in due:
+                try:
+                    heartbeat.beat()
+                except Exception:  # the other turns' beats go on
+                    logger.exception(
+                        "heartbeat failed", extra={"action": "heartbeat", **_ids(heartbeat.turn)}
+                    )
+
+
+_BEATS = _Beats()
+
+
+def claim(router: Router, agent_id: int, epoch: int | None = None) -> Turn | None:
+    """The built-in loop's claim of the agent's scheduled turn (as :meth:`Router.claim` with
+    ``builtin``), which makes the transition before the turn's first model call too, reading
+    the entries the request window this process kept for the agent has not taken in: the
+    first call then needs no round trip of its own."""
+    kept = router.kept(agent_id).views.get(WINDOW_VIEW)
+    since = _kept_since(kept) if isinstance(kept, ContextWindow) else None
+    return router.claim(agent_id, epoch, builtin=True, first=FirstCall(since))
 
 
 def run_turn(
@@ -294,8 +356,13 @@ def _rows_wanted(turn: Turn) -> Since | None:
     from its checkpoint, which reads other entries)."""
     kept = turn.kept().views.get(WINDOW_VIEW)
     if isinstance(kept, ContextWindow):
-        return Since(kept.length - 2 if kept.length else None)
+        return _kept_since(kept)
     return Since(None) if turn.window_checkpoint() is None else None
+
+
+def _kept_since(kept: ContextWindow) -> Since:
+    """The entries a kept window reads next: from the last it took in (:func:`_window`)."""
+    return Since(kept.length - 2 if kept.length else None)
 
 
 def _steps(
@@ -329,6 +396,8 @@ def _steps(
             _tell_last_step(router, turn, max_steps)
         # One transition: the results carried, a stop honoured, the call charged, mail drained.
         roster = _before(router, turn, since=_rows_wanted(turn)).roster
+        if last and not step:
+            _drain_all(router, turn)  # the notice, if the claim drained the mailbox before it
         section = protocol_section(agent, roster, schemas, tools.roles)
         request = _request(turn, section, target=target, tool_tokens=tool_tokens)
         reply, usage = _reply(turn, model, request, schemas)

@@ -35,6 +35,7 @@ from agent_router.hooks import HookChain, RouterHooks
 from agent_router.ops.bench_report import Row, row
 from agent_router.ops.floors import (
     Floors,
+    MinimalLoopFloor,
     ModelCallFloor,
     SameWorkFloor,
     cpu_per_op,
@@ -58,6 +59,9 @@ MODEL_CALLS_PER_TURN = 3
 #: Turns at once (threads of this process, each its own team's lead) in the model call capacity
 #: figure, and the model calls per turn there: two ``do_work`` calls, then the final reply.
 CAPACITY_THREADS = 4
+#: The built-in loop beside a minimal one: model calls of the longer turn, rounds.
+MINIMAL_LOOP_CALLS = 9
+MINIMAL_LOOP_ROUNDS = 5
 #: Request sizes, in thousands of tokens, at which the CPU of one model call through the OpenAI
 #: SDK is measured (:func:`request_cpu`), and the calls measured at each.
 REQUEST_KTOKENS = (1, 8, 32)
@@ -445,10 +449,74 @@ class Bench:
             for calls, sent in counted.items():
                 what = f"turn of {calls} model call{'s' if calls > 1 else ''}"
                 # Its transitions; its end writes the lead's answer to the user.
-                self.rows.append(self._statements_row(what, sent, 2 * calls + 2 if bound else None))
+                self.rows.append(self._statements_row(what, sent, 2 * calls + 1 if bound else None))
             self._capacity(router, settings)
         finally:
             router.close()
+
+    def minimal_loop(self) -> None:
+        """The built-in loop's wall time per model call beside a minimal loop's
+        (:class:`MinimalLoopFloor`: the SQL a minimal agent loop that reads the mailbox
+        between calls must send, by hand through the raw driver), one turn at a time in this
+        process, the model the same :class:`InstantModel` (the floor's agent is another team's
+        lead, its turn claimed and left running). Ours: a turn of
+        ``MINIMAL_LOOP_CALLS`` model calls less a turn of one, per call in between (the claim
+        and the end left out, as the floor has none); the floor: as many calls. They
+        alternate, ``MINIMAL_LOOP_ROUNDS`` rounds; each figure is the median. The design
+        target: within twice the floor. PostgreSQL only (the floor's statements are its)."""
+        if self.settings.is_sqlite:
+            return
+        from agent_router.agents.loop import claim, run_turn
+        from agent_router.agents.tools import default_registry
+
+        settings = self.settings.model_copy(update={"work_seconds": 0.0})
+        router = Router(settings, publisher=None, waker=InProcessWaker())
+        tools = default_registry()
+        lead = router.create_team(budget=NO_LIMITS).lead
+
+        def turn_of(calls: int) -> tuple[float, int]:
+            router.send(lead.team_id, to=lead.display_name, content=ENTRY_TEXT, sender="user")
+            began = time.perf_counter()
+            turn = claim(router, lead.id)
+            assert turn is not None
+            model = InstantModel(calls - 1)
+            run_turn(router, turn, models=partial(_same_model, model), tools=tools)
+            return time.perf_counter() - began, turn.id
+
+        turn_of(MINIMAL_LOOP_CALLS)  # warms the process up
+        # The floor's agent, of a team of its own: the only writer of its transcript.
+        other = router.create_team(budget=NO_LIMITS).lead
+        router.send(other.team_id, to=other.display_name, content=ENTRY_TEXT, sender="user")
+        held = claim(router, other.id)
+        assert held is not None
+        floor = MinimalLoopFloor(settings, other.id, held.id, InstantModel(10**9).complete)
+        calls = MINIMAL_LOOP_CALLS - 1
+        ours: list[float] = []
+        floors: list[float] = []
+        try:
+            floor.run()  # its connection opened
+            for _ in range(MINIMAL_LOOP_ROUNDS):
+                long, _ = turn_of(MINIMAL_LOOP_CALLS)
+                short, _ = turn_of(1)
+                ours.append((long - short) / calls * 1000)
+                began = time.perf_counter()
+                for _ in range(calls):
+                    floor.run()
+                floors.append((time.perf_counter() - began) / calls * 1000)
+        finally:
+            floor.close()
+            router.close()
+        same = statistics.median(floors)
+        self.rows.append(self._ms_row("minimal loop, wall per model call", same, same))
+        self.rows.append(
+            self._ms_row(
+                "built-in loop, wall per model call",
+                statistics.median(ours),
+                same,
+                target="<= 2x the minimal loop",
+                limit=2 * same,
+            )
+        )
 
     def _statements_row(self, what: str, sent: float, bound: int | None) -> Row:
         target: dict[str, Any] = {} if bound is None else {"target": f"<= {bound}", "limit": bound}
@@ -972,14 +1040,14 @@ def turn_statements(router: Router, calls: int) -> int:
     calls of an :class:`InstantModel` (``do_work`` calls between them), from the claim of a
     team's lead to its end (its final reply is its answer to the user: one send), after one
     turn of the same agent that warms this process up."""
-    from agent_router.agents.loop import run_turn
+    from agent_router.agents.loop import claim, run_turn
     from agent_router.agents.tools import default_registry
 
     tools = default_registry()
     lead = router.create_team(budget=NO_LIMITS).lead
 
     def turn() -> None:
-        turn = router.claim(lead.id)
+        turn = claim(router, lead.id)
         assert turn is not None
         model = InstantModel(calls - 1)
         run_turn(router, turn, models=partial(_same_model, model), tools=tools)
@@ -1050,6 +1118,7 @@ def run(
             bench.drain(queued)
             bench.model_calls()
             bench.model_call_capacity()
+            bench.minimal_loop()
             bench.request_figures()
             rows.extend(bench.rows)
     return rows

@@ -334,6 +334,81 @@ class ModelCallFloor(_HandWritten):
         self.transaction(i, after)
 
 
+class MinimalLoopFloor(_HandWritten):
+    """The floor of the built-in loop's wall time per model call: a minimal agent loop that
+    reads its mailbox between calls, written by hand through the raw driver (PostgreSQL, one
+    autocommit connection, one statement on each side of a call), the model the same instant
+    one. It keeps the history and the transcript's next position in memory (the only writer of
+    its agent's transcript), and per call: before it, the last tool result appended and the
+    agent's pending messages marked delivered in sequence order (read back); then the model
+    called with the history; after it, the messages read and the reply appended. Nothing more:
+    no fence, lease, budget, usage or ledger (what the built-in loop writes beyond that is what
+    the ratio shows). ``run()`` makes one call for ``agent``, writing under ``turn``."""
+
+    _BEFORE = (
+        "WITH d AS (UPDATE ar_messages SET status = 'delivered', consumed_turn_id = {m}, "
+        "consumed_at = CURRENT_TIMESTAMP WHERE id IN (SELECT id FROM ar_messages "
+        "WHERE target_agent_id = {m} AND status = 'pending' ORDER BY seq LIMIT 50) "
+        "RETURNING seq, content), "
+        "t AS (INSERT INTO ar_transcript_entries (agent_id, position, role, payload, turn_id, "
+        "created_at) VALUES ({m}, {m}, 'tool', {m}, {m}, CURRENT_TIMESTAMP)) "
+        "SELECT coalesce(jsonb_agg(jsonb_build_object('role', 'user', 'content', content) "
+        "ORDER BY seq), '[]') FROM d"
+    )
+    _AFTER = (
+        "WITH m AS (INSERT INTO ar_transcript_entries (agent_id, position, role, payload, "
+        "turn_id, created_at) SELECT {m}, {m} + k - 1, 'user', e, {m}, CURRENT_TIMESTAMP "
+        "FROM jsonb_array_elements({m}) WITH ORDINALITY AS x(e, k)) "
+        "INSERT INTO ar_transcript_entries (agent_id, position, role, payload, turn_id, "
+        "created_at) VALUES ({m}, {m}, 'assistant', {m}, {m}, CURRENT_TIMESTAMP)"
+    )
+
+    def __init__(
+        self,
+        settings: Settings,
+        agent: int,
+        turn: int,
+        complete: Callable[[list[dict[str, Any]], list[dict[str, Any]]], dict[str, Any]],
+    ) -> None:
+        super().__init__(settings)
+        self._before, self._after = self.sql(self._BEFORE), self.sql(self._AFTER)
+        self.agent, self.turn, self.complete = agent, turn, complete
+        self._result = {"role": "tool", "tool_call_id": "floor", "content": "done"}
+        self._history: list[dict[str, Any]] = []
+        self._conn: Any = None
+        self._position = 0
+
+    def _connect(self) -> Any:
+        if self._conn is None:
+            self._conn = psycopg.connect(self._dsn, autocommit=True)
+            (self._position,) = self._conn.execute(
+                "SELECT next_position FROM ar_agents WHERE id = %s", (self.agent,)
+            ).fetchone()
+        return self._conn
+
+    def run(self, i: int = 0) -> None:
+        conn, agent, turn = self._connect(), self.agent, self.turn
+        (messages,) = conn.execute(
+            self._before, (turn, agent, agent, self._position, self.json(self._result), turn)
+        ).fetchone()
+        self._history += [self._result, *messages]
+        reply = self.complete(self._history, [])
+        after = self._position + 1
+        conn.execute(
+            self._after,
+            (agent, after, turn, self.json(messages), agent, after + len(messages),
+             self.json(reply), turn),
+        )  # fmt: skip
+        self._history.append(reply)
+        self._position = after + len(messages) + 1
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        super().close()
+
+
 def _process_cpu(pid: int) -> float | None:
     """Seconds of CPU the PostgreSQL process ``pid`` of this machine has used (``/proc``);
     ``None`` when no such process runs here."""

@@ -70,6 +70,7 @@ class ScriptedServer:
         self.delay = delay
         self.requests = 0
         self.request_bytes = 0
+        self.largest_request = 0  # bytes
         self._lock = threading.Lock()
         self._models: dict[str, ScriptedModel] = {}
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -101,6 +102,7 @@ class ScriptedServer:
         with self._lock:
             self.requests += 1
             self.request_bytes += len(raw)
+            self.largest_request = max(self.largest_request, len(raw))
             model = self._models.get(name)
             if model is None:
                 script = None if lead else DEFAULT_SCRIPT
@@ -250,6 +252,7 @@ class SoakOptions:
     asks: float = 0.0  # percent of the tasks that ask the lead first
     period: float = 60.0  # seconds per row
     warmup: float = 0.0  # minutes whose rows the slopes leave out (the transcripts filling up)
+    unbudgeted: bool = False  # teams without budgets (few teams reach the context target)
     settle_seconds: float = 300.0  # how long the end waits for every team to rest
     tracemalloc_frames: int = 0
     keep_database: bool = False
@@ -298,6 +301,9 @@ class SoakResult:
     failures: list[str] = field(default_factory=list)
     settled: bool = False
     tracemalloc: list[str] = field(default_factory=list)
+    #: The minute by whose row every agent that called the model had a request reach the
+    #: context target (None: not every one did).
+    target_reached_minute: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -432,7 +438,8 @@ class _Soak:
         teams = [self._team(router) for _ in range(options.teams)]
         self.out(
             f"soak: {options.workers} workers x {options.concurrency} slots, {options.teams} "
-            f"teams of 4, {options.rate:g} sends/s, {options.asks:g}% asks, "
+            f"teams of 4{' without budgets' if options.unbudgeted else ''}, "
+            f"{options.rate:g} sends/s, {options.asks:g}% asks, "
             f"{options.minutes:g} min, a row every {options.period:g} s"
         )
         self.out("  ".join(heading for _, heading, _ in COLUMNS))
@@ -481,7 +488,9 @@ class _Soak:
         raise RuntimeError(f"the soak workers did not answer a ping within {timeout:.0f} s")
 
     def _team(self, router: Router) -> tuple[int, list[str]]:
-        team = router.create_team()
+        from agent_router.budgeting import NO_LIMITS
+
+        team = router.create_team(budget=NO_LIMITS if self.options.unbudgeted else None)
         names = [router.create_agent(team.id, role=r).display_name for r in SUB_AGENT_ROLES]
         return team.id, names
 
@@ -506,7 +515,33 @@ class _Soak:
             stop.wait(max(0.0, due - time.monotonic()))
 
     def _slopes(self) -> None:
-        warm = [r for r in self.result.rows if r["minute"] > self.options.warmup]
+        # Reached: every agent that called the model had a request reach it.
+        reached = next(
+            (
+                r["minute"]
+                for r in self.result.rows
+                if r["at_target"] and r["at_target"] >= r["calling"]
+            ),
+            None,
+        )
+        self.result.target_reached_minute = reached
+        target = self.settings.context_target_tokens
+        last = self.result.rows[-1] if self.result.rows else {"at_target": 0, "calling": 0}
+        agents = f"{int(last['at_target'])} of {int(last['calling'])} agents' requests"
+        if reached is None:
+            self.out(
+                f"context target reached: no ({target} tokens: {agents}; the largest request "
+                f"was {self.server.largest_request / 1024:.1f} KiB)"
+            )
+        else:
+            first = next(r["minute"] for r in self.result.rows if r["at_target"])
+            self.out(
+                f"context target reached: yes ({target} tokens: {agents}, the first by minute "
+                f"{first:.1f}, every one by minute {reached:.1f})"
+            )
+        # Past the warm-up and the target: the rows of requests that no longer grow.
+        start = max(self.options.warmup, reached or 0.0)
+        warm = [r for r in self.result.rows if r["minute"] > start]
         rows = warm if len(warm) >= 3 else self.result.rows
         xs = [r["minute"] for r in rows]
         since = f", from minute {rows[0]['minute']:.1f}" if rows and rows[0]["minute"] > 1 else ""
@@ -703,6 +738,14 @@ class _Probe:
                     sa.text("SELECT count(*) FROM ar_messages WHERE status = 'delivered'")
                 ).scalar_one()
             )
+            # A model call whose request window moved (it left entries out to stay near the
+            # context target) ledgers what it left out: its agent's requests reached the target.
+            at_target, calling = conn.execute(
+                sa.text(
+                    "SELECT count(DISTINCT agent_id) FILTER (WHERE detail ? 'context'), "
+                    "count(DISTINCT agent_id) FROM ar_ledger WHERE action = 'model_call'"
+                )
+            ).one()
         spent = cpu - self.last_cpu
         moved = delivered - self.last_delivered
         row = {
@@ -720,6 +763,8 @@ class _Probe:
             "bytes_per_send": size / sends if sends else 0.0,
             "rows_per_send": stored / sends if sends else 0.0,
             "backlog": int(scheduled) + int(self.redis.llen(self.soak.queue)),
+            "at_target": int(at_target),  # agents whose requests reached the context target
+            "calling": int(calling),  # agents that called the model
         }
         self.last_turns, self.last_cpu, self.last_requests = turns, cpu, requests
         self.last_sends, self.last_delivered = sends, delivered

@@ -78,6 +78,7 @@ from agent_router.store.values import (
     CallUsage,
     Claim,
     Deletion,
+    FirstCall,
     NewAgent,
     Result,
     Scheduled,
@@ -273,19 +274,32 @@ class PostgresStore(Store):
 
     @faults.retrying
     def claim(
-        self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+        self,
+        agent_id: int,
+        epoch: int | None = None,
+        *,
+        builtin: bool = False,
+        first: FirstCall | None = None,
     ) -> Claim | None:
+        kept = None if first is None else first.kept
         result = self._call(
             "claim",
             agent=agent_id,
             epoch=epoch,
             builtin=builtin,
             lease_seconds=self.settings.lease_seconds,
+            first=first is not None,
+            kept=kept is not None,
+            after=None if kept is None else kept.position,
+            limit=self.settings.drain_batch_size,
+            stopped=rules.STOPPED_RESULT,
             **self._budget_params(),
         )
         claim = result["claim"]
         if claim is None:
             return None
+        before = result.get("before")
+        read = kept if kept is not None or claim["checkpoint"] is not None else Since(None)
         return Claim(
             _turn(claim["turn"]),
             claim["team_id"],
@@ -295,6 +309,8 @@ class PostgresStore(Store):
             claim["lead"],
             claim["checkpoint"],
             tuple(claim["open_calls"]),
+            None if before is None else _before_call(before),
+            None if before is None else read,
         )
 
     @faults.retrying
@@ -344,19 +360,7 @@ class PostgresStore(Store):
             stopped=rules.STOPPED_RESULT,
             **self._budget_params(),
         )
-        if result.get("stopped"):
-            return BeforeCall(stopped=True, budget=None, messages=[], roster=[])
-        budget = _check(result["budget"])
-        if not budget.ok:
-            return BeforeCall(budget=budget, messages=[], roster=[])
-        rows = result["rows"]
-        return BeforeCall(
-            budget=budget,
-            messages=[_message(row, result["target"]) for row in result["messages"]],
-            more=result["more"],
-            roster=[_agent(row) for row in result["roster"]],
-            rows=None if rows is None else [(position, entry) for position, entry in rows],
-        )
+        return _before_call(result)
 
     @faults.retrying
     def after_call(
@@ -1010,3 +1014,20 @@ def _error(refused: Mapping[str, Any]) -> errors.AgentRouterError:
     """The error a function refused with: its code and fields, as :mod:`refusals` renders
     them."""
     return refusals.error(refused["code"], **(refused.get("fields") or {}))
+
+
+def _before_call(result: dict[str, Any]) -> BeforeCall:
+    """What ar_before_call did and read, as its result says."""
+    if result.get("stopped"):
+        return BeforeCall(stopped=True, budget=None, messages=[], roster=[])
+    budget = _check(result["budget"])
+    if not budget.ok:
+        return BeforeCall(budget=budget, messages=[], roster=[])
+    rows = result["rows"]
+    return BeforeCall(
+        budget=budget,
+        messages=[_message(row, result["target"]) for row in result["messages"]],
+        more=result["more"],
+        roster=[_agent(row) for row in result["roster"]],
+        rows=None if rows is None else [(position, entry) for position, entry in rows],
+    )

@@ -66,6 +66,7 @@ from agent_router.store.values import (
     CallUsage,
     Claim,
     Deletion,
+    FirstCall,
     NewAgent,
     Result,
     Scheduled,
@@ -192,10 +193,15 @@ class SqliteStore(Store):
 
     @faults.retrying
     def claim(
-        self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+        self,
+        agent_id: int,
+        epoch: int | None = None,
+        *,
+        builtin: bool = False,
+        first: FirstCall | None = None,
     ) -> Claim | None:
         with self._tx() as tx:
-            return turns.claim(tx, agent_id, epoch, builtin=builtin)
+            return turns.claim(tx, agent_id, epoch, builtin=builtin, first=first)
 
     @faults.retrying
     def drain(self, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:

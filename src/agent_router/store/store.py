@@ -66,6 +66,7 @@ from agent_router.store.values import (
     CallUsage,
     Claim,
     Deletion,
+    FirstCall,
     NewAgent,
     Result,
     Scheduled,
@@ -231,12 +232,19 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def claim(
-        self, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+        self,
+        agent_id: int,
+        epoch: int | None = None,
+        *,
+        builtin: bool = False,
+        first: FirstCall | None = None,
     ) -> Claim | None:
         """Claim the agent's scheduled turn at ``epoch`` (``None``: the current one), the turn
         counted against the team's budgets in the same transaction; ``None`` when there is
         nothing (or nothing current) to claim. ``builtin``: for the built-in loop, which claims
-        no turn of an agent a host's task runs (``HostOwnedTurnError``)."""
+        no turn of an agent a host's task runs (``HostOwnedTurnError``). ``first``: the
+        transition before the turn's first model call made too, in the same transaction
+        (:class:`FirstCall`; the claim's ``before``)."""
 
     @abc.abstractmethod
     def drain(self, turn: TurnRecord, *, limit: int | None = None) -> list[Message]:

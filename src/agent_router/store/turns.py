@@ -37,18 +37,33 @@ from agent_router.store.models import (
 )
 from agent_router.store.rules import INTERRUPTED_RESULT, STOPPED_RESULT
 from agent_router.store.tx import Refused, Tx
-from agent_router.store.values import AfterCall, BeforeCall, CallUsage, Claim, Result, Since
+from agent_router.store.values import (
+    AfterCall,
+    BeforeCall,
+    CallUsage,
+    Claim,
+    FirstCall,
+    Result,
+    Since,
+)
 
 
 def claim(
-    tx: Tx, agent_id: int, epoch: int | None = None, *, builtin: bool = False
+    tx: Tx,
+    agent_id: int,
+    epoch: int | None = None,
+    *,
+    builtin: bool = False,
+    first: FirstCall | None = None,
 ) -> Claim | None:
     """Claim the scheduled turn of ``epoch`` (default: the current one) and count it against
     the team's budgets; ``None`` if there is nothing to claim: a duplicate or stale delivery,
     or no turn scheduled. The claim carries the agent's team and name, so that starting the
     turn needs no second read. ``builtin``: the claim is the built-in loop's, which runs no turn
     of an agent whose turns a host's task runs (refused with ``HostOwnedTurnError``, nothing
-    written, whatever the agent's state: the host's task claims or refuses it)."""
+    written, whatever the agent's state: the host's task claims or refuses it). ``first``: the
+    claim makes the transition before the turn's first model call too (:func:`before_call`),
+    as :class:`FirstCall` says."""
     agent = queries.lock_agent(tx.session, agent_id)
     if agent is None:
         raise refusals.error("no_agent_id", agent_id=agent_id)
@@ -94,7 +109,7 @@ def claim(
                 AgentRow.team_id == agent.team_id, AgentRow.is_lead.is_(True)
             )
         ).one()
-    return Claim(
+    claim = Claim(
         values.turn(turn),
         agent.team_id,
         agent.display_name,
@@ -104,6 +119,12 @@ def claim(
         agent.context_window,
         tuple(queries.open_tool_calls(tx.session, agent.id)),
     )
+    if first is None or not check.ok or agent.stop_requested or claim.open_calls:
+        return claim
+    since = first.kept
+    if since is None and agent.context_window is None:
+        since = Since(None)
+    return claim._replace(before=before_call(tx, claim.record, since=since), read=since)
 
 
 # The agent locked and its turn read in one statement (the lock is the agent's alone; see

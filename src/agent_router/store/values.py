@@ -97,6 +97,21 @@ class Claim(NamedTuple):
     lead: str
     checkpoint: dict[str, Any] | None
     open_calls: tuple[str, ...]
+    #: The transition before the turn's first model call, when the claim made it too
+    #: (:class:`FirstCall`), and the entries its ``rows`` follow (``None``: it read none).
+    before: BeforeCall | None = None
+    read: Since | None = None
+
+
+class FirstCall(NamedTuple):
+    """A claim (the built-in loop's) that also makes the transition before the turn's first
+    model call, so that the call needs no round trip of its own: unless the turn must first
+    stop (a budget spent, a stop requested) or run the open tool calls of its agent's last
+    reply. It reads back the entries after ``kept`` (those before it are in the request window
+    the process kept for the agent); with ``None``, all of them unless the agent has a window
+    checkpoint (the window is then restored from it, which reads others)."""
+
+    kept: Since | None
 
 
 @dataclass(frozen=True, kw_only=True)

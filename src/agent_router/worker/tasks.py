@@ -19,6 +19,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from agent_router import errors
+from agent_router.agents.loop import claim, run_turn
 from agent_router.broker import CeleryPublisher, job_result_text, send_turn
 from agent_router.constants import BACKGROUND_DONE, RUN_AGENT_TURN, SWEEP
 from agent_router.logfields import get_logger
@@ -60,7 +61,10 @@ def run_agent_turn(self: Task[Any, Any], agent_id: int, epoch: int) -> str:
 
 def _claim_and_run(task: Task[Any, Any], rt: runtime.Runtime, agent_id: int, epoch: int) -> str:
     try:
-        turn = rt.router.claim(agent_id, epoch, builtin=True)
+        if rt.runner is run_turn:
+            turn = claim(rt.router, agent_id, epoch)  # its first model call's transition too
+        else:
+            turn = rt.router.claim(agent_id, epoch, builtin=True)
     except errors.HostOwnedTurnError as owned:
         # A host owns this agent's turns: the built-in loop never runs one. Forwarded with the
         # same fence, so the host's task claims (or refuses) it as any delivery.

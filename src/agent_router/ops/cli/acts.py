@@ -332,6 +332,15 @@ def bench(  # noqa: PLR0917 - typer options
             "target (with at least three rows left).",
         ),
     ] = 0.0,
+    unbudgeted: Annotated[
+        bool,
+        own_option(
+            "bench",
+            "unbudgeted",
+            "--soak: teams without budgets, so that a few teams sent many tasks run until their "
+            "requests reach the context target (the default token budget stops them first).",
+        ),
+    ] = False,
     tracemalloc_frames: Annotated[
         int,
         own_option(
@@ -362,6 +371,7 @@ def bench(  # noqa: PLR0917 - typer options
             asks=asks,
             period=period,
             warmup=warmup,
+            unbudgeted=unbudgeted,
             tracemalloc_frames=tracemalloc_frames,
         )
         return

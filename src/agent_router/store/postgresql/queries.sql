@@ -22,8 +22,10 @@ SELECT ar_send_many(:team, :sender, :external, CAST(:messages AS jsonb))
 SELECT ar_record_refusal(CAST(:event AS jsonb))
 
 -- name: claim
--- Claim an agent's scheduled turn and count it against the team's budgets.
-SELECT ar_claim(:agent, :epoch, :builtin, :lease_seconds, :ratio, CAST(:defaults AS jsonb))
+-- Claim an agent's scheduled turn and count it against the team's budgets; with `first`, make
+-- the transition before its first model call too.
+SELECT ar_claim(:agent, :epoch, :builtin, :lease_seconds, :ratio, CAST(:defaults AS jsonb),
+                :first, :kept, :after, :limit, :stopped)
 
 -- name: drain
 -- Move a running turn's pending messages into its transcript.

@@ -69,17 +69,25 @@ END $$;
 -- team's budgets. The result's "claim" is NULL when there is nothing to claim (a duplicate or
 -- stale delivery, or no turn scheduled: a `claim_refused` event); else the turn, the agent's
 -- team and name, and "budget" the check of the team's budgets. `p_builtin`: the claim is the
--- built-in loop's, which runs no turn of an agent whose turns a host's task runs.
+-- built-in loop's, which runs no turn of an agent whose turns a host's task runs. `p_first`:
+-- the claim also makes the transition before the turn's first model call (ar_before_call,
+-- nothing carried; "before" its result), unless the turn must first stop (a budget spent, a
+-- stop requested) or run the open tool calls of its agent's last reply. It reads back the
+-- entries after `p_after` with `p_kept` (the loop's kept window took in those before), else all
+-- of them unless the agent has a window checkpoint.
 CREATE OR REPLACE FUNCTION ar_claim(
     p_agent bigint, p_epoch integer, p_builtin boolean, p_lease_seconds float8,
-    p_ratio float8, p_defaults jsonb)
+    p_ratio float8, p_defaults jsonb, p_first boolean, p_kept boolean, p_after integer,
+    p_limit integer, p_stopped text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     o jsonb := ar__result();
     a ar_agents;
     t ar_turns;
+    b jsonb;
     v_now timestamp;
     v_trigger ar_turn_trigger;
+    v_open text[];
 BEGIN
     SELECT * INTO a FROM ar_agents WHERE id = p_agent FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -106,12 +114,24 @@ BEGIN
                          p_turn => t.id, p_epoch => a.epoch);
     -- The agent's lock, then the budget's: no transaction takes them the other way round.
     o := ar__charge(o, a.team_id, a.id, t.id, true, p_ratio, p_defaults, v_now);
-    RETURN o || jsonb_build_object('claim', jsonb_build_object(
+    v_open := ar__open_tool_calls(a.id);
+    o := o || jsonb_build_object('claim', jsonb_build_object(
         'turn', to_jsonb(t), 'team_id', a.team_id, 'display_name', a.display_name,
         'agent', to_jsonb(a),
         'lead', CASE WHEN a.is_lead THEN a.display_name ELSE (
             SELECT l.display_name FROM ar_agents l WHERE l.team_id = a.team_id AND l.is_lead) END,
-        'checkpoint', a.context_window, 'open_calls', to_jsonb(ar__open_tool_calls(a.id))));
+        'checkpoint', a.context_window, 'open_calls', to_jsonb(v_open)));
+    IF p_first AND (o -> 'budget' ->> 'ok')::boolean AND NOT a.stop_requested
+       AND cardinality(v_open) = 0 THEN
+        b := ar_before_call(t.id, a.id, a.epoch, '[]', p_kept OR a.context_window IS NULL,
+                            CASE WHEN p_kept THEN p_after END, p_limit, p_lease_seconds, p_ratio,
+                            p_defaults, p_stopped);
+        o := o || jsonb_build_object(
+            'events', (o -> 'events') || (b -> 'events'),
+            'outbox', (o -> 'outbox') || (b -> 'outbox'),
+            'before', b - 'events' - 'outbox');
+    END IF;
+    RETURN o;
 END $$;
 
 -- The results a turn carried (`p_results`: [[tool call id, content, meta], ...]; the meta, how
