@@ -4,7 +4,9 @@ same run on the same machine, as a ratio to the raw driver's floor, and against 
 Floors: one transaction that locks a row, inserts one and updates one, through the raw driver
 (route; the same transaction through our own engine is printed too, so that the stack's own
 overhead shows); the route of the waking answer plus one Redis and one database round trip
-(wake); one Celery round trip of a no-op task, sent, run and its result back, on the same broker
+(wake); a raw Redis ``PUBLISH`` to a subscriber blocked in another thread (the live feed's
+wake); the route with the feed signal off, and a raw ``PUBLISH`` (the signal's cost on the
+route); one Celery round trip of a no-op task, sent, run and its result back, on the same broker
 and worker (turn start); the same number of threads doing the raw floor transaction
 (throughput); one Celery task per message (burst). Nothing here is asserted: it reports.
 """
@@ -301,6 +303,8 @@ class Bench:
                 content = f"feed {i}"
                 self.router.send(team, to="Team Leader", content=content, sender="user")
                 reader.join(30)
+                if not got:
+                    raise TimeoutError("the feed reader did not return")
                 done, items = got[0]
                 if not any(item.content == content for item in items):
                     raise RuntimeError("the feed reader returned without the message")
