@@ -164,6 +164,11 @@ class Snapshot:
                 out[column] = self._id(table, value)
             elif column in REFERS:
                 out[column] = self._id(REFERS[column], value)
+            elif column == "payload" and isinstance(value, dict) and "message" in value:
+                # A message to the user as its delivery carries it: its id is that row's.
+                message = dict(value["message"])
+                message["id"] = self._id("ar_user_messages", message.get("id"))
+                out[column] = self._value({**value, "message": message})
             elif column == "dedup_key" and isinstance(value, str) and _JOB_KEY.fullmatch(value):
                 out[column] = ("job", self._id("ar_background_jobs", int(value[4:])))
             else:
