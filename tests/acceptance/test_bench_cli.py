@@ -75,6 +75,26 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
         assert set(cpu_rows) == {f"{side} CPU per send (4 senders)" for side in sides}, backend
         for figure, row in cpu_rows.items():
             assert row["target"] is None and row["raw_ratio"] == row["ratio"], (backend, figure)
+        # The live feed (Redis only): a reader blocked in events() woken by a send to the lead,
+        # beside a raw PUBLISH -> get_message; a route to the lead with its feed signal on and
+        # off, and their difference (beside a raw PUBLISH), which may fall below zero.
+        feed = {
+            "feed wake p50 (commit -> reader holds it)",
+            "feed wake p99 (commit -> reader holds it)",
+            "feed read p50 (events after a cursor, no wait)",
+            "route p50 (to the lead, feed signal off)",
+            "route p50 (to the lead, feed signal on)",
+        }
+        cost = "feed signal cost p50 (route on - off)"
+        postgres = backend == "postgresql+redis"
+        assert (feed | {cost}) <= names if postgres else not (feed | {cost}) & names, backend
+        if postgres:
+            on, off = (figures[f"route p50 (to the lead, feed signal {s})"] for s in ("on", "off"))
+            assert on["floor"] == off["ours"] and off["floor"] == raw50, backend
+            signal = figures.pop(cost)
+            assert signal["unit"] == "ms" and isinstance(signal["ours"], float), signal
+            assert isinstance(signal["floor"], float) and signal["floor"] > 0, signal
+            assert signal["target"] is None and signal["met"] is None, signal
         for figure, row in figures.items():
             ours, floor, ratio = row["ours"], row["floor"], row["ratio"]
             assert isinstance(ours, int | float) and ours > 0, (backend, figure)
@@ -84,6 +104,7 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
                     (
                         "drain",
                         "database round trip",
+                        "feed read",
                         "Celery round trip",
                         "router CPU per",
                         "statements per",
@@ -113,7 +134,6 @@ def test_bench_reports_every_figure_beside_its_floor(fresh_pg_url: str, redis_ur
             "statements per turn of 1 model call (counted)": 3,
             "statements per turn of 4 model calls (counted)": 9,
         }
-        postgres = backend == "postgresql+redis"
         bounded = set(statements) if postgres else set()
         # The built-in loop's wall time per model call beside a minimal loop's (PostgreSQL).
         loops = {"built-in loop, wall per model call"} if postgres else set()

@@ -4,7 +4,9 @@ same run on the same machine, as a ratio to the raw driver's floor, and against 
 Floors: one transaction that locks a row, inserts one and updates one, through the raw driver
 (route; the same transaction through our own engine is printed too, so that the stack's own
 overhead shows); the route of the waking answer plus one Redis and one database round trip
-(wake); one Celery round trip of a no-op task, sent, run and its result back, on the same broker
+(wake); a raw Redis ``PUBLISH`` to a subscriber blocked in another thread (the live feed's
+wake); the route with the feed signal off, and a raw ``PUBLISH`` (the signal's cost on the
+route); one Celery round trip of a no-op task, sent, run and its result back, on the same broker
 and worker (turn start); the same number of threads doing the raw floor transaction
 (throughput); one Celery task per message (burst). Nothing here is asserted: it reports.
 """
@@ -18,7 +20,7 @@ import threading
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
@@ -30,7 +32,8 @@ from kombu import Queue
 from agent_router.agents.builder import scripted_models
 from agent_router.agents.llm import SCRIPTED_MODEL, Model, ModelFactory
 from agent_router.budgeting import NO_LIMITS
-from agent_router.domain import Agent, MessageType
+from agent_router.domain import Agent, Delivery, MessageType
+from agent_router.feed import InProcessSignals, Listener, TeamSignals, Wake
 from agent_router.hooks import HookChain, RouterHooks
 from agent_router.ops.bench_report import Row, row
 from agent_router.ops.floors import (
@@ -252,6 +255,110 @@ class Bench:
             )
         )
         self.rows.append(self._ms_row("wake p99", pct(samples, 0.99), floor))
+
+    def feed_wake_latency(self) -> None:
+        """A send to the lead committed -> the reader blocked in :meth:`Router.events` (in
+        another thread, ``wait=30``) returns holding it: the commit's time is taken by a hook
+        (hooks run after the commit, before the feed's signal is published), so the figure
+        is the publish, its delivery to the reader and the reader's one read of the feed. Its
+        floor is a raw Redis ``PUBLISH`` -> ``get_message`` of a subscriber blocked in another
+        thread, the two alternating, sample by sample; with them, one read of the feed alone
+        (:meth:`Router.events` without a wait, finding nothing new). Redis only."""
+        if not self.redis_url:
+            return
+        n = self.samples
+        team = self._team_with(0)
+        self._running(team, "Team Leader")
+        cursor = max(item.cursor for item in self.router.events(team))
+        commits = _CommitClock()
+        assert isinstance(self.router.hooks, HookChain)  # Router always chains its hooks
+        self.router.hooks.hooks.insert(0, commits)
+        signals = self.router.signals
+        watched = _WatchedSignals(signals)
+        self.router.signals = watched
+        client = redis.Redis.from_url(self.redis_url)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(f"agent_router:bench:{uuid.uuid4().hex}")
+        pubsub.get_message(timeout=2.0)  # the confirmation
+        channel = next(iter(pubsub.channels)).decode()
+        ours: list[float] = []
+        floor: list[float] = []
+        reads: list[float] = []  # the reader's one read after its wake, alone
+        try:
+            for i in range(n):
+                floor.append(_pubsub_round_trip(client, pubsub, channel))
+                reads.append(ms(partial(self.router.events, team, after=cursor)))
+                waiting = threading.Event()
+                watched.waiting = waiting
+                got: list[tuple[float, list[Any]]] = []
+
+                def read(cursor: int = cursor, got: list[tuple[float, list[Any]]] = got) -> None:
+                    items = self.router.events(team, after=cursor, wait=30)
+                    got.append((time.perf_counter(), items))
+
+                reader = threading.Thread(target=read)
+                reader.start()
+                if not waiting.wait(30):
+                    raise TimeoutError("the feed reader never waited")
+                content = f"feed {i}"
+                self.router.send(team, to="Team Leader", content=content, sender="user")
+                reader.join(30)
+                if not got:
+                    raise TimeoutError("the feed reader did not return")
+                done, items = got[0]
+                if not any(item.content == content for item in items):
+                    raise RuntimeError("the feed reader returned without the message")
+                ours.append((done - commits.last) * 1000)
+                cursor = max(item.cursor for item in items)
+        finally:
+            self.router.signals = signals
+            self.router.hooks.hooks.remove(commits)
+            pubsub.close()
+            client.close()
+        figure = "feed wake {} (commit -> reader holds it)"
+        self.rows.append(
+            self._ms_row(figure.format("p50"), statistics.median(ours), statistics.median(floor))
+        )
+        self.rows.append(self._ms_row(figure.format("p99"), pct(ours, 0.99), pct(floor, 0.99)))
+        alone = "feed read p50 (events after a cursor, no wait)"
+        self.rows.append(self._ms_row(alone, statistics.median(reads), None))
+
+    def feed_signal_cost(self) -> None:
+        """A send to a running lead with the team's feed signal (one Redis ``PUBLISH``) and
+        with the router's signals in process (what it uses without Redis: no network), the two
+        alternating sample by sample, and a raw ``PUBLISH`` of the same size beside them; the
+        difference of the p50s is the signal's cost on the send path. Redis only."""
+        if not self.redis_url:
+            return
+        n = self.samples
+        team = self._team_with(0)
+        self._running(team, "Team Leader")
+        signals = self.router.signals
+        quiet = InProcessSignals()
+        client = redis.Redis.from_url(self.redis_url)
+        channel = f"agent_router:bench:{uuid.uuid4().hex}"
+        send = partial(self.router.send, team, to="Team Leader", content="hi", sender="user")
+        on: list[float] = []
+        off: list[float] = []
+        publish: list[float] = []
+        try:
+            for i in range(n):
+                for with_signal in (True, False) if i % 2 else (False, True):
+                    self.router.signals = signals if with_signal else quiet
+                    (on if with_signal else off).append(ms(send))
+                publish.append(ms(partial(client.publish, channel, b"1")))
+        finally:
+            self.router.signals = signals
+            client.close()
+        f50 = self.raw[0]
+        on50, off50 = statistics.median(on), statistics.median(off)
+        self.rows.append(self._ms_row("route p50 (to the lead, feed signal off)", off50, f50))
+        self.rows.append(self._ms_row("route p50 (to the lead, feed signal on)", on50, off50))
+        self.rows.append(
+            self._ms_row(
+                "feed signal cost p50 (route on - off)", on50 - off50, statistics.median(publish)
+            )
+        )
 
     def throughput(self) -> None:
         """Routed messages per second with 1, 4 and 16 senders (to running agents), each beside
@@ -996,6 +1103,74 @@ class _ClaimClock(RouterHooks):
             return self._claimed[agent_id]
 
 
+class _CommitClock(RouterHooks):
+    """When the last routed message was committed (``perf_counter``): hooks run after the
+    commit."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def after_route(self, team_id: int, sender: str, delivery: Delivery) -> None:
+        self.last = time.perf_counter()
+
+
+class _WatchedSignals:
+    """A router's feed signals that set ``waiting`` when a reader begins to wait on them (it
+    has listened and read the feed: a signal sent from here on wakes it)."""
+
+    def __init__(self, signals: TeamSignals) -> None:
+        self._signals = signals
+        self.waiting = threading.Event()
+
+    def notify(self, team_id: int) -> None:
+        self._signals.notify(team_id)
+
+    def say(self, team_id: int, delta: Mapping[str, Any]) -> None:
+        self._signals.say(team_id, delta)
+
+    @contextmanager
+    def listen(self, team_id: int) -> Iterator[Listener]:
+        with self._signals.listen(team_id) as listener:
+            yield _WatchedListener(listener, self.waiting)
+
+
+class _WatchedListener:
+    def __init__(self, listener: Listener, waiting: threading.Event) -> None:
+        self._listener = listener
+        self._waiting = waiting
+
+    @property
+    def live(self) -> bool:
+        return self._listener.live
+
+    def wait(self, timeout: float) -> Wake | None:
+        self._waiting.set()
+        return self._listener.wait(timeout)
+
+
+def _pubsub_round_trip(client: redis.Redis, pubsub: Any, channel: str) -> float:
+    """A raw ``PUBLISH`` -> the ``get_message`` of ``pubsub`` (subscribed to ``channel``)
+    returning it in another thread, ms."""
+    waiting = threading.Event()
+    done: list[float] = []
+
+    def read() -> None:
+        waiting.set()
+        message = pubsub.get_message(timeout=30)
+        if message is not None:
+            done.append(time.perf_counter())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    waiting.wait(30)
+    sent = time.perf_counter()
+    client.publish(channel, b"1")
+    reader.join(30)
+    if not done:
+        raise RuntimeError("the raw subscriber got no message")
+    return (done[0] - sent) * 1000
+
+
 class _FirstCallClock:
     """A model factory (``models``, the worker's) that tells when each agent's model was first
     called (``perf_counter``), as the worker's loop calls it."""
@@ -1112,6 +1287,8 @@ def run(
             bench.measure_floors()
             bench.route_latency()
             bench.wake_latency()
+            bench.feed_wake_latency()
+            bench.feed_signal_cost()
             bench.throughput()
             bench.fan_out()
             bench.celery_figures()
