@@ -223,8 +223,15 @@ BEGIN
     RETURN o || jsonb_build_object(
         'more', jsonb_array_length(o -> 'messages') = p_limit AND EXISTS (
             SELECT 1 FROM ar_messages WHERE target_agent_id = a.id AND status = 'pending'),
-        'roster', (SELECT jsonb_agg(to_jsonb(m) ORDER BY m.id) FROM ar_agents m
-                   WHERE m.team_id = a.team_id),
+        -- The columns an Agent is made of (values.AGENT_FIELDS) only: not a system prompt or
+        -- a request window of every agent of the team at every model call.
+        'roster', (SELECT jsonb_agg(jsonb_build_object(
+                       'id', m.id, 'team_id', m.team_id, 'display_name', m.display_name,
+                       'role', m.role, 'is_lead', m.is_lead, 'state', m.state,
+                       'suspended', m.suspended, 'epoch', m.epoch,
+                       'pending_trigger', m.pending_trigger,
+                       'stop_requested', m.stop_requested, 'runner', m.runner) ORDER BY m.id)
+                   FROM ar_agents m WHERE m.team_id = a.team_id),
         'rows', CASE WHEN p_read THEN (
             SELECT coalesce(jsonb_agg(jsonb_build_array(e.position, e.payload)
                                       ORDER BY e.position), '[]')
