@@ -107,16 +107,23 @@ BEGIN
     a.state := p_to;
 END $$;
 
--- The agent's row as the transition left it.
-CREATE OR REPLACE FUNCTION ar__save_agent(a ar_agents) RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
+-- The agent's row as the transition left it (`p_window` not NULL: its request window there
+-- too). A row the transition left as it was is not written again: an UPDATE that changes
+-- nothing still writes a new version of the row.
+CREATE OR REPLACE FUNCTION ar__save_agent(a ar_agents, p_window jsonb DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     UPDATE ar_agents SET
         state = a.state, suspended = a.suspended, epoch = a.epoch,
         pending_trigger = a.pending_trigger, next_seq = a.next_seq,
         next_position = a.next_position, stop_requested = a.stop_requested,
-        scheduled_at = a.scheduled_at
-    WHERE id = a.id;
+        scheduled_at = a.scheduled_at, context_window = coalesce(p_window, context_window)
+    WHERE id = a.id AND (
+        p_window IS NOT NULL
+        OR (state, suspended, epoch, pending_trigger, next_seq, next_position, stop_requested,
+            scheduled_at)
+           IS DISTINCT FROM (a.state, a.suspended, a.epoch, a.pending_trigger, a.next_seq,
+                             a.next_position, a.stop_requested, a.scheduled_at));
 END $$;
 
 -- A ledger event, written now and listed in the result's "events" (the store logs them; the
@@ -204,25 +211,28 @@ BEGIN
 END $$;
 
 -- The ids of the tool calls of the agent's last assistant message that have no result yet,
--- in order.
+-- in order. Two statements: the results are looked for after the message's position as a
+-- value, so that only the entries after it are read (a join on it reads every tool result
+-- of the transcript).
 CREATE OR REPLACE FUNCTION ar__open_tool_calls(p_agent bigint) RETURNS text[]
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_position integer;
+    v_calls jsonb;
 BEGIN
-    RETURN (WITH last AS (
-        SELECT position, payload FROM ar_transcript_entries
-        WHERE agent_id = p_agent AND role = 'assistant'
-        ORDER BY position DESC LIMIT 1
-    )
-    SELECT coalesce(array_agg(c.id ORDER BY c.n), '{}')
-    FROM last, jsonb_array_elements(
-        CASE WHEN jsonb_typeof(last.payload -> 'tool_calls') = 'array'
-             THEN last.payload -> 'tool_calls' ELSE '[]' END
-    ) WITH ORDINALITY AS call(value, n),
-    LATERAL (SELECT call.value ->> 'id' AS id, call.n) AS c
+    SELECT position, payload -> 'tool_calls' INTO v_position, v_calls
+    FROM ar_transcript_entries
+    WHERE agent_id = p_agent AND role = 'assistant'
+    ORDER BY position DESC LIMIT 1;
+    IF NOT FOUND OR jsonb_typeof(v_calls) IS DISTINCT FROM 'array' THEN
+        RETURN '{}';
+    END IF;
+    RETURN (SELECT coalesce(array_agg(call.value ->> 'id' ORDER BY call.n), '{}')
+    FROM jsonb_array_elements(v_calls) WITH ORDINALITY AS call(value, n)
     WHERE NOT EXISTS (
         SELECT 1 FROM ar_transcript_entries later
-        WHERE later.agent_id = p_agent AND later.position > last.position
-          AND later.role = 'tool' AND later.tool_call_id = c.id
+        WHERE later.agent_id = p_agent AND later.position > v_position
+          AND later.role = 'tool' AND later.tool_call_id = call.value ->> 'id'
     ));
 END $$;
 

@@ -209,17 +209,29 @@ BEGIN
         PERFORM ar__save_agent(r.a);
         RETURN r.o || '{"stopped": true}';
     END IF;
-    PERFORM ar__save_agent(a);
     o := ar__charge(o, a.team_id, a.id, p_turn, false, p_ratio, p_defaults, v_now);
     IF o ? 'refused' OR NOT (o -> 'budget' ->> 'ok')::boolean THEN
+        PERFORM ar__save_agent(a);
         RETURN o;
     END IF;
-    o := ar__merge(o, ar_drain(p_turn, p_agent, p_epoch, p_limit));
+    -- The fence, the state and the open tool calls were checked above (the carried results
+    -- close the last batch): the drain runs on the row in hand, which is written once.
+    r := ar__drain(a, o, p_turn, p_epoch, p_limit);
+    a := r.a;
+    o := r.o;
+    PERFORM ar__save_agent(a);
     RETURN o || jsonb_build_object(
         'more', jsonb_array_length(o -> 'messages') = p_limit AND EXISTS (
             SELECT 1 FROM ar_messages WHERE target_agent_id = a.id AND status = 'pending'),
-        'roster', (SELECT jsonb_agg(to_jsonb(m) ORDER BY m.id) FROM ar_agents m
-                   WHERE m.team_id = a.team_id),
+        -- The columns an Agent is made of (values.AGENT_FIELDS) only: not a system prompt or
+        -- a request window of every agent of the team at every model call.
+        'roster', (SELECT jsonb_agg(jsonb_build_object(
+                       'id', m.id, 'team_id', m.team_id, 'display_name', m.display_name,
+                       'role', m.role, 'is_lead', m.is_lead, 'state', m.state,
+                       'suspended', m.suspended, 'epoch', m.epoch,
+                       'pending_trigger', m.pending_trigger,
+                       'stop_requested', m.stop_requested, 'runner', m.runner) ORDER BY m.id)
+                   FROM ar_agents m WHERE m.team_id = a.team_id),
         'rows', CASE WHEN p_read THEN (
             SELECT coalesce(jsonb_agg(jsonb_build_array(e.position, e.payload)
                                       ORDER BY e.position), '[]')
@@ -243,6 +255,7 @@ DECLARE
     a ar_agents;
     r record;
     v_now timestamp;
+    v_window jsonb;
 BEGIN
     r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'append_assistant');
     a := r.a;
@@ -258,19 +271,24 @@ BEGIN
         END IF;
     END IF;
     IF p_prompt IS NOT NULL THEN
+        -- The request window is written with the agent's row below, not by the usage's own
+        -- UPDATE of it.
         o := ar__merge(o, ar_record_usage(
             a.team_id, a.id, p_turn, p_model, p_prompt, p_completion, p_cached, p_cost_nano,
-            p_estimated, p_priced, p_ratio, p_defaults, p_context, p_window, p_ms,
+            p_estimated, p_priced, p_ratio, p_defaults, p_context, NULL, p_ms,
             a.display_name));
+        IF NOT o ? 'refused' THEN
+            v_window := p_window;
+        END IF;
     END IF;
     v_now := ar__now();
     IF a.stop_requested THEN
         r := ar__stop_turn(a, o, p_turn, ar__requested_stop_reason(a), p_stopped, v_now);
-        PERFORM ar__save_agent(r.a);
+        PERFORM ar__save_agent(r.a, v_window);
         RETURN r.o || '{"stopped": true, "questions": []}';
     END IF;
     a := ar__append(a, p_payload, p_turn, v_now);
-    PERFORM ar__save_agent(a);
+    PERFORM ar__save_agent(a, v_window);
     UPDATE ar_turns SET lease_expires_at = v_now + make_interval(secs => p_lease_seconds)
     WHERE id = p_turn;
     RETURN o || jsonb_build_object('questions', CASE
@@ -292,11 +310,6 @@ DECLARE
     o jsonb := ar__result();
     a ar_agents;
     r record;
-    v_now timestamp;
-    v_first integer;
-    v_count integer;
-    v_delivered jsonb;
-    v_superseded jsonb;
 BEGIN
     r := ar__fenced(a, o, p_turn, p_agent, p_epoch, 'drain');
     a := r.a;
@@ -313,6 +326,23 @@ BEGIN
     IF o ? 'refused' THEN
         RETURN ar__refusal_event(o, ar__now());
     END IF;
+    r := ar__drain(a, o, p_turn, p_epoch, p_limit);
+    PERFORM ar__save_agent(r.a);
+    RETURN r.o;
+END $$;
+
+-- The drain of a running agent `a` whose last tool calls all have results, checked by the
+-- caller, which saves the agent's row: ar_drain's work after its checks.
+CREATE OR REPLACE FUNCTION ar__drain(
+    INOUT a ar_agents, INOUT o jsonb, p_turn bigint, p_epoch integer, p_limit integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamp;
+    v_first integer;
+    v_count integer;
+    v_delivered jsonb;
+    v_superseded jsonb;
+BEGIN
     v_now := ar__now();
     v_first := a.next_position;
     WITH batch AS (
@@ -361,15 +391,15 @@ BEGIN
            (SELECT jsonb_agg(s.id ORDER BY s.id) FROM superseded s)
     INTO v_count, v_delivered, v_superseded;
     IF v_count = 0 THEN
-        RETURN o || jsonb_build_object('messages', '[]'::jsonb, 'target', a.display_name);
+        o := o || jsonb_build_object('messages', '[]'::jsonb, 'target', a.display_name);
+        RETURN;
     END IF;
     a.next_position := a.next_position + v_count;
-    PERFORM ar__save_agent(a);
     o := ar__agent_event(o, 'drain', a, v_now, jsonb_build_object(
             'count', v_count, 'first_seq', v_delivered -> 0 -> 'seq',
             'last_seq', v_delivered -> -1 -> 'seq', 'superseded', v_superseded),
         p_turn => p_turn, p_epoch => p_epoch);
-    RETURN o || jsonb_build_object('messages', v_delivered, 'target', a.display_name);
+    o := o || jsonb_build_object('messages', v_delivered, 'target', a.display_name);
 END $$;
 
 -- Append to a current turn's transcript: an assistant message (`p_call` NULL), which follows
