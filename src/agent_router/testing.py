@@ -183,15 +183,12 @@ def agent_router_worker(
 ) -> Iterator[runtime.Runtime]:
     """A Celery worker in this process (threads) that runs the turns of the router's queue on
     ``agent_router_app`` while the test runs; yields the runtime it uses."""
-    from celery.contrib.testing.worker import start_worker
+    from agent_router.worker.threaded import thread_worker
 
-    options: dict[str, Any] = {
-        "pool": "threads",
-        "concurrency": WORKER_CONCURRENCY,
-        "perform_ping_check": False,
-        "shutdown_timeout": 60.0,  # a loaded machine stops the threads slowly
-        "queues": [agent_router_settings.queue],
-        "loglevel": "WARNING",
-    }
-    with start_worker(agent_router_app, **options):
+    with thread_worker(
+        agent_router_app,
+        concurrency=WORKER_CONCURRENCY,
+        queues=[agent_router_settings.queue],
+        shutdown_timeout=60.0,  # a loaded machine stops the threads slowly
+    ):
         yield agent_router_runtime

@@ -19,7 +19,6 @@ from typing import IO
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from kombu import Queue
 
 from agent_router import Router, Settings
@@ -30,6 +29,7 @@ from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.outbox import RecordingPublisher
 from agent_router.worker import runtime
 from agent_router.worker.runtime import Runtime
+from agent_router.worker.threaded import thread_worker
 
 #: Worker threads: every agent of a test team can run at once.
 CONCURRENCY = 8
@@ -86,14 +86,7 @@ def inproc_worker(celery_settings: Settings, celery_app: Celery) -> Iterator[Run
     runtime is configured so its Router publishes to the same app."""
     rt = runtime.configure(celery_settings, app=celery_app)
     try:
-        with start_worker(
-            celery_app,
-            pool="threads",
-            concurrency=CONCURRENCY,
-            perform_ping_check=False,
-            shutdown_timeout=60.0,
-            queues=[celery_settings.queue],
-        ):
+        with thread_worker(celery_app, concurrency=CONCURRENCY, queues=[celery_settings.queue]):
             yield rt
     finally:
         runtime.reset()

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 from agent_router import (
     AgentState,
@@ -25,6 +24,7 @@ from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime
 from agent_router.worker.runtime import Runtime
+from agent_router.worker.threaded import thread_worker
 
 TIMEOUT = 60.0
 
@@ -39,14 +39,7 @@ def one_slot_worker(celery_settings: Settings, celery_app: Celery) -> Iterator[R
     )
     rt = runtime.configure(settings, app=celery_app)
     try:
-        with start_worker(
-            celery_app,
-            pool="threads",
-            concurrency=1,
-            perform_ping_check=False,
-            shutdown_timeout=60.0,
-            queues=[settings.queue],
-        ):
+        with thread_worker(celery_app, concurrency=1, queues=[settings.queue]):
             yield rt
     finally:
         runtime.reset()
@@ -98,14 +91,7 @@ def two_slot_worker(celery_settings: Settings, celery_app: Celery) -> Iterator[R
     )
     rt = runtime.configure(settings, app=celery_app)
     try:
-        with start_worker(
-            celery_app,
-            pool="threads",
-            concurrency=2,
-            perform_ping_check=False,
-            shutdown_timeout=60.0,
-            queues=[settings.queue],
-        ):
+        with thread_worker(celery_app, concurrency=2, queues=[settings.queue]):
             yield rt
     finally:
         runtime.reset()

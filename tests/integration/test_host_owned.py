@@ -16,7 +16,6 @@ from typing import Any
 import openai
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from kombu import Queue
 
 from agent_router import (
@@ -39,6 +38,7 @@ from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent, wait_until
 from agent_router.worker import install, runtime
 from agent_router.worker.runtime import Runtime
+from agent_router.worker.threaded import thread_worker
 from tests.support.chat_server import ChatServer, completion, scripted_lead, tool_call, usage
 
 TIMEOUT = 60.0
@@ -85,14 +85,7 @@ def host_worker(
     try:
         with (
             client,
-            start_worker(
-                app,
-                pool="threads",
-                concurrency=8,
-                perform_ping_check=False,
-                shutdown_timeout=60.0,
-                queues=[host_queue, celery_settings.queue],
-            ),
+            thread_worker(app, concurrency=8, queues=[host_queue, celery_settings.queue]),
         ):
             yield rt, f"{task_name}@{host_queue}"
     finally:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 
 from agent_router import MessageStatus, RouteOutcome, Settings
 from agent_router.agents.llm import SCRIPTED_MODEL
@@ -19,6 +18,7 @@ from agent_router.ops.chaos_processes import PrivateRedis
 from agent_router.ops.checks import check_team
 from agent_router.ops.demo import wait_quiescent
 from agent_router.worker import runtime
+from agent_router.worker.threaded import thread_worker
 
 TIMEOUT = 60.0
 
@@ -60,14 +60,7 @@ def test_sends_survive_a_stopped_broker_and_turns_run_once_it_is_back(
         ids = {a.id for a in subs} | {team.lead.id}
         assert len([e for e in router.store.reads.unpublished() if e.agent_id in ids]) == 3
         private_redis.start()
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=4,
-            perform_ping_check=False,
-            shutdown_timeout=60.0,
-            queues=[settings.queue],
-        ):
+        with thread_worker(app, concurrency=4, queues=[settings.queue]):
             time.sleep(settings.sweep_seconds)
             assert router.sweep().republished >= 3
             wait_quiescent(router, team.id, timeout=TIMEOUT)

@@ -695,9 +695,8 @@ class Bench:
 
     def celery_figures(self) -> None:
         """Turn start latency and the burst, with a real worker on the configured broker."""
-        from celery.contrib.testing.worker import start_worker
-
         from agent_router.worker import runtime
+        from agent_router.worker.threaded import thread_worker
 
         queue = f"agent_router.ops.bench.{uuid.uuid4().hex[:8]}"
         # The scripted model's final reply takes a quarter second to "write" (a short streamed
@@ -717,14 +716,7 @@ class Bench:
         noop = _NoopTask(rt.app, queue)
         n = max(20, self.samples // 5)
         try:
-            with start_worker(
-                rt.app,
-                pool="threads",
-                concurrency=4,
-                perform_ping_check=False,
-                queues=[queue],
-                shutdown_timeout=30.0,
-            ):
+            with thread_worker(rt.app, concurrency=4, queues=[queue], shutdown_timeout=30.0):
                 # A turn start and a floor round trip alternate, so that both see the same
                 # machine, and each is sent after the same idle pause, as long as a turn of
                 # settings.scripted_write_seconds (on a virtual machine a pause slows the next

@@ -58,26 +58,16 @@ _ACTION_STYLES = {
 
 @contextlib.contextmanager
 def embedded_worker(celery: Celery, concurrency: int) -> Iterator[None]:
-    """Celery worker threads inside this process, for the ``memory://`` broker.
-
-    ``celery.contrib.testing.worker.start_worker`` is Celery's own way to run a full worker
-    (consumer, thread pool, acks, events) in a thread: it returns only once the consumer is
-    ready and shuts the worker down cleanly on exit, which a hand-rolled ``app.Worker`` thread
-    would have to re-implement. The ping check needs a result backend, so it is off."""
-    from celery.contrib.testing.worker import start_worker
+    """Celery worker threads inside this process, for the ``memory://`` broker
+    (:func:`~agent_router.worker.threaded.thread_worker`)."""
     from celery.signals import setup_logging
+
+    from agent_router.worker.threaded import thread_worker
 
     # A receiver of setup_logging tells Celery to leave logging alone: the CLI's one-line
     # handler (or JSON) stays, instead of Celery's, which prints each failed turn's traceback.
     setup_logging.connect(_keep_cli_logging, weak=False)
-    with start_worker(
-        celery,
-        pool="threads",
-        concurrency=concurrency,
-        perform_ping_check=False,
-        loglevel="WARNING",
-        shutdown_timeout=60.0,
-    ):
+    with thread_worker(celery, concurrency=concurrency):
         yield
 
 
