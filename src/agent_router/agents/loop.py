@@ -207,9 +207,12 @@ class _Beats:
         while True:
             with self._changed:
                 now = time.monotonic()
-                due = [h for h in self._beating if h.due() <= now]
+                # A fenced turn is beaten no more (it stops at its next boundary, which can be
+                # a long model call away): its beat would return at once, again and again.
+                beating = [h for h in self._beating if not h.fenced.is_set()]
+                due = [h for h in beating if h.due() <= now]
                 if not due:
-                    soonest = min((h.due() for h in self._beating), default=None)
+                    soonest = min((h.due() for h in beating), default=None)
                     self._changed.wait(None if soonest is None else soonest - now)
                     continue
             for heartbeat in due:
