@@ -309,8 +309,13 @@ def test_the_live_page_streams_the_room_once_across_reconnections(host: ChatHost
                 return int(body.get_attribute("data-connections") or 0)
 
             def shown() -> list[tuple[str, str]]:
-                lines = driver.find_elements(By.CSS_SELECTOR, "#chat li")
-                return [(li.get_attribute("class") or "", li.text) for li in lines]
+                # Read in one script: a line the page redraws between two reads of elements
+                # found before would be gone (stale) at the second.
+                lines = driver.execute_script(
+                    "return Array.from(document.querySelectorAll('#chat li'),"
+                    " (li) => [li.className, li.innerText.trim()]);"
+                )
+                return [(kind, text) for kind, text in lines]
 
             _wait(lambda: connections() >= 1, "the stream to open")
             text = "Plan the release.\n" + directive("tell_user", text="Looking into it.")
