@@ -9,10 +9,11 @@ shares a process with other workers (a host's test worker, another of ours):
   (``kombu.asynchronous``) and a starting worker takes the one it finds: two workers running
   at once would share one loop, polled by both consumer threads, and before kombu 5.6.1 a
   stopped worker's closed loop stayed current for the next. On kombu 5.3.0 a suite that starts
-  Redis workers one after another saw, about one run in ten, a consumer read a Redis reply it
-  had not asked for (no command pending, no socket timeout): that worker took no more tasks and
-  never stopped. So the worker starts with no loop current (its own is made), and whatever was
-  current before is current again once it has started: no other worker takes its loop.
+  Redis workers one after another saw, about one run in ten, a consumer wait to read the reply
+  to a command it had not sent (no BRPOP pending, a socket without a timeout): that worker took
+  no more tasks and never stopped. So the worker starts with no loop current (its own is
+  made), and whatever was current before is current again once it has started: no other
+  worker takes its loop.
 - **A stop of its own.** Celery's testing worker stops on a flag that every worker of the
   process reads (``celery.worker.state.should_terminate``), so stopping one stopped the others
   too. This one is stopped inside its own loop first (the loop raises Celery's
